@@ -1,3 +1,28 @@
-"""rnngrad: forward passes and BPTT gradients of MPSGraph's recurrent ops, exactly."""
+"""rnngrad: forward passes and BPTT gradients of MPSGraph's recurrent ops, exactly.
+
+    import rnngrad as rg
+    h, z = rg.lstm(x, R, W, b, descriptor=rg.LSTMDescriptor(training=True, produce_cell=False))
+
+The normative semantics are in the contract (README, "Semantics"); ``backend="reference"`` is
+the NumPy oracle that defines them.
+"""
 
 __version__ = "0.1.0"
+
+from .api import (
+    gru,
+    gru_gradients,
+    lstm,
+    lstm_gradients,
+    single_gate_rnn,
+    single_gate_rnn_gradients,
+)
+from .descriptors import Activation, GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
+from .registry import available_backends
+from .results import ForwardResult, GradientResult
+
+__all__ = [
+    "Activation", "SingleGateRNNDescriptor", "GRUDescriptor", "LSTMDescriptor",
+    "single_gate_rnn", "single_gate_rnn_gradients", "gru", "gru_gradients", "lstm",
+    "lstm_gradients", "available_backends", "ForwardResult", "GradientResult",
+]

@@ -1,0 +1,75 @@
+"""Central finite differences of a :class:`~rnngrad.cases.Case`'s loss, in float64.
+
+``directional_check`` compares ⟨∇L, v⟩ from a gradient op with (L(θ+εv) − L(θ−εv)) / 2ε for a
+random direction v over every differentiable input at once; ``elementwise_check`` compares every
+element of every gradient, for tiny problems. Both return the relative error, measured against
+the size of the terms involved, so that a gradient that is zero by symmetry is not a division by
+zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .cases import PARAMETERS, Case
+
+#: central-difference step in float64: the truncation error ε² and the round-off error eps/ε
+#: balance near 1e-5 for functions of unit scale.
+STEP = 1e-5
+
+
+@dataclasses.dataclass
+class FDResult:
+    quantity: str
+    analytic: float
+    numeric: float
+    error: float  # relative to the scale of the terms
+
+    def __str__(self):
+        return (f"{self.quantity}: analytic {self.analytic:.12g}, finite difference "
+                f"{self.numeric:.12g}, relative error {self.error:.3g}")
+
+
+def _gradients_by_name(case: Case, backend):
+    result = case.astype(np.float64).gradients(backend=backend)
+    return {name: np.asarray(value, np.float64) for name, value in result.as_dict().items()}
+
+
+def directional_check(case: Case, rng=0, backend="reference", step=STEP) -> FDResult:
+    """One random direction through every differentiable input that is present."""
+    case = case.astype(np.float64)
+    rng = np.random.default_rng(rng)
+    grads = _gradients_by_name(case, backend)
+    names = [n for n in PARAMETERS if n in case.inputs]
+    v = {n: rng.standard_normal(case.inputs[n].shape) for n in names}
+    analytic = sum(float(np.sum(grads[n].reshape(v[n].shape) * v[n])) for n in names)
+    shifted = lambda sign: dict(case.inputs, **{n: case.inputs[n] + sign * step * v[n] for n in names})  # noqa: E731
+    lp, lm = case.loss(shifted(+1)), case.loss(shifted(-1))
+    numeric = (lp - lm) / (2 * step)
+    scale = max(abs(analytic), abs(numeric), abs(lp) + abs(lm), 1e-3)
+    return FDResult("directional", analytic, numeric, abs(analytic - numeric) / scale)
+
+
+def elementwise_check(case: Case, backend="reference", step=STEP) -> list:
+    """Every element of every gradient; returns the worst FDResult per input."""
+    case = case.astype(np.float64)
+    grads = _gradients_by_name(case, backend)
+    worst = []
+    for name in (n for n in PARAMETERS if n in case.inputs):
+        base = case.inputs[name]
+        g = grads[name].reshape(base.shape)
+        numeric = np.empty_like(base)
+        for index in np.ndindex(base.shape):
+            plus, minus = base.copy(), base.copy()
+            plus[index] += step
+            minus[index] -= step
+            numeric[index] = (case.loss(dict(case.inputs, **{name: plus}))
+                              - case.loss(dict(case.inputs, **{name: minus}))) / (2 * step)
+        scale = max(float(np.max(np.abs(numeric), initial=0.0)), float(np.max(np.abs(g), initial=0.0)), 1e-3)
+        err = np.abs(g - numeric) / scale
+        if err.size:
+            at = np.unravel_index(np.argmax(err), err.shape)
+            worst.append(FDResult(f"{name}{list(at)}", float(g[at]), float(numeric[at]), float(err[at])))
+    return worst

@@ -1,0 +1,54 @@
+"""The five MPSGraphRNNActivation functions and their derivatives, in float64 NumPy.
+
+Derivatives are taken from the pre-activation ``x`` (contract section 1). NaN propagates through
+every function and every derivative: a NaN pre-activation gives a NaN derivative, never 0, so a
+NaN is never turned into a number on the way back (contract section 4).
+"""
+
+import numpy as np
+
+from ..descriptors import Activation
+
+#: hard_sigmoid(x) = clamp(HARD_SIGMOID_SLOPE * x + HARD_SIGMOID_OFFSET, 0, 1)   [decision]
+HARD_SIGMOID_SLOPE = 0.2
+HARD_SIGMOID_OFFSET = 0.5
+#: |x| at which hard_sigmoid saturates; its derivative is the slope for |x| <= this, else 0.
+HARD_SIGMOID_EDGE = HARD_SIGMOID_OFFSET / HARD_SIGMOID_SLOPE
+
+
+def sigmoid(x):
+    """1/(1+e^(−x)) without overflow for large |x|."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def activate(kind: Activation, x):
+    if kind == Activation.NONE:
+        return x.copy()
+    if kind == Activation.RELU:
+        return np.maximum(x, 0.0)  # np.maximum propagates NaN
+    if kind == Activation.TANH:
+        return np.tanh(x)
+    if kind == Activation.SIGMOID:
+        return sigmoid(x)
+    if kind == Activation.HARD_SIGMOID:
+        return np.clip(HARD_SIGMOID_SLOPE * x + HARD_SIGMOID_OFFSET, 0.0, 1.0)
+    raise ValueError(f"activation: unknown value {kind!r}")
+
+
+def derivative(kind: Activation, x):
+    """f'(x) from the pre-activation x; NaN where x is NaN."""
+    if kind == Activation.NONE:
+        d = np.ones_like(x)
+    elif kind == Activation.RELU:
+        d = (x > 0).astype(x.dtype)
+    elif kind == Activation.TANH:
+        d = 1.0 - np.tanh(x) ** 2
+    elif kind == Activation.SIGMOID:
+        s = sigmoid(x)
+        d = s * (1.0 - s)
+    elif kind == Activation.HARD_SIGMOID:
+        d = np.where(np.abs(x) <= HARD_SIGMOID_EDGE, HARD_SIGMOID_SLOPE, 0.0)
+    else:
+        raise ValueError(f"activation: unknown value {kind!r}")
+    return np.where(np.isnan(x), np.nan, d)

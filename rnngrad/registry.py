@@ -1,0 +1,125 @@
+"""The backend table: which backend computes which (cell, op), and which are available here.
+
+A backend is a module that defines ``BACKEND``, a :class:`Backend`. It is listed once in
+``_SPECS`` below, in order of preference for ``backend=None``; nothing else changes when a backend
+or a kernel version is added. A backend function takes a validated
+:class:`rnngrad.problem.Problem` and returns :class:`~rnngrad.problem.ForwardArrays` or
+:class:`~rnngrad.problem.GradientArrays`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable, Optional
+
+import numpy as np
+
+CELLS = ("single_gate", "gru", "lstm")
+KINDS = ("forward", "gradients")
+
+
+@dataclasses.dataclass
+class Backend:
+    """name; dtypes it computes in; implementations keyed by (cell, kind); probe() returns
+    None when usable here, else the reason it is not."""
+
+    name: str
+    dtypes: tuple
+    implementations: dict
+    probe: Callable[[], Optional[str]] = lambda: None
+    summary: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Spec:
+    name: str
+    module: str
+    attribute: str
+    automatic: bool  # chosen by backend=None when available
+    missing: str  # what to do when the module does not import
+
+
+# In order of preference for backend=None.
+_SPECS = (
+    _Spec("metal", "rnngrad.metal.backend", "BACKEND", True,
+          "needs macOS on Apple silicon with metalcompute (pip install 'rnngrad[fast]')"),
+    _Spec("numba", "rnngrad.numba_backend", "BACKEND", True,
+          "needs numba (pip install 'rnngrad[fast]')"),
+    _Spec("reference", "rnngrad.reference", "BACKEND", True, ""),
+    _Spec("metal-emulated", "rnngrad.metal.backend", "EMULATED_BACKEND", False,
+          "needs a C++ compiler (apt-get install g++)"),
+)
+
+_loaded: dict = {}
+
+
+def _load(spec: _Spec):
+    """(Backend or None, reason it is unavailable or None)."""
+    if spec.name not in _loaded:
+        try:
+            module = importlib.import_module(spec.module)
+            backend = getattr(module, spec.attribute)
+        except (ImportError, AttributeError) as exc:
+            _loaded[spec.name] = (None, f"{spec.missing} [{type(exc).__name__}: {exc}]")
+        else:
+            reason = backend.probe()
+            _loaded[spec.name] = (None if reason else backend, reason)
+    return _loaded[spec.name]
+
+
+def all_backends() -> tuple:
+    """Every backend rnngrad knows, available here or not."""
+    return tuple(s.name for s in _SPECS)
+
+
+def status() -> list:
+    """[(name, available, automatic, reason)] for every known backend."""
+    rows = []
+    for spec in _SPECS:
+        backend, reason = _load(spec)
+        rows.append((spec.name, backend is not None, spec.automatic, reason))
+    return rows
+
+
+def available_backends() -> tuple:
+    """The backends usable on this machine, fastest first."""
+    return tuple(name for name, ok, _, _ in status() if ok)
+
+
+def get(name: str) -> Backend:
+    """The named backend, or a ValueError listing the available ones."""
+    for spec in _SPECS:
+        if spec.name == name:
+            backend, reason = _load(spec)
+            if backend is None:
+                raise ValueError(
+                    f"backend: {name!r} is not available here ({reason}); "
+                    f"available: {available_backends()}"
+                )
+            return backend
+    raise ValueError(f"backend: unknown backend {name!r}; available: {available_backends()}")
+
+
+def resolve(name, cell: str, kind: str, dtype) -> tuple:
+    """(backend name, implementation) for a call; ``name=None`` picks the fastest available
+    automatic backend that implements (cell, kind) in ``dtype``."""
+    dtype = np.dtype(dtype)
+    if name is None:
+        for spec in _SPECS:
+            backend, _ = _load(spec)
+            if spec.automatic and backend is not None and dtype in backend.dtypes \
+                    and (cell, kind) in backend.implementations:
+                return backend.name, backend.implementations[(cell, kind)]
+        raise ValueError(f"backend: no available backend implements {cell} {kind} in {dtype}")
+    if not isinstance(name, str):
+        raise ValueError(f"backend: expected a backend name (str) or None, got {name!r}")
+    backend = get(name)
+    if dtype not in backend.dtypes:
+        raise TypeError(
+            f"backend {name!r} computes in {', '.join(str(np.dtype(d)) for d in backend.dtypes)}, "
+            f"got inputs of dtype {dtype}; cast them or use backend='reference'"
+        )
+    if (cell, kind) not in backend.implementations:
+        raise ValueError(f"backend: {name!r} does not implement {cell} {kind}")
+    return backend.name, backend.implementations[(cell, kind)]

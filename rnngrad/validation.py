@@ -1,0 +1,231 @@
+"""Input checking for the public functions (contract section 5).
+
+Every wrong input raises before any work is done: ``ValueError`` for shapes and descriptor
+values, ``TypeError`` for dtypes, a missing required array or a descriptor of the wrong class.
+Each message names the argument and gives what was expected and what was got.
+
+Dtype rule: every input that carries a dtype (NumPy arrays and scalars, or anything else with a
+``dtype`` attribute) must have the same floating dtype, float16, float32 or float64. Inputs without
+a dtype (Python lists, floats) take that common dtype; when no input has one, float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .descriptors import DESCRIPTORS, z_width
+from .problem import Problem
+
+FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_CELL_NAMES = {"single_gate": "single-gate RNN", "gru": "GRU", "lstm": "LSTM"}
+
+
+def _shape(shape) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + (",)" if len(shape) == 1 else ")")
+
+
+def _common_dtype(given: dict) -> np.dtype:
+    typed = {}
+    for name, value in given.items():
+        if hasattr(value, "dtype"):
+            dtype = np.dtype(value.dtype)
+            if dtype not in FLOAT_DTYPES:
+                raise TypeError(
+                    f"{name}: expected a floating dtype (float16, float32 or float64), got {dtype}"
+                    + ("; cast it, for example with .astype(np.float32)" if dtype.kind in "biu" else "")
+                )
+            typed[name] = dtype
+    dtypes = set(typed.values())
+    if len(dtypes) > 1:
+        listing = ", ".join(f"{k}={v}" for k, v in typed.items())
+        raise TypeError(f"all array inputs must share one floating dtype, got {listing}")
+    return dtypes.pop() if dtypes else np.dtype(np.float64)
+
+
+def _as_array(name, value, dtype) -> np.ndarray:
+    try:
+        array = np.asarray(value, dtype=dtype) if not hasattr(value, "dtype") else np.asarray(value)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{name}: expected an array-like of numbers, got {type(value).__name__} ({exc})")
+    return np.ascontiguousarray(array)
+
+
+class _Checker:
+    """Shape checks with messages that carry the argument, expected and got."""
+
+    def __init__(self, cell, descriptor, arrays):
+        self.cell = cell
+        self.what = _CELL_NAMES[cell]
+        self.descriptor = descriptor
+        self.arrays = arrays
+
+    def context(self, H=None):
+        parts = [self.what]
+        if self.descriptor.bidirectional:
+            parts.append("bidirectional")
+        if H is not None:
+            parts.append(f"with H={H}")
+        return " ".join(parts)
+
+    def expect(self, name, *shapes, H=None, note=""):
+        """Check ``name`` has one of ``shapes``; return the array."""
+        array = self.arrays[name]
+        if any(array.shape == tuple(s) for s in shapes):
+            return array
+        wanted = " or ".join(_shape(s) for s in shapes)
+        raise ValueError(
+            f"{name}: expected shape {wanted} for {self.context(H)}{note}, got {_shape(array.shape)}"
+        )
+
+
+def _build(cell, descriptor, given: dict, gradients: bool):
+    """Check and normalise; return (Problem, the caller's shapes of reshaped inputs)."""
+    cls = DESCRIPTORS[cell]
+    if descriptor is None:
+        descriptor = cls()
+    elif not isinstance(descriptor, cls):
+        raise TypeError(
+            f"descriptor: expected an rnngrad.{cls.__name__} (or None for the defaults), "
+            f"got {type(descriptor).__name__}"
+        )
+    for name in ("source", "recurrent_weight") + (
+        ("source_gradient", "z_state") + {"gru": ("output_fwd",), "lstm": ("cell_output_fwd",)}.get(cell, ())
+        if gradients
+        else ()
+    ):
+        if given.get(name) is None:
+            raise TypeError(f"{name}: expected an array, got None (it is required)")
+    present = {k: v for k, v in given.items() if v is not None}
+    dtype = _common_dtype(present)
+    arrays = {k: _as_array(k, v, dtype) for k, v in present.items()}
+    check = _Checker(cell, descriptor, arrays)
+
+    G = descriptor.gates
+    D = 2 if descriptor.bidirectional else 1
+    Z = z_width(descriptor)
+
+    R = arrays["recurrent_weight"]
+    if D == 1:
+        if R.ndim != 2 or R.shape[1] < 1 or R.shape[0] != G * R.shape[1]:
+            H = R.shape[-1] if R.ndim >= 1 else 0
+            raise ValueError(
+                f"recurrent_weight: expected shape (G*H, H) = ({G}*H, H) for {check.context()}"
+                f"{f', i.e. {_shape((G * H, H))}' if H else ''}, got {_shape(R.shape)}"
+            )
+        H = R.shape[1]
+        R_normalised = R.reshape(1, G * H, H)
+    else:
+        if R.ndim != 3 or R.shape[0] != 2 or R.shape[2] < 1 or R.shape[1] != G * R.shape[2]:
+            H = R.shape[-1] if R.ndim >= 1 else 0
+            raise ValueError(
+                f"recurrent_weight: expected shape (2, G*H, H) = (2, {G}*H, H) for {check.context()}"
+                f"{f', i.e. {_shape((2, G * H, H))}' if H else ''}, got {_shape(R.shape)}"
+            )
+        H = R.shape[2]
+        R_normalised = R
+    DH, DGH = D * H, D * G * H
+
+    source = arrays["source"]
+    if source.ndim != 3:
+        raise ValueError(f"source: expected a 3-D array [T,N,features] (time-major), got shape {_shape(source.shape)}")
+    T, N = source.shape[:2]
+    W = arrays.get("input_weight")
+    if W is not None:
+        if W.ndim != 2 or W.shape[0] != DGH:
+            raise ValueError(
+                f"input_weight: expected shape ({DGH}, I) for {check.context(H)}, got {_shape(W.shape)}"
+            )
+        I = W.shape[1]
+        check.expect("source", (T, N, I), H=H, note=f" and input_weight of shape {_shape(W.shape)}")
+    else:
+        I = None
+        check.expect("source", (T, N, DGH), H=H, note=" without input_weight (source is the projected input)")
+    if "bias" in arrays:
+        check.expect("bias", (DGH,), H=H)
+
+    original = {"recurrent_weight": R.shape}
+    for name in ("init_state", "init_cell"):
+        if name in arrays:
+            check.expect(name, (N, DH), (1, N, DH), H=H)
+            original[name] = arrays[name].shape
+            arrays[name] = arrays[name].reshape(N, DH)
+    if "init_cell" in arrays and cell != "lstm":
+        raise ValueError(f"init_cell: only the LSTM has a cell, got an init_cell for {check.what}")
+
+    if "mask" in arrays:
+        arrays["mask"] = _mask(arrays["mask"], T, N, H, D, check)
+
+    if "peephole" in arrays:
+        p = check.expect("peephole", (4 * H,) if D == 1 else (2, 4 * H), H=H)
+        original["peephole"] = p.shape
+        arrays["peephole"] = p.reshape(D, 4 * H)
+    if "secondary_bias" in arrays:
+        check.expect("secondary_bias", (DH,), H=H)
+
+    if gradients:
+        check.expect("source_gradient", (T, N, DH), H=H, note=" (the shape of the forward h)")
+        zs = arrays["z_state"]
+        if zs.shape != (T, N, D * Z * H):
+            note = ""
+            if cell == "gru" and zs.shape[:2] == (T, N) and zs.ndim == 3:
+                other = 3 if Z == 4 else 4
+                if zs.shape[2] == D * other * H:
+                    note = (
+                        f"; this z_state was made with reset_after={not descriptor.reset_after}, "
+                        f"the descriptor has reset_after={descriptor.reset_after}"
+                    )
+            raise ValueError(
+                f"z_state: expected shape {_shape((T, N, D * Z * H))} for {check.context(H)}"
+                f"{' with reset_after' if cell == 'gru' and descriptor.reset_after else ''}"
+                f", got {_shape(zs.shape)}{note}"
+            )
+        for name in ("output_fwd", "cell_output_fwd"):
+            if name in arrays:
+                check.expect(name, (T, N, DH), H=H, note=" (the shape of the forward output)")
+        if "state_gradient" in arrays:
+            check.expect("state_gradient", (N, DH), (1, N, DH), H=H)
+            arrays["state_gradient"] = arrays["state_gradient"].reshape(N, DH)
+        if "cell_gradient" in arrays:
+            cg = check.expect(
+                "cell_gradient", (T, N, DH), (N, DH), (1, N, DH), H=H,
+                note=" (per-step [T,N,D*H] or final-cell [N,D*H] / [1,N,D*H])",
+            )
+            if cg.ndim == 3 and (cg.shape[0] != T or T == 1):
+                arrays["cell_gradient"] = cg.reshape(N, DH)
+
+    arrays["recurrent_weight"] = R_normalised
+    problem = Problem(
+        cell=cell, gradients=gradients, descriptor=descriptor, dtype=dtype,
+        T=T, N=N, I=I, H=H, G=G, D=D, Z=Z,
+        **{k: np.ascontiguousarray(v) for k, v in arrays.items()},
+    )
+    return problem, original
+
+
+def _mask(m, T, N, H, D, check) -> np.ndarray:
+    """[N,D·H] (same at every step) or [T,N,D·H] (per processing step)."""
+    if m.ndim > 3:
+        raise ValueError(f"mask: expected a shape broadcastable to [N,{D}*H] or [T,N,{D}*H], got {_shape(m.shape)}")
+    if D == 2 and (m.ndim == 0 or m.shape[-1] != 2 * H):
+        raise ValueError(
+            f"mask: expected the last axis to be 2*H = {2 * H} for {check.context(H)} "
+            f"(it is split into the two directions), got {_shape(m.shape)}"
+        )
+    target = (T, N, D * H) if m.ndim == 3 else (N, D * H)
+    try:
+        return np.broadcast_to(m, target)
+    except ValueError:
+        raise ValueError(
+            f"mask: expected a shape broadcastable to {_shape(target)} for {check.context(H)}, "
+            f"got {_shape(m.shape)}"
+        ) from None
+
+
+def forward_problem(cell, descriptor, **given):
+    """Validate a forward call; return (Problem, original shapes)."""
+    return _build(cell, descriptor, given, gradients=False)
+
+
+def gradient_problem(cell, descriptor, **given):
+    """Validate a gradient call; return (Problem, original shapes)."""
+    return _build(cell, descriptor, given, gradients=True)
