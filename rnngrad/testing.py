@@ -107,3 +107,33 @@ def compare_results(got, want, dtype):
         if mismatch:
             mismatches.append(mismatch)
     return worst, mismatches
+
+
+def check_case(case, backend, gradients: bool, *, forward_backend=None):
+    """Run one :class:`~rnngrad.cases.Case` through ``backend`` (a backend name, or a callable
+    with the signature of the rnngrad function) and through the float64 reference on the same
+    dtype-rounded inputs. Returns (worst ratio to the allowed error, [Mismatch]).
+
+    For gradients, the candidate's own training forward feeds its gradient op (or
+    ``forward_backend``'s, for mixed pipelines), and the reference's gradient op is fed by the
+    reference forward, so a wrong z_state shows up as a gradient mismatch.
+    """
+    from . import api
+    from .cases import FORWARD_OPS
+
+    dtype = case.dtype
+    reference = case.astype(np.float64)
+    op = FORWARD_OPS[case.cell] + ("_gradients" if gradients else "")
+    fn = backend if callable(backend) else None
+    name = None if callable(backend) else backend
+    if gradients:
+        got = case.gradients(backend=name, forward_backend=forward_backend, fn=fn)
+        want = reference.gradients(backend="reference")
+    else:
+        got = case.forward(backend=name, fn=fn)
+        want = reference.forward(backend="reference")
+    for entry in got:
+        if np.asarray(entry).dtype != dtype:
+            return np.inf, [Mismatch(op, (), np.nan, np.nan, 0.0, 0.0, 0.0,
+                                     f"dtype {np.asarray(entry).dtype}, expected {dtype}")]
+    return compare_results(got, want, dtype)
