@@ -1,0 +1,40 @@
+"""``rnngrad info``: the version, the backends available here and why the others are not."""
+
+import platform
+import sys
+
+HELP = "show the version, the backends available on this machine and why others are not"
+
+
+def add_arguments(parser):
+    pass
+
+
+def run(args) -> int:
+    import numpy as np
+
+    from .. import __version__, registry
+
+    print(f"rnngrad {__version__}  (Python {platform.python_version()}, NumPy {np.__version__}, "
+          f"{platform.system()} {platform.machine()})")
+    print()
+    rows = registry.status()
+    width = max(len(name) for name, *_ in rows)
+    print("backends (in the order backend=None tries them):")
+    for name, ok, automatic, reason in rows:
+        mark = "available" if ok else "unavailable"
+        note = "" if automatic else "  [only when asked for by name]"
+        print(f"  {name:<{width}}  {mark}{note}")
+        if not ok:
+            print(f"  {'':<{width}}    why: {reason}")
+    try:
+        from ..machine import blas_report
+    except ImportError:
+        blas_report = None
+    if blas_report is not None:
+        print()
+        print("BLAS and CPU:")
+        for line in blas_report():
+            print(f"  {line}")
+    sys.stdout.flush()
+    return 0
