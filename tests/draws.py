@@ -1,0 +1,50 @@
+"""Hypothesis draws of complete problems for the tests (every option and optional input)."""
+
+import dataclasses
+
+import numpy as np
+from hypothesis import strategies as st
+
+from rnngrad import Activation
+from rnngrad.cases import random_case
+from rnngrad.descriptors import GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
+
+OPTIONAL = ("input_weight", "bias", "init_state", "init_cell", "mask", "mask_per_step", "peephole",
+            "secondary_bias", "state_gradient", "cell_gradient")
+GATE = st.sampled_from([Activation.SIGMOID, Activation.HARD_SIGMOID])
+ANY = st.sampled_from(list(Activation))
+
+
+@st.composite
+def descriptors(draw, cell):
+    common = dict(reverse=draw(st.booleans()), bidirectional=draw(st.booleans()),
+                  training=draw(st.booleans()))
+    if cell == "single_gate":
+        return SingleGateRNNDescriptor(**common, activation=draw(ANY))
+    if cell == "gru":
+        return GRUDescriptor(**common, reset_gate_first=draw(st.booleans()),
+                             reset_after=draw(st.booleans()), flip_z=draw(st.booleans()),
+                             update_gate_activation=draw(GATE), reset_gate_activation=draw(ANY),
+                             output_gate_activation=draw(ANY))
+    return LSTMDescriptor(**common, produce_cell=draw(st.booleans()),
+                          forget_gate_last=draw(st.booleans()), input_gate_activation=draw(GATE),
+                          forget_gate_activation=draw(GATE), cell_gate_activation=draw(ANY),
+                          output_gate_activation=draw(GATE), activation=draw(ANY))
+
+
+@st.composite
+def cases(draw, cells=("single_gate", "gru", "lstm"), max_size=6, dtype=np.float64, options=None,
+          **fixed):
+    """A Case; ``options`` fixes descriptor fields, ``optional`` forces optional inputs, and
+    T, N, I, H fix sizes."""
+    cell = draw(st.sampled_from(cells))
+    descriptor = draw(descriptors(cell))
+    if options:
+        descriptor = dataclasses.replace(descriptor, **options)
+    optional = {name: draw(st.booleans()) for name in OPTIONAL}
+    optional.update(fixed.pop("optional", {}))
+    sizes = {k: draw(st.integers(1, max_size)) for k in "TNIH"}
+    sizes.update({k: fixed.pop(k) for k in "TNIH" if k in fixed})
+    return random_case(draw(st.integers(0, 2**32 - 1)), cell, descriptor=descriptor,
+                       optional=optional, dtype=dtype,
+                       cell_gradient_form=draw(st.sampled_from(["per_step", "final"])), **sizes, **fixed)
