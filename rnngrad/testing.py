@@ -11,6 +11,19 @@ tolerance only has to cover the candidate's own arithmetic. Quantities come in t
 
 NaN must be NaN in both (a NaN where the reference has a number, or the reverse, is a mismatch);
 infinities must be equal.
+
+On top of the table, for the authors of other RNN implementations:
+
+- :func:`assert_matches_reference` checks one problem (a :class:`rnngrad.cases.Case`) and raises
+  :class:`ReferenceMismatch` (an ``AssertionError``) naming the quantity, the worst index, both
+  values, the tolerance and a runnable reproduction;
+- :func:`check_backend` fuzzes a candidate (a backend name, or any callable with the signature of
+  the rnngrad function named by ``op``) with the regression set and then with
+  :mod:`rnngrad.strategies`, and raises the shrunk, minimal reproduction of the first mismatch;
+- :func:`load_vectors` and :func:`check_vectors` read the golden vectors written by
+  ``rnngrad export-vectors`` and check a candidate against them, without hypothesis.
+
+``check_case`` is the one comparison under all of them, and under ``rnngrad verify``.
 """
 
 from __future__ import annotations
@@ -109,31 +122,274 @@ def compare_results(got, want, dtype):
     return worst, mismatches
 
 
-def check_case(case, backend, gradients: bool, *, forward_backend=None):
+class ReferenceMismatch(AssertionError):
+    """A candidate's result differs from the float64 reference (or the candidate raised).
+
+    Attributes: ``op``; ``case`` (the problem, shrunk when found by :func:`check_backend`);
+    ``label`` (the regression's name, or None); ``mismatches`` ([:class:`Mismatch`], one per
+    quantity); ``examples`` (how many problems :func:`check_backend` had checked when it met the
+    first failing one, or None).
+    """
+
+    def __init__(self, message, *, op, case, label=None, mismatches=(), candidate=None):
+        super().__init__(message)
+        self.op, self.case, self.label = op, case, label
+        self.mismatches = list(mismatches)
+        self.candidate = candidate
+        self.examples = None
+
+
+def _op_of(case, op):
+    from .strategies import op_info, op_name
+
+    if op is None:
+        return op_name(case.cell, False), False
+    cell, gradients = op_info(op)
+    if cell != case.cell:
+        raise ValueError(f"op: {op!r} computes a {cell} cell, got a case of cell {case.cell!r}")
+    return op, gradients
+
+
+def _public(op, backend):
+    """The rnngrad function ``op`` bound to a backend name."""
+    import functools
+
+    from . import api
+
+    return functools.partial(getattr(api, op), backend=backend)
+
+
+def _named(result, want, op):
+    """The candidate's result as a ForwardResult/GradientResult: as returned when it names its
+    entries, else a sequence taken in MPSGraph's order (the reference's entry names)."""
+    from .results import ForwardResult, GradientResult
+
+    if hasattr(result, "names") and hasattr(result, "as_dict"):
+        return result
+    entries = [np.asarray(e) for e in result]
+    if len(entries) != len(want.names):
+        return None
+    cls = GradientResult if isinstance(want, GradientResult) else ForwardResult
+    return cls(list(zip(want.names, entries)))
+
+
+def _training_outputs(case, forward):
+    """(h, c or None, z_state) of a training forward through the callable ``forward``."""
+    desc = dataclasses.replace(case.descriptor, training=True)
+    out = forward(**case.inputs, descriptor=desc)
+    if hasattr(out, "z_state"):
+        return out.state, out.cell, out.z_state
+    out = list(out)
+    return (out[0], out[1], out[2]) if case.cell == "lstm" else (out[0], None, out[1])
+
+
+def run_candidate(case, op, candidate, *, forward=None):
+    """The candidate's result for ``case``: ``candidate`` is a backend name or a callable with the
+    signature of the rnngrad function ``op``. For a gradient op, z_state (and output_fwd /
+    cell_output_fwd) come from ``forward`` (a backend name or a callable with the forward op's
+    signature); by default from the candidate's own backend when it is a name, else from the
+    reference."""
+    from .strategies import op_info, op_name
+
+    cell, gradients = op_info(op)
+    fn = _public(op, candidate) if isinstance(candidate, str) else candidate
+    if not gradients:
+        return fn(**case.inputs, descriptor=case.descriptor)
+    if forward is None:
+        forward = candidate if isinstance(candidate, str) else "reference"
+    if isinstance(forward, str):
+        forward = _public(op_name(cell, False), forward)
+    h, c, z = _training_outputs(case, forward)
+    return fn(**case.gradient_kwargs(h, c, z))
+
+
+def reference_result(case, op):
+    """The float64 reference's result for the case's inputs (already rounded to its dtype)."""
+    from .strategies import op_info
+
+    gradients = op_info(op)[1]
+    reference = case.astype(np.float64)
+    return reference.gradients(backend="reference") if gradients else reference.forward(backend="reference")
+
+
+def check_case(case, backend, gradients: bool, *, forward_backend=None, forward=None):
     """Run one :class:`~rnngrad.cases.Case` through ``backend`` (a backend name, or a callable
     with the signature of the rnngrad function) and through the float64 reference on the same
     dtype-rounded inputs. Returns (worst ratio to the allowed error, [Mismatch]).
 
-    For gradients, the candidate's own training forward feeds its gradient op (or
-    ``forward_backend``'s, for mixed pipelines), and the reference's gradient op is fed by the
-    reference forward, so a wrong z_state shows up as a gradient mismatch.
+    For gradients, the candidate's own training forward feeds its gradient op when ``backend``
+    is a name; ``forward_backend`` (a name) or ``forward`` (a callable with the forward op's
+    signature) choose another one, for mixed pipelines; a callable candidate without either is
+    fed by the reference forward. The reference's gradient op is fed by the reference forward,
+    so a wrong z_state shows up as a gradient mismatch. Exceptions of the candidate propagate.
     """
-    from . import api
-    from .cases import FORWARD_OPS
+    from .strategies import op_name
 
     dtype = case.dtype
-    reference = case.astype(np.float64)
-    op = FORWARD_OPS[case.cell] + ("_gradients" if gradients else "")
-    fn = backend if callable(backend) else None
-    name = None if callable(backend) else backend
-    if gradients:
-        got = case.gradients(backend=name, forward_backend=forward_backend, fn=fn)
-        want = reference.gradients(backend="reference")
-    else:
-        got = case.forward(backend=name, fn=fn)
-        want = reference.forward(backend="reference")
-    for entry in got:
+    op = op_name(case.cell, gradients)
+    got = run_candidate(case, op, backend, forward=forward if forward is not None else forward_backend)
+    want = reference_result(case, op)
+    named = _named(got, want, op)
+    if named is None:
+        return np.inf, [Mismatch("entries", (), np.nan, np.nan, 0.0, 0.0, 0.0,
+                                 f"{len(list(got))} entries, reference has {want.names}")]
+    for name, entry in zip(named.names, named):
         if np.asarray(entry).dtype != dtype:
-            return np.inf, [Mismatch(op, (), np.nan, np.nan, 0.0, 0.0, 0.0,
+            return np.inf, [Mismatch(name, (), np.nan, np.nan, 0.0, 0.0, 0.0,
                                      f"dtype {np.asarray(entry).dtype}, expected {dtype}")]
-    return compare_results(got, want, dtype)
+    return compare_results(named, want, dtype)
+
+
+# -- assertions and reproductions ---------------------------------------------------------------
+
+def _case_repr(case):
+    return repr(case)
+
+
+def reproduction(case, op, candidate=None, *, forward=None) -> str:
+    """A Python script that rebuilds ``case`` and repeats the check of ``op``."""
+    if isinstance(candidate, str):
+        target = repr(candidate)
+        setup = ""
+    else:
+        where = getattr(candidate, "__module__", None), getattr(candidate, "__qualname__", None)
+        hint = f"{where[0]}.{where[1]}" if all(where) else "your function"
+        target = "candidate"
+        setup = f"candidate = ...  # {hint}, with the signature of rnngrad.{op}\n"
+    extra = f", forward={forward!r}" if isinstance(forward, str) else (", forward=...  # your forward" if forward else "")
+    return ("import numpy as np\nimport rnngrad as rg\nfrom numpy import nan, inf\n"
+            "from rnngrad.cases import Case\nfrom rnngrad.testing import assert_matches_reference\n\n"
+            f"{setup}case = {_case_repr(case)}\n"
+            f"assert_matches_reference({target}, case, {op!r}{extra})\n")
+
+
+def _summary(case):
+    N = case.inputs["source"].shape[1]
+    return f"{case.dtype}, T={case.T} N={N} H={case.H}, {type(case.descriptor).__name__}"
+
+
+def assert_matches_reference(candidate, case, op=None, *, forward=None, label=None):
+    """Check one problem; raise :class:`ReferenceMismatch` (an AssertionError) on a mismatch.
+
+    candidate: a backend name or a callable with the signature of ``rnngrad.<op>``, returning a
+        result in MPSGraph's order (a sequence of arrays, or an rnngrad result object).
+    case: a :class:`rnngrad.cases.Case` (from :mod:`rnngrad.strategies` or ``random_case``).
+    op: the op name, e.g. ``"lstm_gradients"``; default the case's forward op.
+    forward: for gradient ops, what makes z_state (see :func:`run_candidate`).
+    label: a name for the problem in the message (the regression's name).
+    """
+    op, gradients = _op_of(case, op)
+    where = f" [regression {label!r}]" if label else ""
+    try:
+        worst, mismatches = check_case(case, candidate, gradients, forward=forward)
+    except Exception as exc:  # a crash on valid input is a failure like any other
+        message = (f"{op}{where} raised {type(exc).__name__}: {exc}\n  on {_summary(case)}\n"
+                   f"Reproduce with:\n{reproduction(case, op, candidate, forward=forward)}")
+        raise ReferenceMismatch(message, op=op, case=case, label=label, candidate=candidate) from exc
+    if not mismatches:
+        return worst
+    lines = [f"{op}{where} differs from the float64 reference on {_summary(case)} "
+             f"({len(mismatches)} quantit{'y' if len(mismatches) == 1 else 'ies'}):"]
+    lines += [f"  {m}" for m in mismatches]
+    lines.append(f"Reproduce with:\n{reproduction(case, op, candidate, forward=forward)}")
+    raise ReferenceMismatch("\n".join(lines), op=op, case=case, label=label,
+                            mismatches=mismatches, candidate=candidate)
+
+
+# -- fuzzing ------------------------------------------------------------------------------------
+
+def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
+                  dtypes=("float32",), values="contractive", regressions=True, max_size=4,
+                  boundary=True, max_elements=6000, descriptor=None, optional=None,
+                  progress=None) -> int:
+    """Fuzz ``candidate`` against the float64 reference on ``op``; return the number of
+    problems checked, or raise :class:`ReferenceMismatch` with a minimal reproduction.
+
+    candidate: a backend name (``"numba"``) or any callable with the signature of the rnngrad
+        function named by ``op`` (``"single_gate_rnn"``, ``"gru_gradients"``, ...).
+    max_examples: random problems drawn by hypothesis after the regression set.
+    seed: makes the draws reproducible (None: a fresh random seed).
+    forward: for gradient ops, what makes z_state / output_fwd / cell_output_fwd: a backend name
+        or a callable with the forward op's signature; default as :func:`run_candidate`.
+    dtypes, values, max_size, boundary, max_elements, descriptor, optional: passed to
+        :func:`rnngrad.strategies.cases`.
+    regressions: check the named regression set (:data:`rnngrad.strategies.REGRESSIONS`) first.
+    progress: called with the number of problems checked so far, after each one.
+
+    The regression problems fail fast without shrinking; a random problem that fails is shrunk by
+    hypothesis (to the smallest sizes, default options and fewest optional inputs that still
+    fail) before it is raised. ``ReferenceMismatch.examples`` says how many problems had been
+    checked when the first failure appeared.
+    """
+    from . import strategies
+
+    strategies.op_info(op)
+    count = 0
+
+    def tick():
+        nonlocal count
+        count += 1
+        if progress is not None:
+            progress(count)
+
+    if regressions:
+        for dtype in dtypes:
+            for label, case in strategies.regression_cases(op, dtype=dtype):
+                tick()
+                try:
+                    assert_matches_reference(candidate, case, op, forward=forward, label=label)
+                except ReferenceMismatch as exc:
+                    exc.examples = count
+                    raise
+    if max_examples <= 0:
+        return count
+
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    first = []
+
+    @settings(max_examples=max_examples, deadline=None, database=None,
+              report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
+              phases=(Phase.explicit, Phase.generate, Phase.shrink))
+    @given(strategies.cases(op, dtypes=dtypes, values=values, max_size=max_size, boundary=boundary,
+                            max_elements=max_elements, descriptor=descriptor, optional=optional))
+    def fuzz(case):
+        if not first:
+            tick()
+        try:
+            assert_matches_reference(candidate, case, op, forward=forward)
+        except ReferenceMismatch:
+            if not first:
+                first.append(count)
+            raise
+
+    if seed is not None:
+        fuzz = hypothesis_seed(seed)(fuzz)
+    try:
+        fuzz()
+    except ReferenceMismatch as exc:
+        exc.examples = first[0] if first else count
+        raise
+    return count
+
+
+# -- golden vectors -----------------------------------------------------------------------------
+
+def load_vectors(directory, *, verify_hashes=True):
+    """The golden vectors in ``directory`` (see :func:`rnngrad.vectors.load_vectors`)."""
+    from .vectors import load_vectors as load
+
+    return load(directory, verify_hashes=verify_hashes)
+
+
+def check_vectors(candidate, vectors, *, op=None, forward=None):
+    """Check a candidate against golden vectors (see :func:`rnngrad.vectors.check_vectors`)."""
+    from .vectors import check_vectors as check
+
+    return check(candidate, vectors, op=op, forward=forward)
+
+
+__all__ = ["TOLERANCES", "KINDS", "tolerance", "Mismatch", "compare_array", "compare_results",
+           "check_case", "run_candidate", "reference_result", "reproduction", "ReferenceMismatch",
+           "assert_matches_reference", "check_backend", "load_vectors", "check_vectors"]
