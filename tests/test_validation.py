@@ -1,0 +1,154 @@
+"""Wrong input raises before any work, naming the argument (contract section 5); any memory
+layout gives bitwise the same results; inputs are never modified."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import rnngrad as rg
+from rnngrad.cases import random_case
+
+CELLS = ("single_gate", "gru", "lstm")
+EVERYTHING = {k: True for k in ("input_weight", "bias", "init_state", "init_cell", "mask",
+                                "peephole", "secondary_bias", "state_gradient", "cell_gradient")}
+
+
+def full_case(cell, bidirectional=False, seed=0):
+    desc = {"single_gate": rg.SingleGateRNNDescriptor, "gru": rg.GRUDescriptor,
+            "lstm": rg.LSTMDescriptor}[cell](bidirectional=bidirectional, training=True)
+    return random_case(seed, cell, T=3, N=2, I=4, H=3, descriptor=desc, optional=EVERYTHING)
+
+
+def gradient_call(case, **override):
+    h, c, z = case.training_forward("reference")
+    kwargs = dict(case.gradient_kwargs(h, c, z), **override)
+    fn = getattr(rg, {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}[case.cell] + "_gradients")
+    return fn(**kwargs, backend="reference")
+
+
+def forward_call(case, **override):
+    fn = getattr(rg, {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}[case.cell])
+    return fn(**dict(case.inputs, **override), descriptor=case.descriptor, backend="reference")
+
+
+def wrong_shapes(case):
+    """(argument, a wrongly shaped value) for every array argument of the case."""
+    T, N, H, D = case.T, 2, case.H, case.D
+    out = []
+    for name, value in list(case.inputs.items()) + [("source_gradient", case.source_gradient),
+                                                     ("state_gradient", case.state_gradient),
+                                                     ("cell_gradient", case.cell_gradient)]:
+        if value is None:
+            continue
+        if name == "mask":
+            bad = np.ones((N, D * H + 1))
+        else:
+            shape = list(value.shape)
+            shape[0 if name == "input_weight" else -1] += 1  # I of input_weight is free
+            bad = np.ones(shape)
+        out.append((name, bad))
+    return out
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_every_wrong_shape_is_a_value_error_naming_the_argument(cell, bidirectional):
+    case = full_case(cell, bidirectional)
+    for name, bad in wrong_shapes(case):
+        call = gradient_call if name in ("source_gradient", "state_gradient", "cell_gradient") else forward_call
+        with pytest.raises(ValueError, match=rf"^{name}: expected .*got"):
+            call(case, **{name: bad})
+        if call is forward_call:
+            with pytest.raises(ValueError, match=rf"^{name}: expected .*got"):
+                gradient_call(case, **{name: bad})
+
+
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_wrong_forward_outputs_are_value_errors(cell):
+    case = full_case(cell)
+    name = "output_fwd" if cell == "gru" else "cell_output_fwd"
+    with pytest.raises(ValueError, match=rf"^{name}: expected shape \(3, 2, 3\)"):
+        gradient_call(case, **{name: np.ones((3, 2, 4))})
+    with pytest.raises(ValueError, match=r"^z_state: expected shape"):
+        gradient_call(case, z_state=np.ones((3, 2, 5)))
+
+
+def test_z_state_of_the_other_reset_after_is_named():
+    case = full_case("gru")
+    other = dataclasses.replace(case, descriptor=dataclasses.replace(case.descriptor, reset_after=True))
+    _, _, z = other.training_forward("reference")
+    with pytest.raises(ValueError, match="made with reset_after=True"):
+        gradient_call(case, z_state=z)
+
+
+def test_missing_required_argument_is_a_type_error():
+    case = full_case("lstm")
+    with pytest.raises(TypeError, match="cell_output_fwd: expected an array, got None"):
+        gradient_call(case, cell_output_fwd=None)
+    with pytest.raises(TypeError, match="source: expected an array, got None"):
+        forward_call(case, source=None)
+
+
+def test_recurrent_weight_message_gives_the_expected_shape():
+    case = full_case("gru")
+    with pytest.raises(ValueError, match=r"recurrent_weight: expected shape .*\(9, 3\).*got \(12, 3\)"):
+        forward_call(case, recurrent_weight=np.ones((12, 3)))
+
+
+def test_bidirectional_mask_must_split_into_two_halves():
+    case = full_case("single_gate", bidirectional=True)
+    with pytest.raises(ValueError, match=r"mask: expected the last axis to be 2\*H = 6"):
+        forward_call(case, mask=np.ones((2, 1)))
+
+
+def test_mask_broadcasts():
+    case = full_case("lstm")
+    full = forward_call(case, mask=np.broadcast_to(case.inputs["mask"][0], (2, 3)).copy())
+    broadcast = forward_call(case, mask=case.inputs["mask"][0])  # [H] -> [N,H]
+    assert np.array_equal(full.state, broadcast.state)
+
+
+def layouts(a):
+    """The same values as a Fortran-ordered, a strided, a negatively strided and a read-only array."""
+    fortran = np.asfortranarray(a)
+    wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), a.dtype) if a.ndim else a.copy()
+    if a.ndim:
+        wide[..., ::2] = a
+        strided = wide[..., ::2]
+    else:
+        strided = wide
+    flipped = np.flip(np.flip(a).copy())
+    readonly = a.copy()
+    readonly.flags.writeable = False
+    return {"fortran": fortran, "strided": strided, "negative": flipped, "readonly": readonly}
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("layout", ["fortran", "strided", "negative", "readonly"])
+def test_memory_layout_gives_bitwise_the_same_results(cell, layout):
+    case = full_case(cell, seed=3)
+    want_f, want_g = forward_call(case), gradient_call(case)
+    h, c, z = case.training_forward("reference")
+    kwargs = case.gradient_kwargs(h, c, z)
+    relaid = {k: layouts(v)[layout] if isinstance(v, np.ndarray) else v for k, v in kwargs.items()}
+    if layout == "negative":
+        assert relaid["source"].strides[0] < 0
+    got_f = forward_call(case, **{k: relaid[k] for k in case.inputs})
+    fn = getattr(rg, {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}[cell] + "_gradients")
+    got_g = fn(**relaid, backend="reference")
+    for a, b in zip(got_f + got_g, want_f + want_g):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_inputs_are_never_modified(cell):
+    case = full_case(cell, seed=4)
+    h, c, z = case.training_forward("reference")
+    kwargs = case.gradient_kwargs(h, c, z)
+    before = {k: v.copy() for k, v in kwargs.items() if isinstance(v, np.ndarray)}
+    forward_call(case)
+    fn = getattr(rg, {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}[cell] + "_gradients")
+    fn(**kwargs, backend="reference")
+    for k, v in before.items():
+        assert np.array_equal(kwargs[k], v), k
