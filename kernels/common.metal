@@ -1,0 +1,154 @@
+// common.metal: the shared header of rnngrad's Metal kernels.
+//
+// metalcompute compiles one source string and local #include does not work, so the host
+// (rnngrad/metal/library.py) concatenates this file in front of every kernel file. It holds no
+// kernel: the parameter structs, the five MPSGraph activations and their derivatives, and the
+// index helpers every recurrence kernel shares.
+//
+// Notation: T steps, N batch, H hidden units, G gates, D directions, Z blocks of H per direction
+// in z_state (G, or 4 for GRU with reset_after). A "row" of a recurrence is one (direction,
+// batch) pair, row = d·N + n; rows never talk to each other, so a threadgroup owns a block of
+// rows and loops over time on its own.
+//
+// Time indices. s is the processing step of a direction. The projected input x' (and every
+// gradient of it) is in input time: xt = T−1−s for the backward direction and for a
+// unidirectional reverse op, else s. h, c, z_state, source_gradient, output_fwd,
+// cell_output_fwd and a per-step cell_gradient are in output time: ot = T−1−s for the backward
+// direction of a bidirectional op only (contract 2.1). A per-step mask is indexed by s.
+//
+// Fast math is forced by metalcompute, so NaN is never trusted to propagate by itself: every
+// activation and derivative tests for NaN on the bits (the compiler may fold isnan(x) to false
+// under fast math) and returns the NaN (contract section 4).
+
+#include <metal_stdlib>
+using namespace metal;
+
+// Scalars of every recurrence kernel, one buffer; mirrored by rnngrad.metal.library.RECURRENCE_PARAMS.
+// All fields are 4-byte uints, in this order.
+struct RecurrenceParams {
+    uint count;            // threads the host dispatched (the grid before padding)
+    uint T;
+    uint N;
+    uint H;
+    uint D;
+    uint G;
+    uint Z;
+    uint reverse;          // unidirectional reverse (0 when bidirectional)
+    uint training;         // write z_state (single_gate, lstm forward)
+    uint mask_per_step;    // mask is [T,N,D·H] indexed by processing step, else [N,D·H]
+    uint has_peephole;     // lstm
+    uint cell_gradient_per_step;  // lstm backward: a [T,N,D·H] cell gradient buffer is bound
+    uint reset_after;      // gru
+    uint flip_z;           // gru
+    uint act0;             // single_gate: activation; gru: update, reset, output; lstm: input,
+    uint act1;             //   forget, cell, output gate, then the cell activation
+    uint act2;
+    uint act3;
+    uint act4;
+    uint gate0;            // block index of each gate in the packed layout; lstm: i, f, z, o;
+    uint gate1;            //   gru: z, r, o
+    uint gate2;
+    uint gate3;
+};
+
+// Scalars of strided_gemm; mirrored by rnngrad.metal.library.GEMM_PARAMS.
+// C[b,i,j] = Σ_k A[b·a_batch + i·a_row + k·a_k] · B[b·b_batch + k·b_k + j·b_col + (i / block)·b_block]
+//            (+ bias[j] when has_bias); C is contiguous [batch, M, P].
+struct GemmParams {
+    uint count;            // batch·M·P
+    uint batch;
+    uint M;
+    uint P;
+    uint K;
+    uint a_batch;
+    uint a_row;
+    uint a_k;
+    uint b_batch;
+    uint b_k;
+    uint b_col;
+    uint block;            // rows of C per block of B (H for the GRU recurrent weight gradient)
+    uint b_block;          // offset of B per block of C rows (0: every row reads the same B)
+    uint has_bias;
+};
+
+// MPSGraphRNNActivation
+enum RnnActivation : uint { ACT_NONE = 0, ACT_RELU = 1, ACT_TANH = 2, ACT_SIGMOID = 3, ACT_HARD_SIGMOID = 4 };
+
+inline bool rg_isnan(float x) {
+    return (as_type<uint>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+
+// 1/(1+e^(−x)) without overflow: e^(−|x|) is in (0, 1].
+inline float rg_sigmoid(float x) {
+    float e = precise::exp(-fabs(x));
+    float s = x >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+    return rg_isnan(x) ? x : s;
+}
+
+// f(x) for an MPSGraphRNNActivation; NaN in, NaN out.
+inline float rg_activate(uint kind, float x) {
+    float y = x;
+    if (kind == ACT_RELU) {
+        y = x > 0.0f ? x : 0.0f;
+    } else if (kind == ACT_TANH) {
+        y = precise::tanh(x);
+    } else if (kind == ACT_SIGMOID) {
+        y = rg_sigmoid(x);
+    } else if (kind == ACT_HARD_SIGMOID) {
+        float v = 0.2f * x + 0.5f;
+        y = v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v);
+    }
+    return rg_isnan(x) ? x : y;
+}
+
+// f'(x) from the pre-activation x; NaN where x is NaN (so a NaN is never multiplied away).
+inline float rg_derivative(uint kind, float x) {
+    float d = 1.0f;
+    if (kind == ACT_RELU) {
+        d = x > 0.0f ? 1.0f : 0.0f;
+    } else if (kind == ACT_TANH) {
+        float t = precise::tanh(x);
+        d = 1.0f - t * t;
+    } else if (kind == ACT_SIGMOID) {
+        float s = rg_sigmoid(x);
+        d = s * (1.0f - s);
+    } else if (kind == ACT_HARD_SIGMOID) {
+        d = fabs(x) <= 2.5f ? 0.2f : 0.0f;
+    }
+    return rg_isnan(x) ? x : d;
+}
+
+// The block of rows [x, y) that threadgroup tgid owns. The host never knows the threadgroup
+// size, so the kernel derives the number of threadgroups from the count it was given.
+inline uint2 rg_rows(uint rows, uint count, uint tgid, uint tpg) {
+    uint groups = (count + tpg - 1) / tpg;
+    uint per = (rows + groups - 1) / groups;
+    uint begin = min(tgid * per, rows);
+    uint end = min(begin + per, rows);
+    return uint2(begin, end);
+}
+
+// Input-time index of processing step s of direction d.
+inline uint rg_x_time(constant RecurrenceParams& p, uint d, uint s) {
+    return (d == 1 || p.reverse != 0) ? p.T - 1 - s : s;
+}
+
+// Output-time index of processing step s of direction d.
+inline uint rg_out_time(constant RecurrenceParams& p, uint d, uint s) {
+    return d == 1 ? p.T - 1 - s : s;
+}
+
+// Offset of the mask at processing step s (a [N,D·H] mask is the same at every step).
+inline uint rg_mask_step(constant RecurrenceParams& p, uint s) {
+    return p.mask_per_step != 0 ? s * p.N * p.D * p.H : 0u;
+}
+
+// Block index of gate k (in the cell's canonical order) in the packed layout.
+inline uint rg_gate(constant RecurrenceParams& p, uint k) {
+    return k == 0 ? p.gate0 : (k == 1 ? p.gate1 : (k == 2 ? p.gate2 : p.gate3));
+}
+
+// Activation of gate k (in the cell's canonical order), or the cell activation for k = 4.
+inline uint rg_act(constant RecurrenceParams& p, uint k) {
+    return k == 0 ? p.act0 : (k == 1 ? p.act1 : (k == 2 ? p.act2 : (k == 3 ? p.act3 : p.act4)));
+}

@@ -1,0 +1,78 @@
+// single_gate_backward.metal: the recurrence of singleGateRNNGradients (contract 3.3).
+//
+//   dh = source_gradient[t] + dh_next;   da = dh ⊙ f'(a);   dh_next = (da R) ⊙ m
+//
+// The gradient op gets no forward output, so h[t−1] = f(z_state[t−1]) (init_state at t = 0).
+// The kernel writes da (input time: the source gradient without input_weight, the left factor
+// of every weight gradient) and h[t−1] ⊙ m (the right factor of dR, same rows); strided_gemm
+// reduces them to dR, dW, db after this dispatch.
+//
+// Kernel versions
+//   v1 single_gate_backward: rows (d, n) in contiguous blocks per threadgroup, a loop over the
+//      steps in reverse; phase A (element-wise da) and phase B (dh_next[j] = m_j Σ_k da_k R[k,j],
+//      a dot product per (row, j)) separated by one device-memory barrier per step. dh_next
+//      lives in the init-state-gradient buffer: the thread that owns (row, j) is the only one
+//      that reads or writes it, in every step.
+//
+// Buffers of single_gate_backward (count = D·N·H)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             R     [D,H,H]
+//   2      device const float*             h0    [N,D·H] (zeros when absent)
+//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
+//   5      device const float*             zs    [T,N,D·H] z_state, output time
+//   6      device float*                   dx    [T,N,D·H] da, input time
+//   7      device float*                   rhs   [T,N,D·H] h[t−1] ⊙ m, input time
+//   8      device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
+
+kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
+                                 device const float* R [[buffer(1)]],
+                                 device const float* h0 [[buffer(2)]],
+                                 device const float* mask [[buffer(3)]],
+                                 device const float* dy [[buffer(4)]],
+                                 device const float* zs [[buffer(5)]],
+                                 device float* dx [[buffer(6)]],
+                                 device float* rhs [[buffer(7)]],
+                                 device float* dhn [[buffer(8)]],
+                                 uint lid [[thread_position_in_threadgroup]],
+                                 uint tgid [[threadgroup_position_in_grid]],
+                                 uint tpg [[threads_per_threadgroup]]) {
+    uint N = p.N, H = p.H, DH = p.D * p.H;
+    uint2 rows = rg_rows(p.D * N, p.count, tgid, tpg);
+    if (rows.x >= rows.y) {
+        return;  // the whole threadgroup owns no row
+    }
+    uint work = (rows.y - rows.x) * H;
+    for (uint step = p.T; step > 0; --step) {
+        uint s = step - 1;
+        // Phase A: da for every owned (row, j).
+        for (uint e = lid; e < work; e += tpg) {
+            uint row = rows.x + e / H, j = e % H;
+            uint d = row / N, n = row % N;
+            uint col = d * H + j;
+            uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
+            uint xin = (rg_x_time(p, d, s) * N + n) * DH + col;
+            float hp = s == 0 ? h0[n * DH + col]
+                              : rg_activate(p.act0, zs[(rg_out_time(p, d, s - 1) * N + n) * DH + col]);
+            float m = mask[rg_mask_step(p, s) + n * DH + col];
+            float dh = dy[out] + dhn[n * DH + col];
+            dx[xin] = dh * rg_derivative(p.act0, zs[out]);
+            rhs[xin] = hp * m;
+        }
+        // Phase B reads every da of its row. Phase A of the next step writes other rows of dx
+        // (another time index) and only its own dh_next, so one barrier per step suffices.
+        threadgroup_barrier(mem_flags::mem_device);
+        for (uint e = lid; e < work; e += tpg) {
+            uint row = rows.x + e / H, j = e % H;
+            uint d = row / N, n = row % N;
+            device const float* da = dx + (rg_x_time(p, d, s) * N + n) * DH + d * H;
+            device const float* Rd = R + d * H * H;
+            float acc = 0.0f;
+            for (uint k = 0; k < H; ++k) {
+                acc += da[k] * Rd[k * H + j];
+            }
+            dhn[n * DH + d * H + j] = acc * mask[rg_mask_step(p, s) + n * DH + d * H + j];
+        }
+    }
+}

@@ -1,0 +1,63 @@
+// single_gate_forward.metal: singleGateRNN, the whole sequence in one dispatch (contract 2.2).
+//
+//   a[t] = x'[t] + (h[t−1] ⊙ m) Rᵀ        h[t] = f(a[t])        z_state[t] = a[t]
+//
+// Kernel versions
+//   v1 single_gate_forward: rows (d, n) of both directions split in contiguous blocks across
+//      threadgroups; each threadgroup loops over the T steps, its threads striding over
+//      (row, j) with one dot product of length H each (the activation fused after it);
+//      h[t−1] is read back from the output buffer after a device-memory threadgroup barrier,
+//      so H is not limited by threadgroup memory. One barrier per step.
+//
+// Buffers of single_gate_forward (count = D·N·H)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             x     [T,N,D·H] projected input, input time
+//   2      device const float*             bias  [D·H] added to x (zeros when the projection added it)
+//   3      device const float*             R     [D,H,H]
+//   4      device const float*             h0    [N,D·H] (zeros when absent)
+//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   6      device float*                   h     [T,N,D·H] output time
+//   7      device float*                   zs    [T,N,D·H] output time (written when p.training)
+
+kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
+                                device const float* x [[buffer(1)]],
+                                device const float* bias [[buffer(2)]],
+                                device const float* R [[buffer(3)]],
+                                device const float* h0 [[buffer(4)]],
+                                device const float* mask [[buffer(5)]],
+                                device float* h [[buffer(6)]],
+                                device float* zs [[buffer(7)]],
+                                uint lid [[thread_position_in_threadgroup]],
+                                uint tgid [[threadgroup_position_in_grid]],
+                                uint tpg [[threads_per_threadgroup]]) {
+    uint N = p.N, H = p.H, DH = p.D * p.H;
+    uint2 rows = rg_rows(p.D * N, p.count, tgid, tpg);
+    if (rows.x >= rows.y) {
+        return;  // the whole threadgroup owns no row
+    }
+    uint work = (rows.y - rows.x) * H;
+    for (uint s = 0; s < p.T; ++s) {
+        for (uint e = lid; e < work; e += tpg) {
+            uint row = rows.x + e / H, j = e % H;
+            uint d = row / N, n = row % N;
+            uint col = d * H;
+            device const float* hp = s == 0 ? h0 + n * DH + col
+                                            : h + (rg_out_time(p, d, s - 1) * N + n) * DH + col;
+            device const float* m = mask + rg_mask_step(p, s) + n * DH + col;
+            device const float* Rj = R + (d * H + j) * H;
+            float acc = 0.0f;
+            for (uint k = 0; k < H; ++k) {
+                acc += hp[k] * m[k] * Rj[k];
+            }
+            float a = (x[(rg_x_time(p, d, s) * N + n) * DH + col + j] + bias[col + j]) + acc;
+            uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
+            h[out] = rg_activate(p.act0, a);
+            if (p.training != 0) {
+                zs[out] = a;
+            }
+        }
+        // h[t] must be complete before any thread of the block reads it as h[t−1].
+        threadgroup_barrier(mem_flags::mem_device);
+    }
+}

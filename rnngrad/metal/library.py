@@ -1,0 +1,117 @@
+"""The Metal kernel library: where the ``.metal`` sources are, how they are put together, and the
+NumPy mirrors of their parameter structs and buffer tables.
+
+metalcompute compiles one source string and does not resolve local ``#include``, so the library
+source is ``kernels/common.metal`` (the shared header: parameter structs, activations, index
+helpers) followed by every kernel file. The sources ship inside the installed package at
+``rnngrad/_kernels/``; in a source checkout or an editable install they are the repository's
+``kernels/`` folder.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+import re
+from pathlib import Path
+
+import numpy as np
+
+#: the shared header, first in the library source
+HEADER = "common.metal"
+#: kernel files, in the order they are appended after the header
+KERNEL_FILES = (
+    "gemm.metal",
+    "single_gate_forward.metal",
+    "single_gate_backward.metal",
+    "gru_forward.metal",
+    "gru_backward.metal",
+    "lstm_forward.metal",
+    "lstm_backward.metal",
+)
+
+
+def _struct(names):
+    return np.dtype([(name, "<u4") for name in names])
+
+
+#: mirror of ``struct RecurrenceParams`` in common.metal (every field a 4-byte uint, in order)
+RECURRENCE_PARAMS = _struct((
+    "count", "T", "N", "H", "D", "G", "Z", "reverse", "training", "mask_per_step",
+    "has_peephole", "cell_gradient_per_step", "reset_after", "flip_z",
+    "act0", "act1", "act2", "act3", "act4", "gate0", "gate1", "gate2", "gate3",
+))
+
+#: mirror of ``struct GemmParams`` in common.metal
+GEMM_PARAMS = _struct((
+    "count", "batch", "M", "P", "K", "a_batch", "a_row", "a_k", "b_batch", "b_k", "b_col",
+    "block", "b_block", "has_bias",
+))
+
+#: the buffers of every kernel, in ``[[buffer(i)]]`` order; the launcher binds them by these names
+BUFFERS = {
+    "strided_gemm": ("p", "A", "B", "bias", "C"),
+    "single_gate_forward": ("p", "x", "bias", "R", "h0", "mask", "h", "zs"),
+    "single_gate_backward": ("p", "R", "h0", "mask", "dy", "zs", "dx", "rhs", "dhn"),
+    "gru_forward": ("p", "x", "bias", "R", "h0", "mask", "b2", "h", "zs"),
+    "gru_backward": ("p", "R", "h0", "mask", "dy", "zs", "hfwd", "dx", "lhs", "rhs",
+                     "dhn", "work", "prow"),
+    "lstm_forward": ("p", "x", "bias", "R", "h0", "c0", "mask", "peephole", "h", "c", "zs"),
+    "lstm_backward": ("p", "R", "h0", "c0", "mask", "peephole", "dy", "zs", "cfwd", "cg",
+                      "dx", "dhn", "dcn", "prow"),
+}
+
+
+def kernel_dir() -> Path:
+    """The folder holding the ``.metal`` sources: the installed package data, else the checkout."""
+    try:
+        packaged = importlib.resources.files("rnngrad") / "_kernels"
+        if packaged.is_dir():
+            return Path(str(packaged))
+    except (ModuleNotFoundError, TypeError):
+        pass
+    import rnngrad
+
+    return Path(rnngrad.__file__).resolve().parent.parent / "kernels"
+
+
+def read(name: str) -> str:
+    """The text of one ``.metal`` file."""
+    path = kernel_dir() / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"Metal kernel source: expected {name} in {kernel_dir()}, got no such file "
+            "(reinstall rnngrad, or run from a source checkout)")
+    return path.read_text()
+
+
+@functools.lru_cache(maxsize=None)
+def source() -> str:
+    """The whole library source: the header, then every kernel file."""
+    return "\n".join([read(HEADER)] + [read(name) for name in KERNEL_FILES])
+
+
+_PARAM = re.compile(
+    r"(?P<decl>[\w:&*<>\s]+?)\s+(?P<name>\w+)\s*\[\[\s*(?P<attr>[^\]]+?)\s*\]\]")
+
+
+def signatures(text: str) -> dict:
+    """{kernel name: [(parameter name, attribute)]} parsed from MSL source (for tests and tools)."""
+    out = {}
+    for match in re.finditer(r"kernel\s+void\s+(\w+)\s*\((.*?)\)\s*\{", text, re.S):
+        params = []
+        for piece in match.group(2).split(","):
+            m = _PARAM.search(" ".join(piece.split()))
+            if m:
+                params.append((m.group("name"), m.group("attr")))
+        out[match.group(1)] = params
+    return out
+
+
+def struct_fields(text: str, struct: str) -> list:
+    """[(C type, field name)] of ``struct <struct> { ... }`` in MSL source."""
+    m = re.search(r"struct\s+" + struct + r"\s*\{(.*?)\};", text, re.S)
+    if not m:
+        raise ValueError(f"struct_fields: expected struct {struct} in the source, got none")
+    body = re.sub(r"//[^\n]*", "", m.group(1))
+    return [tuple(decl.split()) for decl in (d.strip() for d in body.split(";")) if decl]
