@@ -31,6 +31,7 @@ _FLAGS = (
     "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0", "-w",
 )
 SOURCE_NAME = "program.metal"
+_ERROR_LINES = 40  # of compiler output shown in an error
 
 # Builtin attribute -> (C++ expression of the value, is a size rather than a position).
 _BUILTINS = {
@@ -315,8 +316,10 @@ def cache_dir() -> Path:
 def _run(cmd: list[str], cwd: Path) -> None:
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if done.returncode:
-        text = done.stderr.replace(str(cwd) + os.sep, "")
-        raise CompileError(f"{Path(cmd[0]).name} failed:\n{text.strip()}")
+        lines = done.stderr.replace(str(cwd) + os.sep, "").replace(str(_HERE) + os.sep, "").splitlines()
+        if len(lines) > _ERROR_LINES:
+            lines = lines[:_ERROR_LINES] + [f"... ({len(lines) - _ERROR_LINES} more lines)"]
+        raise CompileError(f"{Path(cmd[0]).name} failed:\n" + "\n".join(lines))
 
 
 def _digest(*parts: str | bytes) -> str:

@@ -69,6 +69,10 @@ template <class... A> struct count_components;
 template <> struct count_components<> { static constexpr int value = 0; };
 template <class T> struct components_of { static constexpr int value = 1; };
 template <class T, int N> struct components_of<vec<T, N>> { static constexpr int value = N; };
+template <class T, int N, int... I> struct swizzle;
+template <class T, int N, int... I> struct components_of<swizzle<T, N, I...>> {
+    static constexpr int value = sizeof...(I);
+};
 template <class H, class... A> struct count_components<H, A...> {
     static constexpr int value = components_of<H>::value + count_components<A...>::value;
 };
@@ -111,6 +115,9 @@ template <class T, int N, int... I> struct swizzle {
     template <class U> void put(int& k, const U& s) { v[k++] = T(s); }                         \
     template <class U, int M> void put(int& k, const vec<U, M>& s) {                           \
         for (int i = 0; i < M; ++i) v[k++] = T(s[i]);                                          \
+    }                                                                                          \
+    template <class U, int M, int... I> void put(int& k, const swizzle<U, M, I...>& s) {       \
+        put(k, vec<U, sizeof...(I)>(s));                                                       \
     }                                                                                          \
     T& operator[](int i) { return v[i]; }                                                      \
     const T& operator[](int i) const { return v[i]; }
