@@ -1,0 +1,61 @@
+"""The command line: ``rnngrad info`` and ``rnngrad verify`` (which must be able to fail)."""
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from rnngrad import registry
+from rnngrad.cli import main
+from rnngrad.problem import ForwardArrays
+from rnngrad.reference import BACKEND as REFERENCE
+
+
+def test_info_lists_every_backend_and_why(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    for name in registry.all_backends():
+        assert name in out
+    assert "reference       available" in out or "reference  available" in out.replace("  ", " ")
+
+
+def test_python_dash_m_runs_the_same_command():
+    done = subprocess.run([sys.executable, "-m", "rnngrad", "--version"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("rnngrad ")
+
+
+def test_verify_passes_on_the_reference(capsys):
+    assert main(["verify", "--examples", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "reference" in out and "FAIL" not in out and "0 failed" in out
+
+
+def test_verify_rejects_an_unknown_backend(capsys):
+    assert main(["verify", "--backend", "nonesuch"]) == 2
+    assert "unknown backend 'nonesuch'" in capsys.readouterr().err
+
+
+@pytest.fixture
+def broken_backend(monkeypatch):
+    """A backend whose LSTM forward is off by 1e-3: verify must catch it."""
+    def forward(problem):
+        out = REFERENCE.implementations[(problem.cell, "forward")](problem)
+        return ForwardArrays(out.h + np.asarray(1e-3, out.h.dtype), out.c, out.z_state)
+
+    implementations = dict(REFERENCE.implementations)
+    implementations[("lstm", "forward")] = forward
+    broken = registry.Backend("broken", REFERENCE.dtypes, implementations)
+    spec = registry._Spec("broken", "rnngrad.reference", "BACKEND", False, "")
+    monkeypatch.setattr(registry, "_SPECS", registry._SPECS + (spec,))
+    monkeypatch.setitem(registry._loaded, "broken", (broken, None))
+    return "broken"
+
+
+def test_verify_fails_on_a_wrong_backend_and_prints_a_reproduction(broken_backend, capsys):
+    status = main(["verify", "--backend", broken_backend, "--examples", "2", "--skip-reference"])
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "FAIL broken lstm forward vs reference" in out
+    assert "Case(" in out and "state[" in out
