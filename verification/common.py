@@ -17,11 +17,8 @@ from typing import Optional
 import numpy as np
 
 from rnngrad.cases import Case
+from rnngrad.gradcheck import TOLERANCE as FINITE_DIFFERENCE_TOLERANCE  # noqa: F401 (re-exported)
 from rnngrad.testing import compare_array, tolerance
-
-#: central differences of the float64 reference, relative to the size of the terms
-#: (step 1e-5: truncation ~1e-10, round-off ~1e-11; a wrong gradient is off by O(1)).
-FINITE_DIFFERENCE_TOLERANCE = 1e-7
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
 
