@@ -257,7 +257,7 @@ class MetalHost:
                             mask=mask, peephole=self.buffer(peephole), dy=dy, zs=zs,
                             cfwd=self.buffer(problem.cell_output_fwd),
                             cg=self.buffer(cg) if problem.cell_gradient_per_step else self.empty(1),
-                            dx=dx, dhn=dhn, dcn=dcn, prow=prow)
+                            dx=dx, rhs=rhs, dhn=dhn, dcn=dcn, prow=prow)
             rows = T * N
             dR = self.empty(D * GH * H)
             self.gemm(handles, lhs, rhs, dR, batch=D, M=GH, P=H, K=rows, a_batch=GH, a_row=1,

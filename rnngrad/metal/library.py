@@ -58,7 +58,7 @@ BUFFERS = {
                      "dhn", "work", "prow"),
     "lstm_forward": ("p", "x", "bias", "R", "h0", "c0", "mask", "peephole", "h", "c", "zs"),
     "lstm_backward": ("p", "R", "h0", "c0", "mask", "peephole", "dy", "zs", "cfwd", "cg",
-                      "dx", "dhn", "dcn", "prow"),
+                      "dx", "rhs", "dhn", "dcn", "prow"),
 }
 
 

@@ -1,0 +1,164 @@
+// gru_backward.metal: the recurrence of GRUGradients (contract 3.3).
+//
+//   flip_z = 0:  da_o = dh ⊙ (1−z) ⊙ f_output'(a_o);  da_z = dh ⊙ (hp − o) ⊙ f_update'(a_z);  keep = z
+//   flip_z = 1:  da_o = dh ⊙ z ⊙ f_output'(a_o);      da_z = dh ⊙ (o − hp) ⊙ f_update'(a_z);  keep = 1−z
+//   reset_after = 0:  g = da_o R_o;  da_r = g ⊙ hp ⊙ m ⊙ f_reset'(a_r)
+//                     dh_next = dh ⊙ keep + g ⊙ r ⊙ m + (da_z R_z + da_r R_r) ⊙ m
+//   reset_after = 1:  da_r = da_o ⊙ q ⊙ f_reset'(a_r);  dq = da_o ⊙ r
+//                     dh_next = dh ⊙ keep + (dq R_o + da_z R_z + da_r R_r) ⊙ m
+//
+// hp = h[t−1] comes from output_fwd (init_state at t = 0). The kernel writes, in input time:
+// dA (the source gradient without input_weight), lhs (dA, with dq in the o block when
+// reset_after: the left factor of dR) and rhs (the right factor of dR per gate block: h[t−1] ⊙ m,
+// or [hm, hm, hm ⊙ r] without reset_after, whose o gate reads h[t−1] ⊙ r ⊙ m; the o gate is
+// block 2 in both gate layouts). With reset_after it also writes the per-row partial sums of
+// dq over time (prow) for the secondary-bias gradient.
+//
+// Kernel versions
+//   v1 gru_backward: rows (d, n) in contiguous blocks per threadgroup, a loop over the steps in
+//      reverse, three phases per step separated by two device-memory barriers: A (element-wise
+//      da_z, da_o, and with reset_after da_r, dq), B (without reset_after: g[j] = Σ_k da_o,k
+//      R_o[k,j] and da_r), C (dh_next[j], a dot product of length 3H over lhs). dh_next lives in
+//      the init-state gradient buffer and g in a scratch buffer; only the thread owning
+//      (row, j) touches either.
+//
+// Buffers of gru_backward (count = D·N·H)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             R     [D,3H,H]
+//   2      device const float*             h0    [N,D·H] (zeros when absent)
+//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
+//   5      device const float*             zs    [T,N,D·Z·H] z_state, output time
+//   6      device const float*             hfwd  [T,N,D·H] output_fwd, output time
+//   7      device float*                   dx    [T,N,D·3H] dA, input time
+//   8      device float*                   lhs   [T,N,D·3H] left factor of dR, input time
+//   9      device float*                   rhs   [T,N,D·B·H] right factor of dR, input time; B = 1 (reset_after) or 3
+//   10     device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
+//   11     device float*                   work  [D·N,H] scratch: g
+//   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
+
+kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
+                         device const float* R [[buffer(1)]],
+                         device const float* h0 [[buffer(2)]],
+                         device const float* mask [[buffer(3)]],
+                         device const float* dy [[buffer(4)]],
+                         device const float* zs [[buffer(5)]],
+                         device const float* hfwd [[buffer(6)]],
+                         device float* dx [[buffer(7)]],
+                         device float* lhs [[buffer(8)]],
+                         device float* rhs [[buffer(9)]],
+                         device float* dhn [[buffer(10)]],
+                         device float* work [[buffer(11)]],
+                         device float* prow [[buffer(12)]],
+                         uint lid [[thread_position_in_threadgroup]],
+                         uint tgid [[threadgroup_position_in_grid]],
+                         uint tpg [[threads_per_threadgroup]]) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
+    uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
+    uint B = p.reset_after != 0 ? 1u : 3u;
+    uint2 rows = rg_rows(p.D * N, p.count, tgid, tpg);
+    if (rows.x >= rows.y) {
+        return;  // the whole threadgroup owns no row
+    }
+    uint elems = (rows.y - rows.x) * H;
+    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
+    for (uint step = p.T; step > 0; --step) {
+        uint s = step - 1;
+        // Phase A: element-wise gate gradients.
+        for (uint e = lid; e < elems; e += tpg) {
+            uint row = rows.x + e / H, j = e % H;
+            uint d = row / N, n = row % N;
+            uint col = d * H + j;
+            uint own = n * DH + col;
+            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+            float a_z = zs[zrow + qz + j], a_r = zs[zrow + qr + j], a_o = zs[zrow + qo + j];
+            float z = rg_activate(p.act0, a_z);
+            float r = rg_activate(p.act1, a_r);
+            float o = rg_activate(p.act2, a_o);
+            float hp = s == 0 ? h0[own] : hfwd[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
+            float m = mask[rg_mask_step(p, s) + own];
+            float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
+            float da_o, da_z;
+            if (p.flip_z != 0) {
+                da_o = dh * z * rg_derivative(p.act2, a_o);
+                da_z = dh * (o - hp) * rg_derivative(p.act0, a_z);
+            } else {
+                da_o = dh * (1.0f - z) * rg_derivative(p.act2, a_o);
+                da_z = dh * (hp - o) * rg_derivative(p.act0, a_z);
+            }
+            dx[xrow + qz + j] = da_z;
+            dx[xrow + qo + j] = da_o;
+            lhs[xrow + qz + j] = da_z;
+            uint rrow = (rg_x_time(p, d, s) * N + n) * p.D * B * H + d * B * H;
+            float hm = hp * m;
+            if (p.reset_after != 0) {
+                float q = zs[zrow + 3 * H + j];
+                float da_r = da_o * q * rg_derivative(p.act1, a_r);
+                float dq = da_o * r;
+                dx[xrow + qr + j] = da_r;
+                lhs[xrow + qr + j] = da_r;
+                lhs[xrow + qo + j] = dq;
+                prow[row * H + j] += dq;
+                rhs[rrow + j] = hm;
+            } else {
+                lhs[xrow + qo + j] = da_o;
+                rhs[rrow + j] = hm;
+                rhs[rrow + H + j] = hm;
+                rhs[rrow + 2 * H + j] = hm * r;
+            }
+        }
+        // Phase B reads da_o of every unit of its row.
+        threadgroup_barrier(mem_flags::mem_device);
+        if (p.reset_after == 0) {
+            for (uint e = lid; e < elems; e += tpg) {
+                uint row = rows.x + e / H, j = e % H;
+                uint d = row / N, n = row % N;
+                uint col = d * H + j;
+                uint own = n * DH + col;
+                uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+                uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+                device const float* Rd = R + d * GH * H;
+                float g = 0.0f;
+                for (uint k = 0; k < H; ++k) {
+                    g += lhs[xrow + qo + k] * Rd[(qo + k) * H + j];
+                }
+                float hp = s == 0 ? h0[own] : hfwd[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
+                float m = mask[rg_mask_step(p, s) + own];
+                float da_r = g * hp * m * rg_derivative(p.act1, zs[zrow + qr + j]);
+                dx[xrow + qr + j] = da_r;
+                lhs[xrow + qr + j] = da_r;
+                work[row * H + j] = g;
+            }
+        }
+        // Phase C reads da_r of every unit of its row. Phase A of the next step writes another
+        // time index and only its own dh_next, so no barrier is needed after phase C.
+        threadgroup_barrier(mem_flags::mem_device);
+        for (uint e = lid; e < elems; e += tpg) {
+            uint row = rows.x + e / H, j = e % H;
+            uint d = row / N, n = row % N;
+            uint col = d * H + j;
+            uint own = n * DH + col;
+            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+            device const float* Rd = R + d * GH * H;
+            float acc = 0.0f;
+            for (uint q = 0; q < GH; ++q) {
+                // Without reset_after the o block enters through g ⊙ r instead.
+                if (p.reset_after != 0 || q < qo || q >= qo + H) {
+                    acc += lhs[xrow + q] * Rd[q * H + j];
+                }
+            }
+            float z = rg_activate(p.act0, zs[zrow + qz + j]);
+            float keep = p.flip_z != 0 ? 1.0f - z : z;
+            float m = mask[rg_mask_step(p, s) + own];
+            float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
+            float next = dh * keep;
+            if (p.reset_after == 0) {
+                next += work[row * H + j] * rg_activate(p.act1, zs[zrow + qr + j]) * m;
+            }
+            dhn[own] = next + acc * m;
+        }
+    }
+}

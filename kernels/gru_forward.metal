@@ -1,0 +1,114 @@
+// gru_forward.metal: GRU, the whole sequence in one dispatch (contract 2.2).
+//
+//   a_z = x'_z[t] + (h[t−1] ⊙ m) R_zᵀ        z = f_update(a_z)
+//   a_r = x'_r[t] + (h[t−1] ⊙ m) R_rᵀ        r = f_reset(a_r)
+//   reset_after = 0:  a_o = x'_o[t] + (h[t−1] ⊙ r ⊙ m) R_oᵀ
+//   reset_after = 1:  q = (h[t−1] ⊙ m) R_oᵀ + b2;   a_o = x'_o[t] + q ⊙ r
+//   o = f_output(a_o);   h[t] = z ⊙ h[t−1] + (1 − z) ⊙ o   (flip_z: (1 − z) ⊙ h[t−1] + z ⊙ o)
+//   z_state[t] = [a_z, a_r, a_o] in the gate layout (gate0..2 = blocks of z, r, o), then q
+//
+// Kernel versions
+//   v1 gru_forward: rows (d, n) of both directions split in contiguous blocks across
+//      threadgroups; each threadgroup loops over the T steps. Phase 1: the thread owning
+//      (row, j) computes a_z, a_r (and with reset_after q, a_o and h: the whole step) from dot
+//      products of length H. Phase 2 (without reset_after): a_o needs r of every unit, read back
+//      from z_state after a device-memory barrier. Two barriers per step; z_state doubles as
+//      the staging buffer, so it is always bound, training or not.
+//
+// Buffers of gru_forward (count = D·N·H)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             x     [T,N,D·3H] projected input, input time
+//   2      device const float*             bias  [D·3H] added to x (zeros when the projection added it)
+//   3      device const float*             R     [D,3H,H]
+//   4      device const float*             h0    [N,D·H] (zeros when absent)
+//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   6      device const float*             b2    [D·H] secondary bias (zeros when absent)
+//   7      device float*                   h     [T,N,D·H] output time
+//   8      device float*                   zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
+
+kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
+                        device const float* x [[buffer(1)]],
+                        device const float* bias [[buffer(2)]],
+                        device const float* R [[buffer(3)]],
+                        device const float* h0 [[buffer(4)]],
+                        device const float* mask [[buffer(5)]],
+                        device const float* b2 [[buffer(6)]],
+                        device float* h [[buffer(7)]],
+                        device float* zs [[buffer(8)]],
+                        uint lid [[thread_position_in_threadgroup]],
+                        uint tgid [[threadgroup_position_in_grid]],
+                        uint tpg [[threads_per_threadgroup]]) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
+    uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
+    uint2 rows = rg_rows(p.D * N, p.count, tgid, tpg);
+    if (rows.x >= rows.y) {
+        return;  // the whole threadgroup owns no row
+    }
+    uint work = (rows.y - rows.x) * H;
+    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
+    for (uint s = 0; s < p.T; ++s) {
+        // Phase 1: a_z, a_r (and with reset_after the whole step).
+        for (uint e = lid; e < work; e += tpg) {
+            uint row = rows.x + e / H, j = e % H;
+            uint d = row / N, n = row % N;
+            uint col = d * H;
+            device const float* hp = s == 0 ? h0 + n * DH + col
+                                            : h + (rg_out_time(p, d, s - 1) * N + n) * DH + col;
+            device const float* m = mask + rg_mask_step(p, s) + n * DH + col;
+            device const float* Rz = R + (d * GH + qz + j) * H;
+            device const float* Rr = R + (d * GH + qr + j) * H;
+            device const float* Ro = R + (d * GH + qo + j) * H;
+            float sz = 0.0f, sr = 0.0f, so = 0.0f;
+            for (uint k = 0; k < H; ++k) {
+                float hm = hp[k] * m[k];
+                sz += hm * Rz[k];
+                sr += hm * Rr[k];
+                so += hm * Ro[k];
+            }
+            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+            float a_z = (x[xrow + qz + j] + bias[d * GH + qz + j]) + sz;
+            float a_r = (x[xrow + qr + j] + bias[d * GH + qr + j]) + sr;
+            zs[zrow + qz + j] = a_z;
+            zs[zrow + qr + j] = a_r;
+            if (p.reset_after != 0) {
+                float q = so + b2[col + j];
+                float a_o = (x[xrow + qo + j] + bias[d * GH + qo + j]) + q * rg_activate(p.act1, a_r);
+                zs[zrow + qo + j] = a_o;
+                zs[zrow + 3 * H + j] = q;
+                float z = rg_activate(p.act0, a_z);
+                float o = rg_activate(p.act2, a_o);
+                h[(rg_out_time(p, d, s) * N + n) * DH + col + j] =
+                    p.flip_z != 0 ? (1.0f - z) * hp[j] + z * o : z * hp[j] + (1.0f - z) * o;
+            }
+        }
+        // Phase 2 reads r of every unit of its row.
+        threadgroup_barrier(mem_flags::mem_device);
+        if (p.reset_after == 0) {
+            for (uint e = lid; e < work; e += tpg) {
+                uint row = rows.x + e / H, j = e % H;
+                uint d = row / N, n = row % N;
+                uint col = d * H;
+                device const float* hp = s == 0 ? h0 + n * DH + col
+                                                : h + (rg_out_time(p, d, s - 1) * N + n) * DH + col;
+                device const float* m = mask + rg_mask_step(p, s) + n * DH + col;
+                uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+                device const float* Ro = R + (d * GH + qo + j) * H;
+                float so = 0.0f;
+                for (uint k = 0; k < H; ++k) {
+                    so += hp[k] * m[k] * rg_activate(p.act1, zs[zrow + qr + k]) * Ro[k];
+                }
+                uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+                float a_o = (x[xrow + qo + j] + bias[d * GH + qo + j]) + so;
+                zs[zrow + qo + j] = a_o;
+                float z = rg_activate(p.act0, zs[zrow + qz + j]);
+                float o = rg_activate(p.act2, a_o);
+                h[(rg_out_time(p, d, s) * N + n) * DH + col + j] =
+                    p.flip_z != 0 ? (1.0f - z) * hp[j] + z * o : z * hp[j] + (1.0f - z) * o;
+            }
+        }
+        // h[t] must be complete before any thread of the block reads it as h[t−1].
+        threadgroup_barrier(mem_flags::mem_device);
+    }
+}

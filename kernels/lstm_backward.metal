@@ -1,0 +1,128 @@
+// lstm_backward.metal: the recurrence of LSTMGradients (contract 3.3).
+//
+//   dc   = dh ⊙ o ⊙ g'(c[t]) + dc_next (+ cell_gradient[t] per step)
+//   da_o = dh ⊙ g(c[t]) ⊙ f_out'(a_o)     da_i = dc ⊙ z ⊙ f_in'(a_i)
+//   da_f = dc ⊙ c[t−1] ⊙ f_forget'(a_f)    da_z = dc ⊙ i ⊙ f_cell'(a_z)
+//   dh_next = (dA R) ⊙ m;   dc_next = dc ⊙ f + Σ_k da_k ⊙ p_k;   dp_k += Σ_n da_k ⊙ c[t−1]
+//
+// h[t−1] = o[t−1] ⊙ g(c[t−1]) is rebuilt from z_state and cell_output_fwd (init_state at t = 0).
+// The kernel writes dA (input time) and h[t−1] ⊙ m for the dR / dW / db reductions, and the
+// peephole gradient's per-row partial sums over time, prow[row, ·] (summed over the batch by
+// strided_gemm afterwards: no float atomics).
+//
+// Kernel versions
+//   v1 lstm_backward: rows (d, n) in contiguous blocks per threadgroup, a loop over the steps in
+//      reverse; phase A (the element-wise cell chain of unit j: all four da, dc_next, the
+//      peephole partials) and phase B (dh_next[j] = m_j Σ_q dA_q R[q,j], a dot product of length
+//      4H) separated by one device-memory barrier per step. dh_next and dc_next live in the
+//      init-state and init-cell gradient buffers; only the thread owning (row, j) touches them.
+//
+// Buffers of lstm_backward (count = D·N·H)
+//   index  type                            name      layout
+//   0      constant RecurrenceParams&      p         scalars
+//   1      device const float*             R         [D,4H,H]
+//   2      device const float*             h0        [N,D·H] (zeros when absent)
+//   3      device const float*             c0        [N,D·H] (zeros when absent)
+//   4      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
+//   5      device const float*             peephole  [D,4H] (read when p.has_peephole)
+//   6      device const float*             dy        [T,N,D·H] source_gradient, output time
+//   7      device const float*             zs        [T,N,D·4H] z_state, output time
+//   8      device const float*             cfwd      [T,N,D·H] cell_output_fwd, output time
+//   9      device const float*             cg        [T,N,D·H] per-step cell_gradient (read when p.cell_gradient_per_step)
+//   10     device float*                   dx        [T,N,D·4H] dA, input time
+//   11     device float*                   rhs       [T,N,D·H] h[t−1] ⊙ m, input time
+//   12     device float*                   dhn       [N,D·H] in: state_gradient (or zeros); out: init_state gradient
+//   13     device float*                   dcn       [N,D·H] in: final cell_gradient (or zeros); out: init_cell gradient
+//   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
+
+kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
+                          device const float* R [[buffer(1)]],
+                          device const float* h0 [[buffer(2)]],
+                          device const float* c0 [[buffer(3)]],
+                          device const float* mask [[buffer(4)]],
+                          device const float* peephole [[buffer(5)]],
+                          device const float* dy [[buffer(6)]],
+                          device const float* zs [[buffer(7)]],
+                          device const float* cfwd [[buffer(8)]],
+                          device const float* cg [[buffer(9)]],
+                          device float* dx [[buffer(10)]],
+                          device float* rhs [[buffer(11)]],
+                          device float* dhn [[buffer(12)]],
+                          device float* dcn [[buffer(13)]],
+                          device float* prow [[buffer(14)]],
+                          uint lid [[thread_position_in_threadgroup]],
+                          uint tgid [[threadgroup_position_in_grid]],
+                          uint tpg [[threads_per_threadgroup]]) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
+    uint2 rows = rg_rows(p.D * N, p.count, tgid, tpg);
+    if (rows.x >= rows.y) {
+        return;  // the whole threadgroup owns no row
+    }
+    uint work = (rows.y - rows.x) * H;
+    for (uint step = p.T; step > 0; --step) {
+        uint s = step - 1;
+        // Phase A: the cell chain of every owned (row, j).
+        for (uint e = lid; e < work; e += tpg) {
+            uint row = rows.x + e / H, j = e % H;
+            uint d = row / N, n = row % N;
+            uint col = d * H + j;
+            uint own = n * DH + col;
+            uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
+            uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
+            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+            float a[4], g[4];
+            for (uint k = 0; k < 4; ++k) {
+                a[k] = zs[zrow + rg_gate(p, k) * H + j];
+                g[k] = rg_activate(rg_act(p, k), a[k]);
+            }
+            float cp, hp;
+            if (s == 0) {
+                cp = c0[own];
+                hp = h0[own];
+            } else {
+                uint prev = (rg_out_time(p, d, s - 1) * N + n) * DH + col;
+                uint zprev = (rg_out_time(p, d, s - 1) * N + n) * DGH + d * GH;
+                cp = cfwd[prev];
+                hp = rg_activate(p.act3, zs[zprev + p.gate3 * H + j]) * rg_activate(p.act4, cp);
+            }
+            float m = mask[rg_mask_step(p, s) + own];
+            float ct = cfwd[out];
+            float dh = dy[out] + dhn[own];
+            float dc = dh * g[3] * rg_derivative(p.act4, ct) + dcn[own];
+            if (p.cell_gradient_per_step != 0) {
+                dc += cg[out];
+            }
+            float da[4];
+            da[3] = dh * rg_activate(p.act4, ct) * rg_derivative(p.act3, a[3]);
+            da[0] = dc * g[2] * rg_derivative(p.act0, a[0]);
+            da[1] = dc * cp * rg_derivative(p.act1, a[1]);
+            da[2] = dc * g[0] * rg_derivative(p.act2, a[2]);
+            float dc_next = dc * g[1];
+            for (uint k = 0; k < 4; ++k) {
+                uint q = rg_gate(p, k) * H + j;
+                dx[xrow + q] = da[k];
+                if (p.has_peephole != 0) {
+                    dc_next += da[k] * peephole[d * GH + q];
+                    prow[row * GH + q] += da[k] * cp;
+                }
+            }
+            dcn[own] = dc_next;
+            rhs[(rg_x_time(p, d, s) * N + n) * DH + col] = hp * m;
+        }
+        // Phase B reads every dA of its row. Phase A of the next step writes another time index
+        // of dx and only its own dh_next / dc_next / partials, so one barrier per step suffices.
+        threadgroup_barrier(mem_flags::mem_device);
+        for (uint e = lid; e < work; e += tpg) {
+            uint row = rows.x + e / H, j = e % H;
+            uint d = row / N, n = row % N;
+            device const float* dA = dx + (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+            device const float* Rd = R + d * GH * H;
+            float acc = 0.0f;
+            for (uint q = 0; q < GH; ++q) {
+                acc += dA[q] * Rd[q * H + j];
+            }
+            uint own = n * DH + d * H + j;
+            dhn[own] = acc * mask[rg_mask_step(p, s) + own];
+        }
+    }
+}

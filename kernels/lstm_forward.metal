@@ -1,0 +1,83 @@
+// lstm_forward.metal: LSTM, the whole sequence in one dispatch (contract 2.2).
+//
+//   a_k = x'_k[t] + (h[t−1] ⊙ m) R_kᵀ + p_k ⊙ c[t−1]      k in i, f, z, o (gate blocks gate0..3)
+//   c[t] = f ⊙ c[t−1] + i ⊙ z        h[t] = o ⊙ g(c[t])     z_state[t] = [a_i, a_f, a_z, a_o]
+//
+// Kernel versions
+//   v1 lstm_forward: rows (d, n) of both directions split in contiguous blocks across
+//      threadgroups; each threadgroup loops over the T steps; the thread that owns (row, j)
+//      computes the four gate dot products of length H for unit j and the whole cell update
+//      (c[t−1] of unit j is its own). h[t−1] is read back from the output buffer after a
+//      device-memory threadgroup barrier. One barrier per step.
+//
+// Buffers of lstm_forward (count = D·N·H)
+//   index  type                            name      layout
+//   0      constant RecurrenceParams&      p         scalars
+//   1      device const float*             x         [T,N,D·4H] projected input, input time
+//   2      device const float*             bias      [D·4H] added to x (zeros when the projection added it)
+//   3      device const float*             R         [D,4H,H]
+//   4      device const float*             h0        [N,D·H] (zeros when absent)
+//   5      device const float*             c0        [N,D·H] (zeros when absent)
+//   6      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
+//   7      device const float*             peephole  [D,4H] (read when p.has_peephole)
+//   8      device float*                   h         [T,N,D·H] output time
+//   9      device float*                   c         [T,N,D·H] output time
+//   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
+
+kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
+                         device const float* x [[buffer(1)]],
+                         device const float* bias [[buffer(2)]],
+                         device const float* R [[buffer(3)]],
+                         device const float* h0 [[buffer(4)]],
+                         device const float* c0 [[buffer(5)]],
+                         device const float* mask [[buffer(6)]],
+                         device const float* peephole [[buffer(7)]],
+                         device float* h [[buffer(8)]],
+                         device float* c [[buffer(9)]],
+                         device float* zs [[buffer(10)]],
+                         uint lid [[thread_position_in_threadgroup]],
+                         uint tgid [[threadgroup_position_in_grid]],
+                         uint tpg [[threads_per_threadgroup]]) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
+    uint2 rows = rg_rows(p.D * N, p.count, tgid, tpg);
+    if (rows.x >= rows.y) {
+        return;  // the whole threadgroup owns no row
+    }
+    uint work = (rows.y - rows.x) * H;
+    for (uint s = 0; s < p.T; ++s) {
+        for (uint e = lid; e < work; e += tpg) {
+            uint row = rows.x + e / H, j = e % H;
+            uint d = row / N, n = row % N;
+            uint col = d * H;
+            uint prev = s == 0 ? 0u : (rg_out_time(p, d, s - 1) * N + n) * DH + col;
+            device const float* hp = s == 0 ? h0 + n * DH + col : h + prev;
+            float cp = s == 0 ? c0[n * DH + col + j] : c[prev + j];
+            device const float* m = mask + rg_mask_step(p, s) + n * DH + col;
+            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+            uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
+            float act[4];
+            for (uint k = 0; k < 4; ++k) {
+                uint q = rg_gate(p, k) * H + j;  // unit j of gate k within the direction
+                device const float* Rq = R + (d * GH + q) * H;
+                float acc = 0.0f;
+                for (uint l = 0; l < H; ++l) {
+                    acc += hp[l] * m[l] * Rq[l];
+                }
+                float a = (x[xrow + q] + bias[d * GH + q]) + acc;
+                if (p.has_peephole != 0) {
+                    a += peephole[d * GH + q] * cp;
+                }
+                if (p.training != 0) {
+                    zs[zrow + q] = a;
+                }
+                act[k] = rg_activate(rg_act(p, k), a);
+            }
+            float ct = act[1] * cp + act[0] * act[2];
+            uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
+            c[out] = ct;
+            h[out] = act[3] * rg_activate(p.act4, ct);
+        }
+        // h[t] must be complete before any thread of the block reads it as h[t−1].
+        threadgroup_barrier(mem_flags::mem_device);
+    }
+}
