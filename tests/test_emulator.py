@@ -210,6 +210,32 @@ def test_tiled_simdgroup_matrix_gemm_matches_numpy(max_threads):
     np.testing.assert_allclose(floats(C).reshape(M, N), A.astype(np.float64) @ B, rtol=1e-5, atol=1e-5)
 
 
+def test_barriers_inside_helper_functions_select_the_fiber_path(dev):
+    src = HEADER + """
+inline float neighbour(threadgroup float* t, uint lid, uint tpg) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    return t[(lid + 1) % tpg];
+}
+inline float twice(float v) { return 2.0f * v; }
+kernel void shift(device float* y [[buffer(0)]], uint lid [[thread_position_in_threadgroup]],
+                  uint tpg [[threads_per_threadgroup]], uint gid [[thread_position_in_grid]]) {
+    threadgroup float t[1024];
+    t[lid] = float(gid);
+    y[gid] = neighbour(t, lid, tpg);
+}
+kernel void scale(device float* y [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
+    y[gid] = twice(y[gid]);
+}
+"""
+    kernel = dev.kernel(src)
+    y = dev.buffer(4 * 2048)
+    kernel.function("shift")(2048, y)
+    kernel.function("scale")(2048, y)
+    gid = np.arange(2048).reshape(2, 1024)
+    assert np.array_equal(floats(y), 2 * np.roll(gid, -1, axis=1).ravel().astype(np.float32))
+    assert [d.path for d in dev.trace[-2:]] == ["fibers", "loop"]
+
+
 def test_buffers_are_zero_copy_views_and_other_arguments_are_copied(dev):
     fn = dev.kernel(HEADER + """
 kernel void bump(device float* a [[buffer(0)]], device float* b [[buffer(1)]],

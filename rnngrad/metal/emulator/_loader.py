@@ -129,11 +129,14 @@ def _functions(masked: str) -> dict[str, list[tuple[int, int]]]:
         name = m.group(1)
         if name in _KEYWORDS:
             continue
-        close = _match(masked, m.end() - 1, "(", ")")
-        rest = re.match(r"(?:\s|const\b|noexcept\b|\[\[[^\]]*\]\])*\{", masked[close:])
-        if rest:
-            body = close + rest.end() - 1
-            found.setdefault(name, []).append((body, _match(masked, body, "{", "}")))
+        try:
+            close = _match(masked, m.end() - 1, "(", ")")
+            rest = re.match(r"(?:\s|const\b|noexcept\b|\[\[[^\]]*\]\])*\{", masked[close:])
+            if rest:
+                body = close + rest.end() - 1
+                found.setdefault(name, []).append((body, _match(masked, body, "{", "}")))
+        except CompileError:
+            continue  # unbalanced text (e.g. inside a macro): the compiler will judge it
     return found
 
 
@@ -302,6 +305,7 @@ def cache_dir() -> Path:
     """Per-user cache, created 0700; refuses a directory another user could write to."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     path = Path(base) / "rnngrad" / "metal-emulator"
+    Path(base).mkdir(parents=True, exist_ok=True)
     for d in (path.parent, path):
         d.mkdir(mode=0o700, exist_ok=True)
     info = path.stat()

@@ -228,7 +228,9 @@ void ensure_fibers(unsigned n) {
 
 void start_fiber(unsigned i) {
     Fiber& f = g_fibers[i];
-    char* top = g_stacks + (size_t)i * (kStackBytes + g_page) + g_page + kStackBytes;
+    // Stagger the stack tops by whole cache lines: tops a multiple of 4 KiB apart would all
+    // compete for the same cache sets.
+    char* top = g_stacks + (size_t)i * (kStackBytes + g_page) + g_page + kStackBytes - (i % 61) * 64;
 #ifdef EMU_UCONTEXT
     getcontext(&f.uc);
     f.uc.uc_stack.ss_sp = top - kStackBytes;
