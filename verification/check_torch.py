@@ -75,7 +75,7 @@ def torch_side(module, x, hx, gy, gh, gc, device="cpu"):
     import torch
 
     dtype = next(module.parameters()).dtype
-    module = module.to(device)
+    module = module.to(device)  # parameters of a module on "mps" get their .grad there too
     module.zero_grad()
     t = lambda a: None if a is None else torch.tensor(a, dtype=dtype, device=device, requires_grad=True)  # noqa: E731
     xt = t(x)
@@ -124,17 +124,35 @@ def compare_sides(got, want, dtype):
 
 
 def check_configuration(label, *, bidirectional, bias, batch_first, upstream, with_state, rng,
-                        T=5, N=3, I=4, H=5, layer=None, backend="reference"):
-    """Comparisons for one configuration. ``layer`` replaces the converter's mapping (to show
-    that a wrong mapping fails)."""
+                        T=5, N=3, I=4, H=5, layer=None, backend="reference", device="cpu",
+                        dtype=np.float64):
+    """Comparisons for one configuration. ``layer`` (a function of the module) replaces the
+    converter's mapping, to show that a wrong mapping fails. ``device="mps"`` with
+    ``dtype=np.float32`` runs PyTorch on Apple's GPU (its LSTM calls MPSGraph's LSTM ops);
+    rnngrad's reference then runs in float64 on the float32-rounded values."""
+    import torch
     from rnngrad.convert import torch as rgt
 
     module = make_module(label, I, H, bidirectional=bidirectional, bias=bias,
-                         batch_first=batch_first, rng=rng)
+                         batch_first=batch_first, rng=rng, dtype=getattr(torch, np.dtype(dtype).name))
     inputs = draw_inputs(module, T, N, rng, with_state=with_state, upstream=upstream)
-    layer = layer(module) if callable(layer) else (layer or rgt.from_module(module))
-    return compare_sides(rnngrad_side(layer, *inputs, backend=backend), torch_side(module, *inputs),
-                         np.float64)
+    rounded = tuple(_rounded(a, dtype) for a in inputs)
+    want = torch_side(module, *rounded, device=device)
+    if layer is not None:
+        layer = layer(module)
+    else:  # the parameters in float64 (exact for float32 ones), so the reference runs in float64
+        params = {k: np.asarray(v.detach().cpu().numpy(), np.float64) for k, v in module.named_parameters()}
+        layer = rgt.from_state_dict(module.mode, params, batch_first=module.batch_first)
+    got = rnngrad_side(layer, *(_rounded(a, np.float64) for a in rounded), backend=backend)
+    return compare_sides(got, want, dtype)
+
+
+def _rounded(a, dtype):
+    if a is None:
+        return None
+    if isinstance(a, tuple):
+        return tuple(np.asarray(x, dtype) for x in a)
+    return np.asarray(a, dtype)
 
 
 def configurations():
