@@ -162,8 +162,9 @@ ucontext_t g_sched_uc;
 #endif
 
 #ifndef EMU_UCONTEXT
-// Saves callee-saved registers and the FP control words on the current stack, stores the
-// stack pointer in *from, and resumes the stack `to` saved the same way.
+// Saves the callee-saved registers on the current stack, stores the stack pointer in *from,
+// and resumes the stack `to` saved the same way. The FP control words are shared by all fibers
+// (kernels do not change rounding modes), so they are not switched.
 extern "C" void __emu_switch(void** from, void* to);
 asm(R"(
     .text
@@ -176,14 +177,8 @@ __emu_switch:
     pushq %r13
     pushq %r14
     pushq %r15
-    subq $8, %rsp
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
     movq %rsp, (%rdi)
     movq %rsi, %rsp
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    addq $8, %rsp
     popq %r15
     popq %r14
     popq %r13
@@ -238,15 +233,12 @@ void start_fiber(unsigned i) {
     f.uc.uc_link = nullptr;
     makecontext(&f.uc, fiber_main, 0);
 #else
-    // Frame popped by __emu_switch: control words, r15..rbp, return address = fiber_main.
+    // Frame popped by __emu_switch: r15..rbp, then the return address fiber_main, whose own
+    // return slot (never used) keeps the stack 16-byte aligned at its entry.
     uint64_t* sp = (uint64_t*)top;
-    *--sp = 0;                                  // fake return address of fiber_main
+    *--sp = 0;
     *--sp = (uint64_t)(uintptr_t)&fiber_main;
     for (int r = 0; r < 6; ++r) *--sp = 0;
-    uint32_t csr[2];
-    __asm__ volatile("stmxcsr %0" : "=m"(csr[0]));
-    __asm__ volatile("fnstcw %0" : "=m"(csr[1]));
-    *--sp = (uint64_t)csr[0] | ((uint64_t)(csr[1] & 0xffff) << 32);
     f.sp = sp;
 #endif
 }
