@@ -1,0 +1,244 @@
+"""The Metal kernels, run through the CPU execution harness ("metal-emulated"), against the
+float64 reference: every cell, option and optional input, boundary sizes, an adversarial
+schedule with a forced threadgroup size of 64, mixed pipelines, NaN, and the number of
+dispatches per op (which must not grow with T). Also the kernel files' own contracts: parameter
+structs against their NumPy mirrors, buffer tables against signatures and launchers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import rnngrad as rg
+from rnngrad import registry
+from rnngrad.cases import CELLS, random_case, random_descriptor
+from rnngrad.descriptors import Activation
+from rnngrad.metal import library
+from rnngrad.metal.backend import EMULATED_BACKEND, emulated_device
+from rnngrad.testing import check_case
+
+pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
+                                reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
+
+BACKEND = "metal-emulated"
+HARSH = dict(schedule="adversarial", seed=7, max_threads_per_threadgroup=64)
+ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
+                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
+NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
+
+
+def assert_matches(case, gradients, forward_backend=None, backend=BACKEND):
+    ratio, mismatches = check_case(case, backend, gradients, forward_backend=forward_backend)
+    assert not mismatches, (
+        f"{backend} {'gradients' if gradients else 'forward'} (forward by "
+        f"{forward_backend or backend}) differs from the reference:\n"
+        + "\n".join(map(str, mismatches[:5])) + f"\nreproduce with:\n{case!r}")
+
+
+def check_both(case, **device):
+    with emulated_device(**(device or HARSH)):
+        assert_matches(case, False)
+        assert_matches(case, True)
+
+
+# -- the kernel files' contracts ----------------------------------------------------------------
+
+@pytest.mark.parametrize("struct, mirror", [("RecurrenceParams", library.RECURRENCE_PARAMS),
+                                            ("GemmParams", library.GEMM_PARAMS)])
+def test_params_struct_matches_numpy_mirror(struct, mirror):
+    fields = library.struct_fields(library.read(library.HEADER), struct)
+    assert [name for _, name in fields] == list(mirror.names)
+    assert {ctype for ctype, _ in fields} == {"uint"}, "every field must be a 4-byte uint"
+    assert mirror.itemsize == 4 * len(fields)
+    assert [mirror.fields[n][1] for n in mirror.names] == [4 * i for i in range(len(fields))]
+
+
+def test_buffer_tables_match_signatures_and_launchers():
+    seen = set()
+    for name in library.KERNEL_FILES:
+        text = library.read(name)
+        assert text.startswith("// " + name), f"{name}: must open with its own name"
+        assert "Kernel versions" in text and re.search(r"//\s+v1 ", text), \
+            f"{name}: must list its kernel versions"
+        for kernel, params in library.signatures(text).items():
+            seen.add(kernel)
+            buffers = [(n, a) for n, a in params if a.startswith("buffer")]
+            assert [a for _, a in buffers] == [f"buffer({i})" for i in range(len(buffers))], \
+                f"{kernel}: buffers must be bound at 0..k-1 in parameter order"
+            assert tuple(n for n, _ in buffers) == library.BUFFERS[kernel], kernel
+            table = re.search(r"Buffers of " + kernel + r"\b.*?\n((?://[^\n]*\n)+)", text)
+            assert table, f"{name}: no buffer table for {kernel}"
+            rows = re.findall(r"//\s+(\d+)\s+.*?\s(\w+)\s{2,}", table.group(1))
+            assert [(int(i), n) for i, n in rows] == list(enumerate(library.BUFFERS[kernel])), \
+                f"{kernel}: the buffer table does not match the signature"
+            assert len(buffers) <= 31
+    assert seen == set(library.BUFFERS)
+
+
+def test_sources_follow_metalcompute_rules():
+    for name in (library.HEADER,) + library.KERNEL_FILES:
+        code = re.sub(r"//[^\n]*", "", library.read(name))
+        assert "#include <metal_stdlib>" in code or name != library.HEADER
+        assert not re.search(r"\bdouble\b", code), f"{name}: Metal has no double"
+        assert "atomic" not in code, f"{name}: no float atomics in MSL 2.3"
+        assert not re.search(r"\bfast::", code), f"{name}: use precise:: math where it saturates"
+        rest = code.replace("precise::tanh", "").replace("precise::exp", "")
+        assert not re.search(r"\b(tanh|exp)\s*\(", rest), f"{name}: tanh and exp must be precise::"
+
+
+def test_registry_view():
+    rows = {name: (ok, auto, why) for name, ok, auto, why in registry.status()}
+    assert rows["metal-emulated"][0] and not rows["metal-emulated"][1]
+    try:
+        import metalcompute  # noqa: F401
+    except ImportError:
+        assert not rows["metal"][0] and "metalcompute" in rows["metal"][2]
+    case = random_case(0, "gru", T=2, N=2, H=2, dtype=np.float64)
+    with pytest.raises(TypeError, match="float32"):
+        case.forward(backend=BACKEND)
+
+
+# -- every option and optional input --------------------------------------------------------------
+
+def _variants(cell):
+    """One descriptor per boolean option set, and per value of every activation field."""
+    base = type(random_descriptor(np.random.default_rng(0), cell))()
+    out = []
+    for f in dataclasses.fields(base):
+        if isinstance(getattr(base, f.name), Activation):
+            out += [{f.name: a} for a in Activation]
+        else:
+            out.append({f.name: True})
+    out.append({"bidirectional": True, "reverse": True, "training": True})
+    return out
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_every_descriptor_option(cell):
+    for i, options in enumerate(_variants(cell)):
+        rng = np.random.default_rng(100 + i)
+        desc = random_descriptor(rng, cell, **options)
+        case = random_case(rng, cell, descriptor=desc, T=3, N=2, H=3, I=2, dtype=np.float32,
+                           optional=ALL_OPTIONAL if i % 2 else None)
+        check_both(case, **dict(HARSH, seed=i))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("optional", [ALL_OPTIONAL, NO_OPTIONAL, dict(ALL_OPTIONAL, mask_per_step=True),
+                                      dict(NO_OPTIONAL, mask=True, mask_per_step=False)],
+                         ids=["all", "none", "mask-per-step", "mask-every-step"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_optional_inputs(cell, optional, bidirectional):
+    rng = np.random.default_rng(hash((cell, bidirectional, tuple(optional.items()))) % 2**32)
+    desc = random_descriptor(rng, cell, bidirectional=bidirectional)
+    forms = ["per_step", "final"] if cell == "lstm" and optional.get("cell_gradient") else [None]
+    for form in forms:
+        case = random_case(rng, cell, descriptor=desc, T=4, N=3, H=5, I=3, dtype=np.float32,
+                           optional=optional, cell_gradient_form=form)
+        check_both(case)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), cell=st.sampled_from(CELLS),
+       schedule=st.sampled_from(["lanes", "reverse", "adversarial"]),
+       threads=st.sampled_from([32, 64, 1024]))
+def test_random_problems(seed, cell, schedule, threads):
+    case = random_case(seed, cell, dtype=np.float32, max_size=6)
+    check_both(case, schedule=schedule, seed=seed, max_threads_per_threadgroup=threads)
+
+
+# -- sizes ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("N, H", [(1, 31), (31, 1), (32, 2), (2, 32), (33, 3), (3, 33)])
+def test_boundary_sizes(cell, N, H):
+    rng = np.random.default_rng(N * 100 + H)
+    desc = random_descriptor(rng, cell, bidirectional=bool(N % 2))
+    case = random_case(rng, cell, descriptor=desc, T=2, N=N, H=H, I=3, dtype=np.float32)
+    check_both(case)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_more_than_1024_threads(cell):
+    """D·N·H = 2·17·33 = 1122 threads: several threadgroups even at the default size of 1024."""
+    rng = np.random.default_rng(5)
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True)
+    case = random_case(rng, cell, descriptor=desc, T=2, N=17, H=33, I=4, dtype=np.float32,
+                       optional=ALL_OPTIONAL)
+    for device in (HARSH, dict(schedule="lanes")):
+        check_both(case, **device)
+        with emulated_device(**device) as dev:
+            case.forward(backend=BACKEND)
+            assert any(d.threadgroups > 1 for d in dev.trace if d.kernel.endswith("_forward"))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("T, N", [(0, 3), (3, 0), (1, 1)])
+def test_empty_and_single(cell, T, N):
+    rng = np.random.default_rng(T * 10 + N)
+    desc = random_descriptor(rng, cell)
+    case = random_case(rng, cell, descriptor=desc, T=T, N=N, H=2, I=2, dtype=np.float32,
+                       optional=ALL_OPTIONAL, cell_gradient_form="final")
+    check_both(case)
+
+
+# -- pipelines, NaN, saturation ------------------------------------------------------------------
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_mixed_pipelines(cell):
+    """z_state (and h, c) of either backend feeds the other's gradients."""
+    rng = np.random.default_rng(11)
+    for bidirectional in (False, True):
+        desc = random_descriptor(rng, cell, bidirectional=bidirectional)
+        case = random_case(rng, cell, descriptor=desc, T=4, N=3, H=4, I=2, dtype=np.float32)
+        with emulated_device(**HARSH):
+            assert_matches(case, True, forward_backend="reference")
+            assert_matches(case, True, forward_backend=BACKEND, backend="reference")
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_nan_stays_in_its_row(cell):
+    rng = np.random.default_rng(3)
+    for act in (Activation.RELU, Activation.SIGMOID, Activation.HARD_SIGMOID):
+        field = {"single_gate": "activation", "gru": "update_gate_activation",
+                 "lstm": "input_gate_activation"}[cell]
+        desc = random_descriptor(rng, cell, **{field: act})
+        case = random_case(rng, cell, descriptor=desc, T=4, N=3, H=3, I=2, dtype=np.float32,
+                           optional=dict(input_weight=False))
+        case.inputs["source"][1, 1, 0] = np.nan
+        case.source_gradient[2, 2, 0] = np.nan
+        check_both(case)
+        got = case.forward(backend=BACKEND).state
+        assert np.isnan(got).any() and not np.isnan(got[:, 0]).any()
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_saturated_activations(cell):
+    """Pre-activations of ±100s: tanh and sigmoid must saturate, not overflow to NaN."""
+    rng = np.random.default_rng(4)
+    desc = random_descriptor(rng, cell)
+    case = random_case(rng, cell, descriptor=desc, T=3, N=2, H=3, I=2, dtype=np.float32,
+                       optional=dict(input_weight=False))
+    case.inputs["source"] *= 300
+    check_both(case)
+
+
+# -- dispatches -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_dispatch_count_does_not_grow_with_T(cell):
+    counts = {}
+    for T in (1, 1000):
+        desc = random_descriptor(np.random.default_rng(0), cell, bidirectional=True)
+        case = random_case(1, cell, descriptor=desc, T=T, N=1, H=2, I=2, dtype=np.float32,
+                           optional=ALL_OPTIONAL)
+        with emulated_device() as dev:
+            assert_matches(case, True)  # a training forward, then the gradients
+            counts[T] = [d.kernel for d in dev.trace]
+    assert counts[1] == counts[1000]
+    assert len(counts[1000]) <= 8, counts[1000]
