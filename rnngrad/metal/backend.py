@@ -32,7 +32,6 @@ threadgroup size), use :func:`emulated_device`.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import threading
 
 import numpy as np
@@ -53,7 +52,7 @@ class MetalHost:
     """Runs rnngrad's kernels on one metalcompute-compatible device.
 
     ``device_factory`` makes the device on first use (``metalcompute.Device`` or the harness's
-    ``Device``); ``module`` is the module that defines the device's ``error``.
+    ``Device``); nothing else differs between the real GPU and the harness.
     """
 
     def __init__(self, device_factory, name: str):
@@ -87,6 +86,8 @@ class MetalHost:
         array = np.ascontiguousarray(array)
         if array.dtype.names is None:
             array = array.astype(F32, copy=False)
+        else:
+            array = array.view(np.uint8)  # a params struct: plain bytes for metalcompute
         if array.nbytes == 0:
             array = np.zeros(1, F32)  # Metal has no empty buffers; never read
         return self.device.buffer(array)
@@ -364,8 +365,10 @@ def _probe_emulated():
         from . import emulator  # noqa: F401
     except ImportError as exc:
         return f"the Metal execution harness does not import ({exc})"
-    if not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
-        return "no C++ compiler found (apt-get install g++)"
+    try:
+        emulator._loader.compiler()
+    except Exception as exc:  # the harness names what to install
+        return f"the Metal execution harness has no C++ compiler ({exc})"
     return None
 
 
