@@ -147,7 +147,7 @@ def _elements(T, N, I, H, D, G, Z):
 
 def cases(op=None, *, cells=None, T=None, N=None, I=None, H=None, max_size=4,
           boundary=True, max_elements=6000, dtypes=("float32",), values="contractive",
-          descriptor=None, optional=None, cell_gradient_form=None):
+          descriptor=None, optional=None, cell_gradient_form=None, zero_source_gradient=None):
     """A strategy of complete problems (:class:`rnngrad.cases.Case`).
 
     op: an op name (``"gru_gradients"``) fixes the cell; or ``cells``, a tuple of cells to draw
@@ -160,6 +160,8 @@ def cases(op=None, *, cells=None, T=None, N=None, I=None, H=None, max_size=4,
     descriptor: a descriptor, a strategy of them, or a dict of fixed options (the others drawn).
     optional: {name: bool} forcing optional inputs present or absent (names in :data:`OPTIONAL`).
     cell_gradient_form: "per_step" or "final" (LSTM); None draws it.
+    zero_source_gradient: True makes source_gradient zero (only the final state and cell carry
+        upstream gradients); None draws it (one problem in eight).
     """
     _require_hypothesis()
     if op is not None:
@@ -205,9 +207,13 @@ def cases(op=None, *, cells=None, T=None, N=None, I=None, H=None, max_size=4,
                 trial = dict(chosen, **{dim: value})
                 return _elements(trial["T"], trial["N"], trial["I"], trial["H"], D, G, Z) <= max_elements
 
-            special = [s for s in BOUNDARY_SIZES[dim] if fits(s)] if boundary else []
-            # Most draws are small; about one in six takes a boundary size. Shrinks to 1.
-            if special and draw(st.integers(0, 5)) == 5:
+            special = [s for s in BOUNDARY_SIZES[dim] if s > 1 and fits(s)] if boundary else []
+            # Most draws are small; about one in eight is empty (T, N) and one in six takes a
+            # size around the SIMD width (N, H, I). Shrinks to 1.
+            pick = draw(st.integers(0, 23))
+            if boundary and lo == 0 and pick in (21, 22, 23):
+                chosen[dim] = 0
+            elif special and pick in (17, 18, 19, 20):
                 chosen[dim] = draw(st.sampled_from(special))
             else:
                 small = [s for s in range(1, max_size + 1) if fits(s)] or [lo]
@@ -215,11 +221,15 @@ def cases(op=None, *, cells=None, T=None, N=None, I=None, H=None, max_size=4,
         form = cell_gradient_form
         if cell == "lstm" and present.get("cell_gradient") and form is None:
             form = draw(st.sampled_from(("per_step", "final")))
+        # One in eight problems has upstream gradients on the final state (and cell) only.
+        zero_output_gradient = _fixed_or(draw, zero_source_gradient, st.integers(0, 7).map(lambda k: k == 7))
         dtype = draw(st.sampled_from(dtypes))
         seed = draw(st.integers(0, 2**32 - 1))
         case = random_case(seed, cell, T=chosen["T"], N=chosen["N"], I=chosen["I"] or 1,
                            H=chosen["H"], descriptor=desc, optional=present, dtype=np.float64,
                            scale=0.5 if values != "saturating" else 1.0, cell_gradient_form=form)
+        if zero_output_gradient:
+            case = dataclasses.replace(case, source_gradient=np.zeros_like(case.source_gradient))
         rng = np.random.default_rng(seed + 1)
         if values == "saturating":
             case = _saturate(case)
