@@ -38,8 +38,8 @@ import numpy as np
 from rnngrad.cases import Case, random_case
 from rnngrad.descriptors import Activation, GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 from rnngrad.results import ForwardResult, GradientResult
-from verification.common import (CONFIRMED, NEITHER, REFUTED, Row, Tally, compare, compare_result,
-                                 progress, reference, report, skipped)
+from verification.common import (CONFIRMED, NEITHER, REFUTED, Comparison, Row, Tally, compare,
+                                 compare_result, progress, reference, report, skipped)
 
 AGAINST = "MPSGraph (GPU), float32"
 
@@ -264,13 +264,22 @@ def compare_gradients(candidate, case):
     return compare_result(candidate.gradients(case), reference(case, True), np.float32)
 
 
+def _guarded(fn, candidate, case):
+    """fn's comparisons, or one failed comparison saying what the candidate raised (an op that
+    refuses an input form is a finding, not a crash of the whole check)."""
+    try:
+        return fn(candidate, case)
+    except Exception as exc:  # noqa: BLE001 (PyObjC raises objc.error and friends)
+        return [Comparison("call", np.inf, 0.0, False, f"raised {type(exc).__name__}: {exc}")]
+
+
 def random_rows(candidate, count=12, seed=31):
     rows = []
     for index, cell in enumerate(("single_gate", "gru", "lstm")):
         for kind, fn in (("forward", compare_forward), ("gradients", compare_gradients)):
             tally = Tally(f"mpsgraph: {cell} {kind}", candidate.name)
             for n, case in enumerate(random_cases(cell, count, seed + index)):
-                tally.case(f"random {cell} case {n}: {case!r}", fn(candidate, case))
+                tally.case(f"random {cell} case {n}: {case!r}", _guarded(fn, candidate, case))
             rows.append(tally.done())
     return rows
 
@@ -401,7 +410,14 @@ def judge(candidate, decision: Decision) -> Row:
 
 
 def decision_rows(candidate) -> list:
-    return [judge(candidate, d) for d in decisions()]
+    rows = []
+    for d in decisions():
+        try:
+            rows.append(judge(candidate, d))
+        except Exception as exc:  # noqa: BLE001
+            rows.append(Row(f"[decision] {d.name}", candidate.name, 1, np.inf, 0.0, NEITHER,
+                            f"raised {type(exc).__name__}: {exc}"))
+    return rows
 
 
 def torch_mps_rows() -> list:
