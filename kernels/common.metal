@@ -26,7 +26,7 @@ using namespace metal;
 // Scalars of every recurrence kernel, one buffer; mirrored by rnngrad.metal.library.RECURRENCE_PARAMS.
 // All fields are 4-byte uints, in this order.
 struct RecurrenceParams {
-    uint count;            // threads the host dispatched (the grid before padding)
+    uint count;            // threads the host dispatched, D·N·H (the grid before padding)
     uint T;
     uint N;
     uint H;
@@ -118,10 +118,9 @@ inline float rg_derivative(uint kind, float x) {
     return rg_isnan(x) ? x : d;
 }
 
-// The block of rows [x, y) that threadgroup tgid owns. The host never knows the threadgroup
-// size, so the kernel derives the number of threadgroups from the count it was given.
-inline uint2 rg_rows(uint rows, uint count, uint tgid, uint tpg) {
-    uint groups = (count + tpg - 1) / tpg;
+// The block of rows [x, y) that threadgroup tgid of `groups` owns. The host never knows the
+// threadgroup size, so only the kernel can split the rows among the threadgroups.
+inline uint2 rg_rows(uint rows, uint groups, uint tgid) {
     uint per = (rows + groups - 1) / groups;
     uint begin = min(tgid * per, rows);
     uint end = min(begin + per, rows);

@@ -52,9 +52,10 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
                           device float* prow [[buffer(14)]],
                           uint lid [[thread_position_in_threadgroup]],
                           uint tgid [[threadgroup_position_in_grid]],
-                          uint tpg [[threads_per_threadgroup]]) {
+                          uint tpg [[threads_per_threadgroup]],
+                          uint groups [[threadgroups_per_grid]]) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
-    uint2 rows = rg_rows(p.D * N, p.count, tgid, tpg);
+    uint2 rows = rg_rows(p.D * N, groups, tgid);
     if (rows.x >= rows.y) {
         return;  // the whole threadgroup owns no row
     }
