@@ -13,14 +13,15 @@
 //      (row, j) computes a_z, a_r (and with reset_after q, a_o and h: the whole step) from dot
 //      products of length H. Phase 2 (without reset_after): a_o needs r of every unit, read back
 //      from z_state after a device-memory barrier. Two barriers per step; z_state doubles as
-//      the staging buffer, so it is always bound, training or not.
+//      the staging buffer, so it is always bound, training or not. R comes transposed, so the
+//      lanes of a SIMD-group (consecutive j) read consecutive addresses.
 //
 // Buffers of gru_forward (count = D·N·H)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             x     [T,N,D·3H] projected input, input time
 //   2      device const float*             bias  [D·3H] added to x (zeros when the projection added it)
-//   3      device const float*             R     [D,3H,H]
+//   3      device const float*             Rt    [D,H,3H] recurrent weight transposed: Rt[d,k,q] = R[d,q,k]
 //   4      device const float*             h0    [N,D·H] (zeros when absent)
 //   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
 //   6      device const float*             b2    [D·H] secondary bias (zeros when absent)
@@ -30,7 +31,7 @@
 kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
                         device const float* x [[buffer(1)]],
                         device const float* bias [[buffer(2)]],
-                        device const float* R [[buffer(3)]],
+                        device const float* Rt [[buffer(3)]],
                         device const float* h0 [[buffer(4)]],
                         device const float* mask [[buffer(5)]],
                         device const float* b2 [[buffer(6)]],
@@ -57,15 +58,13 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
             device const float* hp = s == 0 ? h0 + n * DH + col
                                             : h + (rg_out_time(p, d, s - 1) * N + n) * DH + col;
             device const float* m = mask + rg_mask_step(p, s) + n * DH + col;
-            device const float* Rz = R + (d * GH + qz + j) * H;
-            device const float* Rr = R + (d * GH + qr + j) * H;
-            device const float* Ro = R + (d * GH + qo + j) * H;
+            device const float* Rk = Rt + d * H * GH + j;
             float sz = 0.0f, sr = 0.0f, so = 0.0f;
             for (uint k = 0; k < H; ++k) {
                 float hm = hp[k] * m[k];
-                sz += hm * Rz[k];
-                sr += hm * Rr[k];
-                so += hm * Ro[k];
+                sz += hm * Rk[k * GH + qz];
+                sr += hm * Rk[k * GH + qr];
+                so += hm * Rk[k * GH + qo];
             }
             uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
             uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
@@ -95,10 +94,10 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
                                                 : h + (rg_out_time(p, d, s - 1) * N + n) * DH + col;
                 device const float* m = mask + rg_mask_step(p, s) + n * DH + col;
                 uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-                device const float* Ro = R + (d * GH + qo + j) * H;
+                device const float* Rk = Rt + d * H * GH + qo + j;
                 float so = 0.0f;
                 for (uint k = 0; k < H; ++k) {
-                    so += hp[k] * m[k] * rg_activate(p.act1, zs[zrow + qr + k]) * Ro[k];
+                    so += hp[k] * m[k] * rg_activate(p.act1, zs[zrow + qr + k]) * Rk[k * GH];
                 }
                 uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
                 float a_o = (x[xrow + qo + j] + bias[d * GH + qo + j]) + so;

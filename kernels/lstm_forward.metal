@@ -8,14 +8,15 @@
 //      threadgroups; each threadgroup loops over the T steps; the thread that owns (row, j)
 //      computes the four gate dot products of length H for unit j and the whole cell update
 //      (c[t−1] of unit j is its own). h[t−1] is read back from the output buffer after a
-//      device-memory threadgroup barrier. One barrier per step.
+//      device-memory threadgroup barrier. R comes transposed, so the lanes of a SIMD-group
+//      (consecutive j) read consecutive addresses. One barrier per step.
 //
 // Buffers of lstm_forward (count = D·N·H)
 //   index  type                            name      layout
 //   0      constant RecurrenceParams&      p         scalars
 //   1      device const float*             x         [T,N,D·4H] projected input, input time
 //   2      device const float*             bias      [D·4H] added to x (zeros when the projection added it)
-//   3      device const float*             R         [D,4H,H]
+//   3      device const float*             Rt        [D,H,4H] recurrent weight transposed: Rt[d,k,q] = R[d,q,k]
 //   4      device const float*             h0        [N,D·H] (zeros when absent)
 //   5      device const float*             c0        [N,D·H] (zeros when absent)
 //   6      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
@@ -27,7 +28,7 @@
 kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
                          device const float* x [[buffer(1)]],
                          device const float* bias [[buffer(2)]],
-                         device const float* R [[buffer(3)]],
+                         device const float* Rt [[buffer(3)]],
                          device const float* h0 [[buffer(4)]],
                          device const float* c0 [[buffer(5)]],
                          device const float* mask [[buffer(6)]],
@@ -59,10 +60,10 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
             float act[4];
             for (uint k = 0; k < 4; ++k) {
                 uint q = rg_gate(p, k) * H + j;  // unit j of gate k within the direction
-                device const float* Rq = R + (d * GH + q) * H;
+                device const float* Rq = Rt + d * H * GH + q;
                 float acc = 0.0f;
                 for (uint l = 0; l < H; ++l) {
-                    acc += hp[l] * m[l] * Rq[l];
+                    acc += hp[l] * m[l] * Rq[l * GH];
                 }
                 float a = (x[xrow + q] + bias[d * GH + q]) + acc;
                 if (p.has_peephole != 0) {

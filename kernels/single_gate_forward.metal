@@ -7,14 +7,15 @@
 //      threadgroups; each threadgroup loops over the T steps, its threads striding over
 //      (row, j) with one dot product of length H each (the activation fused after it);
 //      h[t−1] is read back from the output buffer after a device-memory threadgroup barrier,
-//      so H is not limited by threadgroup memory. One barrier per step.
+//      so H is not limited by threadgroup memory. R comes transposed, so the lanes of a
+//      SIMD-group (consecutive j) read consecutive addresses. One barrier per step.
 //
 // Buffers of single_gate_forward (count = D·N·H)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             x     [T,N,D·H] projected input, input time
 //   2      device const float*             bias  [D·H] added to x (zeros when the projection added it)
-//   3      device const float*             R     [D,H,H]
+//   3      device const float*             Rt    [D,H,H] recurrent weight transposed: Rt[d,k,j] = R[d,j,k]
 //   4      device const float*             h0    [N,D·H] (zeros when absent)
 //   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
 //   6      device float*                   h     [T,N,D·H] output time
@@ -23,7 +24,7 @@
 kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
                                 device const float* x [[buffer(1)]],
                                 device const float* bias [[buffer(2)]],
-                                device const float* R [[buffer(3)]],
+                                device const float* Rt [[buffer(3)]],
                                 device const float* h0 [[buffer(4)]],
                                 device const float* mask [[buffer(5)]],
                                 device float* h [[buffer(6)]],
@@ -46,10 +47,10 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
             device const float* hp = s == 0 ? h0 + n * DH + col
                                             : h + (rg_out_time(p, d, s - 1) * N + n) * DH + col;
             device const float* m = mask + rg_mask_step(p, s) + n * DH + col;
-            device const float* Rj = R + (d * H + j) * H;
+            device const float* Rk = Rt + d * H * H + j;
             float acc = 0.0f;
             for (uint k = 0; k < H; ++k) {
-                acc += hp[k] * m[k] * Rj[k];
+                acc += hp[k] * m[k] * Rk[k * H];
             }
             float a = (x[(rg_x_time(p, d, s) * N + n) * DH + col + j] + bias[col + j]) + acc;
             uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;

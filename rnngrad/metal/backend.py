@@ -158,11 +158,11 @@ class MetalHost:
         return p
 
     def _common(self, problem):
-        """Buffers every recurrence reads: R, h0 and the mask (ones when absent)."""
+        """Buffers every recurrence reads: h0 (zeros when absent) and the mask (ones)."""
         N, DH = problem.N, problem.D * problem.H
         h0 = problem.init_state if problem.init_state is not None else np.zeros((N, DH), F32)
         mask = problem.mask if problem.mask is not None else np.ones((N, DH), F32)
-        return self.buffer(problem.recurrent_weight), self.buffer(h0), self.buffer(mask)
+        return self.buffer(h0), self.buffer(mask)
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, problem) -> ForwardArrays:
@@ -181,30 +181,33 @@ class MetalHost:
                 I = problem.I
                 x = self.empty(T * N * DGH)
                 bias = self.buffer(problem.bias) if problem.bias is not None else None
-                self.gemm(handles, source, self.buffer(problem.input_weight), x, batch=1,
-                          M=T * N, P=DGH, K=I, a_row=I, a_k=1, b_k=1, b_col=I, bias=bias)
+                # Wᵀ [I,DGH], so that consecutive threads read consecutive addresses of B.
+                Wt = self.buffer(problem.input_weight.T)
+                self.gemm(handles, source, Wt, x, batch=1, M=T * N, P=DGH, K=I, a_row=I, a_k=1,
+                          b_k=DGH, b_col=1, bias=bias)
                 x_bias = self.buffer(np.zeros(DGH, F32))
             else:
                 x = source
                 x_bias = self.buffer(problem.bias if problem.bias is not None else np.zeros(DGH, F32))
-            R, h0, mask = self._common(problem)
+            h0, mask = self._common(problem)
+            Rt = self.buffer(problem.recurrent_weight.transpose(0, 2, 1))  # [D,H,GH]
             count = D * N * H
             p = self.buffer(self.recurrence_params(problem, count))
             h = self.empty(T * N * DH)
             keeps_z = desc.training or cell == "gru"  # GRU stages a_r in z_state
             zs = self.empty(T * N * D * Z * H) if keeps_z else self.empty(1)
             if cell == "single_gate":
-                self.launch("single_gate_forward", count, handles, p=p, x=x, bias=x_bias, R=R,
+                self.launch("single_gate_forward", count, handles, p=p, x=x, bias=x_bias, Rt=Rt,
                             h0=h0, mask=mask, h=h, zs=zs)
             elif cell == "gru":
                 b2 = problem.secondary_bias if problem.secondary_bias is not None else np.zeros(DH, F32)
-                self.launch("gru_forward", count, handles, p=p, x=x, bias=x_bias, R=R, h0=h0,
+                self.launch("gru_forward", count, handles, p=p, x=x, bias=x_bias, Rt=Rt, h0=h0,
                             mask=mask, b2=self.buffer(b2), h=h, zs=zs)
             else:
                 c0 = problem.init_cell if problem.init_cell is not None else np.zeros((N, DH), F32)
                 peephole = problem.peephole if problem.peephole is not None else np.zeros((D, 4 * H), F32)
                 c = self.empty(T * N * DH)
-                self.launch("lstm_forward", count, handles, p=p, x=x, bias=x_bias, R=R, h0=h0,
+                self.launch("lstm_forward", count, handles, p=p, x=x, bias=x_bias, Rt=Rt, h0=h0,
                             c0=self.buffer(c0), mask=mask, peephole=self.buffer(peephole), h=h,
                             c=c, zs=zs)
             del handles[:]  # waits for the GPU
@@ -224,7 +227,8 @@ class MetalHost:
             return self._trivial_gradients(problem)
         with self._lock:
             handles = []
-            R, h0, mask = self._common(problem)
+            h0, mask = self._common(problem)
+            R = self.buffer(problem.recurrent_weight)  # [D,GH,H]
             count = D * N * H
             p = self.buffer(self.recurrence_params(problem, count))
             dy = self.buffer(problem.source_gradient)

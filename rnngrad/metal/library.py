@@ -51,12 +51,12 @@ GEMM_PARAMS = _struct((
 #: the buffers of every kernel, in ``[[buffer(i)]]`` order; the launcher binds them by these names
 BUFFERS = {
     "strided_gemm": ("p", "A", "B", "bias", "C"),
-    "single_gate_forward": ("p", "x", "bias", "R", "h0", "mask", "h", "zs"),
+    "single_gate_forward": ("p", "x", "bias", "Rt", "h0", "mask", "h", "zs"),
     "single_gate_backward": ("p", "R", "h0", "mask", "dy", "zs", "dx", "rhs", "dhn"),
-    "gru_forward": ("p", "x", "bias", "R", "h0", "mask", "b2", "h", "zs"),
+    "gru_forward": ("p", "x", "bias", "Rt", "h0", "mask", "b2", "h", "zs"),
     "gru_backward": ("p", "R", "h0", "mask", "dy", "zs", "hfwd", "dx", "lhs", "rhs",
                      "dhn", "work", "prow"),
-    "lstm_forward": ("p", "x", "bias", "R", "h0", "c0", "mask", "peephole", "h", "c", "zs"),
+    "lstm_forward": ("p", "x", "bias", "Rt", "h0", "c0", "mask", "peephole", "h", "c", "zs"),
     "lstm_backward": ("p", "R", "h0", "c0", "mask", "peephole", "dy", "zs", "cfwd", "cg",
                       "dx", "rhs", "dhn", "dcn", "prow"),
 }
