@@ -18,9 +18,9 @@ H and I ∈ {1, 31, 32, 33} drawn now and then, all under one global cap on the 
 elements), the dtype, the values and, for LSTM, both forms of ``cell_gradient``. Every knob is
 keyword-only and may be a fixed value or a strategy. Shrinking goes towards the smallest sizes,
 the descriptor defaults and absent optional inputs, so a failure shrinks to a short
-reproduction. ``repr(case)`` is Python that rebuilds the case (with ``import numpy as np``,
-``import rnngrad as rg``, ``from rnngrad.cases import Case`` and ``from numpy import nan, inf``;
-:func:`rnngrad.testing.reproduction` writes the whole script).
+reproduction. :func:`rnngrad.testing.case_source` gives Python that rebuilds a case exactly
+(empty arrays and NaN included; ``repr(case)`` loses the shape of empty arrays) and
+:func:`rnngrad.testing.reproduction` writes the whole script.
 
 Values (``values=``):
 

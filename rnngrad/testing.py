@@ -242,8 +242,32 @@ def check_case(case, backend, gradients: bool, *, forward_backend=None, forward=
 
 # -- assertions and reproductions ---------------------------------------------------------------
 
+def _array_source(a):
+    if a is None:
+        return "None"
+    a = np.asarray(a)
+    if a.size == 0:  # array2string drops the shape of an empty array
+        return f"np.empty({a.shape}, dtype=np.{a.dtype})"
+    body = np.array2string(a, separator=", ", threshold=np.inf, floatmode="unique", max_line_width=100)
+    return f"np.array({body}, dtype=np.{a.dtype})"
+
+
+def case_source(case) -> str:
+    """Python that rebuilds ``case`` exactly (with ``np``, ``rg``, ``Case``, ``nan`` and ``inf``
+    in scope), empty arrays and non-finite values included."""
+    from .cases import _repr_descriptor
+
+    lines = ["Case(", f"    cell={case.cell!r},", f"    descriptor={_repr_descriptor(case.descriptor)},",
+             "    inputs={"]
+    lines += [f"        {k!r}: {_array_source(v)}," for k, v in case.inputs.items()]
+    lines.append("    },")
+    for name in ("source_gradient", "state_gradient", "cell_gradient"):
+        lines.append(f"    {name}={_array_source(getattr(case, name))},")
+    return "\n".join(lines + [")"])
+
+
 def _case_repr(case):
-    return repr(case)
+    return case_source(case)
 
 
 def reproduction(case, op, candidate=None, *, forward=None) -> str:
@@ -391,5 +415,5 @@ def check_vectors(candidate, vectors, *, op=None, forward=None):
 
 
 __all__ = ["TOLERANCES", "KINDS", "tolerance", "Mismatch", "compare_array", "compare_results",
-           "check_case", "run_candidate", "reference_result", "reproduction", "ReferenceMismatch",
+           "check_case", "run_candidate", "reference_result", "reproduction", "case_source", "ReferenceMismatch",
            "assert_matches_reference", "check_backend", "load_vectors", "check_vectors"]
