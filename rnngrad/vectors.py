@@ -87,7 +87,7 @@ def _option_cases(cell, count, rng_seed, sizes):
                 b += 1
         desc = cls(**options)
         rng = np.random.default_rng([rng_seed, CELLS.index(cell), 100 + k])
-        optional = {"mask": bool(k % 2), "mask_per_step": k % 4 == 1}
+        optional = {"mask": bool(k % 2), "mask_per_step": k % 4 == 1, "cell_gradient": True}
         case = random_case(rng, cell, descriptor=desc, optional=optional,
                            cell_gradient_form="per_step" if k % 2 else "final", **sizes)
         out.append((f"options_{k}", case, "descriptor options"))

@@ -1,0 +1,116 @@
+"""rnngrad.testing: the tolerance table, assert_matches_reference and check_backend."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import rnngrad as rg
+from rnngrad.cases import random_case
+from rnngrad.strategies import OPS
+from rnngrad.testing import (TOLERANCES, ReferenceMismatch, assert_matches_reference, check_backend,
+                             check_case, compare_array, tolerance)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_the_reference_passes_by_name_and_as_a_callable(op):
+    assert check_backend("reference", op, max_examples=15, seed=1) > 15
+    assert check_backend(getattr(rg, op), op, max_examples=15, seed=2, regressions=False) == 15
+
+
+def _reverse_lstm_off_by_a_little(*args, **kwargs):
+    """A candidate whose forward is wrong by 1% in the last step with reverse only."""
+    result = rg.lstm(*args, **kwargs)
+    if kwargs["descriptor"].reverse and len(result[0]):
+        result[0][-1] *= 1.01
+    return result
+
+
+def test_a_mismatch_names_quantity_index_values_tolerance_and_reproduces():
+    with pytest.raises(ReferenceMismatch) as info:
+        check_backend(_reverse_lstm_off_by_a_little, "lstm", seed=0, regressions=False)
+    exc, message = info.value, str(info.value)
+    assert isinstance(exc, AssertionError)
+    m = exc.mismatches[0]
+    assert m.quantity == "state" and m.index[0] == exc.case.T - 1
+    atol, rtol, _ = tolerance(np.float32, "state")
+    assert f"atol={atol:g}" in message and f"rtol={rtol:g}" in message
+    assert repr(m.got) in message and repr(m.want) in message
+    # shrunk: the smallest problem that still shows the fault
+    assert exc.case.descriptor == rg.LSTMDescriptor(reverse=True)
+    assert exc.case.inputs["source"].shape[1] == 1 and exc.case.H == 1
+    assert exc.examples >= 1
+    # the reproduction runs and fails the same way
+    script = message.split("Reproduce with:\n", 1)[1]
+    namespace = {}
+    with pytest.raises(ReferenceMismatch):
+        exec(script.replace("candidate = ...", "candidate = _reverse_lstm_off_by_a_little"),
+             {"_reverse_lstm_off_by_a_little": _reverse_lstm_off_by_a_little, **namespace})
+
+
+def test_plain_sequences_in_mpsgraph_order_are_accepted():
+    def as_tuple(*args, **kwargs):
+        return tuple(np.array(a) for a in rg.gru_gradients(*args, **kwargs))
+    assert check_backend(as_tuple, "gru_gradients", max_examples=10, seed=3) > 10
+
+
+def test_crashes_wrong_dtypes_and_wrong_entries_are_failures():
+    case = random_case(0, "single_gate", dtype=np.float32, optional={"bias": True})
+
+    def crashes(*args, **kwargs):
+        raise RuntimeError("kernel launch failed")
+
+    with pytest.raises(ReferenceMismatch, match="raised RuntimeError: kernel launch failed"):
+        assert_matches_reference(crashes, case, "single_gate_rnn")
+
+    def widens(*args, **kwargs):
+        return [np.asarray(a, np.float64) for a in rg.single_gate_rnn(*args, **kwargs)]
+
+    with pytest.raises(ReferenceMismatch, match="dtype float64, expected float32"):
+        assert_matches_reference(widens, case, "single_gate_rnn")
+
+    def drops_bias(*args, **kwargs):
+        return [g for name, g in rg.single_gate_rnn_gradients(*args, **kwargs).as_dict().items() if name != "bias"]
+
+    with pytest.raises(ReferenceMismatch, match="entries"):
+        assert_matches_reference(drops_bias, case, "single_gate_rnn_gradients")
+    with pytest.raises(ValueError, match="op: 'gru' computes a gru cell"):
+        assert_matches_reference("reference", case, "gru")
+
+
+def test_gradient_ops_can_be_fed_by_the_candidates_own_forward():
+    case = random_case(1, "lstm", dtype=np.float32, descriptor=rg.LSTMDescriptor())
+
+    def bad_forward(*args, **kwargs):
+        out = rg.lstm(*args, **kwargs)
+        return (out.state, out.cell * 1.5, out.z_state)  # a wrong cell_output_fwd
+
+    assert_matches_reference(rg.lstm_gradients, case, "lstm_gradients")
+    with pytest.raises(ReferenceMismatch):
+        assert_matches_reference(rg.lstm_gradients, case, "lstm_gradients", forward=bad_forward)
+
+
+def test_compare_array_uses_the_table_and_catches_nan_differences():
+    atol, rtol = TOLERANCES[("float32", "output")]
+    want = np.array([1.0, -2.0, np.nan, np.inf])
+    got = want + np.array([atol + rtol * 1.0, 0.0, 0.0, 0.0]) * 0.99
+    assert compare_array("state", got, want, np.float32)[1] is None
+    assert compare_array("state", got * np.array([1.0, 1.0, 1.0, 1.0]) + [3 * atol, 0, 0, 0], want,
+                         np.float32)[1].index == (0,)
+    assert compare_array("state", np.array([1.0, -2.0, 0.0, np.inf]), want, np.float32)[1].index == (2,)
+    assert compare_array("state", np.array([1.0, -2.0, np.nan, -np.inf]), want, np.float32)[1].index == (3,)
+    # parameter gradients: relative to the largest magnitude of the array
+    patol, prtol = TOLERANCES[("float32", "parameter")]
+    big = np.array([1000.0, 1e-6])
+    assert compare_array("recurrent_weight", big + [0, 0.5 * prtol * 1000], big, np.float32)[1] is None
+    assert compare_array("init_state", big + [0, 0.5 * prtol * 1000], big, np.float32)[1] is not None
+
+
+def test_check_case_keeps_its_meaning_for_named_backends():
+    case = random_case(4, "gru", dtype=np.float32)
+    for gradients in (False, True):
+        worst, mismatches = check_case(case, "reference", gradients)
+        assert mismatches == [] and worst <= 1.0
+    bad = dataclasses.replace(case, source_gradient=case.source_gradient)
+    worst, mismatches = check_case(bad, lambda **kw: rg.gru_gradients(**dict(kw, source_gradient=kw["source_gradient"] * 2)), True)
+    assert mismatches or not np.any(case.source_gradient)
