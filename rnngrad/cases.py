@@ -212,9 +212,11 @@ def random_case(rng, cell=None, *, T=None, N=None, I=None, H=None, descriptor=No
 def _repr_array(a):
     if a is None:
         return "None"
-    body = np.array2string(np.asarray(a), separator=", ", threshold=np.inf, floatmode="unique",
-                           max_line_width=100)
-    return f"np.array({body}, dtype=np.{np.asarray(a).dtype})"
+    a = np.asarray(a)
+    if a.size == 0:
+        return f"np.empty({a.shape}, dtype=np.{a.dtype})"
+    body = np.array2string(a, separator=", ", threshold=np.inf, floatmode="unique", max_line_width=100)
+    return f"np.array({body}, dtype=np.{a.dtype})".replace("nan", "np.nan").replace("inf", "np.inf")
 
 
 def _repr_descriptor(desc):
