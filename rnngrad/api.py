@@ -18,31 +18,40 @@ _GRADIENT_ORDER = {
 }
 
 
-def run_forward(cell, descriptor, backend, **given) -> ForwardResult:
-    problem, _ = forward_problem(cell, descriptor, **given)
-    _, implementation = registry.resolve(backend, cell, "forward", problem.dtype)
-    out = implementation(problem)
+def forward_result(problem, out) -> ForwardResult:
+    """A backend's ForwardArrays as MPSGraph returns them: [h], then c, then z_state."""
     desc = problem.descriptor
     entries = [("state", out.h)]
-    if cell == "lstm" and (desc.training or desc.produce_cell):
+    if problem.cell == "lstm" and (desc.training or desc.produce_cell):
         entries.append(("cell", out.c))
     if desc.training:
         entries.append(("z_state", out.z_state))
     return ForwardResult(entries)
 
 
-def run_gradients(cell, descriptor, backend, **given) -> GradientResult:
-    problem, original = gradient_problem(cell, descriptor, **given)
-    _, implementation = registry.resolve(backend, cell, "gradients", problem.dtype)
-    out = implementation(problem)
+def gradient_entries(problem, original, out) -> list:
+    """A backend's GradientArrays as MPSGraph orders them, [(name, array)], each present only
+    when its input was given, in the shape the caller gave it."""
     entries = []
-    for name in _GRADIENT_ORDER[cell]:
-        value = getattr(out, name)
+    for name in _GRADIENT_ORDER[problem.cell]:
         if name in ("source", "recurrent_weight") or getattr(problem, name) is not None:
+            value = getattr(out, name)
             if name in original:  # back to the caller's shape, e.g. [G·H,H] for recurrent_weight
                 value = value.reshape(original[name])
             entries.append((name, value))
-    return GradientResult(entries)
+    return entries
+
+
+def run_forward(cell, descriptor, backend, **given) -> ForwardResult:
+    problem, _ = forward_problem(cell, descriptor, **given)
+    _, implementation = registry.resolve(backend, cell, "forward", problem.dtype)
+    return forward_result(problem, implementation(problem))
+
+
+def run_gradients(cell, descriptor, backend, **given) -> GradientResult:
+    problem, original = gradient_problem(cell, descriptor, **given)
+    _, implementation = registry.resolve(backend, cell, "gradients", problem.dtype)
+    return GradientResult(gradient_entries(problem, original, implementation(problem)))
 
 
 def single_gate_rnn(source, recurrent_weight, input_weight=None, bias=None, init_state=None,

@@ -1,6 +1,5 @@
 """The command line: ``rnngrad info`` and ``rnngrad verify`` (which must be able to fail)."""
 
-import dataclasses
 import subprocess
 import sys
 

@@ -8,7 +8,6 @@ round-off, not bitwise).
 import dataclasses
 
 import numpy as np
-import pytest
 from hypothesis import given, strategies as st
 
 import rnngrad as rg

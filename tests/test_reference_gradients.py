@@ -1,6 +1,5 @@
 """The reference's gradients equal central finite differences of its own forward, in float64."""
 
-import dataclasses
 
 import numpy as np
 import pytest

@@ -34,7 +34,7 @@ def forward_call(case, **override):
 
 def wrong_shapes(case):
     """(argument, a wrongly shaped value) for every array argument of the case."""
-    T, N, H, D = case.T, 2, case.H, case.D
+    N, H, D = 2, case.H, case.D
     out = []
     for name, value in list(case.inputs.items()) + [("source_gradient", case.source_gradient),
                                                      ("state_gradient", case.state_gradient),

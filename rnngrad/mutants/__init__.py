@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import api, validation
 from ..problem import ForwardArrays, GradientArrays
-from ..results import ForwardResult, GradientResult
+from ..results import GradientResult
 from ..strategies import op_info, op_name
 
 
@@ -115,28 +115,14 @@ def _public(op, implementation, assembly, fault):
         given.pop("backend", None)
         if not gradients:
             problem, _ = validation.forward_problem(cell, descriptor, **given)
-            out = implementation(problem)
-            desc = problem.descriptor
-            entries = [("state", out.h)]
-            if cell == "lstm" and (desc.training or desc.produce_cell):
-                entries.append(("cell", out.c))
-            if desc.training:
-                entries.append(("z_state", out.z_state))
-            return ForwardResult(entries)
+            return api.forward_result(problem, implementation(problem))
         problem, original = validation.gradient_problem(cell, descriptor, **given)
-        out = implementation(problem)
-        entries = []
-        for name in api._GRADIENT_ORDER[cell]:
-            value = getattr(out, name)
-            present = name in ("source", "recurrent_weight") or getattr(problem, name) is not None
-            if name == "bias" and assembly == "extra_bias" and problem.bias is None:
-                value, present = np.zeros((1, 1, problem.D * problem.G * problem.H), problem.dtype), True
-            if name == "bias" and assembly == "omit_bias":
-                present = False
-            if present:
-                if name in original:
-                    value = value.reshape(original[name])
-                entries.append((name, value))
+        entries = api.gradient_entries(problem, original, implementation(problem))
+        if assembly == "extra_bias" and problem.bias is None:
+            at = 2 + (problem.input_weight is not None)  # the bias slot after source, R, W
+            entries.insert(at, ("bias", np.zeros((1, 1, problem.D * problem.G * problem.H), problem.dtype)))
+        if assembly == "omit_bias":
+            entries = [(name, value) for name, value in entries if name != "bias"]
         return GradientResult(entries)
 
     call.__name__ = call.__qualname__ = f"{op}_with_{fault}"
