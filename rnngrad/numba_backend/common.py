@@ -10,20 +10,22 @@ Conventions of every kernel (one direction of one op, the whole time loop compil
 - Full-width arrays ([T,N,D·H], [T,N,D·Z·H], [T,N,D·G·H]) are passed whole with the column
   offset of this direction (``off``, ``zoff``, ``xoff``), so the kernels write the final
   layout directly and nothing is concatenated or flipped afterwards.
-- Per step, the recurrent product is one BLAS GEMM (``np.dot`` into a preallocated buffer),
-  then the gate math runs over work items ``w`` = (batch row, chunk of hidden units): in a
-  ``prange`` when ``par`` is set, else in a plain loop. No parallel region is open while the
-  GEMM runs, and nothing is allocated inside the time loop.
+- Batch rows are independent through the whole recurrence, so the batch is split into
+  ``nblk`` blocks of rows and each block runs the entire time loop on its own thread
+  (one parallel region per kernel call, no barrier per step). Per step, a block's recurrent
+  product is one single-threaded BLAS GEMM on its rows (``np.dot`` into a preallocated
+  buffer), followed by the gate math as vectorised loops along each row. Nothing is allocated
+  inside the time loop.
 """
 
 import numba
 
-from .activations import ONE
+from .activations import JIT, ONE
 
 MASK_NONE, MASK_SHARED, MASK_PER_STEP = 0, 1, 2
 
 
-@numba.njit(inline="always", cache=True)
+@numba.njit(inline="always", **JIT)
 def mask_at(m, mode, s, n, col, k):
     """The mask at processing step s, batch row n, column col (1 without a mask)."""
     if mode == MASK_NONE:
@@ -33,16 +35,12 @@ def mask_at(m, mode, s, n, col, k):
     return m[s, n, col]
 
 
-@numba.njit(inline="always", cache=True)
+@numba.njit(inline="always", **JIT)
 def step_index(s, T, rev):
     return T - 1 - s if rev else s
 
 
-@numba.njit(inline="always", cache=True)
-def chunk(w, nchunk, H):
-    """(row n, first unit, end unit) of work item w."""
-    n = w // nchunk
-    size = (H + nchunk - 1) // nchunk
-    j0 = (w % nchunk) * size
-    j1 = min(H, j0 + size)
-    return n, j0, j1
+@numba.njit(inline="always", **JIT)
+def block_rows(b, nblk, N):
+    """(first row, end row) of row block b."""
+    return b * N // nblk, (b + 1) * N // nblk

@@ -5,43 +5,48 @@ What runs where:
 - the input projection ``x' = source Wᵀ`` for all steps and both directions is one GEMM
   (NumPy's BLAS) before the recurrence; the bias is added inside the kernels;
 - each direction's recurrence is one call of a compiled kernel (``lstm.py``, ``gru.py``,
-  ``single_gate.py``) that runs the whole time loop: a BLAS GEMM for the recurrent product, then
-  the fused gate math over (batch row, chunk of hidden units) work items, parallel when the
-  step is large enough (:func:`schedule`);
+  ``single_gate.py``) that runs the whole time loop; the batch is split into row blocks that
+  run in parallel when the problem is large enough (:func:`schedule`), each with a
+  single-threaded BLAS GEMM per step for its rows, then the gate math;
 - after the recurrence, the weight gradients (dR = Σ dXᵀ HM, dW = dXᵀ source) and the source
   gradient (dX W) are large GEMMs, and the bias gradient a sum over T·N rows.
 
-Everything computes in the problem's dtype (float32 or float64). Nothing here runs while a
-parallel region is open: the GEMMs run between the kernels' parallel loops, never inside them.
+Everything computes in the problem's dtype (float32 or float64). The thread pools never
+compete: the large GEMMs (NumPy's multithreaded BLAS) run between kernel calls, and while a
+kernel's parallel region is open, the BLAS it calls (SciPy's) is limited to one thread.
 """
 
 from __future__ import annotations
 
 import math
 
+import contextlib
+
 import numba
 import numpy as np
 
+from .. import machine
 from ..problem import ForwardArrays, GradientArrays
 from . import gru, lstm, single_gate
 from .activations import constants
 from .common import MASK_NONE, MASK_PER_STEP, MASK_SHARED
 
-#: a step with fewer batch rows × hidden units than this runs its gate math on one thread:
-#: below it, opening a parallel region costs more than it saves.
-PARALLEL_MIN_UNITS = 2048
-#: smallest chunk of hidden units one work item handles when the batch is split further
-MIN_CHUNK = 16
+#: below this many batch rows × gate units (N·G·H) a kernel runs on one thread: opening a
+#: parallel region and splitting the GEMM costs more than it saves.
+PARALLEL_MIN_UNITS = 4096
 
 
-def schedule(N: int, H: int, G: int) -> tuple:
-    """(parallel, chunks of hidden units per batch row) for one step of N rows and H units."""
+def schedule(N: int, H: int, G: int) -> int:
+    """Row blocks to run in parallel (1: one thread)."""
     threads = numba.get_num_threads()
-    if threads < 2 or N * H * G < PARALLEL_MIN_UNITS * 4:
-        return False, 1
-    if N >= 2 * threads:
-        return True, 1
-    return True, max(1, min(math.ceil(4 * threads / N), H // MIN_CHUNK))
+    if threads < 2 or N < 2 or N * G * H < PARALLEL_MIN_UNITS:
+        return 1
+    return min(threads, N)
+
+
+def _threads_for(nblk):
+    """While nblk > 1 row blocks run in parallel, each block's GEMMs are single-threaded."""
+    return machine.blas_threads("scipy", 1) if nblk > 1 else contextlib.nullcontext()
 
 
 def _writable(a):
@@ -108,11 +113,13 @@ def _forward_single_gate(P, h, c, zs):
     xp, bx = _project(P)
     h0, (m, mode), k = _state(P.init_state, P), _mask(P), constants(dt)
     hm, rec = np.empty((N, H), dt), np.empty((N, H), dt)  # [N,H] scratch
-    par, nchunk = schedule(N, H, 1)
+    nblk = schedule(N, H, 1)
     for d, x_rev, out_rev in _directions(P):
         Rt = np.ascontiguousarray(P.recurrent_weight[d].T)  # [H,H]
-        single_gate.forward(xp, d * H, bx, x_rev, Rt, h0, m, mode, int(P.descriptor.activation),
-                            h, zs, out_rev, d * H, hm, rec, k, par, nchunk)
+        with _threads_for(nblk):
+            single_gate.forward(xp, d * H, bx, x_rev, Rt, h0, m, mode,
+                                int(P.descriptor.activation), h, zs, out_rev, d * H, hm, rec, k,
+                                nblk)
 
 
 def _lstm_codes(desc):
@@ -135,18 +142,19 @@ def _forward_lstm(P, h, c, zs):
     h0, c0, (m, mode), k = _state(P.init_state, P), _state(P.init_cell, P), _mask(P), constants(dt)
     acts, gi = _lstm_codes(P.descriptor)
     hm, rec = np.empty((N, H), dt), np.empty((N, 4 * H), dt)  # [N,H], [N,4H] scratch
-    par, nchunk = schedule(N, H, 4)
+    nblk = schedule(N, H, 4)
     for d, x_rev, out_rev in _directions(P):
         Rt = np.ascontiguousarray(P.recurrent_weight[d].T)  # [H,4H]
         p, has_p = _peephole(P, d)
-        lstm.forward(xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c, zs,
-                     out_rev, d * H, d * 4 * H, hm, rec, k, par, nchunk)
+        with _threads_for(nblk):
+            lstm.forward(xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c,
+                         zs, out_rev, d * H, d * 4 * H, hm, rec, k, nblk)
 
 
 def _gru_codes(desc):
     acts = np.array([desc.update_gate_activation, desc.reset_gate_activation,
                      desc.output_gate_activation], np.int64)  # [3]
-    return acts, desc.gate_index["z"] * 0 + desc.gate_index["z"], desc.gate_index["r"]
+    return acts, desc.gate_index["z"], desc.gate_index["r"]
 
 
 def _forward_gru(P, h, c, zs):
@@ -156,16 +164,17 @@ def _forward_gru(P, h, c, zs):
     b2 = np.zeros(P.D * H, dt) if P.secondary_bias is None else _writable(P.secondary_bias)  # [DH]
     acts, gz, gr = _gru_codes(desc)
     ra = desc.reset_after
-    hm, reco, hmr, zb = (np.empty((N, H), dt) for _ in range(4))  # [N,H] scratch
+    hm, reco, hmr = (np.empty((N, H), dt) for _ in range(3))  # [N,H] scratch
     rec = np.empty((N, (3 if ra else 2) * H), dt)  # [N,3H] or [N,2H]
-    par, nchunk = schedule(N, H, 3)
+    nblk = schedule(N, H, 3)
     for d, x_rev, out_rev in _directions(P):
         R = P.recurrent_weight[d]  # [3H,H]
         Rt = np.ascontiguousarray((R if ra else R[:2 * H]).T)  # [H,3H] or [H,2H]
         Rt_o = np.ascontiguousarray(R[2 * H:].T)  # [H,H]
-        gru.forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz * H, gr * H,
-                    desc.flip_z, ra, h, zs, out_rev, d * H, d * Z * H, hm, rec, reco, hmr, zb, k,
-                    par, nchunk)
+        with _threads_for(nblk):
+            gru.forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz * H, gr * H,
+                        desc.flip_z, ra, h, zs, out_rev, d * H, d * Z * H, hm, rec, reco, hmr, k,
+                        nblk)
 
 
 _FORWARD = {"single_gate": _forward_single_gate, "lstm": _forward_lstm, "gru": _forward_gru}
@@ -217,14 +226,16 @@ def _backward_single_gate(P, dX, dR, dh0, dc0):
     h0, (m, mode), k = _state(P.init_state, P), _mask(P), constants(dt)
     dh_in, zs = _writable(P.source_gradient), _writable(P.z_state)
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
-    gr, E = np.zeros((N, H), dt), np.empty((N, H), dt)  # [N,H] scratch
-    par, nchunk = schedule(N, H, 1)
+    gr = np.zeros((N, H), dt)  # [N,H]
+    E, DY, hp = (np.empty((N, H), dt) for _ in range(3))  # [N,H] scratch
+    nblk = schedule(N, H, 1)
     for d, x_rev, out_rev in _directions(P):
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         gr[:] = 0
         R = np.ascontiguousarray(P.recurrent_weight[d])  # [H,H]
-        single_gate.backward(dh_in, zs, h0, m, mode, R, int(P.descriptor.activation), dX, d * H,
-                             x_rev, HM, out_rev, d * H, carry, gr, E, k, par, nchunk)
+        with _threads_for(nblk):
+            single_gate.backward(dh_in, zs, h0, m, mode, R, int(P.descriptor.activation), dX,
+                                 d * H, x_rev, HM, out_rev, d * H, carry, gr, E, DY, hp, k, nblk)
         dh0[:, d * H:(d + 1) * H] = carry
         dR[d] = _rows(dX, slice(d * H, (d + 1) * H)).T @ _rows(HM)  # [H,H]
     return {}
@@ -238,9 +249,10 @@ def _backward_lstm(P, dX, dR, dh0, dc0):
     per_step = P.cell_gradient_per_step
     dc_in = _writable(P.cell_gradient) if per_step else _dummy(dt, 3)
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
-    gr, E = np.zeros((N, H), dt), np.empty((N, 4 * H), dt)  # [N,H], [N,4H] scratch
+    gr, hp = np.zeros((N, H), dt), np.empty((N, H), dt)  # [N,H] scratch
+    E, Y, DY = (np.empty((N, 4 * H), dt) for _ in range(3))  # [N,4H] scratch
     dp = np.zeros((D, 4 * H), dt)  # [D,4H]
-    par, nchunk = schedule(N, H, 4)
+    nblk = schedule(N, H, 4)
     for d, x_rev, out_rev in _directions(P):
         cols = slice(d * 4 * H, (d + 1) * 4 * H)
         dh_carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
@@ -248,9 +260,10 @@ def _backward_lstm(P, dX, dR, dh0, dc0):
         gr[:] = 0
         R = np.ascontiguousarray(P.recurrent_weight[d])  # [4H,H]
         p, has_p = _peephole(P, d)
-        lstm.backward(dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi, dX,
-                      d * 4 * H, x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry, gr, E,
-                      k, par, nchunk)
+        with _threads_for(nblk):
+            lstm.backward(dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi,
+                          dX, d * 4 * H, x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry,
+                          gr, E, Y, DY, hp, k, nblk)
         dh0[:, d * H:(d + 1) * H] = dh_carry
         dc0[:, d * H:(d + 1) * H] = dc_carry
         dR[d] = _rows(dX, cols).T @ _rows(HM)  # [4H,H]
@@ -270,8 +283,9 @@ def _backward_gru(P, dX, dR, dh0, dc0):
     DQ = np.empty((T, N, H), dt) if ra else _dummy(dt, 3)  # [T,N,H] dq
     gr, Eo, g = np.zeros((N, H), dt), np.empty((N, H), dt), np.empty((N, H), dt)  # [N,H] scratch
     E = np.empty((N, (3 if ra else 2) * H), dt)  # [N,3H] or [N,2H]
+    Y, DY = np.empty((N, 3 * H), dt), np.empty((N, 3 * H), dt)  # [N,3H] scratch: z, r, o
     db2 = np.zeros(D * H, dt)  # [DH]
-    par, nchunk = schedule(N, H, 3)
+    nblk = schedule(N, H, 3)
     for d, x_rev, out_rev in _directions(P):
         base = d * 3 * H
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
@@ -279,9 +293,10 @@ def _backward_gru(P, dX, dR, dh0, dc0):
         R = P.recurrent_weight[d]  # [3H,H], C-contiguous rows
         R_main = np.ascontiguousarray(R if ra else R[:2 * H])  # [3H,H] or [2H,H]
         R_o = np.ascontiguousarray(R[2 * H:])  # [H,H]
-        gru.backward(dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz * H, grr * H, desc.flip_z,
-                     ra, dX, base, x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, gr, E, Eo,
-                     g, k, par, nchunk)
+        with _threads_for(nblk):
+            gru.backward(dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz * H, grr * H,
+                         desc.flip_z, ra, dX, base, x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H,
+                         carry, gr, E, Eo, g, Y, DY, k, nblk)
         dh0[:, d * H:(d + 1) * H] = carry
         dR[d, :2 * H] = _rows(dX, slice(base, base + 2 * H)).T @ _rows(HM)  # [2H,H]
         if ra:
