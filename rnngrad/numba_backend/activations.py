@@ -127,56 +127,83 @@ def tanh(x):
 
 @numba.njit(**JIT)
 def activate_row(kind, a, ao, y, yo, n, k):
-    """y[yo:yo+n] = f(a[ao:ao+n]) along one row (y may be a)."""
+    """y[yo:yo+n] = f(a[ao:ao+n]) along one row (y and a must not overlap)."""
+    src, dst = a[ao:ao + n], y[yo:yo + n]  # views: offset indices would stop vectorisation
     if kind == TANH:
         for j in range(n):
-            y[yo + j] = tanh(a[ao + j])
+            dst[j] = tanh(src[j])
     elif kind == SIGMOID:
         for j in range(n):
-            y[yo + j] = sigmoid(a[ao + j])
+            dst[j] = sigmoid(src[j])
     elif kind == RELU:
         for j in range(n):
-            v = a[ao + j]
-            y[yo + j] = k[ZERO] if v < k[ZERO] else v
+            v = src[j]
+            dst[j] = k[ZERO] if v < k[ZERO] else v
     elif kind == HARD_SIGMOID:
         for j in range(n):
-            v = k[SLOPE] * a[ao + j] + k[OFFSET]
+            v = k[SLOPE] * src[j] + k[OFFSET]
             v = k[ZERO] if v < k[ZERO] else v
-            y[yo + j] = k[ONE] if v > k[ONE] else v
+            dst[j] = k[ONE] if v > k[ONE] else v
     else:
         for j in range(n):
-            y[yo + j] = a[ao + j]
+            dst[j] = src[j]
+
+
+@numba.njit(**JIT)
+def activate_inplace(kind, a, ao, n, k):
+    """a[ao:ao+n] = f(a[ao:ao+n]). A separate loop from activate_row: when input and output
+    overlap, LLVM's runtime alias check sends activate_row to its scalar path."""
+    seg = a[ao:ao + n]
+    if kind == TANH:
+        for j in range(n):
+            seg[j] = tanh(seg[j])
+    elif kind == SIGMOID:
+        for j in range(n):
+            seg[j] = sigmoid(seg[j])
+    elif kind == RELU:
+        for j in range(n):
+            v = seg[j]
+            seg[j] = k[ZERO] if v < k[ZERO] else v
+    elif kind == HARD_SIGMOID:
+        for j in range(n):
+            v = k[SLOPE] * seg[j] + k[OFFSET]
+            v = k[ZERO] if v < k[ZERO] else v
+            seg[j] = k[ONE] if v > k[ONE] else v
+    else:
+        for j in range(n):
+            seg[j] = seg[j]
 
 
 @numba.njit(**JIT)
 def activate_row_with_derivative(kind, a, ao, y, dy, yo, n, k):
     """y[yo:yo+n] = f(a[ao:ao+n]), dy[yo:yo+n] = f'(a[ao:ao+n]), NaN where a is NaN."""
+    src, dst, der = a[ao:ao + n], y[yo:yo + n], dy[yo:yo + n]
     if kind == TANH:
         for j in range(n):
-            t = tanh(a[ao + j])
-            y[yo + j] = t
-            dy[yo + j] = k[ONE] - t * t
+            t = tanh(src[j])
+            dst[j] = t
+            der[j] = k[ONE] - t * t
     elif kind == SIGMOID:
         for j in range(n):
-            s = sigmoid(a[ao + j])
-            y[yo + j] = s
-            dy[yo + j] = s * (k[ONE] - s)
+            s = sigmoid(src[j])
+            dst[j] = s
+            der[j] = s * (k[ONE] - s)
     elif kind == RELU:
         for j in range(n):
-            v = a[ao + j]
-            y[yo + j] = k[ZERO] if v < k[ZERO] else v
+            v = src[j]
+            dst[j] = k[ZERO] if v < k[ZERO] else v
             d = k[ONE] if v > k[ZERO] else k[ZERO]
-            dy[yo + j] = v if v != v else d
+            der[j] = v if v != v else d
     elif kind == HARD_SIGMOID:
         for j in range(n):
-            v = a[ao + j]
+            v = src[j]
             s = k[SLOPE] * v + k[OFFSET]
             s = k[ZERO] if s < k[ZERO] else s
-            y[yo + j] = k[ONE] if s > k[ONE] else s
+            dst[j] = k[ONE] if s > k[ONE] else s
             d = k[SLOPE] if abs(v) <= k[EDGE] else k[ZERO]
-            dy[yo + j] = v if v != v else d
+            der[j] = v if v != v else d
     else:
         for j in range(n):
-            v = a[ao + j]
-            y[yo + j] = v
-            dy[yo + j] = v if v != v else k[ONE]
+            v = src[j]
+            dst[j] = v
+            der[j] = v if v != v else k[ONE]

@@ -54,6 +54,12 @@ def _writable(a):
     return a if a is None or a.flags.writeable else a.copy()
 
 
+def _scratch(nblk, N, cols, dtype):
+    """[B,n,cols] zeros: one contiguous [n,cols] buffer per row block (n = ⌈N/B⌉), so that each
+    block's GEMM operands are contiguous (numba's np.dot is slow on sliced operands)."""
+    return np.zeros((nblk, -(-N // nblk), cols), dtype)  # [B,n,cols]
+
+
 def _dummy(dtype, ndim):
     return np.zeros((1,) * ndim, dtype)  # stands for an absent optional input
 
@@ -112,8 +118,8 @@ def _forward_single_gate(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
     xp, bx = _project(P)
     h0, (m, mode), k = _state(P.init_state, P), _mask(P), constants(dt)
-    hm, rec = np.empty((N, H), dt), np.empty((N, H), dt)  # [N,H] scratch
     nblk = schedule(N, H, 1)
+    hm, rec = _scratch(nblk, N, H, dt), _scratch(nblk, N, H, dt)  # [B,n,H]
     for d, x_rev, out_rev in _directions(P):
         Rt = np.ascontiguousarray(P.recurrent_weight[d].T)  # [H,H]
         with _threads_for(nblk):
@@ -141,8 +147,8 @@ def _forward_lstm(P, h, c, zs):
     xp, bx = _project(P)
     h0, c0, (m, mode), k = _state(P.init_state, P), _state(P.init_cell, P), _mask(P), constants(dt)
     acts, gi = _lstm_codes(P.descriptor)
-    hm, rec = np.empty((N, H), dt), np.empty((N, 4 * H), dt)  # [N,H], [N,4H] scratch
     nblk = schedule(N, H, 4)
+    hm, rec = _scratch(nblk, N, H, dt), _scratch(nblk, N, 4 * H, dt)  # [B,n,H], [B,n,4H]
     for d, x_rev, out_rev in _directions(P):
         Rt = np.ascontiguousarray(P.recurrent_weight[d].T)  # [H,4H]
         p, has_p = _peephole(P, d)
@@ -164,9 +170,9 @@ def _forward_gru(P, h, c, zs):
     b2 = np.zeros(P.D * H, dt) if P.secondary_bias is None else _writable(P.secondary_bias)  # [DH]
     acts, gz, gr = _gru_codes(desc)
     ra = desc.reset_after
-    hm, reco, hmr = (np.empty((N, H), dt) for _ in range(3))  # [N,H] scratch
-    rec = np.empty((N, (3 if ra else 2) * H), dt)  # [N,3H] or [N,2H]
     nblk = schedule(N, H, 3)
+    hm, reco, hmr = (_scratch(nblk, N, H, dt) for _ in range(3))  # [B,n,H]
+    rec = _scratch(nblk, N, (3 if ra else 2) * H, dt)  # [B,n,3H] or [B,n,2H]
     for d, x_rev, out_rev in _directions(P):
         R = P.recurrent_weight[d]  # [3H,H]
         Rt = np.ascontiguousarray((R if ra else R[:2 * H]).T)  # [H,3H] or [H,2H]
@@ -226,9 +232,8 @@ def _backward_single_gate(P, dX, dR, dh0, dc0):
     h0, (m, mode), k = _state(P.init_state, P), _mask(P), constants(dt)
     dh_in, zs = _writable(P.source_gradient), _writable(P.z_state)
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
-    gr = np.zeros((N, H), dt)  # [N,H]
-    E, DY, hp = (np.empty((N, H), dt) for _ in range(3))  # [N,H] scratch
     nblk = schedule(N, H, 1)
+    gr, E, DY, hp = (_scratch(nblk, N, H, dt) for _ in range(4))  # [B,n,H]
     for d, x_rev, out_rev in _directions(P):
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         gr[:] = 0
@@ -249,10 +254,11 @@ def _backward_lstm(P, dX, dR, dh0, dc0):
     per_step = P.cell_gradient_per_step
     dc_in = _writable(P.cell_gradient) if per_step else _dummy(dt, 3)
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
-    gr, hp = np.zeros((N, H), dt), np.empty((N, H), dt)  # [N,H] scratch
-    E, Y, DY = (np.empty((N, 4 * H), dt) for _ in range(3))  # [N,4H] scratch
-    dp = np.zeros((D, 4 * H), dt)  # [D,4H]
     nblk = schedule(N, H, 4)
+    gr, hp = _scratch(nblk, N, H, dt), _scratch(nblk, N, H, dt)  # [B,n,H]
+    E = _scratch(nblk, N, 4 * H, dt)  # [B,n,4H]
+    Y, DY = _scratch(nblk, N, 5 * H, dt), _scratch(nblk, N, 5 * H, dt)  # [B,n,5H] gates, cell
+    dp = np.zeros((D, 4 * H), dt)  # [D,4H]
     for d, x_rev, out_rev in _directions(P):
         cols = slice(d * 4 * H, (d + 1) * 4 * H)
         dh_carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
@@ -281,11 +287,11 @@ def _backward_gru(P, dX, dR, dh0, dc0):
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
     HMR = np.empty((T, N, H), dt) if not ra else _dummy(dt, 3)  # [T,N,H] h[t−1] ⊙ r ⊙ m
     DQ = np.empty((T, N, H), dt) if ra else _dummy(dt, 3)  # [T,N,H] dq
-    gr, Eo, g = np.zeros((N, H), dt), np.empty((N, H), dt), np.empty((N, H), dt)  # [N,H] scratch
-    E = np.empty((N, (3 if ra else 2) * H), dt)  # [N,3H] or [N,2H]
-    Y, DY = np.empty((N, 3 * H), dt), np.empty((N, 3 * H), dt)  # [N,3H] scratch: z, r, o
-    db2 = np.zeros(D * H, dt)  # [DH]
     nblk = schedule(N, H, 3)
+    gr, Eo, g = (_scratch(nblk, N, H, dt) for _ in range(3))  # [B,n,H]
+    E = _scratch(nblk, N, (3 if ra else 2) * H, dt)  # [B,n,3H] or [B,n,2H]
+    Y, DY = _scratch(nblk, N, 3 * H, dt), _scratch(nblk, N, 3 * H, dt)  # [B,n,3H]: z, r, o
+    db2 = np.zeros(D * H, dt)  # [DH]
     for d, x_rev, out_rev in _directions(P):
         base = d * 3 * H
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]

@@ -16,7 +16,7 @@ otherwise ``g = da_o @ R_o`` first (da_r needs it), then ``gr = [da_z, da_r] @ R
 import numba
 import numpy as np
 
-from .activations import JIT, ONE, activate_row, activate_row_with_derivative
+from .activations import JIT, activate_inplace, ONE, activate_row, activate_row_with_derivative
 from .common import block_rows, mask_at, step_index
 
 
@@ -28,21 +28,21 @@ def _mix(z, hp, o, flip_z, k):
 
 
 @numba.njit(**JIT)
-def _forward_rows(n0, n1, xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr, flip_z,
+def _forward_rows(b, n0, n1, xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr, flip_z,
                   reset_after, h, zs, out_rev, off, zoff, hm, rec, reco, hmr, k):
     T = h.shape[0]
     H = Rt.shape[0]
     co = 2 * H
     for n in range(n0, n1):
         for j in range(H):
-            hm[n, j] = h0[n, off + j] * mask_at(m, m_mode, 0, n, off + j, k)
+            hm[b, n - n0, j] = h0[n, off + j] * mask_at(m, m_mode, 0, n, off + j, k)
     for s in range(T):
         ti = step_index(s, T, x_rev)
         to = step_index(s, T, out_rev)
         tp = step_index(s - 1, T, out_rev)
-        np.dot(hm[n0:n1], Rt, rec[n0:n1])
+        np.dot(hm[b], Rt, rec[b])
         for n in range(n0, n1):
-            a, x, zrow = rec[n], xp[ti, n], zs[to, n]
+            a, x, zrow = rec[b, n - n0], xp[ti, n], zs[to, n]
             for j in range(2 * H):  # the z and r blocks
                 v = a[j] + x[xoff + j] + bx[xoff + j]
                 a[j] = v
@@ -52,28 +52,28 @@ def _forward_rows(n0, n1, xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts
                     q = a[co + j] + b2[off + j]
                     a[co + j] = q
                     zrow[zoff + 3 * H + j] = q
-            activate_row(acts[0], a, cz, a, cz, H, k)
-            activate_row(acts[1], a, cr, a, cr, H, k)
+            activate_inplace(acts[0], a, cz, H, k)
+            activate_inplace(acts[1], a, cr, H, k)
             if not reset_after:
                 for j in range(H):
-                    hmr[n, j] = hm[n, j] * a[cr + j]
+                    hmr[b, n - n0, j] = hm[b, n - n0, j] * a[cr + j]
         if not reset_after:
-            np.dot(hmr[n0:n1], Rt_o, reco[n0:n1])
+            np.dot(hmr[b], Rt_o, reco[b])
         for n in range(n0, n1):
-            a, x, zrow, hrow = rec[n], xp[ti, n], zs[to, n], h[to, n]
+            a, x, zrow, hrow = rec[b, n - n0], xp[ti, n], zs[to, n], h[to, n]
             hprev = h0[n] if s == 0 else h[tp, n]
-            o = reco[n]  # [H] becomes a_o, then o
+            o = reco[b, n - n0]  # [H] becomes a_o, then o
             for j in range(H):
                 c = a[co + j] * a[cr + j] if reset_after else o[j]
                 v = x[xoff + co + j] + bx[xoff + co + j] + c
                 o[j] = v
                 zrow[zoff + co + j] = v
-            activate_row(acts[2], o, 0, o, 0, H, k)
+            activate_inplace(acts[2], o, 0, H, k)
             for j in range(H):
                 hrow[off + j] = _mix(a[cz + j], hprev[off + j], o[j], flip_z, k)
             if s < T - 1:
                 for j in range(H):
-                    hm[n, j] = hrow[off + j] * mask_at(m, m_mode, s + 1, n, off + j, k)
+                    hm[b, n - n0, j] = hrow[off + j] * mask_at(m, m_mode, s + 1, n, off + j, k)
 
 
 @numba.njit(parallel=True, **JIT)
@@ -84,17 +84,17 @@ def forward(xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr, flip
     h [T,N,DH], zs [T,N,DZH]; scratch hm, reco, hmr [N,H], rec [N, Rt's columns]."""
     N = h.shape[1]
     if nblk == 1:
-        _forward_rows(0, N, xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr,
+        _forward_rows(0, 0, N, xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr,
                       flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, reco, hmr, k)
         return
     for b in numba.prange(nblk):
         n0, n1 = block_rows(b, nblk, N)
-        _forward_rows(n0, n1, xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr,
+        _forward_rows(b, n0, n1, xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr,
                       flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, reco, hmr, k)
 
 
 @numba.njit(**JIT)
-def _backward_rows(n0, n1, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z,
+def _backward_rows(b, n0, n1, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z,
                    reset_after, dX, xoff, x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, gr, E,
                    Eo, g, Y, DY, k):
     T = dh_in.shape[0]
@@ -105,7 +105,7 @@ def _backward_rows(n0, n1, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, f
         to = step_index(s, T, out_rev)
         tp = step_index(s - 1, T, out_rev)
         for n in range(n0, n1):
-            y, dy, e, zrow, xrow, dhrow = Y[n], DY[n], E[n], zs[to, n], dX[ti, n], dh_in[to, n]
+            y, dy, e, zrow, xrow, dhrow = Y[b, n - n0], DY[b, n - n0], E[b, n - n0], zs[to, n], dX[ti, n], dh_in[to, n]
             hprev = h0[n] if s == 0 else hf[tp, n]
             for blk in range(3):
                 activate_row_with_derivative(acts[blk], zrow, zoff + (cz, cr, co)[blk], y, dy,
@@ -115,7 +115,7 @@ def _backward_rows(n0, n1, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, f
                 hp = hprev[off + j]
                 dh = dhrow[off + j] + dh_carry[n, j]
                 if s < T - 1:
-                    dh += gr[n, j] * mask_at(m, m_mode, s + 1, n, off + j, k)
+                    dh += gr[b, n - n0, j] * mask_at(m, m_mode, s + 1, n, off + j, k)
                 if flip_z:
                     da_o = dh * z * do
                     da_z = dh * (o - hp) * dz
@@ -139,28 +139,28 @@ def _backward_rows(n0, n1, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, f
                     DQ[ti, n, j] = dq
                     HM[ti, n, j] = hp * mm
                 else:
-                    Eo[n, j] = da_o
+                    Eo[b, n - n0, j] = da_o
         if reset_after:
-            np.dot(E[n0:n1], R, gr[n0:n1])
+            np.dot(E[b], R, gr[b])
             continue
-        np.dot(Eo[n0:n1], R_o, g[n0:n1])
+        np.dot(Eo[b], R_o, g[b])
         for n in range(n0, n1):
-            y, dy, e, xrow = Y[n], DY[n], E[n], dX[ti, n]
+            y, dy, e, xrow = Y[b, n - n0], DY[b, n - n0], E[b, n - n0], dX[ti, n]
             hprev = h0[n] if s == 0 else hf[tp, n]
             for j in range(H):
                 mm = mask_at(m, m_mode, s, n, off + j, k)
                 hm = hprev[off + j] * mm
                 r = y[H + j]
-                da_r = g[n, j] * hm * dy[H + j]
+                da_r = g[b, n - n0, j] * hm * dy[H + j]
                 e[cr + j] = da_r
                 xrow[xoff + cr + j] = da_r
-                dh_carry[n, j] += g[n, j] * r * mm
+                dh_carry[n, j] += g[b, n - n0, j] * r * mm
                 HM[ti, n, j] = hm
                 HMR[ti, n, j] = hm * r
-        np.dot(E[n0:n1], R, gr[n0:n1])
+        np.dot(E[b], R, gr[b])
     for n in range(n0, n1):
         for j in range(H):
-            dh_carry[n, j] += gr[n, j] * mask_at(m, m_mode, 0, n, off + j, k)
+            dh_carry[n, j] += gr[b, n - n0, j] * mask_at(m, m_mode, 0, n, off + j, k)
 
 
 @numba.njit(parallel=True, **JIT)
@@ -172,12 +172,12 @@ def backward(dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z, reset_a
     scratch gr, Eo, g [N,H], E [N, R's rows], Y, DY [N,3H] (blocks z, r, o)."""
     N = dh_in.shape[1]
     if nblk == 1:
-        _backward_rows(0, N, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z,
+        _backward_rows(0, 0, N, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z,
                        reset_after, dX, xoff, x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, gr,
                        E, Eo, g, Y, DY, k)
         return
     for b in numba.prange(nblk):
         n0, n1 = block_rows(b, nblk, N)
-        _backward_rows(n0, n1, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z,
+        _backward_rows(b, n0, n1, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z,
                        reset_after, dX, xoff, x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, gr,
                        E, Eo, g, Y, DY, k)

@@ -10,24 +10,24 @@ E, h[t−1] ⊙ m into HM (h[t−1] = f(z_state[t−1]) is rebuilt), then ``gr =
 import numba
 import numpy as np
 
-from .activations import JIT, ZERO, activate_row, activate_row_with_derivative
+from .activations import JIT, activate_inplace, ZERO, activate_row, activate_row_with_derivative
 from .common import block_rows, mask_at, step_index
 
 
 @numba.njit(**JIT)
-def _forward_rows(n0, n1, xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm,
+def _forward_rows(b, n0, n1, xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm,
                   rec, k):
     T = h.shape[0]
     H = Rt.shape[0]
     for n in range(n0, n1):
         for j in range(H):
-            hm[n, j] = h0[n, off + j] * mask_at(m, m_mode, 0, n, off + j, k)
+            hm[b, n - n0, j] = h0[n, off + j] * mask_at(m, m_mode, 0, n, off + j, k)
     for s in range(T):
         ti = step_index(s, T, x_rev)
         to = step_index(s, T, out_rev)
-        np.dot(hm[n0:n1], Rt, rec[n0:n1])
+        np.dot(hm[b], Rt, rec[b])
         for n in range(n0, n1):
-            a, x, zrow, hrow = rec[n], xp[ti, n], zs[to, n], h[to, n]
+            a, x, zrow, hrow = rec[b, n - n0], xp[ti, n], zs[to, n], h[to, n]
             for j in range(H):
                 v = a[j] + x[xoff + j] + bx[xoff + j]
                 a[j] = v
@@ -35,7 +35,7 @@ def _forward_rows(n0, n1, xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, ou
             activate_row(act, a, 0, hrow, off, H, k)
             if s < T - 1:
                 for j in range(H):
-                    hm[n, j] = hrow[off + j] * mask_at(m, m_mode, s + 1, n, off + j, k)
+                    hm[b, n - n0, j] = hrow[off + j] * mask_at(m, m_mode, s + 1, n, off + j, k)
 
 
 @numba.njit(parallel=True, **JIT)
@@ -44,17 +44,17 @@ def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm
     m [1 or T,N,DH]; outputs h, zs [T,N,DH]; scratch hm, rec [N,H]."""
     N = h.shape[1]
     if nblk == 1:
-        _forward_rows(0, N, xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm,
+        _forward_rows(0, 0, N, xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm,
                       rec, k)
         return
     for b in numba.prange(nblk):
         n0, n1 = block_rows(b, nblk, N)
-        _forward_rows(n0, n1, xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off,
+        _forward_rows(b, n0, n1, xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off,
                       hm, rec, k)
 
 
 @numba.njit(**JIT)
-def _backward_rows(n0, n1, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off,
+def _backward_rows(b, n0, n1, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off,
                    dh_carry, gr, E, DY, hp, k):
     T = dh_in.shape[0]
     H = R.shape[1]
@@ -63,7 +63,7 @@ def _backward_rows(n0, n1, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM
         to = step_index(s, T, out_rev)
         tp = step_index(s - 1, T, out_rev)
         for n in range(n0, n1):
-            e, dy, hprev = E[n], DY[n], hp[n]
+            e, dy, hprev = E[b, n - n0], DY[b, n - n0], hp[b, n - n0]
             activate_row_with_derivative(act, zs[to, n], off, e, dy, 0, H, k)  # e: scratch
             if s == 0:
                 for j in range(H):
@@ -74,16 +74,16 @@ def _backward_rows(n0, n1, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM
             for j in range(H):
                 dh = dhrow[off + j] + dh_carry[n, j]
                 if s < T - 1:
-                    dh += gr[n, j] * mask_at(m, m_mode, s + 1, n, off + j, k)
+                    dh += gr[b, n - n0, j] * mask_at(m, m_mode, s + 1, n, off + j, k)
                 da = dh * dy[j]
                 e[j] = da
                 xrow[xoff + j] = da
                 dh_carry[n, j] = k[ZERO]  # all of the next dh comes through the GEMM
                 HM[ti, n, j] = hprev[j] * mask_at(m, m_mode, s, n, off + j, k)
-        np.dot(E[n0:n1], R, gr[n0:n1])
+        np.dot(E[b], R, gr[b])
     for n in range(n0, n1):
         for j in range(H):
-            dh_carry[n, j] += gr[n, j] * mask_at(m, m_mode, 0, n, off + j, k)
+            dh_carry[n, j] += gr[b, n - n0, j] * mask_at(m, m_mode, 0, n, off + j, k)
 
 
 @numba.njit(parallel=True, **JIT)
@@ -94,10 +94,10 @@ def backward(dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off
     scratch gr, E, DY, hp [N,H]."""
     N = dh_in.shape[1]
     if nblk == 1:
-        _backward_rows(0, N, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off,
+        _backward_rows(0, 0, N, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off,
                        dh_carry, gr, E, DY, hp, k)
         return
     for b in numba.prange(nblk):
         n0, n1 = block_rows(b, nblk, N)
-        _backward_rows(n0, n1, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev,
+        _backward_rows(b, n0, n1, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev,
                        off, dh_carry, gr, E, DY, hp, k)
