@@ -1,0 +1,103 @@
+"""One timing run in a fresh process: ``python -m rnngrad.bench.worker JSON`` prints a JSON line.
+
+Request fields: impl ("numba", "reference", "torch" or "gemm"), cell, T, N, I, H, dtype,
+threads, repeats. An rnngrad implementation times the training forward plus the gradient op
+through the public functions; "torch" times nn.RNN / nn.GRU / nn.LSTM forward + backward with
+PyTorch's semantics mapped onto the contract (LSTM gates [i,f,g,o] = [i,f,z,o]; GRU
+reset_gate_first, reset_after with secondary_bias = b_hn; RNN tanh); "gemm" measures NumPy's
+GEMM rate on a [T·N, H] × [H, 4H] product.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def _rnngrad(req):
+    import numpy as np
+    import rnngrad as rg
+
+    T, N, I, H, cell = req["T"], req["N"], req["I"], req["H"], req["cell"]
+    dt = np.dtype(req["dtype"])
+    G = {"single_gate": 1, "gru": 3, "lstm": 4}[cell]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((T, N, I)).astype(dt)
+    W = (rng.standard_normal((G * H, I)) / np.sqrt(I)).astype(dt)
+    R = (rng.standard_normal((G * H, H)) / np.sqrt(H)).astype(dt)
+    b = np.zeros(G * H, dt)
+    dh = np.ones((T, N, H), dt)
+    backend = req["impl"]
+    if cell == "lstm":
+        d = rg.LSTMDescriptor(training=True)
+
+        def run():
+            h, c, z = rg.lstm(x, R, W, b, descriptor=d, backend=backend)
+            rg.lstm_gradients(x, R, dh, z, c, input_weight=W, bias=b, descriptor=d, backend=backend)
+    elif cell == "gru":
+        d = rg.GRUDescriptor(training=True, reset_gate_first=True, reset_after=True)
+        b2 = np.zeros(H, dt)
+
+        def run():
+            h, z = rg.gru(x, R, W, b, secondary_bias=b2, descriptor=d, backend=backend)
+            rg.gru_gradients(x, R, dh, z, h, input_weight=W, bias=b, secondary_bias=b2,
+                             descriptor=d, backend=backend)
+    else:
+        d = rg.SingleGateRNNDescriptor(training=True, activation="tanh")
+
+        def run():
+            h, z = rg.single_gate_rnn(x, R, W, b, descriptor=d, backend=backend)
+            rg.single_gate_rnn_gradients(x, R, dh, z, input_weight=W, bias=b, descriptor=d,
+                                         backend=backend)
+    return run
+
+
+def _torch(req):
+    import torch
+
+    torch.set_num_threads(req["threads"])
+    T, N, I, H, cell = req["T"], req["N"], req["I"], req["H"], req["cell"]
+    dt = getattr(torch, req["dtype"])
+    module = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU,
+              "single_gate": lambda i, h, **kw: torch.nn.RNN(i, h, nonlinearity="tanh", **kw)}[cell]
+    m = module(I, H, dtype=dt)
+    x = torch.randn(T, N, I, dtype=dt, requires_grad=True)
+    dh = torch.ones(T, N, H, dtype=dt)
+
+    def run():
+        y, _ = m(x)
+        y.backward(dh)
+    return run
+
+
+def _gemm(req):
+    import numpy as np
+
+    dt = np.dtype(req["dtype"])
+    M, K, C = max(req["T"] * req["N"], 2048), max(req["H"], 512), max(4 * req["H"], 2048)
+    a, b = np.ones((M, K), dt), np.ones((K, C), dt)
+    req["flops"] = 2.0 * M * K * C
+    return lambda: a @ b
+
+
+def main(argv):
+    req = json.loads(argv[0])
+    make = {"torch": _torch, "gemm": _gemm}.get(req["impl"], _rnngrad)
+    t0 = time.perf_counter()
+    run = make(req)
+    run()
+    first = time.perf_counter() - t0
+    times = []
+    for _ in range(req["repeats"]):
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    out = {"times": times, "first": first}
+    if "flops" in req:
+        out["flops"] = req["flops"]
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,144 @@
+"""``rnngrad bench``: rnngrad's backends against PyTorch's CPU modules, each in its own process.
+
+For every cell and shape, each implementation runs in a fresh worker process
+(``rnngrad.bench.worker``), in alternating passes; the table shows the median time of forward +
+gradients, µs per time step, GFLOP/s, the fraction of the GEMM rate measured in the same run and
+the ratio to PyTorch (below 1: rnngrad is faster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HELP = "time rnngrad's backends against PyTorch's nn.RNN/GRU/LSTM (forward + backward)"
+
+DEFAULT_SHAPES = ("100x32x256x256", "50x1x64x64", "200x64x512x512", "1000x8x128x128")
+CELL_NAMES = {"single_gate": "RNN", "gru": "GRU", "lstm": "LSTM"}
+GATES = {"single_gate": 1, "gru": 3, "lstm": 4}
+
+
+def add_arguments(parser):
+    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), metavar="TxNxIxH")
+    parser.add_argument("--cells", nargs="+", default=["single_gate", "gru", "lstm"],
+                        choices=["single_gate", "gru", "lstm"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--backends", nargs="+", default=["numba"])
+    parser.add_argument("--passes", type=int, default=3, help="alternating passes (default 3)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per pass (default 3)")
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")
+    parser.add_argument("--plot", metavar="PNG", help="plot the ratios to PyTorch")
+
+
+def flops(cell, T, N, I, H):
+    """Forward + gradients: projection, recurrence (forward and backward), dW, dsource, dR."""
+    G = GATES[cell]
+    return 2.0 * T * N * G * H * (I + H) * 3
+
+
+def _env(threads):
+    from .. import machine
+
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(threads)
+    libs = [lib for lib in machine.blas_libraries().values() if lib is not None]
+    better = machine.faster_coretype(libs[0].corename) if libs else None
+    if better and "OPENBLAS_CORETYPE" not in env:
+        env["OPENBLAS_CORETYPE"] = better
+    return env
+
+
+def _run_worker(request, env):
+    proc = subprocess.run([sys.executable, "-m", "rnngrad.bench.worker", json.dumps(request)],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {request['impl']} failed: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run(args) -> int:
+    from .. import machine
+
+    have_torch = not args.no_torch
+    if have_torch:
+        try:
+            import importlib.util
+            have_torch = importlib.util.find_spec("torch") is not None
+        except ImportError:
+            have_torch = False
+    shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
+    impls = list(args.backends) + (["torch"] if have_torch else [])
+    env = _env(args.threads)
+    print("\n".join(machine.blas_report()))
+    if env.get("OPENBLAS_CORETYPE"):
+        print(f"workers run with OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}")
+    points = [(cell, shape) for shape in shapes for cell in args.cells]
+    results = {(c, s, i): [] for c, s in points for i in impls}
+    firsts = {}
+    gemm = []
+    total = args.passes * (len(points) * len(impls) + 1)
+    done = 0
+    for p in range(args.passes):
+        big = max(shapes, key=lambda s: s[0] * s[1] * s[3])
+        out = _run_worker(dict(impl="gemm", cell="lstm", T=big[0], N=big[1], I=big[2], H=big[3],
+                               dtype=args.dtype, threads=args.threads, repeats=5), env)
+        gemm.append(out["flops"] / min(out["times"]) / 1e9)
+        done += 1
+        for cell, shape in points:
+            order = impls if p % 2 == 0 else impls[::-1]  # alternate who goes first
+            for impl in order:
+                T, N, I, H = shape
+                out = _run_worker(dict(impl=impl, cell=cell, T=T, N=N, I=I, H=H, dtype=args.dtype,
+                                       threads=args.threads, repeats=args.repeats), env)
+                results[(cell, shape, impl)].extend(out["times"])
+                firsts.setdefault((cell, shape, impl), out["first"])
+                done += 1
+                print(f"\r[{done}/{total}] pass {p + 1} {CELL_NAMES[cell]} {'x'.join(map(str, shape))} "
+                      f"{impl}: {statistics.median(out['times']) * 1e3:.2f} ms      ",
+                      end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    best_gemm = max(gemm)
+    print(f"\nGEMM rate ({args.dtype}, {args.threads} threads, NumPy): best {best_gemm:.1f} GFLOP/s")
+    header = f"{'cell':5} {'T×N×I×H':>16} {'impl':>10} {'median ms':>10} {'µs/step':>9} {'GFLOP/s':>8} {'%GEMM':>6} {'vs torch':>9}"
+    print(header)
+    print("-" * len(header))
+    rows = []
+    for cell, shape in points:
+        torch_med = statistics.median(results[(cell, shape, "torch")]) if have_torch else None
+        for impl in impls:
+            med = statistics.median(results[(cell, shape, impl)])
+            gf = flops(cell, *shape) / med / 1e9
+            ratio = med / torch_med if torch_med else None
+            rows.append(dict(cell=cell, shape=shape, impl=impl, median_s=med,
+                             us_per_step=med / shape[0] * 1e6, gflops=gf,
+                             gemm_fraction=gf / best_gemm, ratio_to_torch=ratio,
+                             first_call_s=firsts[(cell, shape, impl)],
+                             times=results[(cell, shape, impl)]))
+            print(f"{CELL_NAMES[cell]:5} {'x'.join(map(str, shape)):>16} {impl:>10} {med * 1e3:10.2f} "
+                  f"{med / shape[0] * 1e6:9.1f} {gf:8.1f} {gf / best_gemm:6.0%} "
+                  + (f"{ratio:9.2f}" if ratio is not None else f"{'-':>9}"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(blas=machine.blas_report(), gemm_gflops=gemm, dtype=args.dtype,
+                           threads=args.threads, rows=rows), f, indent=1)
+    if args.plot and have_torch:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(8, 4))
+        mine = [r for r in rows if r["impl"] != "torch"]
+        ax.bar(range(len(mine)), [r["ratio_to_torch"] for r in mine])
+        ax.set_xticks(range(len(mine)))
+        ax.set_xticklabels([f"{CELL_NAMES[r['cell']]}\n{'x'.join(map(str, r['shape']))}\n{r['impl']}"
+                            for r in mine], fontsize=6)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_ylabel("time / PyTorch time")
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+    return 0
