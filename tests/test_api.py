@@ -250,3 +250,12 @@ def test_sigmoid_does_not_overflow():
     with np.errstate(over="raise"):
         s = sigmoid(np.array([-1000.0, 0.0, 1000.0]))
     assert list(s) == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize("kind", list(rg.Activation))
+def test_derivative_from_the_output_equals_derivative_from_the_input(kind):
+    from rnngrad.reference.activations import activate, derivative
+
+    x = np.linspace(-6, 6, 101)
+    _, mismatch = compare_array("state", derivative(kind, x, activate(kind, x)), derivative(kind, x), np.float64)
+    assert mismatch is None, str(mismatch)

@@ -19,7 +19,8 @@ HARD_SIGMOID_EDGE = HARD_SIGMOID_OFFSET / HARD_SIGMOID_SLOPE
 def sigmoid(x):
     """1/(1+e^(−x)) without overflow for large |x|."""
     e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    r = 1.0 / (1.0 + e)
+    return np.where(x >= 0, r, e * r)
 
 
 def activate(kind: Activation, x):
@@ -36,17 +37,19 @@ def activate(kind: Activation, x):
     raise ValueError(f"activation: unknown value {kind!r}")
 
 
-def derivative(kind: Activation, x):
-    """f'(x) from the pre-activation x; NaN where x is NaN."""
+def derivative(kind: Activation, x, y=None):
+    """f'(x) from the pre-activation x; NaN where x is NaN. ``y``, when given, is f(x) already
+    computed: sigmoid and tanh then take their derivative from it (s(1−s), 1−y²)."""
     if kind == Activation.NONE:
         d = np.ones_like(x)
     elif kind == Activation.RELU:
         d = (x > 0).astype(x.dtype)
     elif kind == Activation.TANH:
-        d = 1.0 - np.tanh(x) ** 2
+        y = np.tanh(x) if y is None else y
+        d = 1.0 - y * y
     elif kind == Activation.SIGMOID:
-        s = sigmoid(x)
-        d = s * (1.0 - s)
+        y = sigmoid(x) if y is None else y
+        d = y * (1.0 - y)
     elif kind == Activation.HARD_SIGMOID:
         d = np.where(np.abs(x) <= HARD_SIGMOID_EDGE, HARD_SIGMOID_SLOPE, 0.0)
     else:

@@ -96,22 +96,22 @@ def core_backward(d, desc):
         dh = d.dh_in[t] + dh_next
         da = _blocks(dx[t], desc, H)  # views into dx[t]
         if desc.flip_z:
-            da["o"][...] = dh * z * derivative(desc.output_gate_activation, s["o"])
-            da["z"][...] = dh * (o - hp) * derivative(desc.update_gate_activation, s["z"])
+            da["o"][...] = dh * z * derivative(desc.output_gate_activation, s["o"], o)
+            da["z"][...] = dh * (o - hp) * derivative(desc.update_gate_activation, s["z"], z)
             keep = 1 - z
         else:
-            da["o"][...] = dh * (1 - z) * derivative(desc.output_gate_activation, s["o"])
-            da["z"][...] = dh * (hp - o) * derivative(desc.update_gate_activation, s["z"])
+            da["o"][...] = dh * (1 - z) * derivative(desc.output_gate_activation, s["o"], o)
+            da["z"][...] = dh * (hp - o) * derivative(desc.update_gate_activation, s["z"], z)
             keep = z
         if desc.reset_after:
-            da["r"][...] = da["o"] * s["q"] * derivative(desc.reset_gate_activation, s["r"])
+            da["r"][...] = da["o"] * s["q"] * derivative(desc.reset_gate_activation, s["r"], r)
             dq = da["o"] * r  # [N,H]
             dR_k["o"] += dq.T @ hm
             db2 += dq.sum(axis=0)
             dh_next = dh * keep + (dq @ R["o"] + da["z"] @ R["z"] + da["r"] @ R["r"]) * m
         else:
             g = da["o"] @ R["o"]  # [N,H]
-            da["r"][...] = g * hp * m * derivative(desc.reset_gate_activation, s["r"])
+            da["r"][...] = g * hp * m * derivative(desc.reset_gate_activation, s["r"], r)
             dR_k["o"] += da["o"].T @ (hm * r)
             dh_next = dh * keep + g * r * m + (da["z"] @ R["z"] + da["r"] @ R["r"]) * m
         dR_k["z"] += da["z"].T @ hm

@@ -97,15 +97,16 @@ def core_backward(d, desc):
         m = d.mask(t)
         ct = d.c_fwd[t]  # [N,H]
         dh = d.dh_in[t] + dh_next
-        dc = dh * g["o"] * derivative(desc.activation, ct) + dc_next
+        gc = activate(desc.activation, ct)  # g(c[t]), [N,H]
+        dc = dh * g["o"] * derivative(desc.activation, ct, gc) + dc_next
         if d.dc_in is not None:
             dc = dc + d.dc_in[t]
         dA = np.empty((N, 4 * H))  # [N,4H]
         da = _blocks(dA, desc, H)
-        da["o"][...] = dh * activate(desc.activation, ct) * derivative(acts["o"], a["o"])
-        da["i"][...] = dc * g["z"] * derivative(acts["i"], a["i"])
-        da["f"][...] = dc * cp * derivative(acts["f"], a["f"])
-        da["z"][...] = dc * g["i"] * derivative(acts["z"], a["z"])
+        da["o"][...] = dh * gc * derivative(acts["o"], a["o"], g["o"])
+        da["i"][...] = dc * g["z"] * derivative(acts["i"], a["i"], g["i"])
+        da["f"][...] = dc * cp * derivative(acts["f"], a["f"], g["f"])
+        da["z"][...] = dc * g["i"] * derivative(acts["z"], a["z"], g["z"])
         dR += dA.T @ (hp * m)
         dh_next = (dA @ d.R) * m
         dc_next = dc * g["f"]
