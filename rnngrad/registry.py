@@ -53,6 +53,10 @@ _SPECS = (
 
 _loaded: dict = {}
 
+#: how the reason of a backend that is installed but fails to load begins (a bug, not a
+#: missing dependency): ``rnngrad verify`` fails on it instead of skipping the backend
+BROKEN = "broken"
+
 
 def _load(spec: _Spec):
     """(Backend or None, reason it is unavailable or None)."""
@@ -60,8 +64,14 @@ def _load(spec: _Spec):
         try:
             module = importlib.import_module(spec.module)
             backend = getattr(module, spec.attribute)
-        except (ImportError, AttributeError) as exc:
-            _loaded[spec.name] = (None, f"{spec.missing} [{type(exc).__name__}: {exc}]")
+        except ModuleNotFoundError as exc:
+            if exc.name and exc.name.split(".")[0] == "rnngrad":
+                _loaded[spec.name] = (None, f"{BROKEN}: {spec.module} failed to import ({exc})")
+            else:
+                _loaded[spec.name] = (None, f"{spec.missing} [{type(exc).__name__}: {exc}]")
+        except Exception as exc:  # a bug in the backend itself, not a missing dependency
+            _loaded[spec.name] = (None, f"{BROKEN}: {spec.module} failed to import "
+                                        f"({type(exc).__name__}: {exc})")
         else:
             reason = backend.probe()
             _loaded[spec.name] = (None if reason else backend, reason)
@@ -80,6 +90,11 @@ def status() -> list:
         backend, reason = _load(spec)
         rows.append((spec.name, backend is not None, spec.automatic, reason))
     return rows
+
+
+def broken_backends() -> list:
+    """[(name, reason)] for backends whose code is present but fails to load."""
+    return [(name, reason) for name, ok, _, reason in status() if not ok and reason.startswith(BROKEN)]
 
 
 def available_backends() -> tuple:

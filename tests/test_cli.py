@@ -58,3 +58,14 @@ def test_verify_fails_on_a_wrong_backend_and_prints_a_reproduction(broken_backen
     assert status == 1
     assert "FAIL broken lstm forward vs reference" in out
     assert "Case(" in out and "state[" in out
+
+
+def test_a_backend_that_fails_to_load_fails_verify(monkeypatch, capsys):
+    """Installed but broken (an import error inside rnngrad) is a failure, not a skipped backend."""
+    spec = registry._Spec("halfbuilt", "rnngrad.no_such_backend_module", "BACKEND", True, "needs nothing")
+    monkeypatch.setattr(registry, "_SPECS", registry._SPECS + (spec,))
+    monkeypatch.delitem(registry._loaded, "halfbuilt", raising=False)
+    assert [name for name, _ in registry.broken_backends()] == ["halfbuilt"]
+    assert main(["verify", "--examples", "1", "--skip-reference", "--backend", "reference"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL halfbuilt" in out and "failed to import" in out

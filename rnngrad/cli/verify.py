@@ -167,12 +167,15 @@ def run(args) -> int:
     for name in names:
         rows += _backend_rows(name, args, progress)
     progress.close()
+    for name, reason in registry.broken_backends():
+        rows.append((name, "-", "loads", "-", 0, np.inf, 1.0, (reason, None)))
     print()
     _table(rows)
     failures = [r for r in rows if r[-1] is not None]
     for backend, cell, what, dtype, _, _, _, (detail, case) in failures:
         print(f"\nFAIL {backend} {cell} {what} {dtype}: {detail}")
-        print("reproduce with (import numpy as np, rnngrad as rg; from rnngrad.cases import Case):")
-        print(repr(case))
+        if case is not None:
+            print("reproduce with (import numpy as np, rnngrad as rg; from rnngrad.cases import Case):")
+            print(repr(case))
     print(f"\n{len(rows) - len(failures)} passed, {len(failures)} failed  ({time.time() - start:.1f}s)")
     return 1 if failures else 0
