@@ -10,29 +10,45 @@ Conventions of every kernel (one direction of one op, the whole time loop compil
 - Full-width arrays ([T,N,D·H], [T,N,D·Z·H], [T,N,D·G·H]) are passed whole with the column
   offset of this direction (``off``, ``zoff``, ``xoff``), so the kernels write the final
   layout directly and nothing is concatenated or flipped afterwards.
-- Batch rows are independent through the whole recurrence, so the batch is split into
-  ``nblk`` blocks of rows and each block runs the entire time loop on its own thread
-  (one parallel region per kernel call, no barrier per step). Per step, a block's recurrent
-  product is one single-threaded BLAS GEMM on its rows (``np.dot`` into a preallocated
-  buffer), followed by the gate math as vectorised loops along each row. Nothing is allocated
-  inside the time loop.
+- Parallel split by hidden units: the H units are cut into ``P`` parts (``part_units``), and
+  part p owns units j0 … j1−1 of every gate, for all batch rows. Per step, part p computes its
+  columns of the recurrent product as one single-threaded BLAS GEMM over the whole batch
+  (``[N,H]·[H,G·hc]``, the weight columns of its units gathered into one contiguous matrix by
+  the driver, ``hc = ⌈H/P⌉``, padded with zero columns) and then the gate math of its units.
+  Each part keeps its slice of the weights hot in its core's cache, and the GEMMs have the
+  whole batch as rows, which BLAS runs much faster than a few rows. The parts meet once per
+  step (the end of a ``prange`` over parts): the next step's product needs every unit of
+  h (forward) or of dA (gradients), which are double-buffered (index ``s % 2``) so that a part
+  never overwrites what another is still reading. ``P == 1`` runs the same code without a
+  parallel region.
+- Elementwise loops run on row views (``row[a:b]``) indexed from 0, each reading a few arrays
+  and writing one or two: that is what LLVM vectorises (an offset index like ``x[off + j]``,
+  or many arrays in one loop, sends it to its scalar path). Nothing is allocated inside the
+  time loop.
 """
 
 import numba
+import numpy as np
 
-from .activations import JIT, ONE
+from .activations import JIT
 
 MASK_NONE, MASK_SHARED, MASK_PER_STEP = 0, 1, 2
 
+#: part index and count of a kernel run on one thread: typed int64 like the parts of a
+#: ``prange`` (which the kernels convert with ``np.int64(p)``), so that each part function is
+#: compiled once, not once per integer type.
+ZERO_I, ONE_I = np.int64(0), np.int64(1)
+
 
 @numba.njit(inline="always", **JIT)
-def mask_at(m, mode, s, n, col, k):
-    """The mask at processing step s, batch row n, column col (1 without a mask)."""
+def mask_row(m, mode, s, n, lo, w, ones):
+    """The mask at processing step s, batch row n, columns lo … lo+w−1, as a view (ones[:w]
+    without a mask)."""
     if mode == MASK_NONE:
-        return k[ONE]
+        return ones[:w]
     if mode == MASK_SHARED:
-        return m[0, n, col]
-    return m[s, n, col]
+        return m[0, n, lo:lo + w]
+    return m[s, n, lo:lo + w]
 
 
 @numba.njit(inline="always", **JIT)
@@ -41,6 +57,19 @@ def step_index(s, T, rev):
 
 
 @numba.njit(inline="always", **JIT)
-def block_rows(b, nblk, N):
-    """(first row, end row) of row block b."""
-    return b * N // nblk, (b + 1) * N // nblk
+def part_units(p, P, H):
+    """(j0, j1): the hidden units of part p."""
+    return p * H // P, (p + 1) * H // P
+
+
+@numba.njit(inline="always", **JIT)
+def multiply(a, b, out):
+    """out = a ⊙ b along row views."""
+    for j in range(out.shape[0]):
+        out[j] = a[j] * b[j]
+
+
+@numba.njit(inline="always", **JIT)
+def copy(src, dst):
+    for j in range(dst.shape[0]):
+        dst[j] = src[j]

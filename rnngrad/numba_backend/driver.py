@@ -5,22 +5,19 @@ What runs where:
 - the input projection ``x' = source Wᵀ`` for all steps and both directions is one GEMM
   (NumPy's BLAS) before the recurrence; the bias is added inside the kernels;
 - each direction's recurrence is one call of a compiled kernel (``lstm.py``, ``gru.py``,
-  ``single_gate.py``) that runs the whole time loop; the batch is split into row blocks that
-  run in parallel when the problem is large enough (:func:`schedule`), each with a
-  single-threaded BLAS GEMM per step for its rows, then the gate math;
+  ``single_gate.py``) that runs the whole time loop; when the problem is large enough
+  (:func:`schedule`) the hidden units are split into parts that run in parallel, each with a
+  single-threaded BLAS GEMM per step for its units' weight columns over the whole batch, then
+  the gate math of its units (``common.py``);
 - after the recurrence, the weight gradients (dR = Σ dXᵀ HM, dW = dXᵀ source) and the source
   gradient (dX W) are large GEMMs, and the bias gradient a sum over T·N rows.
 
-Everything computes in the problem's dtype (float32 or float64). The thread pools never
-compete: the large GEMMs (NumPy's multithreaded BLAS) run between kernel calls, and while a
-kernel's parallel region is open, the BLAS it calls (SciPy's) is limited to one thread.
+Everything computes in the problem's dtype (float32 or float64). Everything runs on numba's
+thread pool: the large GEMMs too (``gemm.py``, one single-threaded BLAS call per thread), so
+that no other pool's spinning threads take the cores a recurrence kernel is waiting for.
 """
 
 from __future__ import annotations
-
-import math
-
-import contextlib
 
 import numba
 import numpy as np
@@ -28,25 +25,26 @@ import numpy as np
 from .. import machine
 from ..problem import ForwardArrays, GradientArrays
 from . import gru, lstm, single_gate
-from .activations import constants
+from .gemm import rows_times, transposed_times
 from .common import MASK_NONE, MASK_PER_STEP, MASK_SHARED
 
-#: below this many batch rows × gate units (N·G·H) a kernel runs on one thread: opening a
-#: parallel region and splitting the GEMM costs more than it saves.
-PARALLEL_MIN_UNITS = 4096
+#: below this many floating-point operations in one step's recurrent product (2·N·H·G·H) a
+#: kernel runs on one thread: a parallel region per step costs a few µs.
+PARALLEL_MIN_FLOPS = 400_000
 
 
 def schedule(N: int, H: int, G: int) -> int:
-    """Row blocks to run in parallel (1: one thread)."""
+    """The number of parts the hidden units are split into (1: one thread)."""
     threads = numba.get_num_threads()
-    if threads < 2 or N < 2 or N * G * H < PARALLEL_MIN_UNITS:
+    if threads < 2 or H < 2 * threads or 2 * N * H * G * H < PARALLEL_MIN_FLOPS:
         return 1
-    return min(threads, N)
+    return threads
 
 
-def _threads_for(nblk):
-    """While nblk > 1 row blocks run in parallel, each block's GEMMs are single-threaded."""
-    return machine.blas_threads("scipy", 1) if nblk > 1 else contextlib.nullcontext()
+def _single_threaded_blas():
+    """The kernels call SciPy's BLAS (numba's np.dot) once per step and part: one thread each,
+    so that its thread pool never competes with the kernel's own."""
+    return machine.blas_threads("scipy", 1)
 
 
 def _writable(a):
@@ -54,10 +52,33 @@ def _writable(a):
     return a if a is None or a.flags.writeable else a.copy()
 
 
-def _scratch(nblk, N, cols, dtype):
-    """[B,n,cols] zeros: one contiguous [n,cols] buffer per row block (n = ⌈N/B⌉), so that each
-    block's GEMM operands are contiguous (numba's np.dot is slow on sliced operands)."""
-    return np.zeros((nblk, -(-N // nblk), cols), dtype)  # [B,n,cols]
+def _units(p, P, H):
+    return p * H // P, (p + 1) * H // P
+
+
+def _columns_t(R, G, P):
+    """[P,H,G·hc]: part p's columns of Rᵀ (R [G·H,H]), block b at columns b·hc …, padded with
+    zero columns to hc = ⌈H/P⌉ units — the forward's per-part GEMM operand."""
+    H = R.shape[1]
+    hc = -(-H // P)
+    out = np.zeros((P, H, G * hc), R.dtype)  # [P,H,Ghc]
+    for p in range(P):
+        j0, j1 = _units(p, P, H)
+        for b in range(G):
+            out[p, :, b * hc:b * hc + j1 - j0] = R[b * H + j0:b * H + j1].T
+    return out
+
+
+def _columns(R, P):
+    """[P,K,hc]: part p's columns j0 … j1−1 of R [K,H], padded with zero columns — the
+    gradients' per-part GEMM operand."""
+    K, H = R.shape
+    hc = -(-H // P)
+    out = np.zeros((P, K, hc), R.dtype)  # [P,K,hc]
+    for p in range(P):
+        j0, j1 = _units(p, P, H)
+        out[p, :, :j1 - j0] = R[:, j0:j1]
+    return out
 
 
 def _dummy(dtype, ndim):
@@ -87,7 +108,7 @@ def _project(problem):
     if P.input_weight is None:
         xp = _writable(P.source)  # [T,N,DGH]
     else:
-        xp = (P.source.reshape(-1, P.I) @ P.input_weight.T).reshape(P.T, P.N, DGH)  # [T,N,DGH]
+        xp = rows_times(P.source.reshape(-1, P.I), P.input_weight.T).reshape(P.T, P.N, DGH)  # [T,N,DGH]
     bx = np.zeros(DGH, P.dtype) if P.bias is None else _writable(P.bias)  # [DGH]
     return xp, bx
 
@@ -117,15 +138,15 @@ def forward(problem) -> ForwardArrays:
 def _forward_single_gate(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
     xp, bx = _project(P)
-    h0, (m, mode), k = _state(P.init_state, P), _mask(P), constants(dt)
-    nblk = schedule(N, H, 1)
-    hm, rec = _scratch(nblk, N, H, dt), _scratch(nblk, N, H, dt)  # [B,n,H]
+    h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
+    parts = schedule(N, H, 1)
+    hc = -(-H // parts)
+    hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt)  # [2,N,H], [P,N,hc]
     for d, x_rev, out_rev in _directions(P):
-        Rt = np.ascontiguousarray(P.recurrent_weight[d].T)  # [H,H]
-        with _threads_for(nblk):
+        Rt = _columns_t(P.recurrent_weight[d], 1, parts)  # [P,H,hc]
+        with _single_threaded_blas():
             single_gate.forward(xp, d * H, bx, x_rev, Rt, h0, m, mode,
-                                int(P.descriptor.activation), h, zs, out_rev, d * H, hm, rec, k,
-                                nblk)
+                                int(P.descriptor.activation), h, zs, out_rev, d * H, hm, rec, ones)
 
 
 def _lstm_codes(desc):
@@ -145,16 +166,18 @@ def _peephole(P, d):
 def _forward_lstm(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
     xp, bx = _project(P)
-    h0, c0, (m, mode), k = _state(P.init_state, P), _state(P.init_cell, P), _mask(P), constants(dt)
+    h0, c0, (m, mode) = _state(P.init_state, P), _state(P.init_cell, P), _mask(P)
     acts, gi = _lstm_codes(P.descriptor)
-    nblk = schedule(N, H, 4)
-    hm, rec = _scratch(nblk, N, H, dt), _scratch(nblk, N, 4 * H, dt)  # [B,n,H], [B,n,4H]
+    parts = schedule(N, H, 4)
+    hc = -(-H // parts)
+    hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, 4 * hc), dt)  # [2,N,H], [P,N,4hc]
+    Y, ones = np.zeros((parts, 5 * hc), dt), np.ones(H, dt)  # [P,5hc], [H]
     for d, x_rev, out_rev in _directions(P):
-        Rt = np.ascontiguousarray(P.recurrent_weight[d].T)  # [H,4H]
+        Rt = _columns_t(P.recurrent_weight[d], 4, parts)  # [P,H,4hc]
         p, has_p = _peephole(P, d)
-        with _threads_for(nblk):
+        with _single_threaded_blas():
             lstm.forward(xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c,
-                         zs, out_rev, d * H, d * 4 * H, hm, rec, k, nblk)
+                         zs, out_rev, d * H, d * 4 * H, hm, rec, Y, ones)
 
 
 def _gru_codes(desc):
@@ -166,21 +189,26 @@ def _gru_codes(desc):
 def _forward_gru(P, h, c, zs):
     dt, N, H, Z, desc = P.dtype, P.N, P.H, P.Z, P.descriptor
     xp, bx = _project(P)
-    h0, (m, mode), k = _state(P.init_state, P), _mask(P), constants(dt)
+    h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     b2 = np.zeros(P.D * H, dt) if P.secondary_bias is None else _writable(P.secondary_bias)  # [DH]
     acts, gz, gr = _gru_codes(desc)
     ra = desc.reset_after
-    nblk = schedule(N, H, 3)
-    hm, reco, hmr = (_scratch(nblk, N, H, dt) for _ in range(3))  # [B,n,H]
-    rec = _scratch(nblk, N, (3 if ra else 2) * H, dt)  # [B,n,3H] or [B,n,2H]
+    parts = schedule(N, H, 3)
+    hc = -(-H // parts)
+    hm, hmr = np.zeros((2, N, H), dt), np.zeros((N, H), dt)  # [2,N,H], [N,H]
+    rec = np.zeros((parts, N, (3 if ra else 2) * hc), dt)  # [P,N,3hc] or [P,N,2hc]
+    reco, Zb = np.zeros((parts, N, hc), dt), np.zeros((parts, N, hc), dt)  # [P,N,hc]
+    Y = np.zeros((parts, 2 * hc), dt)  # [P,2hc]
     for d, x_rev, out_rev in _directions(P):
         R = P.recurrent_weight[d]  # [3H,H]
-        Rt = np.ascontiguousarray((R if ra else R[:2 * H]).T)  # [H,3H] or [H,2H]
-        Rt_o = np.ascontiguousarray(R[2 * H:].T)  # [H,H]
-        with _threads_for(nblk):
-            gru.forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz * H, gr * H,
-                        desc.flip_z, ra, h, zs, out_rev, d * H, d * Z * H, hm, rec, reco, hmr, k,
-                        nblk)
+        if ra:
+            Rt, Rt_o = _columns_t(R, 3, parts), _dummy(dt, 3)  # [P,H,3hc]
+        else:
+            Rt, Rt_o = _columns_t(R[:2 * H], 2, parts), _columns_t(R[2 * H:], 1, parts)  # [P,H,2hc], [P,H,hc]
+        with _single_threaded_blas():
+            gru.forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz, gr,
+                        desc.flip_z, ra, h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb,
+                        Y, ones)
 
 
 _FORWARD = {"single_gate": _forward_single_gate, "lstm": _forward_lstm, "gru": _forward_gru}
@@ -203,8 +231,8 @@ def gradients(problem) -> GradientArrays:
         extra = _BACKWARD[P.cell](P, dX, out["recurrent_weight"], dh0, dc0)
     rows = dX.reshape(T * N, D * GH)  # [TN,DGH]
     if P.input_weight is not None:
-        out["source"] = (rows @ P.input_weight).reshape(T, N, P.I)  # [T,N,I]
-        out["input_weight"] = rows.T @ P.source.reshape(T * N, P.I)  # [DGH,I]
+        out["source"] = rows_times(rows, P.input_weight).reshape(T, N, P.I)  # [T,N,I]
+        out["input_weight"] = transposed_times(rows, P.source.reshape(T * N, P.I))  # [DGH,I]
     else:
         out["source"] = dX  # [T,N,DGH]
     if P.bias is not None:
@@ -227,52 +255,61 @@ def _rows(a, cols=None):
     return a.reshape(T * N, a.shape[2])
 
 
+def _through_R(E0, R, P, d):
+    """(dA[0] R) ⊙ m[0] [N,H]: the gradient reaching h0 through the recurrent product of the
+    first processing step (E0 [N,K] holds its dA, R [K,H])."""
+    g = rows_times(E0, R)  # [N,H]
+    m = P.mask
+    if m is not None:
+        g *= (m[0] if m.ndim == 3 else m)[:, d * P.H:(d + 1) * P.H]
+    return g
+
+
 def _backward_single_gate(P, dX, dR, dh0, dc0):
     dt, T, N, H = P.dtype, P.T, P.N, P.H
-    h0, (m, mode), k = _state(P.init_state, P), _mask(P), constants(dt)
+    h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     dh_in, zs = _writable(P.source_gradient), _writable(P.z_state)
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
-    nblk = schedule(N, H, 1)
-    gr, E, DY, hp = (_scratch(nblk, N, H, dt) for _ in range(4))  # [B,n,H]
+    parts = schedule(N, H, 1)
+    hc = -(-H // parts)
+    E, gr, Y = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt), np.zeros((parts, 3 * hc), dt)  # [2,N,H], [P,N,hc], [P,3hc]
     for d, x_rev, out_rev in _directions(P):
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
-        gr[:] = 0
-        R = np.ascontiguousarray(P.recurrent_weight[d])  # [H,H]
-        with _threads_for(nblk):
+        R = _columns(P.recurrent_weight[d], parts)  # [P,H,hc]
+        with _single_threaded_blas():
             single_gate.backward(dh_in, zs, h0, m, mode, R, int(P.descriptor.activation), dX,
-                                 d * H, x_rev, HM, out_rev, d * H, carry, gr, E, DY, hp, k, nblk)
-        dh0[:, d * H:(d + 1) * H] = carry
-        dR[d] = _rows(dX, slice(d * H, (d + 1) * H)).T @ _rows(HM)  # [H,H]
+                                 d * H, x_rev, HM, out_rev, d * H, carry, E, gr, Y, ones)
+        dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
+        dR[d] = transposed_times(_rows(dX, slice(d * H, (d + 1) * H)), _rows(HM))  # [H,H]
     return {}
 
 
 def _backward_lstm(P, dX, dR, dh0, dc0):
     dt, T, N, H, D = P.dtype, P.T, P.N, P.H, P.D
-    h0, c0, (m, mode), k = _state(P.init_state, P), _state(P.init_cell, P), _mask(P), constants(dt)
+    h0, c0, (m, mode) = _state(P.init_state, P), _state(P.init_cell, P), _mask(P)
     acts, gi = _lstm_codes(P.descriptor)
     dh_in, zs, cf = _writable(P.source_gradient), _writable(P.z_state), _writable(P.cell_output_fwd)
     per_step = P.cell_gradient_per_step
     dc_in = _writable(P.cell_gradient) if per_step else _dummy(dt, 3)
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
-    nblk = schedule(N, H, 4)
-    gr, hp = _scratch(nblk, N, H, dt), _scratch(nblk, N, H, dt)  # [B,n,H]
-    E = _scratch(nblk, N, 4 * H, dt)  # [B,n,4H]
-    Y, DY = _scratch(nblk, N, 5 * H, dt), _scratch(nblk, N, 5 * H, dt)  # [B,n,5H] gates, cell
+    parts = schedule(N, H, 4)
+    hc = -(-H // parts)
+    E, gr = np.zeros((2, N, 4 * H), dt), np.zeros((parts, N, hc), dt)  # [2,N,4H], [P,N,hc]
+    Y, ones = np.zeros((parts, 13 * hc), dt), np.ones(H, dt)  # [P,13hc], [H]
     dp = np.zeros((D, 4 * H), dt)  # [D,4H]
     for d, x_rev, out_rev in _directions(P):
         cols = slice(d * 4 * H, (d + 1) * 4 * H)
         dh_carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         dc_carry = np.ascontiguousarray(dc0[:, d * H:(d + 1) * H])  # [N,H]
-        gr[:] = 0
-        R = np.ascontiguousarray(P.recurrent_weight[d])  # [4H,H]
+        R = _columns(P.recurrent_weight[d], parts)  # [P,4H,hc]
         p, has_p = _peephole(P, d)
-        with _threads_for(nblk):
+        with _single_threaded_blas():
             lstm.backward(dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi,
                           dX, d * 4 * H, x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry,
-                          gr, E, Y, DY, hp, k, nblk)
-        dh0[:, d * H:(d + 1) * H] = dh_carry
+                          E, gr, Y, ones)
+        dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
         dc0[:, d * H:(d + 1) * H] = dc_carry
-        dR[d] = _rows(dX, cols).T @ _rows(HM)  # [4H,H]
+        dR[d] = transposed_times(_rows(dX, cols), _rows(HM))  # [4H,H]
         if has_p:
             lstm.peephole_gradient(dX, d * 4 * H, x_rev, cf, c0, out_rev, d * H, gi, dp[d])
     return {"peephole": dp}
@@ -280,36 +317,38 @@ def _backward_lstm(P, dX, dR, dh0, dc0):
 
 def _backward_gru(P, dX, dR, dh0, dc0):
     dt, T, N, H, D, Z, desc = P.dtype, P.T, P.N, P.H, P.D, P.Z, P.descriptor
-    h0, (m, mode), k = _state(P.init_state, P), _mask(P), constants(dt)
+    h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     acts, gz, grr = _gru_codes(desc)
     ra = desc.reset_after
     dh_in, zs, hf = _writable(P.source_gradient), _writable(P.z_state), _writable(P.output_fwd)
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
     HMR = np.empty((T, N, H), dt) if not ra else _dummy(dt, 3)  # [T,N,H] h[t−1] ⊙ r ⊙ m
     DQ = np.empty((T, N, H), dt) if ra else _dummy(dt, 3)  # [T,N,H] dq
-    nblk = schedule(N, H, 3)
-    gr, Eo, g = (_scratch(nblk, N, H, dt) for _ in range(3))  # [B,n,H]
-    E = _scratch(nblk, N, (3 if ra else 2) * H, dt)  # [B,n,3H] or [B,n,2H]
-    Y, DY = _scratch(nblk, N, 3 * H, dt), _scratch(nblk, N, 3 * H, dt)  # [B,n,3H]: z, r, o
+    parts = schedule(N, H, 3)
+    hc = -(-H // parts)
+    E = np.zeros((2, N, (3 if ra else 2) * H), dt)  # [2,N,3H] or [2,N,2H]
+    Eo = np.zeros((N, H), dt)  # [N,H] da_o
+    gr, g = np.zeros((parts, N, hc), dt), np.zeros((parts, N, hc), dt)  # [P,N,hc]
+    Rb, Y = np.zeros((parts, 2, N, hc), dt), np.zeros((parts, 7 * hc), dt)  # [P,2,N,hc], [P,7hc]
     db2 = np.zeros(D * H, dt)  # [DH]
     for d, x_rev, out_rev in _directions(P):
         base = d * 3 * H
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
-        gr[:] = 0
-        R = P.recurrent_weight[d]  # [3H,H], C-contiguous rows
-        R_main = np.ascontiguousarray(R if ra else R[:2 * H])  # [3H,H] or [2H,H]
-        R_o = np.ascontiguousarray(R[2 * H:])  # [H,H]
-        with _threads_for(nblk):
-            gru.backward(dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz * H, grr * H,
-                         desc.flip_z, ra, dX, base, x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H,
-                         carry, gr, E, Eo, g, Y, DY, k, nblk)
-        dh0[:, d * H:(d + 1) * H] = carry
-        dR[d, :2 * H] = _rows(dX, slice(base, base + 2 * H)).T @ _rows(HM)  # [2H,H]
+        R = P.recurrent_weight[d]  # [3H,H]
+        R_main = _columns(R if ra else R[:2 * H], parts)  # [P,3H,hc] or [P,2H,hc]
+        R_o = _dummy(dt, 3) if ra else _columns(R[2 * H:], parts)  # [P,H,hc]
+        with _single_threaded_blas():
+            gru.backward(dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz, grr, desc.flip_z, ra,
+                         dX, base, x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo,
+                         gr, g, Rb, Y, ones)
+        dh0[:, d * H:(d + 1) * H] = carry + _through_R(E[0], R if ra else R[:2 * H], P, d)
+        dR[d, :2 * H] = transposed_times(_rows(dX, slice(base, base + 2 * H)), _rows(HM))  # [2H,H]
         if ra:
-            dR[d, 2 * H:] = _rows(DQ).T @ _rows(HM)  # [H,H]
+            dR[d, 2 * H:] = transposed_times(_rows(DQ), _rows(HM))  # [H,H]
             db2[d * H:(d + 1) * H] = _rows(DQ).sum(axis=0)
         else:
-            dR[d, 2 * H:] = _rows(dX, slice(base + 2 * H, base + 3 * H)).T @ _rows(HMR)  # [H,H]
+            dR[d, 2 * H:] = transposed_times(_rows(dX, slice(base + 2 * H, base + 3 * H)),
+                                             _rows(HMR))  # [H,H]
     return {"secondary_bias": db2}
 
 

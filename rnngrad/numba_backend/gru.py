@@ -1,183 +1,269 @@
 """GRU forward and gradient kernels, one direction, whole time loop compiled.
 
 Equations: contract 2.2 and 3.3 (``rnngrad/reference/gru.py`` is the readable version).
-Conventions: ``common.py``. ``cz``/``cr`` are the column offsets of the z and r blocks (0 or H:
-they are the first two blocks in both layouts); the o block is at 2H and, with reset_after, q
-at 3H of z_state. ``acts`` [3] holds the activation codes of the update, reset and output gates.
+Conventions (parts of the hidden units, double buffers, row views): ``common.py``. ``bz``/``br``
+are the block indices of the z and r gates (0 or 1: they are the first two blocks in both
+layouts); the o block is 2 and, with reset_after, q is block 3 of z_state. ``acts`` [3] holds
+the activation codes of the update, reset and output gates.
 
-Per step and row block, forward:
-  reset_after: one GEMM ``rec = hm @ Rᵀ`` ([n,H]·[H,3H]); q = rec_o + b2; then the gates and h.
-  otherwise:   ``rec = hm @ R_zrᵀ`` ([n,H]·[H,2H]); z, r and ``hmr = hm ⊙ r``;
-               ``reco = hmr @ R_oᵀ`` ([n,H]·[H,H]); then o and h.
-Gradients mirror this: reset_after one GEMM per step (``gr = E @ R``, E = [da_z, da_r, dq]);
-otherwise ``g = da_o @ R_o`` first (da_r needs it), then ``gr = [da_z, da_r] @ R_zr``.
+Per step and part, forward:
+  reset_after: one GEMM ``rec = hm @ Rtₚ`` ([N,H]·[H,3hc]); q = rec_o + b2; then the gates and h.
+  otherwise:   ``rec = hm @ Rt_zrₚ`` ([N,H]·[H,2hc]); z, r and ``hmr = hm ⊙ r``; the parts meet;
+               ``reco = hmr @ Rt_oₚ`` ([N,H]·[H,hc]); then o and h (two parallel regions a step).
+Gradients mirror this: reset_after one GEMM per step (``gr = E @ Rₚ``, E = [da_z, da_r, dq]);
+otherwise ``g = da_o @ R_oₚ`` after the parts meet (da_r needs it), then ``gr = [da_z, da_r]
+@ R_zrₚ`` at the start of the next step.
 """
 
 import numba
 import numpy as np
 
-from .activations import JIT, activate_inplace, ONE, activate_row, activate_row_with_derivative
-from .common import block_rows, mask_at, step_index
+from .activations import JIT, activate, activate_with_derivative
+from .common import ONE_I, ZERO_I, copy, mask_row, multiply, part_units, step_index
 
 
 @numba.njit(inline="always", **JIT)
-def _mix(z, hp, o, flip_z, k):
+def _mix(z, hp, o, flip_z, one, out):
+    """h = z ⊙ h[t−1] + (1 − z) ⊙ o, or with z and 1 − z exchanged (flip_z)."""
     if flip_z:
-        return (k[ONE] - z) * hp + z * o
-    return z * hp + (k[ONE] - z) * o
+        for j in range(out.shape[0]):
+            out[j] = (one - z[j]) * hp[j] + z[j] * o[j]
+    else:
+        for j in range(out.shape[0]):
+            out[j] = z[j] * hp[j] + (one - z[j]) * o[j]
 
 
 @numba.njit(**JIT)
-def _forward_rows(b, n0, n1, xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr, flip_z,
-                  reset_after, h, zs, out_rev, off, zoff, hm, rec, reco, hmr, k):
-    T = h.shape[0]
-    H = Rt.shape[0]
-    co = 2 * H
-    for n in range(n0, n1):
-        for j in range(H):
-            hm[b, n - n0, j] = h0[n, off + j] * mask_at(m, m_mode, 0, n, off + j, k)
-    for s in range(T):
-        ti = step_index(s, T, x_rev)
-        to = step_index(s, T, out_rev)
-        tp = step_index(s - 1, T, out_rev)
-        np.dot(hm[b], Rt, rec[b])
-        for n in range(n0, n1):
-            a, x, zrow = rec[b, n - n0], xp[ti, n], zs[to, n]
-            for j in range(2 * H):  # the z and r blocks
-                v = a[j] + x[xoff + j] + bx[xoff + j]
-                a[j] = v
-                zrow[zoff + j] = v
-            if reset_after:
-                for j in range(H):
-                    q = a[co + j] + b2[off + j]
-                    a[co + j] = q
-                    zrow[zoff + 3 * H + j] = q
-            activate_inplace(acts[0], a, cz, H, k)
-            activate_inplace(acts[1], a, cr, H, k)
-            if not reset_after:
-                for j in range(H):
-                    hmr[b, n - n0, j] = hm[b, n - n0, j] * a[cr + j]
-        if not reset_after:
-            np.dot(hmr[b], Rt_o, reco[b])
-        for n in range(n0, n1):
-            a, x, zrow, hrow = rec[b, n - n0], xp[ti, n], zs[to, n], h[to, n]
-            hprev = h0[n] if s == 0 else h[tp, n]
-            o = reco[b, n - n0]  # [H] becomes a_o, then o
-            for j in range(H):
-                c = a[co + j] * a[cr + j] if reset_after else o[j]
-                v = x[xoff + co + j] + bx[xoff + co + j] + c
-                o[j] = v
-                zrow[zoff + co + j] = v
-            activate_inplace(acts[2], o, 0, H, k)
-            for j in range(H):
-                hrow[off + j] = _mix(a[cz + j], hprev[off + j], o[j], flip_z, k)
-            if s < T - 1:
-                for j in range(H):
-                    hm[b, n - n0, j] = hrow[off + j] * mask_at(m, m_mode, s + 1, n, off + j, k)
-
-
-@numba.njit(parallel=True, **JIT)
-def forward(xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr, flip_z, reset_after,
-            h, zs, out_rev, off, zoff, hm, rec, reco, hmr, k, nblk):
-    """Shapes: xp [T,N,D3H] (bias bx added here); Rt [H,3H] = R[d]ᵀ with reset_after, else
-    [H,2H] = R_zrᵀ and Rt_o [H,H] = R_oᵀ; b2 [DH]; h0 [N,DH]; m [1 or T,N,DH]; outputs
-    h [T,N,DH], zs [T,N,DZH]; scratch hm, reco, hmr [N,H], rec [N, Rt's columns]."""
-    N = h.shape[1]
-    if nblk == 1:
-        _forward_rows(0, 0, N, xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr,
-                      flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, reco, hmr, k)
-        return
-    for b in numba.prange(nblk):
-        n0, n1 = block_rows(b, nblk, N)
-        _forward_rows(b, n0, n1, xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, cz, cr,
-                      flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, reco, hmr, k)
-
-
-@numba.njit(**JIT)
-def _backward_rows(b, n0, n1, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z,
-                   reset_after, dX, xoff, x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, gr, E,
-                   Eo, g, Y, DY, k):
-    T = dh_in.shape[0]
-    H = R.shape[1]
-    co = 2 * H
-    for s in range(T - 1, -1, -1):
-        ti = step_index(s, T, x_rev)
-        to = step_index(s, T, out_rev)
-        tp = step_index(s - 1, T, out_rev)
-        for n in range(n0, n1):
-            y, dy, e, zrow, xrow, dhrow = Y[b, n - n0], DY[b, n - n0], E[b, n - n0], zs[to, n], dX[ti, n], dh_in[to, n]
-            hprev = h0[n] if s == 0 else hf[tp, n]
-            for blk in range(3):
-                activate_row_with_derivative(acts[blk], zrow, zoff + (cz, cr, co)[blk], y, dy,
-                                             blk * H, H, k)  # Y, DY blocks: z, r, o
-            for j in range(H):
-                z, dz, r, dr, o, do = y[j], dy[j], y[H + j], dy[H + j], y[co + j], dy[co + j]
-                hp = hprev[off + j]
-                dh = dhrow[off + j] + dh_carry[n, j]
-                if s < T - 1:
-                    dh += gr[b, n - n0, j] * mask_at(m, m_mode, s + 1, n, off + j, k)
-                if flip_z:
-                    da_o = dh * z * do
-                    da_z = dh * (o - hp) * dz
-                    keep = k[ONE] - z
-                else:
-                    da_o = dh * (k[ONE] - z) * do
-                    da_z = dh * (hp - o) * dz
-                    keep = z
-                e[cz + j] = da_z
-                xrow[xoff + cz + j] = da_z
-                xrow[xoff + co + j] = da_o
-                dh_carry[n, j] = dh * keep
-                if reset_after:
-                    q = zrow[zoff + 3 * H + j]
-                    mm = mask_at(m, m_mode, s, n, off + j, k)
-                    da_r = da_o * q * dr
-                    dq = da_o * r
-                    e[cr + j] = da_r
-                    e[co + j] = dq
-                    xrow[xoff + cr + j] = da_r
-                    DQ[ti, n, j] = dq
-                    HM[ti, n, j] = hp * mm
-                else:
-                    Eo[b, n - n0, j] = da_o
+def _forward_gates(p, P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br, reset_after,
+                   zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones):
+    """The z and r gates of the part's units (and q with reset_after): z into Zb [P,N,hc]; r
+    into the o block of rec with reset_after, else hmr = hm ⊙ r for the second GEMM."""
+    T, N = zs.shape[0], zs.shape[1]
+    H = Rt.shape[1]
+    hc = Zb.shape[2]
+    j0, j1 = part_units(p, P, H)
+    w = j1 - j0
+    ti, to = step_index(s, T, x_rev), step_index(s, T, out_rev)
+    cur = hm[s % 2]
+    np.dot(cur, Rt[p], rec[p])  # [N,3hc] or [N,2hc]
+    for n in range(N):
+        a, xrow, zrow = rec[p, n], xp[ti, n], zs[to, n]
+        for blk in range(2):  # the z and r blocks
+            ab = a[blk * hc:blk * hc + w]
+            col = blk * H + j0
+            xb, bb = xrow[xoff + col:xoff + col + w], bx[xoff + col:xoff + col + w]
+            zb = zrow[zoff + col:zoff + col + w]
+            for j in range(w):
+                v = ab[j] + xb[j] + bb[j]
+                ab[j] = v
+                zb[j] = v
         if reset_after:
-            np.dot(E[b], R, gr[b])
-            continue
-        np.dot(Eo[b], R_o, g[b])
-        for n in range(n0, n1):
-            y, dy, e, xrow = Y[b, n - n0], DY[b, n - n0], E[b, n - n0], dX[ti, n]
-            hprev = h0[n] if s == 0 else hf[tp, n]
-            for j in range(H):
-                mm = mask_at(m, m_mode, s, n, off + j, k)
-                hm = hprev[off + j] * mm
-                r = y[H + j]
-                da_r = g[b, n - n0, j] * hm * dy[H + j]
-                e[cr + j] = da_r
-                xrow[xoff + cr + j] = da_r
-                dh_carry[n, j] += g[b, n - n0, j] * r * mm
-                HM[ti, n, j] = hm
-                HMR[ti, n, j] = hm * r
-        np.dot(E[b], R, gr[b])
-    for n in range(n0, n1):
-        for j in range(H):
-            dh_carry[n, j] += gr[b, n - n0, j] * mask_at(m, m_mode, 0, n, off + j, k)
+            aq, bq = a[2 * hc:2 * hc + w], b2[off + j0:off + j1]
+            zq = zrow[zoff + 3 * H + j0:zoff + 3 * H + j1]
+            for j in range(w):
+                v = aq[j] + bq[j]
+                aq[j] = v
+                zq[j] = v
+        activate(acts[0], a[bz * hc:bz * hc + w], Zb[p, n, :w])
+        if reset_after:
+            # r ⊙ q into the z block of rec (its pre-activation is in z_state already)
+            r = a[bz * hc:bz * hc + w]
+            activate(acts[1], a[br * hc:br * hc + w], r)
+            aq = a[2 * hc:2 * hc + w]
+            for j in range(w):
+                r[j] *= aq[j]
+        else:
+            r = a[bz * hc:bz * hc + w]
+            activate(acts[1], a[br * hc:br * hc + w], r)
+            multiply(cur[n, j0:j1], r, hmr[n, j0:j1])
+
+
+@numba.njit(**JIT)
+def _forward_output(p, P, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz, flip_z,
+                    reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones):
+    """The o gate and h of the part's units; without reset_after after ``reco = hmr @ Rt_oₚ``."""
+    T, N, H = zs.shape[0], zs.shape[1], hm.shape[2]
+    hc = Zb.shape[2]
+    j0, j1 = part_units(p, P, H)
+    w = j1 - j0
+    ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
+    if not reset_after:
+        np.dot(hmr, Rt_o[p], reco[p])  # [N,hc]
+    nxt = hm[(s + 1) % 2]
+    y = Y[p]
+    ao, o = y[0:w], y[hc:hc + w]
+    one = ones[0]
+    for n in range(N):
+        xrow, zrow = xp[ti, n], zs[to, n]
+        col = 2 * H + j0
+        xb, bb = xrow[xoff + col:xoff + col + w], bx[xoff + col:xoff + col + w]
+        zb = zrow[zoff + col:zoff + col + w]
+        rq = rec[p, n, bz * hc:bz * hc + w] if reset_after else reco[p, n, :w]
+        for j in range(w):
+            v = xb[j] + bb[j] + rq[j]
+            ao[j] = v
+            zb[j] = v
+        activate(acts[2], ao, o)
+        hprev = (h0[n] if s == 0 else h[tp, n])[off + j0:off + j1]
+        hrow = h[to, n, off + j0:off + j1]
+        _mix(Zb[p, n, :w], hprev, o, flip_z, one, hrow)
+        if s < T - 1:
+            multiply(hrow, mask_row(m, m_mode, s + 1, n, off + j0, w, ones), nxt[n, j0:j1])
 
 
 @numba.njit(parallel=True, **JIT)
-def backward(dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z, reset_after, dX, xoff,
-             x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, gr, E, Eo, g, Y, DY, k, nblk):
-    """Shapes: dh_in, hf (output_fwd) [T,N,DH]; zs [T,N,DZH]; h0 [N,DH]; R [3H,H] with
-    reset_after, else R_zr [2H,H] and R_o [H,H]; outputs dX [T,N,D3H], HM, HMR, DQ [T,N,H]
-    (input time); dh_carry [N,H] holds the state gradient on entry and d h0 on exit;
-    scratch gr, Eo, g [N,H], E [N, R's rows], Y, DY [N,3H] (blocks z, r, o)."""
-    N = dh_in.shape[1]
-    if nblk == 1:
-        _backward_rows(0, 0, N, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z,
-                       reset_after, dX, xoff, x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, gr,
-                       E, Eo, g, Y, DY, k)
-        return
-    for b in numba.prange(nblk):
-        n0, n1 = block_rows(b, nblk, N)
-        _backward_rows(b, n0, n1, dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, cz, cr, flip_z,
-                       reset_after, dX, xoff, x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, gr,
-                       E, Eo, g, Y, DY, k)
+def forward(xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, bz, br, flip_z, reset_after,
+            h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones):
+    """Shapes: xp [T,N,D3H] (bias bx added here); Rt [P,H,3hc] = the parts' columns of R[d]ᵀ
+    with reset_after, else [P,H,2hc] of R_zrᵀ and Rt_o [P,H,hc] of R_oᵀ; b2 [DH]; h0 [N,DH];
+    m [1 or T,N,DH]; outputs h [T,N,DH], zs [T,N,DZH]; scratch hm [2,N,H], rec [P,N,·],
+    hmr [N,H], reco [P,N,hc], Zb [P,N,hc], Y [P,2hc]; ones [H]."""
+    T, N = h.shape[0], h.shape[1]
+    P, H = Rt.shape[0], Rt.shape[1]
+    for n in range(N):
+        multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
+    for s in range(T):
+        if P == 1:
+            _forward_gates(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br,
+                           reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
+            _forward_output(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz, flip_z,
+                            reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones)
+        elif reset_after:
+            for p in numba.prange(P):
+                _forward_gates(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br,
+                               reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
+                _forward_output(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz,
+                                flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr, reco,
+                                Zb, Y, ones)
+        else:
+            for p in numba.prange(P):
+                _forward_gates(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br,
+                               reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
+            for p in numba.prange(P):
+                _forward_output(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz,
+                                flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr, reco,
+                                Zb, Y, ones)
+
+
+@numba.njit(**JIT)
+def _backward_main(p, P, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_z, reset_after,
+                   dX, xoff, x_rev, HM, DQ, out_rev, off, zoff, dh_carry, E, Eo, gr, Rb, Y, ones):
+    """dh, da_z, da_o and the carried dh of the part's units; with reset_after also da_r and
+    dq, else da_o into Eo [N,H] and r, r' into Rb [P,2,N,hc] for :func:`_backward_reset`."""
+    T, N = dh_in.shape[0], dh_in.shape[1]
+    H, hc = dh_carry.shape[1], R.shape[2]
+    j0, j1 = part_units(p, P, H)
+    w = j1 - j0
+    ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
+    last = s == T - 1
+    if not last:
+        np.dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]
+    e = E[s % 2]
+    y = Y[p]  # [7hc] row scratch
+    yz, yr, yo = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w]
+    dz, dr, do = y[3 * hc:3 * hc + w], y[4 * hc:4 * hc + w], y[5 * hc:5 * hc + w]
+    dh = y[6 * hc:6 * hc + w]
+    one = ones[0]
+    for n in range(N):
+        zrow = zs[to, n]
+        for g in range(3):
+            blk = bz if g == 0 else (br if g == 1 else 2)
+            src = zrow[zoff + blk * H + j0:zoff + blk * H + j1]
+            activate_with_derivative(acts[g], src, y[g * hc:g * hc + w], y[(3 + g) * hc:(3 + g) * hc + w])
+        hprev = (h0[n] if s == 0 else hf[tp, n])[off + j0:off + j1]
+        dhin, carry = dh_in[to, n, off + j0:off + j1], dh_carry[n, j0:j1]
+        if last:
+            for j in range(w):
+                dh[j] = dhin[j] + carry[j]
+        else:
+            grr, mr = gr[p, n, :w], mask_row(m, m_mode, s + 1, n, off + j0, w, ones)
+            for j in range(w):
+                dh[j] = dhin[j] + carry[j] + grr[j] * mr[j]
+        if flip_z:
+            for j in range(w):
+                do[j] *= dh[j] * yz[j]  # da_o
+            for j in range(w):
+                dz[j] *= dh[j] * (yo[j] - hprev[j])  # da_z
+            for j in range(w):
+                carry[j] = dh[j] * (one - yz[j])
+        else:
+            for j in range(w):
+                do[j] *= dh[j] * (one - yz[j])
+            for j in range(w):
+                dz[j] *= dh[j] * (hprev[j] - yo[j])
+            for j in range(w):
+                carry[j] = dh[j] * yz[j]
+        xrow, erow = dX[ti, n], e[n]
+        copy(dz, xrow[xoff + bz * H + j0:xoff + bz * H + j1])
+        copy(dz, erow[bz * H + j0:bz * H + j1])
+        copy(do, xrow[xoff + 2 * H + j0:xoff + 2 * H + j1])
+        mr = mask_row(m, m_mode, s, n, off + j0, w, ones)
+        hmv = HM[ti, n, j0:j1]
+        multiply(hprev, mr, hmv)
+        if reset_after:
+            q = zrow[zoff + 3 * H + j0:zoff + 3 * H + j1]
+            for j in range(w):
+                dr[j] *= do[j] * q[j]  # da_r
+            dq = DQ[ti, n, j0:j1]
+            multiply(do, yr, dq)
+            copy(dr, xrow[xoff + br * H + j0:xoff + br * H + j1])
+            copy(dr, erow[br * H + j0:br * H + j1])
+            copy(dq, erow[2 * H + j0:2 * H + j1])
+        else:
+            copy(do, Eo[n, j0:j1])
+            copy(yr, Rb[p, 0, n, :w])
+            copy(dr, Rb[p, 1, n, :w])
+
+
+@numba.njit(**JIT)
+def _backward_reset(p, P, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR, out_rev, off,
+                    dh_carry, E, Eo, g, Rb, ones):
+    """Without reset_after: ``g = da_o R_o`` (own units), then da_r = g ⊙ (h[t−1] ⊙ m) ⊙ r'
+    and the carried dh += g ⊙ r ⊙ m."""
+    T, N, H = dX.shape[0], dX.shape[1], dh_carry.shape[1]
+    j0, j1 = part_units(p, P, H)
+    w = j1 - j0
+    ti = step_index(s, T, x_rev)
+    np.dot(Eo, R_o[p], g[p])  # [N,hc]
+    e = E[s % 2]
+    for n in range(N):
+        gg, r, dr = g[p, n, :w], Rb[p, 0, n, :w], Rb[p, 1, n, :w]
+        hmv, mr, carry = HM[ti, n, j0:j1], mask_row(m, m_mode, s, n, off + j0, w, ones), \
+            dh_carry[n, j0:j1]
+        for j in range(w):
+            dr[j] *= gg[j] * hmv[j]  # da_r
+        for j in range(w):
+            carry[j] += gg[j] * r[j] * mr[j]
+        multiply(hmv, r, HMR[ti, n, j0:j1])
+        copy(dr, dX[ti, n, xoff + br * H + j0:xoff + br * H + j1])
+        copy(dr, e[n, br * H + j0:br * H + j1])
+
+
+@numba.njit(parallel=True, **JIT)
+def backward(dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, bz, br, flip_z, reset_after, dX, xoff,
+             x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, E, Eo, gr, g, Rb, Y, ones):
+    """Shapes: dh_in, hf (output_fwd) [T,N,DH]; zs [T,N,DZH]; h0 [N,DH]; R [P,3H,hc] = the
+    parts' columns of R[d] with reset_after, else [P,2H,hc] of R_zr and R_o [P,H,hc] of R_o;
+    outputs dX [T,N,D3H], HM, HMR, DQ [T,N,H] (input time); dh_carry [N,H] holds the state
+    gradient on entry and the part of d h0 that bypasses R on exit (the driver adds
+    (E[0] R) ⊙ m[0]); scratch E [2,N,R's rows], Eo [N,H], gr, g [P,N,hc],
+    Rb [P,2,N,hc], Y [P,7hc]; ones [H]."""
+    T = dh_in.shape[0]
+    P = R.shape[0]
+    for s in range(T - 1, -1, -1):
+        if P == 1:
+            _backward_main(ZERO_I, ONE_I, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_z,
+                           reset_after, dX, xoff, x_rev, HM, DQ, out_rev, off, zoff, dh_carry, E,
+                           Eo, gr, Rb, Y, ones)
+            if not reset_after:
+                _backward_reset(ZERO_I, ONE_I, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR, out_rev,
+                                off, dh_carry, E, Eo, g, Rb, ones)
+        else:
+            for p in numba.prange(P):
+                _backward_main(np.int64(p), P, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_z,
+                               reset_after, dX, xoff, x_rev, HM, DQ, out_rev, off, zoff, dh_carry,
+                               E, Eo, gr, Rb, Y, ones)
+            if not reset_after:
+                for p in numba.prange(P):
+                    _backward_reset(np.int64(p), P, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR,
+                                    out_rev, off, dh_carry, E, Eo, g, Rb, ones)

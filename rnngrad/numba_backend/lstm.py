@@ -2,170 +2,186 @@
 
 Equations: contract 2.2 and 3.3 (``rnngrad/reference/lstm.py`` is the readable version).
 ``gi`` [4] holds the block index of the gates i, f, z, o in the packed layout; ``acts`` [5] the
-activation codes of i, f, z, o and of the cell activation g. Conventions: ``common.py``.
+activation codes of i, f, z, o and of the cell activation g. Conventions (parts of the hidden
+units, double buffers, row views): ``common.py``.
 
-Per step and row block (forward): ``rec = hm @ Rᵀ`` (BLAS, [n,H]·[H,4H]); per row, the
-pre-activations a = x' + b + rec (+ p ⊙ c[t−1]) overwrite rec and go to z_state, the
-activations overwrite them in place, then c, g(c) (in the i block), h, and the next step's
-``hm = h ⊙ m``.
-Per step and row block (gradients): per row, the activations and derivatives of the four gates
-and of the cell (Y, DY [N,5H], the cell in the fifth block), dA into dX and the GEMM buffer E,
-dc carried, h[t−1] ⊙ m into HM; then ``gr = E @ R`` (BLAS, [n,4H]·[4H,H]), masked in the
-next step. dR = Σ dXᵀ HM and dX's products with W and source are large GEMMs after the loop.
+Per step and part (forward): ``rec = hm @ Rtₚ`` (BLAS, [N,H]·[H,4hc], the part's columns of
+Rᵀ in packed block order); per row, the pre-activations a = rec + x' + b (+ p ⊙ c[t−1]) in
+place, to z_state; the activations into the row scratch Y (gate order i, f, z, o); c, g(c), h
+and the next step's ``hm = h ⊙ m`` for the part's units.
+Per step and part (gradients): ``gr = E_next @ Rₚ`` (BLAS, [N,4H]·[4H,hc], the part's columns
+of R), then per row the activations and derivatives of the four gates and of the cell, dh, dc,
+dA (to dX and to this step's E), dc carried, h[t−1] ⊙ m into HM. dR = Σ dXᵀ HM and dX's
+products with W and source are large GEMMs after the loop (``driver.py``).
 """
 
 import numba
 import numpy as np
 
-from .activations import JIT, activate_inplace, ZERO, activate_row, activate_row_with_derivative
-from .common import block_rows, mask_at, step_index
+from .activations import JIT, activate, activate_with_derivative
+from .common import ONE_I, ZERO_I, copy, mask_row, multiply, part_units, step_index
 
 
 @numba.njit(**JIT)
-def _forward_rows(b, n0, n1, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, p, has_p, acts, gi,
-                  h, c, zs, out_rev, off, zoff, hm, rec, k):
-    T = h.shape[0]
-    H = Rt.shape[0]
-    ci, cf, cz, co = gi[0] * H, gi[1] * H, gi[2] * H, gi[3] * H
-    for n in range(n0, n1):
-        for j in range(H):
-            hm[b, n - n0, j] = h0[n, off + j] * mask_at(m, m_mode, 0, n, off + j, k)
-    for s in range(T):
-        ti = step_index(s, T, x_rev)
-        to = step_index(s, T, out_rev)
-        tp = step_index(s - 1, T, out_rev)
-        np.dot(hm[b], Rt, rec[b])
-        for n in range(n0, n1):
-            a = rec[b, n - n0]  # [4H] becomes the pre-activations, then the activations
-            x = xp[ti, n]
-            zrow = zs[to, n]
-            cp = c0[n] if s == 0 else c[tp, n]  # [DH] row, read at off + j
-            for col in range(4 * H):
-                a[col] += x[xoff + col] + bx[xoff + col]
+def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
+                  h, c, zs, out_rev, off, zoff, hm, rec, Y, ones):
+    T, N = h.shape[0], h.shape[1]
+    H, hc = Rt.shape[1], Rt.shape[2] // 4
+    j0, j1 = part_units(p, P, H)
+    w = j1 - j0
+    ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
+    np.dot(hm[s % 2], Rt[p], rec[p])  # [N,4hc]
+    nxt = hm[(s + 1) % 2]
+    y = Y[p]  # [5hc] row scratch: i, f, z, o, g(c)
+    yi, yf, yz, yo, gc = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w], y[3 * hc:3 * hc + w], \
+        y[4 * hc:4 * hc + w]
+    for n in range(N):
+        a = rec[p, n]  # [4hc] becomes the pre-activations
+        xrow, brow, zrow = xp[ti, n], bx, zs[to, n]
+        cp = (c0[n] if s == 0 else c[tp, n])[off + j0:off + j1]
+        for blk in range(4):
+            ab = a[blk * hc:blk * hc + w]
+            col = blk * H + j0
             if has_p:
-                for g in range(4):
-                    for j in range(H):
-                        a[g * H + j] += p[g * H + j] * cp[off + j]
-            for col in range(4 * H):
-                zrow[zoff + col] = a[col]
-            for g in range(4):
-                activate_inplace(acts[g], a, gi[g] * H, H, k)
-            crow = c[to, n]
-            for j in range(H):
-                cn = a[cf + j] * cp[off + j] + a[ci + j] * a[cz + j]
-                crow[off + j] = cn
-                a[ci + j] = cn
-            activate_inplace(acts[4], a, ci, H, k)
-            hrow = h[to, n]
-            for j in range(H):
-                hrow[off + j] = a[co + j] * a[ci + j]
-            if s < T - 1:
-                for j in range(H):
-                    hm[b, n - n0, j] = hrow[off + j] * mask_at(m, m_mode, s + 1, n, off + j, k)
+                pb = pp[col:col + w]
+                for j in range(w):
+                    ab[j] += pb[j] * cp[j]
+            xb, bb = xrow[xoff + col:xoff + col + w], brow[xoff + col:xoff + col + w]
+            zb = zrow[zoff + col:zoff + col + w]
+            for j in range(w):
+                v = ab[j] + xb[j] + bb[j]
+                ab[j] = v
+                zb[j] = v
+        for g in range(4):
+            activate(acts[g], a[gi[g] * hc:gi[g] * hc + w], y[g * hc:g * hc + w])
+        crow = c[to, n, off + j0:off + j1]
+        for j in range(w):
+            crow[j] = yf[j] * cp[j] + yi[j] * yz[j]
+        activate(acts[4], crow, gc)
+        hrow = h[to, n, off + j0:off + j1]
+        multiply(yo, gc, hrow)
+        if s < T - 1:
+            multiply(hrow, mask_row(m, m_mode, s + 1, n, off + j0, w, ones), nxt[n, j0:j1])
 
 
 @numba.njit(parallel=True, **JIT)
-def forward(xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, p, has_p, acts, gi,
-            h, c, zs, out_rev, off, zoff, hm, rec, k, nblk):
-    """Shapes: xp [T,N,DGH] (bias bx [DGH] added here); Rt [H,4H] = R[d]ᵀ; h0, c0 [N,DH];
-    m [1 or T,N,DH]; p [4H]; outputs h, c [T,N,DH], zs [T,N,D4H]; scratch hm [N,H], rec [N,4H]."""
-    N = h.shape[1]
-    if nblk == 1:
-        _forward_rows(0, 0, N, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, p, has_p, acts, gi,
-                      h, c, zs, out_rev, off, zoff, hm, rec, k)
-        return
-    for b in numba.prange(nblk):
-        n0, n1 = block_rows(b, nblk, N)
-        _forward_rows(b, n0, n1, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, p, has_p, acts, gi,
-                      h, c, zs, out_rev, off, zoff, hm, rec, k)
+def forward(xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
+            h, c, zs, out_rev, off, zoff, hm, rec, Y, ones):
+    """Shapes: xp [T,N,DGH] (bias bx [DGH] added here); Rt [P,H,4hc] = the parts' columns of
+    R[d]ᵀ; h0, c0 [N,DH]; m [1 or T,N,DH]; pp [4H]; outputs h, c [T,N,DH], zs [T,N,D4H];
+    scratch hm [2,N,H], rec [P,N,4hc], Y [P,5hc]; ones [H]."""
+    T, N = h.shape[0], h.shape[1]
+    P, H = Rt.shape[0], Rt.shape[1]
+    for n in range(N):
+        multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
+    for s in range(T):
+        if P == 1:
+            _forward_part(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
+                          h, c, zs, out_rev, off, zoff, hm, rec, Y, ones)
+        else:
+            for p in numba.prange(P):
+                _forward_part(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts,
+                              gi, h, c, zs, out_rev, off, zoff, hm, rec, Y, ones)
 
 
 @numba.njit(**JIT)
-def _backward_rows(b, n0, n1, dh_in, zs, cf, h0, c0, m, m_mode, p, has_p, dc_in, has_dc_in, R,
-                   acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, gr, E,
-                   Y, DY, hp, k):
-    T = dh_in.shape[0]
-    H = R.shape[1]
-    ci, cf_, cz, co = gi[0] * H, gi[1] * H, gi[2] * H, gi[3] * H
-    for s in range(T - 1, -1, -1):
-        ti = step_index(s, T, x_rev)
-        to = step_index(s, T, out_rev)
-        tp = step_index(s - 1, T, out_rev)
-        for n in range(n0, n1):
-            y, dy, e, hprev = Y[b, n - n0], DY[b, n - n0], E[b, n - n0], hp[b, n - n0]
-            zrow = zs[to, n]
+def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in, R,
+                   acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr,
+                   Y, ones):
+    T, N = dh_in.shape[0], dh_in.shape[1]
+    H, hc = R.shape[1] // 4, R.shape[2]
+    j0, j1 = part_units(p, P, H)
+    w = j1 - j0
+    ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
+    last = s == T - 1
+    if not last:
+        np.dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]: the next step's dA · R, own units
+    e = E[s % 2]
+    y = Y[p]  # [13hc] row scratch
+    yi, yf, yz, yo = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w], y[3 * hc:3 * hc + w]
+    di, df, dz, do = y[4 * hc:4 * hc + w], y[5 * hc:5 * hc + w], y[6 * hc:6 * hc + w], \
+        y[7 * hc:7 * hc + w]
+    gc, dgc, hprev, dh = y[8 * hc:8 * hc + w], y[9 * hc:9 * hc + w], y[10 * hc:10 * hc + w], \
+        y[11 * hc:11 * hc + w]
+    tmp = y[12 * hc:12 * hc + w]
+    for n in range(N):
+        zrow = zs[to, n]
+        for g in range(4):
+            src = zrow[zoff + gi[g] * H + j0:zoff + gi[g] * H + j1]
+            activate_with_derivative(acts[g], src, y[g * hc:g * hc + w], y[(4 + g) * hc:(4 + g) * hc + w])
+        activate_with_derivative(acts[4], cf[to, n, off + j0:off + j1], gc, dgc)
+        # h[t−1] = o[t−1] ⊙ g(c[t−1]), rebuilt from the forward's z_state and c
+        if s == 0:
+            cp = c0[n, off + j0:off + j1]
+            copy(h0[n, off + j0:off + j1], hprev)
+        else:
+            cp = cf[tp, n, off + j0:off + j1]
+            activate(acts[3], zs[tp, n, zoff + gi[3] * H + j0:zoff + gi[3] * H + j1], hprev)
+            activate(acts[4], cp, tmp)
+            for j in range(w):
+                hprev[j] *= tmp[j]
+        dhin = dh_in[to, n, off + j0:off + j1]
+        if last:
+            dhc = dh_carry[n, j0:j1]  # the state gradient
+            for j in range(w):
+                dh[j] = dhin[j] + dhc[j]
+        else:
+            grr, mr = gr[p, n, :w], mask_row(m, m_mode, s + 1, n, off + j0, w, ones)
+            for j in range(w):
+                dh[j] = dhin[j] + grr[j] * mr[j]
+        dc = dc_carry[n, j0:j1]  # dc of c[t] from the step after, becomes dc of c[t−1]
+        for j in range(w):
+            dc[j] += dh[j] * yo[j] * dgc[j]
+        if has_dc_in:
+            dcin = dc_in[to, n, off + j0:off + j1]
+            for j in range(w):
+                dc[j] += dcin[j]
+        for j in range(w):
+            do[j] *= dh[j] * gc[j]  # da_o
+        for j in range(w):
+            di[j] *= dc[j] * yz[j]  # da_i
+        for j in range(w):
+            df[j] *= dc[j] * cp[j]  # da_f
+        for j in range(w):
+            dz[j] *= dc[j] * yi[j]  # da_z
+        for j in range(w):
+            dc[j] *= yf[j]
+        if has_p:
             for g in range(4):
-                activate_row_with_derivative(acts[g], zrow, zoff + gi[g] * H, y, dy, gi[g] * H, H, k)
-            # h[t−1] = o[t−1] ⊙ g(c[t−1]), rebuilt from the forward's z_state and c
-            if s == 0:
-                for j in range(H):
-                    hprev[j] = h0[n, off + j]
-                cp = c0[n]
-            else:
-                cp = cf[tp, n]
-                activate_row(acts[3], zs[tp, n], zoff + co, hprev, 0, H, k)
-                activate_row(acts[4], cp, off, e, 0, H, k)  # e as scratch, rewritten below
-                for j in range(H):
-                    hprev[j] *= e[j]
-            ct = cf[to, n]
-            activate_row_with_derivative(acts[4], ct, off, y, dy, 4 * H, H, k)  # g(c[t]), g'(c[t])
-            dhrow = dh_in[to, n]
-            for j in range(H):
-                dh = dhrow[off + j] + dh_carry[n, j]
-                if s < T - 1:
-                    dh += gr[b, n - n0, j] * mask_at(m, m_mode, s + 1, n, off + j, k)
-                gc, dgc = y[4 * H + j], dy[4 * H + j]
-                dc = dh * y[co + j] * dgc + dc_carry[n, j]
-                if has_dc_in:
-                    dc += dc_in[to, n, off + j]
-                # da_o goes to Y's o block (o is no longer needed) and dc to E's second block
-                Y[b, n - n0, co + j] = dh * gc * dy[co + j]  # da_o (y_o is no longer needed)
-                e[H + j] = dc
-                dh_carry[n, j] = k[ZERO]
-            for j in range(H):
-                dc = e[H + j]
-                da_o = y[co + j]
-                da_i = dc * y[cz + j] * dy[ci + j]
-                da_f = dc * cp[off + j] * dy[cf_ + j]
-                da_z = dc * y[ci + j] * dy[cz + j]
-                dcn = dc * y[cf_ + j]
-                if has_p:
-                    dcn += (da_i * p[ci + j] + da_f * p[cf_ + j] + da_z * p[cz + j]
-                            + da_o * p[co + j])
-                dc_carry[n, j] = dcn
-                dy[ci + j] = da_i
-                dy[cf_ + j] = da_f
-                dy[cz + j] = da_z
-                dy[co + j] = da_o
-                HM[ti, n, j] = hprev[j] * mask_at(m, m_mode, s, n, off + j, k)
-            xrow = dX[ti, n]
-            for col in range(4 * H):
-                e[col] = dy[col]
-                xrow[xoff + col] = dy[col]
-        np.dot(E[b], R, gr[b])
-    for n in range(n0, n1):
-        for j in range(H):
-            dh_carry[n, j] += gr[b, n - n0, j] * mask_at(m, m_mode, 0, n, off + j, k)
+                pg, dg = pp[gi[g] * H + j0:gi[g] * H + j1], y[(4 + g) * hc:(4 + g) * hc + w]
+                for j in range(w):
+                    dc[j] += dg[j] * pg[j]
+        xrow, erow = dX[ti, n], e[n]
+        for g in range(4):
+            col = gi[g] * H + j0
+            dg, xg, eg = y[(4 + g) * hc:(4 + g) * hc + w], xrow[xoff + col:xoff + col + w], \
+                erow[col:col + w]
+            for j in range(w):
+                xg[j] = dg[j]
+                eg[j] = dg[j]
+        multiply(hprev, mask_row(m, m_mode, s, n, off + j0, w, ones), HM[ti, n, j0:j1])
 
 
 @numba.njit(parallel=True, **JIT)
-def backward(dh_in, zs, cf, h0, c0, m, m_mode, p, has_p, dc_in, has_dc_in, R, acts, gi,
-             dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, gr, E, Y, DY, hp, k,
-             nblk):
-    """Shapes: dh_in, cf [T,N,DH]; zs [T,N,D4H]; h0, c0 [N,DH]; R [4H,H]; outputs dX
-    [T,N,DGH] and HM [T,N,H] (input time); dh_carry, dc_carry [N,H] hold the final-state
-    gradients on entry and d h0, d c0 on exit; scratch gr, hp [N,H], E [N,4H], Y, DY [N,5H]."""
-    N = dh_in.shape[1]
-    if nblk == 1:
-        _backward_rows(0, 0, N, dh_in, zs, cf, h0, c0, m, m_mode, p, has_p, dc_in, has_dc_in, R,
-                       acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, gr,
-                       E, Y, DY, hp, k)
-        return
-    for b in numba.prange(nblk):
-        n0, n1 = block_rows(b, nblk, N)
-        _backward_rows(b, n0, n1, dh_in, zs, cf, h0, c0, m, m_mode, p, has_p, dc_in, has_dc_in, R,
-                       acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, gr,
-                       E, Y, DY, hp, k)
+def backward(dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in, R, acts, gi,
+             dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr, Y, ones):
+    """Shapes: dh_in, cf [T,N,DH]; zs [T,N,D4H]; h0, c0 [N,DH]; R [P,4H,hc] = the parts'
+    columns of R[d]; outputs dX [T,N,DGH] and HM [T,N,H] (input time); dh_carry, dc_carry
+    [N,H] hold the final-state gradients on entry, dh_carry is then used up and dc_carry
+    holds d c0 on exit (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,4H],
+    gr [P,N,hc], Y [P,13hc]; ones [H]."""
+    T = dh_in.shape[0]
+    P = R.shape[0]
+    for s in range(T - 1, -1, -1):
+        if P == 1:
+            _backward_part(ZERO_I, ONE_I, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in,
+                           R, acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry,
+                           E, gr, Y, ones)
+        else:
+            for p in numba.prange(P):
+                _backward_part(np.int64(p), P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in,
+                               has_dc_in, R, acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff,
+                               dh_carry, dc_carry, E, gr, Y, ones)
 
 
 @numba.njit(parallel=True, **JIT)

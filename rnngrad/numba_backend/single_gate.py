@@ -1,103 +1,110 @@
 """singleGateRNN forward and gradient kernels, one direction, whole time loop compiled.
 
 Equations: contract 2.2 and 3.3 (``rnngrad/reference/single_gate.py`` is the readable version).
-Conventions: ``common.py``. Per step and row block (forward): ``rec = hm @ Rᵀ`` (BLAS), then per
-row a = x' + b + rec (to z_state), h = f(a), and the next step's ``hm = h ⊙ m``.
-Per step and row block (gradients): per row f'(a), da = dh ⊙ f'(a) into dX and the GEMM buffer
-E, h[t−1] ⊙ m into HM (h[t−1] = f(z_state[t−1]) is rebuilt), then ``gr = E @ R`` (BLAS).
+Conventions (parts of the hidden units, double buffers, row views): ``common.py``.
+Per step and part (forward): ``rec = hm @ Rtₚ`` (BLAS, [N,H]·[H,hc]), then per row
+a = rec + x' + b (to z_state), h = f(a), and the next step's ``hm = h ⊙ m``.
+Per step and part (gradients): ``gr = E_next @ Rₚ`` (BLAS, [N,H]·[H,hc]), then per row
+dh = dh_in + gr ⊙ m, da = dh ⊙ f'(a) into dX and this step's E, and h[t−1] ⊙ m into HM
+(h[t−1] = f(z_state[t−1]) is rebuilt).
 """
 
 import numba
 import numpy as np
 
-from .activations import JIT, activate_inplace, ZERO, activate_row, activate_row_with_derivative
-from .common import block_rows, mask_at, step_index
+from .activations import JIT, activate, activate_with_derivative
+from .common import ONE_I, ZERO_I, copy, mask_row, multiply, part_units, step_index
 
 
 @numba.njit(**JIT)
-def _forward_rows(b, n0, n1, xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm,
-                  rec, k):
-    T = h.shape[0]
-    H = Rt.shape[0]
-    for n in range(n0, n1):
-        for j in range(H):
-            hm[b, n - n0, j] = h0[n, off + j] * mask_at(m, m_mode, 0, n, off + j, k)
+def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_rev, off, hm, rec,
+                  ones):
+    T, N, H = h.shape[0], h.shape[1], Rt.shape[1]
+    j0, j1 = part_units(p, P, H)
+    w = j1 - j0
+    ti, to = step_index(s, T, x_rev), step_index(s, T, out_rev)
+    np.dot(hm[s % 2], Rt[p], rec[p])  # [N,hc]
+    nxt = hm[(s + 1) % 2]
+    bb = bx[xoff + j0:xoff + j1]
+    for n in range(N):
+        a, xb = rec[p, n, :w], xp[ti, n, xoff + j0:xoff + j1]
+        zb, hrow = zs[to, n, off + j0:off + j1], h[to, n, off + j0:off + j1]
+        for j in range(w):
+            v = a[j] + xb[j] + bb[j]
+            a[j] = v
+            zb[j] = v
+        activate(act, a, hrow)
+        if s < T - 1:
+            multiply(hrow, mask_row(m, m_mode, s + 1, n, off + j0, w, ones), nxt[n, j0:j1])
+
+
+@numba.njit(parallel=True, **JIT)
+def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm, rec, ones):
+    """Shapes: xp [T,N,DH] (bias bx [DH] added here); Rt [P,H,hc] = the parts' columns of R[d]ᵀ;
+    h0 [N,DH]; m [1 or T,N,DH]; outputs h, zs [T,N,DH]; scratch hm [2,N,H], rec [P,N,hc];
+    ones [H]."""
+    T, N = h.shape[0], h.shape[1]
+    P, H = Rt.shape[0], Rt.shape[1]
+    for n in range(N):
+        multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
     for s in range(T):
-        ti = step_index(s, T, x_rev)
-        to = step_index(s, T, out_rev)
-        np.dot(hm[b], Rt, rec[b])
-        for n in range(n0, n1):
-            a, x, zrow, hrow = rec[b, n - n0], xp[ti, n], zs[to, n], h[to, n]
-            for j in range(H):
-                v = a[j] + x[xoff + j] + bx[xoff + j]
-                a[j] = v
-                zrow[off + j] = v
-            activate_row(act, a, 0, hrow, off, H, k)
-            if s < T - 1:
-                for j in range(H):
-                    hm[b, n - n0, j] = hrow[off + j] * mask_at(m, m_mode, s + 1, n, off + j, k)
-
-
-@numba.njit(parallel=True, **JIT)
-def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm, rec, k, nblk):
-    """Shapes: xp [T,N,DH] (bias bx [DH] added here); Rt [H,H] = R[d]ᵀ; h0 [N,DH];
-    m [1 or T,N,DH]; outputs h, zs [T,N,DH]; scratch hm, rec [N,H]."""
-    N = h.shape[1]
-    if nblk == 1:
-        _forward_rows(0, 0, N, xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm,
-                      rec, k)
-        return
-    for b in numba.prange(nblk):
-        n0, n1 = block_rows(b, nblk, N)
-        _forward_rows(b, n0, n1, xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off,
-                      hm, rec, k)
+        if P == 1:
+            _forward_part(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_rev, off,
+                          hm, rec, ones)
+        else:
+            for p in numba.prange(P):
+                _forward_part(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_rev,
+                              off, hm, rec, ones)
 
 
 @numba.njit(**JIT)
-def _backward_rows(b, n0, n1, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off,
-                   dh_carry, gr, E, DY, hp, k):
-    T = dh_in.shape[0]
-    H = R.shape[1]
-    for s in range(T - 1, -1, -1):
-        ti = step_index(s, T, x_rev)
-        to = step_index(s, T, out_rev)
-        tp = step_index(s - 1, T, out_rev)
-        for n in range(n0, n1):
-            e, dy, hprev = E[b, n - n0], DY[b, n - n0], hp[b, n - n0]
-            activate_row_with_derivative(act, zs[to, n], off, e, dy, 0, H, k)  # e: scratch
-            if s == 0:
-                for j in range(H):
-                    hprev[j] = h0[n, off + j]
-            else:
-                activate_row(act, zs[tp, n], off, hprev, 0, H, k)
-            dhrow, xrow = dh_in[to, n], dX[ti, n]
-            for j in range(H):
-                dh = dhrow[off + j] + dh_carry[n, j]
-                if s < T - 1:
-                    dh += gr[b, n - n0, j] * mask_at(m, m_mode, s + 1, n, off + j, k)
-                da = dh * dy[j]
-                e[j] = da
-                xrow[xoff + j] = da
-                dh_carry[n, j] = k[ZERO]  # all of the next dh comes through the GEMM
-                HM[ti, n, j] = hprev[j] * mask_at(m, m_mode, s, n, off + j, k)
-        np.dot(E[b], R, gr[b])
-    for n in range(n0, n1):
-        for j in range(H):
-            dh_carry[n, j] += gr[b, n - n0, j] * mask_at(m, m_mode, 0, n, off + j, k)
+def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off,
+                   dh_carry, E, gr, Y, ones):
+    T, N, H = dh_in.shape[0], dh_in.shape[1], R.shape[1]
+    hc = R.shape[2]
+    j0, j1 = part_units(p, P, H)
+    w = j1 - j0
+    ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
+    last = s == T - 1
+    if not last:
+        np.dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]
+    e = E[s % 2]
+    y = Y[p]  # [3hc] row scratch
+    ya, da, hprev = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w]
+    for n in range(N):
+        activate_with_derivative(act, zs[to, n, off + j0:off + j1], ya, da)
+        if s == 0:
+            copy(h0[n, off + j0:off + j1], hprev)
+        else:
+            activate(act, zs[tp, n, off + j0:off + j1], hprev)
+        dhin = dh_in[to, n, off + j0:off + j1]
+        if last:
+            dhc = dh_carry[n, j0:j1]  # the state gradient
+            for j in range(w):
+                da[j] *= dhin[j] + dhc[j]
+        else:
+            grr, mr = gr[p, n, :w], mask_row(m, m_mode, s + 1, n, off + j0, w, ones)
+            for j in range(w):
+                da[j] *= dhin[j] + grr[j] * mr[j]
+        copy(da, dX[ti, n, xoff + j0:xoff + j1])
+        copy(da, e[n, j0:j1])
+        multiply(hprev, mask_row(m, m_mode, s, n, off + j0, w, ones), HM[ti, n, j0:j1])
 
 
 @numba.njit(parallel=True, **JIT)
-def backward(dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off, dh_carry, gr,
-             E, DY, hp, k, nblk):
-    """Shapes: dh_in, zs [T,N,DH]; h0 [N,DH]; R [H,H]; outputs dX [T,N,DH] and HM [T,N,H]
-    (input time); dh_carry [N,H] holds the state gradient on entry and d h0 on exit;
-    scratch gr, E, DY, hp [N,H]."""
-    N = dh_in.shape[1]
-    if nblk == 1:
-        _backward_rows(0, 0, N, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off,
-                       dh_carry, gr, E, DY, hp, k)
-        return
-    for b in numba.prange(nblk):
-        n0, n1 = block_rows(b, nblk, N)
-        _backward_rows(b, n0, n1, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev,
-                       off, dh_carry, gr, E, DY, hp, k)
+def backward(dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off, dh_carry, E,
+             gr, Y, ones):
+    """Shapes: dh_in, zs [T,N,DH]; h0 [N,DH]; R [P,H,hc] = the parts' columns of R[d]; outputs
+    dX [T,N,DH] and HM [T,N,H] (input time); dh_carry [N,H] holds the state gradient on entry
+    (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,H], gr [P,N,hc], Y [P,3hc];
+    ones [H]."""
+    T = dh_in.shape[0]
+    P = R.shape[0]
+    for s in range(T - 1, -1, -1):
+        if P == 1:
+            _backward_part(ZERO_I, ONE_I, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev,
+                           off, dh_carry, E, gr, Y, ones)
+        else:
+            for p in numba.prange(P):
+                _backward_part(np.int64(p), P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM,
+                               out_rev, off, dh_carry, E, gr, Y, ones)
