@@ -73,3 +73,26 @@ def multiply(a, b, out):
 def copy(src, dst):
     for j in range(dst.shape[0]):
         dst[j] = src[j]
+
+
+#: at most this many multiply-adds (M·K·N), a product is a compiled loop rather than a BLAS
+#: call: BLAS spends ≈ 2 µs per call on checks and packing, more than a [1,64]·[64,256] takes.
+SMALL_PRODUCT = 1 << 16
+
+
+@numba.njit(inline="always", **JIT)
+def dot(a, b, out):
+    """out = a @ b for C-contiguous a [M,K], b [K,N], out [M,N]."""
+    M, K = a.shape
+    N = b.shape[1]
+    if M * K * N > SMALL_PRODUCT:
+        np.dot(a, b, out)
+        return
+    for i in range(M):
+        o, ai = out[i], a[i]
+        for j in range(N):
+            o[j] = 0
+        for k in range(K):
+            v, bk = ai[k], b[k]
+            for j in range(N):
+                o[j] += v * bk[j]

@@ -42,8 +42,9 @@ def schedule(N: int, H: int, G: int) -> int:
 
 
 def _single_threaded_blas():
-    """The kernels call SciPy's BLAS (numba's np.dot) once per step and part: one thread each,
-    so that its thread pool never competes with the kernel's own."""
+    """Around a whole op: the kernels and ``gemm.py`` call SciPy's BLAS (numba's np.dot) from
+    each of numba's threads, one BLAS thread each, so that its thread pool never competes with
+    numba's."""
     return machine.blas_threads("scipy", 1)
 
 
@@ -130,7 +131,8 @@ def forward(problem) -> ForwardArrays:
     c = np.empty((T, N, D * H), dt) if P.cell == "lstm" else None  # [T,N,DH]
     zs = np.empty((T, N, D * Z * H), dt)  # [T,N,DZH]
     if T > 0 and N > 0:
-        _FORWARD[P.cell](P, h, c, zs)
+        with _single_threaded_blas():
+            _FORWARD[P.cell](P, h, c, zs)
     keep_c = P.cell == "lstm" and (desc.training or desc.produce_cell)
     return ForwardArrays(h=h, c=c if keep_c else None, z_state=zs if desc.training else None)
 
@@ -144,9 +146,8 @@ def _forward_single_gate(P, h, c, zs):
     hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt)  # [2,N,H], [P,N,hc]
     for d, x_rev, out_rev in _directions(P):
         Rt = _columns_t(P.recurrent_weight[d], 1, parts)  # [P,H,hc]
-        with _single_threaded_blas():
-            single_gate.forward(xp, d * H, bx, x_rev, Rt, h0, m, mode,
-                                int(P.descriptor.activation), h, zs, out_rev, d * H, hm, rec, ones)
+        single_gate.forward(xp, d * H, bx, x_rev, Rt, h0, m, mode,
+                            int(P.descriptor.activation), h, zs, out_rev, d * H, hm, rec, ones)
 
 
 def _lstm_codes(desc):
@@ -175,9 +176,8 @@ def _forward_lstm(P, h, c, zs):
     for d, x_rev, out_rev in _directions(P):
         Rt = _columns_t(P.recurrent_weight[d], 4, parts)  # [P,H,4hc]
         p, has_p = _peephole(P, d)
-        with _single_threaded_blas():
-            lstm.forward(xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c,
-                         zs, out_rev, d * H, d * 4 * H, hm, rec, Y, ones)
+        lstm.forward(xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c,
+                     zs, out_rev, d * H, d * 4 * H, hm, rec, Y, ones)
 
 
 def _gru_codes(desc):
@@ -205,10 +205,9 @@ def _forward_gru(P, h, c, zs):
             Rt, Rt_o = _columns_t(R, 3, parts), _dummy(dt, 3)  # [P,H,3hc]
         else:
             Rt, Rt_o = _columns_t(R[:2 * H], 2, parts), _columns_t(R[2 * H:], 1, parts)  # [P,H,2hc], [P,H,hc]
-        with _single_threaded_blas():
-            gru.forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz, gr,
-                        desc.flip_z, ra, h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb,
-                        Y, ones)
+        gru.forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz, gr,
+                    desc.flip_z, ra, h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb,
+                    Y, ones)
 
 
 _FORWARD = {"single_gate": _forward_single_gate, "lstm": _forward_lstm, "gru": _forward_gru}
@@ -217,10 +216,15 @@ _FORWARD = {"single_gate": _forward_single_gate, "lstm": _forward_lstm, "gru": _
 # -- gradients --------------------------------------------------------------------------------
 
 def gradients(problem) -> GradientArrays:
+    with _single_threaded_blas():
+        return _gradients(problem)
+
+
+def _gradients(problem) -> GradientArrays:
     P, dt = problem, problem.dtype
     T, N, H, D, G = P.T, P.N, P.H, P.D, P.G
     GH = G * H
-    dX = np.zeros((T, N, D * GH), dt)  # [T,N,DGH] gate gradients, input time
+    dX = np.empty((T, N, D * GH), dt)  # [T,N,DGH] gate gradients, input time, all written
     out = {"recurrent_weight": np.zeros((D, GH, H), dt)}  # [D,GH,H]
     dh0 = np.zeros((N, D * H), dt) if P.state_gradient is None else P.state_gradient.copy()  # [N,DH]
     dc0 = np.zeros((N, D * H), dt)  # [N,DH]
@@ -276,9 +280,8 @@ def _backward_single_gate(P, dX, dR, dh0, dc0):
     for d, x_rev, out_rev in _directions(P):
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         R = _columns(P.recurrent_weight[d], parts)  # [P,H,hc]
-        with _single_threaded_blas():
-            single_gate.backward(dh_in, zs, h0, m, mode, R, int(P.descriptor.activation), dX,
-                                 d * H, x_rev, HM, out_rev, d * H, carry, E, gr, Y, ones)
+        single_gate.backward(dh_in, zs, h0, m, mode, R, int(P.descriptor.activation), dX,
+                             d * H, x_rev, HM, out_rev, d * H, carry, E, gr, Y, ones)
         dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
         dR[d] = transposed_times(_rows(dX, slice(d * H, (d + 1) * H)), _rows(HM))  # [H,H]
     return {}
@@ -303,10 +306,9 @@ def _backward_lstm(P, dX, dR, dh0, dc0):
         dc_carry = np.ascontiguousarray(dc0[:, d * H:(d + 1) * H])  # [N,H]
         R = _columns(P.recurrent_weight[d], parts)  # [P,4H,hc]
         p, has_p = _peephole(P, d)
-        with _single_threaded_blas():
-            lstm.backward(dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi,
-                          dX, d * 4 * H, x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry,
-                          E, gr, Y, ones)
+        lstm.backward(dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi,
+                      dX, d * 4 * H, x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry,
+                      E, gr, Y, ones)
         dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
         dc0[:, d * H:(d + 1) * H] = dc_carry
         dR[d] = transposed_times(_rows(dX, cols), _rows(HM))  # [4H,H]
@@ -337,10 +339,9 @@ def _backward_gru(P, dX, dR, dh0, dc0):
         R = P.recurrent_weight[d]  # [3H,H]
         R_main = _columns(R if ra else R[:2 * H], parts)  # [P,3H,hc] or [P,2H,hc]
         R_o = _dummy(dt, 3) if ra else _columns(R[2 * H:], parts)  # [P,H,hc]
-        with _single_threaded_blas():
-            gru.backward(dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz, grr, desc.flip_z, ra,
-                         dX, base, x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo,
-                         gr, g, Rb, Y, ones)
+        gru.backward(dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz, grr, desc.flip_z, ra,
+                     dX, base, x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo,
+                     gr, g, Rb, Y, ones)
         dh0[:, d * H:(d + 1) * H] = carry + _through_R(E[0], R if ra else R[:2 * H], P, d)
         dR[d, :2 * H] = transposed_times(_rows(dX, slice(base, base + 2 * H)), _rows(HM))  # [2H,H]
         if ra:

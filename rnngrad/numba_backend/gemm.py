@@ -7,17 +7,20 @@ those spinning threads, and its once-per-step meeting of the parts waits for a d
 thread: the parallel kernels ran 2–6× slower after a NumPy GEMM than after a single-threaded
 one. Here every product is cut into as many pieces as numba has threads, each a
 single-threaded BLAS call (SciPy's, through numba's ``np.dot``) inside one ``prange``, so the
-whole backend runs on one thread pool.
+whole backend runs on one thread pool. Callers limit SciPy's BLAS to one thread around
+these calls (``machine.blas_threads("scipy", 1)``).
 """
 
 import numba
 import numpy as np
 
-from .. import machine
 from .activations import JIT
 
 #: below this many floating-point operations a product runs on one thread
 PARALLEL_MIN_FLOPS = 2_000_000
+#: at most this many multiply-adds, NumPy's ``@`` (which OpenBLAS runs on one thread at this
+#: size: no spinning workers afterwards) is cheaper than entering compiled code
+SMALL_PRODUCT = 1 << 18
 
 
 @numba.njit(parallel=True, **JIT)
@@ -60,9 +63,11 @@ def rows_times(a, b):
     if K == 0:
         out[:] = 0
         return out
-    a = np.ascontiguousarray(a)
-    with machine.blas_threads("scipy", 1):
-        _rows_times(a, _contiguous(b), out, min(_parts(2.0 * M * K * out.shape[1]), M))
+    if M * K * out.shape[1] <= SMALL_PRODUCT:
+        np.dot(a, b, out)  # NumPy's BLAS runs products this small on one thread
+        return out
+    _rows_times(np.ascontiguousarray(a), _contiguous(b), out,
+                min(_parts(2.0 * M * K * out.shape[1]), M))
     return out
 
 
@@ -73,8 +78,9 @@ def transposed_times(x, b):
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
         return np.zeros((M, N), np.result_type(x, b))  # [M,N]
+    if M * K * N <= SMALL_PRODUCT:
+        return x.T @ b  # NumPy's BLAS runs products this small on one thread
     parts = _parts(2.0 * M * K * N)
     partial = np.empty((parts, M, N), np.result_type(x, b))  # [P,M,N]
-    with machine.blas_threads("scipy", 1):
-        _transposed_times(np.ascontiguousarray(x), np.ascontiguousarray(b), partial, parts)
+    _transposed_times(np.ascontiguousarray(x), np.ascontiguousarray(b), partial, parts)
     return partial[0] if parts == 1 else partial.sum(axis=0)

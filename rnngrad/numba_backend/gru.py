@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import ONE_I, ZERO_I, copy, mask_row, multiply, part_units, step_index
+from .common import ONE_I, ZERO_I, copy, dot, mask_row, multiply, part_units, step_index
 
 
 @numba.njit(inline="always", **JIT)
@@ -45,7 +45,7 @@ def _forward_gates(p, P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br
     w = j1 - j0
     ti, to = step_index(s, T, x_rev), step_index(s, T, out_rev)
     cur = hm[s % 2]
-    np.dot(cur, Rt[p], rec[p])  # [N,3hc] or [N,2hc]
+    dot(cur, Rt[p], rec[p])  # [N,3hc] or [N,2hc]
     for n in range(N):
         a, xrow, zrow = rec[p, n], xp[ti, n], zs[to, n]
         for blk in range(2):  # the z and r blocks
@@ -88,7 +88,7 @@ def _forward_output(p, P, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz,
     w = j1 - j0
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
     if not reset_after:
-        np.dot(hmr, Rt_o[p], reco[p])  # [N,hc]
+        dot(hmr, Rt_o[p], reco[p])  # [N,hc]
     nxt = hm[(s + 1) % 2]
     y = Y[p]
     ao, o = y[0:w], y[hc:hc + w]
@@ -157,7 +157,7 @@ def _backward_main(p, P, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
     last = s == T - 1
     if not last:
-        np.dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]
+        dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]
     e = E[s % 2]
     y = Y[p]  # [7hc] row scratch
     yz, yr, yo = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w]
@@ -224,7 +224,7 @@ def _backward_reset(p, P, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR, out_r
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti = step_index(s, T, x_rev)
-    np.dot(Eo, R_o[p], g[p])  # [N,hc]
+    dot(Eo, R_o[p], g[p])  # [N,hc]
     e = E[s % 2]
     for n in range(N):
         gg, r, dr = g[p, n, :w], Rb[p, 0, n, :w], Rb[p, 1, n, :w]

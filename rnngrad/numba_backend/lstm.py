@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import ONE_I, ZERO_I, copy, mask_row, multiply, part_units, step_index
+from .common import ONE_I, ZERO_I, copy, dot, mask_row, multiply, part_units, step_index
 
 
 @numba.njit(**JIT)
@@ -30,7 +30,7 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
-    np.dot(hm[s % 2], Rt[p], rec[p])  # [N,4hc]
+    dot(hm[s % 2], Rt[p], rec[p])  # [N,4hc]
     nxt = hm[(s + 1) % 2]
     y = Y[p]  # [5hc] row scratch: i, f, z, o, g(c)
     yi, yf, yz, yo, gc = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w], y[3 * hc:3 * hc + w], \
@@ -95,7 +95,7 @@ def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, 
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
     last = s == T - 1
     if not last:
-        np.dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]: the next step's dA · R, own units
+        dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]: the next step's dA · R, own units
     e = E[s % 2]
     y = Y[p]  # [13hc] row scratch
     yi, yf, yz, yo = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w], y[3 * hc:3 * hc + w]

@@ -13,7 +13,7 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import ONE_I, ZERO_I, copy, mask_row, multiply, part_units, step_index
+from .common import ONE_I, ZERO_I, copy, dot, mask_row, multiply, part_units, step_index
 
 
 @numba.njit(**JIT)
@@ -23,7 +23,7 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_r
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to = step_index(s, T, x_rev), step_index(s, T, out_rev)
-    np.dot(hm[s % 2], Rt[p], rec[p])  # [N,hc]
+    dot(hm[s % 2], Rt[p], rec[p])  # [N,hc]
     nxt = hm[(s + 1) % 2]
     bb = bx[xoff + j0:xoff + j1]
     for n in range(N):
@@ -67,7 +67,7 @@ def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, H
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
     last = s == T - 1
     if not last:
-        np.dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]
+        dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]
     e = E[s % 2]
     y = Y[p]  # [3hc] row scratch
     ya, da, hprev = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w]
