@@ -1,0 +1,110 @@
+"""The numba backend's building blocks against independent computations: its vectorised
+activations against the float64 reference (whole real line, ±inf, NaN, tiny and huge values),
+its GEMM helpers against NumPy, and the parallel split of the hidden units forced on small
+problems of every cell and option."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from rnngrad.cases import CELLS, random_case  # noqa: E402
+from rnngrad.descriptors import Activation  # noqa: E402
+from rnngrad.reference import activations as ref  # noqa: E402
+from rnngrad.testing import TOLERANCES, check_case  # noqa: E402
+from rnngrad.numba_backend import activations as act, common, driver, gemm  # noqa: E402
+
+DTYPES = (np.float32, np.float64)
+KINDS = (act.NONE, act.RELU, act.TANH, act.SIGMOID, act.HARD_SIGMOID)
+
+
+def _points():
+    """The real line densely near 0 and the saturation edges, far out, and the specials."""
+    return np.concatenate([
+        np.linspace(-40, 40, 40001), np.linspace(-800, 800, 4001),
+        np.logspace(-40, 4, 2000), -np.logspace(-40, 4, 2000),
+        [0.0, -0.0, 2.5, -2.5, np.inf, -np.inf, np.nan, 87.0, -87.0, 708.0, -708.0, 1e300, -1e300],
+    ])  # [K]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_activations_match_reference(kind, dtype):
+    with np.errstate(over="ignore"):
+        x = _points().astype(dtype)  # [K] (large values overflow to ±inf in float32, on purpose)
+    y, dy, y_only = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+    act.activate_with_derivative(kind, x, y, dy)
+    act.activate(kind, x, y_only)
+    x64 = x.astype(np.float64)
+    want = ref.activate(Activation(kind), x64)
+    want_d = ref.derivative(Activation(kind), x64)
+    atol, rtol = TOLERANCES[(np.dtype(dtype).name, "output")]
+    np.testing.assert_allclose(y, want, rtol=rtol, atol=atol, equal_nan=True)
+    np.testing.assert_allclose(dy, want_d, rtol=rtol, atol=atol, equal_nan=True)
+    np.testing.assert_array_equal(y_only, y)  # one formula for the value, with or without f'
+    assert np.array_equal(np.isnan(y), np.isnan(want)) and np.array_equal(np.isnan(dy), np.isnan(want_d))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tanh_keeps_relative_accuracy_near_zero(dtype):
+    """tanh goes through expm1, so tiny arguments are not lost to cancellation."""
+    x = np.logspace(-30, -1, 500).astype(dtype)  # [K]
+    y = np.empty_like(x)
+    act.activate(act.TANH, x, y)
+    rtol = TOLERANCES[(np.dtype(dtype).name, "output")][1]
+    np.testing.assert_allclose(y, np.tanh(x.astype(np.float64)), rtol=rtol, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(M=st.integers(0, 70), K=st.integers(0, 70), N=st.integers(0, 70), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(DTYPES), transposed_b=st.booleans())
+def test_gemm_helpers_match_numpy(M, K, N, seed, dtype, transposed_b):
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((M, K)).astype(dtype)  # [M,K]
+    b = rng.standard_normal((N, K)).astype(dtype).T if transposed_b else \
+        rng.standard_normal((K, N)).astype(dtype)  # [K,N]
+    x = rng.standard_normal((K, M)).astype(dtype)  # [K,M]
+    atol, rtol = TOLERANCES[(np.dtype(dtype).name, "parameter")]
+    np.testing.assert_allclose(gemm.rows_times(a, b), a.astype(np.float64) @ b, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(gemm.transposed_times(x, b), x.T.astype(np.float64) @ b, rtol=rtol,
+                               atol=atol)
+
+
+def test_gemm_helpers_parallel_split():
+    """Large enough that the products are split between threads (rows, and K with partial sums)."""
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((301, 97)), rng.standard_normal((97, 83))  # [M,K], [K,N]
+    x = rng.standard_normal((301, 97))  # [K,M]
+    atol, rtol = TOLERANCES[("float64", "parameter")]
+    np.testing.assert_allclose(gemm.rows_times(a, b), a @ b, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(gemm.transposed_times(x, a[:, :83]), x.T @ a[:, :83], rtol=rtol,
+                               atol=atol)
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 64, 256), (3, 5, 7), (4, 128, 128), (0, 3, 2)])
+def test_compiled_small_product(M, K, N):
+    rng = np.random.default_rng(M * 100 + K)
+    a, b = rng.standard_normal((M, K)), rng.standard_normal((K, N))  # [M,K], [K,N]
+    out = np.full((M, N), np.nan)  # [M,N] every element must be written
+    common.dot(a, b, out)
+    atol, rtol = TOLERANCES[("float64", "parameter")]
+    np.testing.assert_allclose(out, a @ b, rtol=rtol, atol=atol)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), cell=st.sampled_from(CELLS), dtype=st.sampled_from(DTYPES),
+       parts=st.sampled_from([2, 3]))
+def test_forced_parts_match_reference(seed, cell, dtype, parts):
+    """Every cell and option with the hidden units split into 2 or 3 parts (uneven splits, a
+    part of one unit), whatever the size: the parallel code path on small problems."""
+    case = random_case(seed, cell, dtype=dtype, H=int(np.random.default_rng(seed).integers(parts, 9)))
+    original = driver.schedule
+    driver.schedule = lambda N, H, G: min(parts, H)
+    try:
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "numba", gradients)
+            assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
+    finally:
+        driver.schedule = original
