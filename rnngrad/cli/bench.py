@@ -3,7 +3,8 @@
 For every cell and shape, each implementation runs in a fresh worker process
 (``rnngrad.bench.worker``), in alternating passes; the table shows the median time of forward +
 gradients, µs per time step, GFLOP/s, the fraction of the GEMM rate measured in the same run and
-the ratio to PyTorch (below 1: rnngrad is faster).
+the ratio to PyTorch (below 1: rnngrad is faster) and the first call of the first worker
+("first s": setup, loading or compiling kernels, and one forward + gradients).
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def run(args) -> int:
     print(file=sys.stderr)
     best_gemm = max(gemm)
     print(f"\nGEMM rate ({args.dtype}, {args.threads} threads, NumPy): best {best_gemm:.1f} GFLOP/s")
-    header = f"{'cell':5} {'T×N×I×H':>16} {'impl':>10} {'median ms':>10} {'µs/step':>9} {'GFLOP/s':>8} {'%GEMM':>6} {'vs torch':>9}"
+    header = (f"{'cell':5} {'T×N×I×H':>16} {'impl':>10} {'median ms':>10} {'µs/step':>9} {'GFLOP/s':>8} "
+              f"{'%GEMM':>6} {'vs torch':>9} {'first s':>8}")
     print(header)
     print("-" * len(header))
     rows = []
@@ -122,7 +124,8 @@ def run(args) -> int:
                              times=results[(cell, shape, impl)]))
             print(f"{CELL_NAMES[cell]:5} {'x'.join(map(str, shape)):>16} {impl:>10} {med * 1e3:10.2f} "
                   f"{med / shape[0] * 1e6:9.1f} {gf:8.1f} {gf / best_gemm:6.0%} "
-                  + (f"{ratio:9.2f}" if ratio is not None else f"{'-':>9}"))
+                  + (f"{ratio:9.2f}" if ratio is not None else f"{'-':>9}")
+                  + f" {firsts[(cell, shape, impl)]:8.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(blas=machine.blas_report(), gemm_gflops=gemm, dtype=args.dtype,
