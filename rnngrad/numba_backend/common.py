@@ -70,6 +70,16 @@ def multiply(a, b, out):
 
 
 @numba.njit(inline="always", **JIT)
+def add_pre_activation(a, x, b, z):
+    """a = a + x + b (the recurrent product plus the projected input and its bias), also
+    stored into the z_state row z, along row views."""
+    for j in range(a.shape[0]):
+        v = a[j] + x[j] + b[j]
+        a[j] = v
+        z[j] = v
+
+
+@numba.njit(inline="always", **JIT)
 def copy(src, dst):
     for j in range(dst.shape[0]):
         dst[j] = src[j]

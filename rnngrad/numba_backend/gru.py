@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import ONE_I, ZERO_I, copy, dot, mask_row, multiply, part_units, step_index
+from .common import ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units, step_index
 
 
 @numba.njit(inline="always", **JIT)
@@ -53,10 +53,7 @@ def _forward_gates(p, P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br
             col = blk * H + j0
             xb, bb = xrow[xoff + col:xoff + col + w], bx[xoff + col:xoff + col + w]
             zb = zrow[zoff + col:zoff + col + w]
-            for j in range(w):
-                v = ab[j] + xb[j] + bb[j]
-                ab[j] = v
-                zb[j] = v
+            add_pre_activation(ab, xb, bb, zb)
         if reset_after:
             aq, bq = a[2 * hc:2 * hc + w], b2[off + j0:off + j1]
             zq = zrow[zoff + 3 * H + j0:zoff + 3 * H + j1]

@@ -19,7 +19,7 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import ONE_I, ZERO_I, copy, dot, mask_row, multiply, part_units, step_index
+from .common import ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units, step_index
 
 
 @numba.njit(**JIT)
@@ -48,10 +48,7 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p
                     ab[j] += pb[j] * cp[j]
             xb, bb = xrow[xoff + col:xoff + col + w], brow[xoff + col:xoff + col + w]
             zb = zrow[zoff + col:zoff + col + w]
-            for j in range(w):
-                v = ab[j] + xb[j] + bb[j]
-                ab[j] = v
-                zb[j] = v
+            add_pre_activation(ab, xb, bb, zb)
         for g in range(4):
             activate(acts[g], a[gi[g] * hc:gi[g] * hc + w], y[g * hc:g * hc + w])
         crow = c[to, n, off + j0:off + j1]

@@ -13,7 +13,7 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import ONE_I, ZERO_I, copy, dot, mask_row, multiply, part_units, step_index
+from .common import ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units, step_index
 
 
 @numba.njit(**JIT)
@@ -29,10 +29,7 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_r
     for n in range(N):
         a, xb = rec[p, n, :w], xp[ti, n, xoff + j0:xoff + j1]
         zb, hrow = zs[to, n, off + j0:off + j1], h[to, n, off + j0:off + j1]
-        for j in range(w):
-            v = a[j] + xb[j] + bb[j]
-            a[j] = v
-            zb[j] = v
+        add_pre_activation(a, xb, bb, zb)
         activate(act, a, hrow)
         if s < T - 1:
             multiply(hrow, mask_row(m, m_mode, s + 1, n, off + j0, w, ones), nxt[n, j0:j1])
