@@ -149,9 +149,6 @@ def _build(cell, descriptor, given: dict, gradients: bool):
             check.expect(name, (N, DH), (1, N, DH), H=H)
             original[name] = arrays[name].shape
             arrays[name] = arrays[name].reshape(N, DH)
-    if "init_cell" in arrays and cell != "lstm":
-        raise ValueError(f"init_cell: only the LSTM has a cell, got an init_cell for {check.what}")
-
     if "mask" in arrays:
         arrays["mask"] = _mask(arrays["mask"], T, N, H, D, check)
 

@@ -75,7 +75,10 @@ def _directions(problem, x_proj):
     desc, H, D, G, Z, N = problem.descriptor, problem.H, problem.D, problem.G, problem.Z, problem.N
     h0 = f64(problem.init_state) if problem.init_state is not None else np.zeros((N, D * H))  # [N,DH]
     c0 = f64(problem.init_cell) if problem.init_cell is not None else np.zeros((N, D * H))  # [N,DH]
-    cg = f64(problem.cell_gradient)
+    # float64 once for all directions; each direction then takes its half
+    m, b2, cg = f64(problem.mask), f64(problem.secondary_bias), f64(problem.cell_gradient)
+    sg, zs = f64(problem.source_gradient), f64(problem.z_state)
+    h_fwd, c_fwd, state_g = f64(problem.output_fwd), f64(problem.cell_output_fwd), f64(problem.state_gradient)
     dirs = []
     for d in range(D):
         # Unidirectional reverse and the backward direction both run over time-reversed input.
@@ -88,18 +91,18 @@ def _directions(problem, x_proj):
             R=f64(problem.recurrent_weight[d]),
             h0=h0[:, d * H:(d + 1) * H],
             c0=c0[:, d * H:(d + 1) * H],
-            m=_halves(f64(problem.mask), H, d),  # the mask is never time-reversed
+            m=_halves(m, H, d),  # the mask is never time-reversed
             p=None if problem.peephole is None else f64(problem.peephole[d]),
-            b2=_halves(f64(problem.secondary_bias), H, d),
+            b2=_halves(b2, H, d),
         )
         if problem.gradients:
-            direction.dh_in = _in_processing_order(_halves(f64(problem.source_gradient), H, d), flip_aligned)
+            direction.dh_in = _in_processing_order(_halves(sg, H, d), flip_aligned)
             # The state gradient enters at the final processing step; with T = 0 it is the
             # init_state gradient itself (contract section 4).
-            direction.dh_final = _halves(f64(problem.state_gradient), H, d)
-            direction.zs = _in_processing_order(f64(problem.z_state)[..., d * Z * H:(d + 1) * Z * H], flip_aligned)
-            direction.h_fwd = _in_processing_order(_halves(f64(problem.output_fwd), H, d), flip_aligned)
-            direction.c_fwd = _in_processing_order(_halves(f64(problem.cell_output_fwd), H, d), flip_aligned)
+            direction.dh_final = _halves(state_g, H, d)
+            direction.zs = _in_processing_order(None if zs is None else zs[..., d * Z * H:(d + 1) * Z * H], flip_aligned)
+            direction.h_fwd = _in_processing_order(_halves(h_fwd, H, d), flip_aligned)
+            direction.c_fwd = _in_processing_order(_halves(c_fwd, H, d), flip_aligned)
             if problem.cell_gradient_per_step:
                 direction.dc_in = _in_processing_order(_halves(cg, H, d), flip_aligned)
             elif cg is not None:

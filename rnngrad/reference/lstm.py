@@ -63,11 +63,12 @@ def core_forward(d, desc):
     hp, cp = d.h0, d.c0  # [N,H]
     for t in range(T):
         a = d.x[t] + (hp * d.mask(t)) @ d.R.T  # [N,4H]
+        blocks = _blocks(a, desc, H)  # views into a
         if p is not None:
-            for k, block in _blocks(a, desc, H).items():
+            for k, block in blocks.items():
                 block += p[k] * cp
         zs[t] = a
-        g = {k: activate(act, _blocks(a, desc, H)[k]) for k, act in _acts(desc).items()}
+        g = {k: activate(act, blocks[k]) for k, act in _acts(desc).items()}
         c[t] = g["f"] * cp + g["i"] * g["z"]
         h[t] = g["o"] * activate(desc.activation, c[t])
         hp, cp = h[t], c[t]
