@@ -134,7 +134,7 @@ def _f(name, bug_class, cell, description, assembly=None, **edits):
     return Fault(name, bug_class, description, cell, {k: tuple(v) for k, v in edits.items()}, assembly)
 
 
-_DH_FINAL = "            direction.dh_final = _halves(f64(problem.state_gradient), H, d)\n"
+_DH_FINAL = "            direction.dh_final = _halves(state_g, H, d)\n"
 
 FAULT_LIST = (
     _f("batch_first_backward", "batch-first transposition in backward", "lstm",
@@ -198,8 +198,8 @@ FAULT_LIST = (
        single_gate=[("dR += da.T @ (hp * m)", "dR += da.T @ hp")]),
     _f("mask_time_reversed", "mask in forward but not backward", "lstm",
        "a per-step mask is time-reversed for the backward direction",
-       directions=[("m=_halves(f64(problem.mask), H, d),",
-                    "m=_in_processing_order(_halves(f64(problem.mask), H, d), "
+       directions=[("m=_halves(m, H, d),",
+                    "m=_in_processing_order(_halves(m, H, d), "
                     "d == 1 and problem.mask is not None and problem.mask.ndim == 3),")]),
     _f("empty_sequence_zero_gradients", "degenerate T=0", "single_gate",
        "T = 0 returns zero init_state gradients instead of passing state_gradient through",
