@@ -31,6 +31,7 @@ import numba
 import numpy as np
 
 from .activations import JIT
+from .blas import SMALL_PRODUCT, packed_product
 
 MASK_NONE, MASK_SHARED, MASK_PER_STEP = 0, 1, 2
 
@@ -85,19 +86,17 @@ def copy(src, dst):
         dst[j] = src[j]
 
 
-#: at most this many multiply-adds (M·K·N), a product is a compiled loop rather than a BLAS
-#: call: BLAS spends ≈ 2 µs per call on checks and packing, more than a [1,64]·[64,256] takes.
-SMALL_PRODUCT = 1 << 16
-
-
 @numba.njit(inline="always", **JIT)
-def dot(a, b, out):
-    """out = a @ b for C-contiguous a [M,K], b [K,N], out [M,N]."""
+def dot(a, packed, out):
+    """out = a @ B for C-contiguous a [M,K] and out [M,N], with B packed by
+    :func:`blas.pack` for M rows: MKL's packed GEMM (or BLAS), or a compiled loop when the
+    product is small (then ``packed`` is B itself, row-major)."""
     M, K = a.shape
-    N = b.shape[1]
+    N = out.shape[1]
     if M * K * N > SMALL_PRODUCT:
-        np.dot(a, b, out)
+        packed_product(a, packed, out)
         return
+    b = packed[:K * N].reshape((K, N))
     for i in range(M):
         o, ai = out[i], a[i]
         for j in range(N):

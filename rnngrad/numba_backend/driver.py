@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import machine
 from ..problem import ForwardArrays, GradientArrays
-from . import gru, lstm, single_gate
+from . import blas, gru, lstm, single_gate
 from .gemm import rows_times, transposed_times
 from .common import MASK_NONE, MASK_PER_STEP, MASK_SHARED
 
@@ -145,7 +145,7 @@ def _forward_single_gate(P, h, c, zs):
     hc = -(-H // parts)
     hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt)  # [2,N,H], [P,N,hc]
     for d, x_rev, out_rev in _directions(P):
-        Rt = _columns_t(P.recurrent_weight[d], 1, parts)  # [P,H,hc]
+        Rt = blas.pack_parts(_columns_t(P.recurrent_weight[d], 1, parts), N)  # [P,S]
         single_gate.forward(xp, d * H, bx, x_rev, Rt, h0, m, mode,
                             int(P.descriptor.activation), h, zs, out_rev, d * H, hm, rec, ones)
 
@@ -174,7 +174,7 @@ def _forward_lstm(P, h, c, zs):
     hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, 4 * hc), dt)  # [2,N,H], [P,N,4hc]
     Y, ones = np.zeros((parts, 5 * hc), dt), np.ones(H, dt)  # [P,5hc], [H]
     for d, x_rev, out_rev in _directions(P):
-        Rt = _columns_t(P.recurrent_weight[d], 4, parts)  # [P,H,4hc]
+        Rt = blas.pack_parts(_columns_t(P.recurrent_weight[d], 4, parts), N)  # [P,S]
         p, has_p = _peephole(P, d)
         lstm.forward(xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c,
                      zs, out_rev, d * H, d * 4 * H, hm, rec, Y, ones)
@@ -202,9 +202,10 @@ def _forward_gru(P, h, c, zs):
     for d, x_rev, out_rev in _directions(P):
         R = P.recurrent_weight[d]  # [3H,H]
         if ra:
-            Rt, Rt_o = _columns_t(R, 3, parts), _dummy(dt, 3)  # [P,H,3hc]
+            Rt, Rt_o = blas.pack_parts(_columns_t(R, 3, parts), N), _dummy(dt, 2)  # [P,S]
         else:
-            Rt, Rt_o = _columns_t(R[:2 * H], 2, parts), _columns_t(R[2 * H:], 1, parts)  # [P,H,2hc], [P,H,hc]
+            Rt = blas.pack_parts(_columns_t(R[:2 * H], 2, parts), N)  # [P,S]
+            Rt_o = blas.pack_parts(_columns_t(R[2 * H:], 1, parts), N)  # [P,S]
         gru.forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz, gr,
                     desc.flip_z, ra, h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb,
                     Y, ones)
@@ -279,7 +280,7 @@ def _backward_single_gate(P, dX, dR, dh0, dc0):
     E, gr, Y = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt), np.zeros((parts, 3 * hc), dt)  # [2,N,H], [P,N,hc], [P,3hc]
     for d, x_rev, out_rev in _directions(P):
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
-        R = _columns(P.recurrent_weight[d], parts)  # [P,H,hc]
+        R = blas.pack_parts(_columns(P.recurrent_weight[d], parts), N)  # [P,S]
         single_gate.backward(dh_in, zs, h0, m, mode, R, int(P.descriptor.activation), dX,
                              d * H, x_rev, HM, out_rev, d * H, carry, E, gr, Y, ones)
         dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
@@ -304,7 +305,7 @@ def _backward_lstm(P, dX, dR, dh0, dc0):
         cols = slice(d * 4 * H, (d + 1) * 4 * H)
         dh_carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         dc_carry = np.ascontiguousarray(dc0[:, d * H:(d + 1) * H])  # [N,H]
-        R = _columns(P.recurrent_weight[d], parts)  # [P,4H,hc]
+        R = blas.pack_parts(_columns(P.recurrent_weight[d], parts), N)  # [P,S]
         p, has_p = _peephole(P, d)
         lstm.backward(dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi,
                       dX, d * 4 * H, x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry,
@@ -337,8 +338,8 @@ def _backward_gru(P, dX, dR, dh0, dc0):
         base = d * 3 * H
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         R = P.recurrent_weight[d]  # [3H,H]
-        R_main = _columns(R if ra else R[:2 * H], parts)  # [P,3H,hc] or [P,2H,hc]
-        R_o = _dummy(dt, 3) if ra else _columns(R[2 * H:], parts)  # [P,H,hc]
+        R_main = blas.pack_parts(_columns(R if ra else R[:2 * H], parts), N)  # [P,S]
+        R_o = _dummy(dt, 2) if ra else blas.pack_parts(_columns(R[2 * H:], parts), N)  # [P,S]
         gru.backward(dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz, grr, desc.flip_z, ra,
                      dX, base, x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo,
                      gr, g, Rb, Y, ones)

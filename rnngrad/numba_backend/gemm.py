@@ -6,15 +6,16 @@ while after each call. A recurrence kernel started right after it then shares it
 those spinning threads, and its once-per-step meeting of the parts waits for a descheduled
 thread: the parallel kernels ran 2–6× slower after a NumPy GEMM than after a single-threaded
 one. Here every product is cut into as many pieces as numba has threads, each a
-single-threaded BLAS call (SciPy's, through numba's ``np.dot``) inside one ``prange``, so the
-whole backend runs on one thread pool. Callers limit SciPy's BLAS to one thread around
-these calls (``machine.blas_threads("scipy", 1)``).
+single-threaded GEMM (``blas.gemm``: MKL's sequential one, or SciPy's OpenBLAS) inside one
+``prange``, so the whole backend runs on one thread pool. Callers limit SciPy's BLAS to one
+thread around these calls (``machine.blas_threads("scipy", 1)``).
 """
 
 import numba
 import numpy as np
 
 from .activations import JIT
+from .blas import gemm
 
 #: below this many floating-point operations a product runs on one thread
 PARALLEL_MIN_FLOPS = 2_000_000
@@ -29,7 +30,7 @@ def _rows_times(a, b, out, parts):
     for p in numba.prange(parts):
         r0, r1 = p * M // parts, (p + 1) * M // parts
         if r1 > r0:
-            np.dot(a[r0:r1], b, out[r0:r1])
+            gemm(a[r0:r1], b, out[r0:r1])
 
 
 @numba.njit(parallel=True, **JIT)
@@ -38,7 +39,7 @@ def _transposed_times(x, b, partial, parts):
     for p in numba.prange(parts):
         k0, k1 = p * K // parts, (p + 1) * K // parts
         if k1 > k0:
-            np.dot(x[k0:k1].T, b[k0:k1], partial[p])
+            gemm(x[k0:k1].T, b[k0:k1], partial[p])
         else:
             partial[p][:] = 0
 

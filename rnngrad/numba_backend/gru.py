@@ -39,7 +39,7 @@ def _forward_gates(p, P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br
     """The z and r gates of the part's units (and q with reset_after): z into Zb [P,N,hc]; r
     into the o block of rec with reset_after, else hmr = hm ⊙ r for the second GEMM."""
     T, N = zs.shape[0], zs.shape[1]
-    H = Rt.shape[1]
+    H = hm.shape[2]
     hc = Zb.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
@@ -111,12 +111,13 @@ def _forward_output(p, P, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz,
 @numba.njit(parallel=True, **JIT)
 def forward(xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, bz, br, flip_z, reset_after,
             h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones):
-    """Shapes: xp [T,N,D3H] (bias bx added here); Rt [P,H,3hc] = the parts' columns of R[d]ᵀ
-    with reset_after, else [P,H,2hc] of R_zrᵀ and Rt_o [P,H,hc] of R_oᵀ; b2 [DH]; h0 [N,DH];
+    """Shapes: xp [T,N,D3H] (bias bx added here); Rt [P,S] = the parts' columns of R[d]ᵀ
+    ([H,3hc] each) with reset_after, else of R_zrᵀ ([H,2hc]) and Rt_o [P,S] of R_oᵀ ([H,hc]),
+    packed by ``blas.pack_parts``; b2 [DH]; h0 [N,DH];
     m [1 or T,N,DH]; outputs h [T,N,DH], zs [T,N,DZH]; scratch hm [2,N,H], rec [P,N,·],
     hmr [N,H], reco [P,N,hc], Zb [P,N,hc], Y [P,2hc]; ones [H]."""
     T, N = h.shape[0], h.shape[1]
-    P, H = Rt.shape[0], Rt.shape[1]
+    P, H = Rt.shape[0], hm.shape[2]
     for n in range(N):
         multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
     for s in range(T):
@@ -148,7 +149,7 @@ def _backward_main(p, P, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_
     """dh, da_z, da_o and the carried dh of the part's units; with reset_after also da_r and
     dq, else da_o into Eo [N,H] and r, r' into Rb [P,2,N,hc] for :func:`_backward_reset`."""
     T, N = dh_in.shape[0], dh_in.shape[1]
-    H, hc = dh_carry.shape[1], R.shape[2]
+    H, hc = dh_carry.shape[1], gr.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
@@ -239,8 +240,9 @@ def _backward_reset(p, P, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR, out_r
 @numba.njit(parallel=True, **JIT)
 def backward(dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, bz, br, flip_z, reset_after, dX, xoff,
              x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, E, Eo, gr, g, Rb, Y, ones):
-    """Shapes: dh_in, hf (output_fwd) [T,N,DH]; zs [T,N,DZH]; h0 [N,DH]; R [P,3H,hc] = the
-    parts' columns of R[d] with reset_after, else [P,2H,hc] of R_zr and R_o [P,H,hc] of R_o;
+    """Shapes: dh_in, hf (output_fwd) [T,N,DH]; zs [T,N,DZH]; h0 [N,DH]; R [P,S] = the
+    parts' columns of R[d] ([3H,hc] each) with reset_after, else of R_zr ([2H,hc]) and R_o
+    [P,S] of R_o ([H,hc]), packed by ``blas.pack_parts``;
     outputs dX [T,N,D3H], HM, HMR, DQ [T,N,H] (input time); dh_carry [N,H] holds the state
     gradient on entry and the part of d h0 that bypasses R on exit (the driver adds
     (E[0] R) ⊙ m[0]); scratch E [2,N,R's rows], Eo [N,H], gr, g [P,N,hc],

@@ -6,7 +6,7 @@ activation codes of i, f, z, o and of the cell activation g. Conventions (parts 
 units, double buffers, row views): ``common.py``.
 
 Per step and part (forward): ``rec = hm @ Rtₚ`` (BLAS, [N,H]·[H,4hc], the part's columns of
-Rᵀ in packed block order); per row, the pre-activations a = rec + x' + b (+ p ⊙ c[t−1]) in
+Rᵀ in block order, packed by ``blas.pack_parts``); per row, the pre-activations a = rec + x' + b (+ p ⊙ c[t−1]) in
 place, to z_state; the activations into the row scratch Y (gate order i, f, z, o); c, g(c), h
 and the next step's ``hm = h ⊙ m`` for the part's units.
 Per step and part (gradients): ``gr = E_next @ Rₚ`` (BLAS, [N,4H]·[4H,hc], the part's columns
@@ -26,7 +26,7 @@ from .common import ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, mult
 def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
                   h, c, zs, out_rev, off, zoff, hm, rec, Y, ones):
     T, N = h.shape[0], h.shape[1]
-    H, hc = Rt.shape[1], Rt.shape[2] // 4
+    H, hc = hm.shape[2], rec.shape[2] // 4
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
@@ -64,11 +64,11 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p
 @numba.njit(parallel=True, **JIT)
 def forward(xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
             h, c, zs, out_rev, off, zoff, hm, rec, Y, ones):
-    """Shapes: xp [T,N,DGH] (bias bx [DGH] added here); Rt [P,H,4hc] = the parts' columns of
-    R[d]ᵀ; h0, c0 [N,DH]; m [1 or T,N,DH]; pp [4H]; outputs h, c [T,N,DH], zs [T,N,D4H];
+    """Shapes: xp [T,N,DGH] (bias bx [DGH] added here); Rt [P,S] = the parts' columns of
+    R[d]ᵀ ([H,4hc] each) packed by ``blas.pack_parts``; h0, c0 [N,DH]; m [1 or T,N,DH]; pp [4H]; outputs h, c [T,N,DH], zs [T,N,D4H];
     scratch hm [2,N,H], rec [P,N,4hc], Y [P,5hc]; ones [H]."""
     T, N = h.shape[0], h.shape[1]
-    P, H = Rt.shape[0], Rt.shape[1]
+    P, H = Rt.shape[0], hm.shape[2]
     for n in range(N):
         multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
     for s in range(T):
@@ -86,7 +86,7 @@ def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, 
                    acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr,
                    Y, ones):
     T, N = dh_in.shape[0], dh_in.shape[1]
-    H, hc = R.shape[1] // 4, R.shape[2]
+    H, hc = dh_carry.shape[1], gr.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
@@ -162,8 +162,8 @@ def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, 
 @numba.njit(parallel=True, **JIT)
 def backward(dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in, R, acts, gi,
              dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr, Y, ones):
-    """Shapes: dh_in, cf [T,N,DH]; zs [T,N,D4H]; h0, c0 [N,DH]; R [P,4H,hc] = the parts'
-    columns of R[d]; outputs dX [T,N,DGH] and HM [T,N,H] (input time); dh_carry, dc_carry
+    """Shapes: dh_in, cf [T,N,DH]; zs [T,N,D4H]; h0, c0 [N,DH]; R [P,S] = the parts'
+    columns of R[d] ([4H,hc] each) packed by ``blas.pack_parts``; outputs dX [T,N,DGH] and HM [T,N,H] (input time); dh_carry, dc_carry
     [N,H] hold the final-state gradients on entry, dh_carry is then used up and dc_carry
     holds d c0 on exit (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,4H],
     gr [P,N,hc], Y [P,13hc]; ones [H]."""

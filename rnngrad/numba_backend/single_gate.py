@@ -19,7 +19,7 @@ from .common import ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, mult
 @numba.njit(**JIT)
 def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_rev, off, hm, rec,
                   ones):
-    T, N, H = h.shape[0], h.shape[1], Rt.shape[1]
+    T, N, H = h.shape[0], h.shape[1], hm.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to = step_index(s, T, x_rev), step_index(s, T, out_rev)
@@ -37,11 +37,12 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_r
 
 @numba.njit(parallel=True, **JIT)
 def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm, rec, ones):
-    """Shapes: xp [T,N,DH] (bias bx [DH] added here); Rt [P,H,hc] = the parts' columns of R[d]ᵀ;
+    """Shapes: xp [T,N,DH] (bias bx [DH] added here); Rt [P,S] = the parts' columns of R[d]ᵀ
+    ([H,hc] each) packed by ``blas.pack_parts``;
     h0 [N,DH]; m [1 or T,N,DH]; outputs h, zs [T,N,DH]; scratch hm [2,N,H], rec [P,N,hc];
     ones [H]."""
     T, N = h.shape[0], h.shape[1]
-    P, H = Rt.shape[0], Rt.shape[1]
+    P, H = Rt.shape[0], hm.shape[2]
     for n in range(N):
         multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
     for s in range(T):
@@ -57,8 +58,8 @@ def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm
 @numba.njit(**JIT)
 def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off,
                    dh_carry, E, gr, Y, ones):
-    T, N, H = dh_in.shape[0], dh_in.shape[1], R.shape[1]
-    hc = R.shape[2]
+    T, N, H = dh_in.shape[0], dh_in.shape[1], E.shape[2]
+    hc = gr.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
@@ -91,7 +92,8 @@ def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, H
 @numba.njit(parallel=True, **JIT)
 def backward(dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off, dh_carry, E,
              gr, Y, ones):
-    """Shapes: dh_in, zs [T,N,DH]; h0 [N,DH]; R [P,H,hc] = the parts' columns of R[d]; outputs
+    """Shapes: dh_in, zs [T,N,DH]; h0 [N,DH]; R [P,S] = the parts' columns of R[d] ([H,hc]
+    each) packed by ``blas.pack_parts``; outputs
     dX [T,N,DH] and HM [T,N,H] (input time); dh_carry [N,H] holds the state gradient on entry
     (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,H], gr [P,N,hc], Y [P,3hc];
     ones [H]."""

@@ -1,0 +1,311 @@
+"""The GEMMs the compiled kernels call: Intel MKL where it is installed, else OpenBLAS.
+
+Why MKL: a recurrence multiplies by the same recurrent weight at every step, and MKL can pack
+a matrix into its GEMM kernel's panel layout once (``cblas_?gemm_pack``) and multiply by the
+packed matrix at every step (``cblas_?gemm_compute``). OpenBLAS re-packs both operands on every
+call; for a step's product of a [N,H] state by a [H,G·H] weight that re-packing is a third of
+the call. Measured single-threaded on the development machine (AVX-512, float32):
+
+    [32,256]·[256,1024]:  OpenBLAS 50 GFLOP/s, MKL 72, MKL packed 89
+    [64,512]·[512,2048]:  OpenBLAS 55 GFLOP/s, MKL 38, MKL packed 88
+
+MKL is loaded through its single dynamic library (``libmkl_rt``) with the sequential threading
+layer: every call runs on the calling thread (one of numba's), so no MKL thread pool competes
+for the cores. When MKL is absent (its wheels exist for x86-64 only), when ``RNNGRAD_BLAS=openblas``
+is set, or when something else in the process already started MKL with a threaded layer, the
+same entry points run NumPy-compatible OpenBLAS products through numba's ``np.dot`` instead,
+with "packing" a plain copy.
+
+How the kernels reach them: the compiled code calls the C symbols ``rnngrad_sgemm``,
+``rnngrad_dgemm`` (the CBLAS ``?gemm`` signature) and ``rnngrad_sgemm_compute``,
+``rnngrad_dgemm_compute`` (the CBLAS ``?gemm_compute`` signature) by name, and this module binds
+those names at import, to MKL's functions or to numba ``cfunc`` fallbacks. Binding by name keeps
+the kernels cacheable (numba's cache stores no function addresses) and lets one compiled kernel
+serve both libraries.
+
+All operands are row-major (CBLAS ``CblasRowMajor``). Integers are 32-bit (MKL's LP64
+interface).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+
+import llvmlite.binding as llvm
+import numba
+import numpy as np
+from numba.core import types
+from numba.extending import overload
+
+ROW_MAJOR, NO_TRANS, TRANS, PACKED, B_MATRIX = 101, 111, 112, 151, 162
+_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
+
+_i, _p = types.intc, types.intp  # pointers cross as integers (the same registers in every ABI)
+_GEMM = {t: types.void(_i, _i, _i, _i, _i, _i, t, _p, _i, _p, _i, t, _p, _i)
+         for t in (types.float32, types.float64)}
+_COMPUTE = {t: types.void(_i, _i, _i, _i, _i, _i, _p, _i, _p, _i, t, _p, _i)
+            for t in (types.float32, types.float64)}
+_PREFIX = {types.float32: "s", types.float64: "d"}
+
+_gemm_fn = {t: types.ExternalFunction(f"rnngrad_{_PREFIX[t]}gemm", _GEMM[t]) for t in _GEMM}
+_compute_fn = {t: types.ExternalFunction(f"rnngrad_{_PREFIX[t]}gemm_compute", _COMPUTE[t])
+               for t in _COMPUTE}
+
+
+# -- MKL ----------------------------------------------------------------------------------------
+
+def _mkl_candidates():
+    names = ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so", "libmkl_rt.dylib",
+             "libmkl_rt.2.dylib", "mkl_rt.3.dll", "mkl_rt.2.dll", "mkl_rt.dll")
+    folders = [os.path.join(sys.prefix, "lib"), os.path.join(sys.prefix, "Library", "bin")]
+    if sys.base_prefix != sys.prefix:
+        folders.append(os.path.join(sys.base_prefix, "lib"))
+    for folder in folders:
+        for name in names:
+            yield os.path.join(folder, name)
+    found = ctypes.util.find_library("mkl_rt")
+    if found:
+        yield found
+    yield from glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "*",
+                                      "libmkl_rt.so*"))
+
+
+class _Mkl:
+    """libmkl_rt through ctypes, started with the sequential threading layer."""
+
+    def __init__(self, path):
+        self.path = path
+        self.lib = lib = ctypes.CDLL(path)
+        lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
+        lib.MKL_Set_Threading_Layer.restype = ctypes.c_int
+        # returns the layer in effect: another one if MKL was already started by someone else
+        self.layer = lib.MKL_Set_Threading_Layer(_SEQUENTIAL)
+        self.version = self._version()
+        for p, c in (("s", ctypes.c_float), ("d", ctypes.c_double)):
+            size = getattr(lib, f"cblas_{p}gemm_pack_get_size")
+            size.argtypes, size.restype = [ctypes.c_int] * 4, ctypes.c_size_t
+            pack = getattr(lib, f"cblas_{p}gemm_pack")
+            pack.argtypes = [ctypes.c_int] * 6 + [c, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+            pack.restype = None
+
+    def _version(self):
+        buf = ctypes.create_string_buffer(256)
+        try:
+            self.lib.mkl_get_version_string(buf, 256)
+        except AttributeError:
+            return "MKL"
+        return buf.value.decode(errors="replace").strip()
+
+    def address(self, name):
+        return ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
+
+
+def _load_mkl():
+    """(_Mkl or None, why not)."""
+    if os.environ.get("RNNGRAD_BLAS", "").lower() == "openblas":
+        return None, "RNNGRAD_BLAS=openblas"
+    tried = []
+    for path in _mkl_candidates():
+        if not os.path.exists(path) and os.sep in path:
+            continue
+        try:
+            mkl = _Mkl(path)
+        except (OSError, AttributeError) as exc:
+            tried.append(f"{path}: {exc}")
+            continue
+        if mkl.layer != _SEQUENTIAL:
+            return None, (f"MKL was already started in this process with threading layer "
+                          f"{mkl.layer}, not the sequential one rnngrad runs it with")
+        return mkl, ""
+    return None, "MKL is not installed (pip install mkl)" + (f"; tried {'; '.join(tried)}" if tried else "")
+
+
+# -- the OpenBLAS fallbacks, with the same C signatures -------------------------------------------
+
+def _fallbacks(T):
+    """cfuncs with the CBLAS ``gemm`` and ``gemm_compute`` signatures for float type T, computing
+    with numba's ``np.dot`` (SciPy's OpenBLAS); the "packed" B of ``compute`` is B itself,
+    row-major [K,N] with ``ldb = N``."""
+    ptr = types.CPointer(T)
+    gemm_sig = types.void(_i, _i, _i, _i, _i, _i, T, ptr, _i, ptr, _i, T, ptr, _i)
+    compute_sig = types.void(_i, _i, _i, _i, _i, _i, ptr, _i, ptr, _i, T, ptr, _i)
+
+    @numba.njit(cache=True, error_model="numpy")
+    def operand(p, trans, rows, cols, ld):
+        if trans == NO_TRANS:
+            full = numba.carray(p, (rows, ld))
+            return np.ascontiguousarray(full[:, :cols])
+        full = numba.carray(p, (cols, ld))
+        return np.ascontiguousarray(full[:, :rows]).T
+
+    @numba.njit(cache=True, error_model="numpy")
+    def product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
+        a = operand(A, ta, M, K, lda)
+        b = operand(B, tb, K, N, ldb)
+        c = numba.carray(C, (M, ldc))[:, :N]
+        r = np.dot(a, b)
+        if beta == 0:
+            c[:] = alpha * r
+        else:
+            c[:] = alpha * r + beta * c
+
+    @numba.cfunc(gemm_sig, cache=True, error_model="numpy")
+    def gemm(layout, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
+        if M > 0 and N > 0:
+            product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
+
+    @numba.cfunc(compute_sig, cache=True, error_model="numpy")
+    def compute(layout, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc):
+        if M > 0 and N > 0:
+            product(ta, NO_TRANS, M, N, K, T(1), A, lda, B, N, beta, C, ldc)
+
+    return gemm, compute
+
+
+# -- binding ------------------------------------------------------------------------------------
+
+MKL, WHY_NOT_MKL = _load_mkl()
+
+
+def _bind():
+    if MKL is not None:
+        for p in "sd":
+            llvm.add_symbol(f"rnngrad_{p}gemm", MKL.address(f"cblas_{p}gemm"))
+            llvm.add_symbol(f"rnngrad_{p}gemm_compute", MKL.address(f"cblas_{p}gemm_compute"))
+        return
+    for T, p in ((types.float32, "s"), (types.float64, "d")):
+        gemm, compute = _fallbacks(T)
+        llvm.add_symbol(f"rnngrad_{p}gemm", gemm.address)
+        llvm.add_symbol(f"rnngrad_{p}gemm_compute", compute.address)
+
+
+_bind()
+
+
+def library() -> str:
+    """What the kernels' GEMMs run on, for ``rnngrad info``."""
+    if MKL is not None:
+        return f"{MKL.version} ({MKL.path}), sequential, packed recurrent weights"
+    return f"SciPy's OpenBLAS through numba's np.dot (MKL not used: {WHY_NOT_MKL})"
+
+
+# -- Python side: packing -------------------------------------------------------------------------
+
+#: at most this many multiply-adds (M·K·N), a step's product is a compiled loop rather than a
+#: GEMM call: a call costs a few µs of checks and set-up, more than a [1,64]·[64,256] takes.
+#: :func:`pack` keeps B as it is for these, and ``common.dot`` reads it so.
+SMALL_PRODUCT = 1 << 16
+
+#: bytes of alignment of a packed buffer (one cache line, one AVX-512 register)
+_ALIGN = 64
+
+
+def _aligned(nbytes, dtype):
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    shift = (-raw.ctypes.data) % _ALIGN
+    return raw[shift:shift + nbytes].view(dtype)
+
+
+def _packed_size(K, N, rows, dtype):
+    """Elements of dtype one packed [K,N] operand takes (0: kept as it is)."""
+    if MKL is None or rows * K * N <= SMALL_PRODUCT:
+        return 0
+    p = "s" if dtype == np.float32 else "d"
+    size = getattr(MKL.lib, f"cblas_{p}gemm_pack_get_size")(B_MATRIX, rows, N, K)
+    return -(-size // dtype.itemsize)
+
+
+def _pack_into(b, rows, dest):
+    p = "s" if b.dtype == np.float32 else "d"
+    K, N = b.shape
+    src = np.ascontiguousarray(b)
+    getattr(MKL.lib, f"cblas_{p}gemm_pack")(ROW_MAJOR, B_MATRIX, NO_TRANS, rows, N, K, 1.0,
+                                            src.ctypes.data, N, dest.ctypes.data)
+
+
+def pack(b: np.ndarray, rows: int) -> np.ndarray:
+    """B [K,N] (float32 or float64) in the layout :func:`packed_product` multiplies by, for
+    products with ``rows`` rows: MKL's packed panels, or a C-contiguous copy (without MKL, or
+    for products small enough for ``common.dot``'s loop). Returns a 1-D array of B's dtype."""
+    return pack_parts(b[None], rows)[0]
+
+
+def pack_parts(b: np.ndarray, rows: int) -> np.ndarray:
+    """[P, S]: each part b[p] of b [P,K,N] packed as by :func:`pack`, each starting on a
+    64-byte boundary. MKL packs straight into place (a packed buffer is not moved)."""
+    P, K, N = b.shape
+    size = _packed_size(K, N, rows, b.dtype)
+    per = _ALIGN // b.dtype.itemsize
+    stride = -(-(size or K * N) // per) * per
+    out = _aligned(P * stride * b.dtype.itemsize, b.dtype).reshape(P, stride)  # [P,S]
+    for p in range(P):
+        if size:
+            _pack_into(b[p], rows, out[p])
+        else:
+            out[p, :K * N] = b[p].reshape(-1)
+    return out
+
+
+# -- compiled side -----------------------------------------------------------------------------
+
+
+def gemm(a, b, out):
+    """out = a @ b inside compiled code, for 2-D a [M,K], b [K,N], out [M,N], each with unit
+    stride along one axis (rows or columns)."""
+    raise NotImplementedError("gemm is only callable from numba-compiled code")
+
+
+def packed_product(a, packed, out):
+    """out = a @ B inside compiled code, for C-contiguous a [M,K], out [M,N] and B packed by
+    :func:`pack` for M rows."""
+    raise NotImplementedError("packed_product is only callable from numba-compiled code")
+
+
+@numba.njit(inline="always")
+def _layout(x, item):
+    """(transpose code, leading dimension) of a 2-D operand."""
+    if x.strides[1] == item or x.shape[1] <= 1:
+        return NO_TRANS, max(x.strides[0] // item, x.shape[1], 1)
+    return TRANS, max(x.strides[1] // item, x.shape[0], 1)
+
+
+@overload(gemm, inline="always")
+def _gemm_impl(a, b, out):
+    T = out.dtype
+    if T not in _gemm_fn:
+        return None
+    fn, one, zero = _gemm_fn[T], T.cast_python_value(1.0), T.cast_python_value(0.0)
+
+    def impl(a, b, out):
+        M, K = a.shape
+        N = b.shape[1]
+        if M == 0 or N == 0:
+            return
+        if K == 0:
+            out[:] = 0
+            return
+        item = out.itemsize
+        ta, lda = _layout(a, item)
+        tb, ldb = _layout(b, item)
+        fn(ROW_MAJOR, ta, tb, M, N, K, one, a.ctypes.data, lda, b.ctypes.data, ldb, zero,
+           out.ctypes.data, out.strides[0] // item)
+    return impl
+
+
+@overload(packed_product, inline="always")
+def _packed_impl(a, packed, out):
+    T = out.dtype
+    if T not in _compute_fn:
+        return None
+    fn, zero = _compute_fn[T], T.cast_python_value(0.0)
+
+    def impl(a, packed, out):
+        M, K = a.shape
+        N = out.shape[1]
+        fn(ROW_MAJOR, NO_TRANS, PACKED, M, N, K, a.ctypes.data, K, packed.ctypes.data, N, zero,
+           out.ctypes.data, N)
+    return impl
