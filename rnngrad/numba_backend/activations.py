@@ -68,6 +68,22 @@ def times_pow2(typingctx, x, n):
     return x(x, n), codegen
 
 
+@intrinsic
+def fma(typingctx, a, b, c):
+    """a·b + c rounded once (LLVM's fma: one vector instruction on CPUs with FMA). Used only
+    inside the polynomials below, where it halves the latency of each Horner step; fastmath
+    stays off everywhere else."""
+    if not (isinstance(a, types.Float) and a == b == c):
+        return None
+
+    def codegen(context, builder, signature, args):
+        t = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.fma", [t], ir.FunctionType(t, [t, t, t]))
+        return builder.call(fn, args)
+
+    return a(a, b, c), codegen
+
+
 def _scalar_functions(F):
     """exp and expm1 of y ≤ 0, sigmoid, tanh and the derivatives, with constants of type F."""
     single = F == np.float32
@@ -83,11 +99,11 @@ def _scalar_functions(F):
         y = lo if y < lo else y  # NaN < lo is False: NaN stays NaN
         n = np.floor(y * log2e + half)
         n = zero if n != n else n  # a NaN exponent would turn into arbitrary bits
-        r = (y - n * ln2_hi) - n * ln2_lo
+        r = fma(-n, ln2_lo, fma(-n, ln2_hi, y))
         # e^r − 1 = r (1 + r/2 + r²/6 + …), Horner
         q = c[0]
         for k in range(1, degree):
-            q = q * r + c[k]
+            q = fma(q, r, c[k])
         return n, q * r
 
     def exp_neg(y):
