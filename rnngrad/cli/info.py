@@ -34,6 +34,12 @@ def run(args) -> int:
     if blas_report is not None:
         print()
         print("BLAS and CPU:")
+        try:
+            from ..numba_backend import blas as numba_blas
+        except ImportError:  # numba is not installed
+            numba_blas = None
+        if numba_blas is not None:
+            print(f"  numba backend GEMMs: {numba_blas.library()}")
         for line in blas_report():
             print(f"  {line}")
     sys.stdout.flush()

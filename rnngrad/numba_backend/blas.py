@@ -261,7 +261,8 @@ def gemm(a, b, out):
 
 def packed_product(a, packed, out):
     """out = a @ B inside compiled code, for C-contiguous a [M,K], out [M,N] and B packed by
-    :func:`pack` for M rows."""
+    :func:`pack` for M rows, when M·K·N > ``SMALL_PRODUCT`` (smaller products are kept
+    unpacked, for ``common.dot``'s loop: call that)."""
     raise NotImplementedError("packed_product is only callable from numba-compiled code")
 
 
