@@ -197,7 +197,7 @@ def library() -> str:
 
 #: at most this many multiply-adds (M·K·N), a step's product is a compiled loop rather than a
 #: GEMM call: a call costs a few µs of checks and set-up, more than a [1,64]·[64,256] takes.
-#: :func:`pack` keeps B as it is for these, and ``common.dot`` reads it so.
+#: :func:`pack_parts` keeps B as it is for these, and ``common.dot`` reads it so.
 SMALL_PRODUCT = 1 << 16
 
 #: bytes of alignment of a packed buffer (one cache line, one AVX-512 register)
@@ -227,16 +227,12 @@ def _pack_into(b, rows, dest):
                                             src.ctypes.data, N, dest.ctypes.data)
 
 
-def pack(b: np.ndarray, rows: int) -> np.ndarray:
-    """B [K,N] (float32 or float64) in the layout :func:`packed_product` multiplies by, for
-    products with ``rows`` rows: MKL's packed panels, or a C-contiguous copy (without MKL, or
-    for products small enough for ``common.dot``'s loop). Returns a 1-D array of B's dtype."""
-    return pack_parts(b[None], rows)[0]
-
-
 def pack_parts(b: np.ndarray, rows: int) -> np.ndarray:
-    """[P, S]: each part b[p] of b [P,K,N] packed as by :func:`pack`, each starting on a
-    64-byte boundary. MKL packs straight into place (a packed buffer is not moved)."""
+    """[P, S]: each part b[p] of b [P,K,N] (float32 or float64) in the layout the per-step
+    product (``common.dot``) multiplies by, for products with ``rows`` rows: MKL's packed
+    panels, or B itself, row-major (without MKL, or for products small enough for
+    ``common.dot``'s loop). Each part starts on a 64-byte boundary. MKL packs straight into
+    place: a packed buffer must not be moved."""
     P, K, N = b.shape
     size = _packed_size(K, N, rows, b.dtype)
     per = _ALIGN // b.dtype.itemsize
@@ -261,7 +257,7 @@ def gemm(a, b, out):
 
 def packed_product(a, packed, out):
     """out = a @ B inside compiled code, for C-contiguous a [M,K], out [M,N] and B packed by
-    :func:`pack` for M rows, when M·K·N > ``SMALL_PRODUCT`` (smaller products are kept
+    :func:`pack_parts` for M rows, when M·K·N > ``SMALL_PRODUCT`` (smaller products are kept
     unpacked, for ``common.dot``'s loop: call that)."""
     raise NotImplementedError("packed_product is only callable from numba-compiled code")
 

@@ -89,7 +89,7 @@ def copy(src, dst):
 @numba.njit(inline="always", **JIT)
 def dot(a, packed, out):
     """out = a @ B for C-contiguous a [M,K] and out [M,N], with B packed by
-    :func:`blas.pack` for M rows: MKL's packed GEMM (or BLAS), or a compiled loop when the
+    :func:`blas.pack_parts` for M rows: MKL's packed GEMM (or BLAS), or a compiled loop when the
     product is small (then ``packed`` is B itself, row-major)."""
     M, K = a.shape
     N = out.shape[1]
