@@ -19,14 +19,14 @@ from rnngrad.numba_backend.common import dot  # noqa: E402
 DTYPES = (np.float32, np.float64)
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(error_model="numpy")  # not cached: numba would not see a change in the helpers it inlines
 def _gemm(a, b, out):
     blas.gemm(a, b, out)
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(error_model="numpy")  # not cached: numba would not see a change in the helpers it inlines
 def _step_product(a, packed, out):
-    dot(a, packed, out)  # the kernels' per-step product: packed GEMM or, when small, a loop
+    dot(a, packed, out)  # the kernels' per-step product
 
 
 def _close(got, a, b, dtype):
@@ -73,17 +73,23 @@ def test_gemm_with_an_empty_inner_dimension_gives_zeros(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("M,K,N", [(1, 64, 256), (32, 256, 512), (40, 40, 120), (7, 300, 33)])
 def test_packed_parts_multiply_like_their_matrices(dtype, M, K, N):
-    """Above ``SMALL_PRODUCT`` MKL's packed panels (each part packed in place: a packed buffer
-    must not move), below it B itself for the compiled loop; both through ``common.dot``."""
+    """MKL's packed panels (each part packed in place: a packed buffer must not move), or B
+    itself (without MKL, or when packing does not pay), through ``common.dot``."""
     rng = np.random.default_rng(M * 1000 + K + N)
     parts = rng.standard_normal((3, K, N)).astype(dtype)  # [P,K,N]
     a = rng.standard_normal((M, K)).astype(dtype)  # [M,K]
-    packed = blas.pack_parts(parts, M)  # [P,S]
-    for p in range(3):
-        assert packed[p].ctypes.data % 64 == 0
-        out = np.full((M, N), np.nan, dtype)
-        _step_product(a, packed[p], out)
-        _close(out, a, parts[p], dtype)
+    columns = np.ascontiguousarray(parts.transpose(0, 2, 1)).transpose(0, 2, 1)  # each part bᵀ row-major
+    wide = np.repeat(parts, 2, axis=2)[:, :, ::2]  # neither rows nor columns contiguous
+    for given in (parts, columns, wide):
+        for steps in (1, 10 ** 6):  # B kept as it is, and (with MKL) packed
+            packed = blas.pack_parts(given, M, steps)  # [P,S]
+            is_packed = packed.shape[1] != K * N
+            assert is_packed == (blas.MKL is not None and blas.worth_packing(K, N, M, steps))
+            for p in range(3):
+                assert packed[p].ctypes.data % 64 == 0 or not is_packed
+                out = np.full((M, N), np.nan, dtype)
+                _step_product(a, packed[p], out)
+                _close(out, a, parts[p], dtype)
 
 
 def test_the_library_in_use_is_reported():
@@ -102,16 +108,18 @@ from rnngrad.testing import check_case
 worst = {}
 for cell in ("single_gate", "gru", "lstm"):
     for dtype in (np.float32, np.float64):
-        case = random_case(7, cell, T=3, N=40, H=40, I=5, dtype=dtype)
-        w, bad = check_case(case, "numba", False)
-        worst[f"{cell}-{np.dtype(dtype).name}"] = [float(w), [str(m) for m in bad[:2]]]
+        for N, H in ((40, 40), (2, 8)):
+            case = random_case(7, cell, T=3, N=N, H=H, I=5, dtype=dtype)
+            w, bad = check_case(case, "numba", False)
+            worst[f"{cell}-{np.dtype(dtype).name}-{N}x{H}"] = [float(w), [str(m) for m in bad[:2]]]
 print(json.dumps({"mkl": blas.MKL is not None, "library": blas.library(), "worst": worst}))
 """
 
 
 def test_openblas_fallback_runs_the_same_kernels_and_matches_the_reference():
     """With ``RNNGRAD_BLAS=openblas`` the symbols the kernels call are bound to the OpenBLAS
-    cfuncs; the problems are large enough (40×40, 120 columns) for the GEMM path."""
+    cfuncs: 40×40 (120 columns) takes OpenBLAS's GEMM, 2×8 the cfuncs' compiled loop for
+    small products."""
     env = dict(os.environ, RNNGRAD_BLAS="openblas")
     proc = subprocess.run([sys.executable, "-c", _FALLBACK], env=env, capture_output=True,
                           text=True, timeout=1500)

@@ -126,10 +126,18 @@ def _load_mkl():
 
 # -- the OpenBLAS fallbacks, with the same C signatures -------------------------------------------
 
+#: without MKL, a step's product of at most this many multiply-adds (M·K·N) is a compiled loop
+#: rather than an OpenBLAS call, whose checks, set-up and operand copies cost more than a
+#: [1,64]·[64,256] product takes. (MKL's GEMM is faster than the loop at every size: 1.4 µs,
+#: packed 1.1, against 2.1 for [1,64]·[64,256] in float32.)
+SMALL_PRODUCT = 1 << 16
+
 def _fallbacks(T):
     """cfuncs with the CBLAS ``gemm`` and ``gemm_compute`` signatures for float type T, computing
-    with numba's ``np.dot`` (SciPy's OpenBLAS); the "packed" B of ``compute`` is B itself,
-    row-major [K,N] with ``ldb = N``."""
+    with numba's ``np.dot`` (SciPy's OpenBLAS); a plain product of at most ``SMALL_PRODUCT``
+    multiply-adds is a compiled loop (a BLAS call and its operand copies cost more than that).
+    (``compute`` is never reached without MKL, as nothing is packed then; it multiplies by B
+    itself, row-major [K,N] with ``ldb = N``.)"""
     ptr = types.CPointer(T)
     gemm_sig = types.void(_i, _i, _i, _i, _i, _i, T, ptr, _i, ptr, _i, T, ptr, _i)
     compute_sig = types.void(_i, _i, _i, _i, _i, _i, ptr, _i, ptr, _i, T, ptr, _i)
@@ -140,7 +148,7 @@ def _fallbacks(T):
             full = numba.carray(p, (rows, ld))
             return np.ascontiguousarray(full[:, :cols])
         full = numba.carray(p, (cols, ld))
-        return np.ascontiguousarray(full[:, :rows]).T
+        return np.ascontiguousarray(full[:, :rows].T)
 
     @numba.njit(cache=True, error_model="numpy")
     def product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
@@ -153,10 +161,27 @@ def _fallbacks(T):
         else:
             c[:] = alpha * r + beta * c
 
+    @numba.njit(cache=True, error_model="numpy")
+    def small_product(M, N, K, A, lda, B, ldb, C, ldc):
+        a, b = numba.carray(A, (M, lda)), numba.carray(B, (K, ldb))
+        c = numba.carray(C, (M, ldc))
+        for i in range(M):
+            o, ai = c[i, :N], a[i]
+            for j in range(N):
+                o[j] = 0
+            for k in range(K):
+                v, bk = ai[k], b[k]
+                for j in range(N):
+                    o[j] += v * bk[j]
+
     @numba.cfunc(gemm_sig, cache=True, error_model="numpy")
     def gemm(layout, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
         if M > 0 and N > 0:
-            product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
+            if ta == NO_TRANS and tb == NO_TRANS and alpha == 1 and beta == 0 and \
+                    M * K * N <= SMALL_PRODUCT:
+                small_product(M, N, K, A, lda, B, ldb, C, ldc)
+            else:
+                product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
 
     @numba.cfunc(compute_sig, cache=True, error_model="numpy")
     def compute(layout, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc):
@@ -195,11 +220,6 @@ def library() -> str:
 
 # -- Python side: packing -------------------------------------------------------------------------
 
-#: at most this many multiply-adds (M·K·N), a step's product is a compiled loop rather than a
-#: GEMM call: a call costs a few µs of checks and set-up, more than a [1,64]·[64,256] takes.
-#: :func:`pack_parts` keeps B as it is for these, and ``common.dot`` reads it so.
-SMALL_PRODUCT = 1 << 16
-
 #: bytes of alignment of a packed buffer (one cache line, one AVX-512 register)
 _ALIGN = 64
 
@@ -211,38 +231,58 @@ def _aligned(nbytes, dtype):
 
 
 def _packed_size(K, N, rows, dtype):
-    """Elements of dtype one packed [K,N] operand takes (0: kept as it is)."""
-    if MKL is None or rows * K * N <= SMALL_PRODUCT:
-        return 0
+    """Elements of dtype one packed [K,N] operand takes."""
     p = "s" if dtype == np.float32 else "d"
     size = getattr(MKL.lib, f"cblas_{p}gemm_pack_get_size")(B_MATRIX, rows, N, K)
     return -(-size // dtype.itemsize)
 
 
 def _pack_into(b, rows, dest):
+    """MKL packs b [K,N] (rows or columns contiguous, else copied) straight into dest."""
     p = "s" if b.dtype == np.float32 else "d"
     K, N = b.shape
-    src = np.ascontiguousarray(b)
-    getattr(MKL.lib, f"cblas_{p}gemm_pack")(ROW_MAJOR, B_MATRIX, NO_TRANS, rows, N, K, 1.0,
-                                            src.ctypes.data, N, dest.ctypes.data)
+    item = b.dtype.itemsize
+    if b.strides[1] == item and b.strides[0] >= N * item:
+        trans, ld, src = NO_TRANS, b.strides[0] // item, b
+    elif b.strides[0] == item and b.strides[1] >= K * item:
+        trans, ld, src = TRANS, b.strides[1] // item, b  # bᵀ is row-major: R.T, for one
+    else:
+        src = np.ascontiguousarray(b)
+        trans, ld = NO_TRANS, N
+    getattr(MKL.lib, f"cblas_{p}gemm_pack")(ROW_MAJOR, B_MATRIX, trans, rows, N, K, 1.0,
+                                            src.ctypes.data, ld, dest.ctypes.data)
 
 
-def pack_parts(b: np.ndarray, rows: int) -> np.ndarray:
-    """[P, S]: each part b[p] of b [P,K,N] (float32 or float64) in the layout the per-step
-    product (``common.dot``) multiplies by, for products with ``rows`` rows: MKL's packed
-    panels, or B itself, row-major (without MKL, or for products small enough for
-    ``common.dot``'s loop). Each part starts on a 64-byte boundary. MKL packs straight into
-    place: a packed buffer must not be moved."""
+def worth_packing(K, N, rows, steps):
+    """Whether packing B [K,N] pays for itself over ``steps`` products with ``rows`` rows.
+    Packing costs about 20 µs of calls plus 1 ns per element of B; the packed product saves
+    4–20 ps per multiply-add over MKL's plain GEMM (measured, float32: 0.34 µs a step at
+    [1,64]·[64,256], 45 µs at [32,256]·[256,1024]); taking the low end, pack when
+    steps · rows · K · N · 4 ps > 20 µs + K · N · 1 ns."""
+    return steps * rows * K * N > 5_000_000 + 250 * K * N
+
+
+def pack_parts(b: np.ndarray, rows: int, steps: int) -> np.ndarray:
+    """[P, S]: each part b[p] of b [P,K,N] (float32 or float64, any strides) in the layout the
+    per-step product (``common.dot``) multiplies by, for ``steps`` products with ``rows`` rows.
+
+    - MKL's packed panels when MKL is in use and :func:`worth_packing`: each part starts on a
+      64-byte boundary and S ≠ K·N. MKL packs straight into place: a packed buffer must not be
+      moved.
+    - Otherwise B itself, row-major, S = K·N (which tells ``common.dot`` to run a plain GEMM).
+    """
     P, K, N = b.shape
+    if MKL is None or not worth_packing(K, N, rows, steps):
+        plain = np.ascontiguousarray(b).reshape(P, K * N)  # [P,S]
+        return plain if plain.flags.writeable else plain.copy()
     size = _packed_size(K, N, rows, b.dtype)
     per = _ALIGN // b.dtype.itemsize
-    stride = -(-(size or K * N) // per) * per
+    stride = -(-size // per) * per
+    if stride == K * N:
+        stride += per  # S = K·N would read as B itself
     out = _aligned(P * stride * b.dtype.itemsize, b.dtype).reshape(P, stride)  # [P,S]
     for p in range(P):
-        if size:
-            _pack_into(b[p], rows, out[p])
-        else:
-            out[p, :K * N] = b[p].reshape(-1)
+        _pack_into(b[p], rows, out[p])
     return out
 
 
@@ -257,8 +297,7 @@ def gemm(a, b, out):
 
 def packed_product(a, packed, out):
     """out = a @ B inside compiled code, for C-contiguous a [M,K], out [M,N] and B packed by
-    :func:`pack_parts` for M rows, when M·K·N > ``SMALL_PRODUCT`` (smaller products are kept
-    unpacked, for ``common.dot``'s loop: call that)."""
+    MKL (:func:`pack_parts`) for M rows."""
     raise NotImplementedError("packed_product is only callable from numba-compiled code")
 
 

@@ -29,9 +29,11 @@ Conventions of every kernel (one direction of one op, the whole time loop compil
 
 import numba
 import numpy as np
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from .activations import JIT
-from .blas import SMALL_PRODUCT, packed_product
+from .blas import gemm, packed_product
 
 MASK_NONE, MASK_SHARED, MASK_PER_STEP = 0, 1, 2
 
@@ -39,6 +41,24 @@ MASK_NONE, MASK_SHARED, MASK_PER_STEP = 0, 1, 2
 #: ``prange`` (which the kernels convert with ``np.int64(p)``), so that each part function is
 #: compiled once, not once per integer type.
 ZERO_I, ONE_I = np.int64(0), np.int64(1)
+
+
+@intrinsic
+def unowned(typingctx, a):
+    """The array a as a borrowed view: the same data, shape and strides, with no reference
+    count (a null meminfo). Every view numba takes of an owned array increments and later
+    decrements its count with a locked (atomic) instruction; on the kernels' small row views
+    that was a third of a [1,64]-row LSTM step, and two threads taking views of the same
+    arrays contend for the count's cache line. The caller keeps the array alive for the call."""
+    if not isinstance(a, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        view = context.make_array(signature.args[0])(context, builder, value=args[0])
+        view.meminfo = cgutils.get_null_value(view.meminfo.type)
+        view.parent = cgutils.get_null_value(view.parent.type)
+        return view._getvalue()
+    return a(a), codegen
 
 
 @numba.njit(inline="always", **JIT)
@@ -88,20 +108,11 @@ def copy(src, dst):
 
 @numba.njit(inline="always", **JIT)
 def dot(a, packed, out):
-    """out = a @ B for C-contiguous a [M,K] and out [M,N], with B packed by
-    :func:`blas.pack_parts` for M rows: MKL's packed GEMM (or BLAS), or a compiled loop when the
-    product is small (then ``packed`` is B itself, row-major)."""
-    M, K = a.shape
-    N = out.shape[1]
-    if M * K * N > SMALL_PRODUCT:
+    """out = a @ B for C-contiguous a [M,K] and out [M,N], with B prepared by
+    :func:`blas.pack_parts` for M rows: B itself, row-major, when its length is K·N (a plain
+    GEMM), else MKL's packed panels."""
+    K, N = a.shape[1], out.shape[1]
+    if packed.shape[0] == K * N:
+        gemm(a, packed.reshape((K, N)), out)
+    else:
         packed_product(a, packed, out)
-        return
-    b = packed[:K * N].reshape((K, N))
-    for i in range(M):
-        o, ai = out[i], a[i]
-        for j in range(N):
-            o[j] = 0
-        for k in range(K):
-            v, bk = ai[k], b[k]
-            for j in range(N):
-                o[j] += v * bk[j]

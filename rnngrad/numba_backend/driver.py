@@ -19,6 +19,9 @@ that no other pool's spinning threads take the cores a recurrence kernel is wait
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import numba
 import numpy as np
 
@@ -35,17 +38,17 @@ PARALLEL_MIN_FLOPS = 400_000
 
 def schedule(N: int, H: int, G: int) -> int:
     """The number of parts the hidden units are split into (1: one thread)."""
-    threads = numba.get_num_threads()
-    if threads < 2 or H < 2 * threads or 2 * N * H * G * H < PARALLEL_MIN_FLOPS:
+    if 2 * N * H * G * H < PARALLEL_MIN_FLOPS:
         return 1
-    return threads
+    threads = numba.get_num_threads()
+    return 1 if threads < 2 or H < 2 * threads else threads
 
 
 def _single_threaded_blas():
-    """Around a whole op: the kernels and ``gemm.py`` call SciPy's BLAS (numba's np.dot) from
-    each of numba's threads, one BLAS thread each, so that its thread pool never competes with
-    numba's."""
-    return machine.blas_threads("scipy", 1)
+    """Around a whole op, without MKL: the kernels and ``gemm.py`` call SciPy's BLAS (numba's
+    np.dot) from each of numba's threads, one BLAS thread each, so that its thread pool never
+    competes with numba's. (MKL runs sequential: nothing to limit.)"""
+    return contextlib.nullcontext() if blas.MKL is not None else machine.blas_threads("scipy", 1)
 
 
 def _writable(a):
@@ -57,31 +60,35 @@ def _units(p, P, H):
     return p * H // P, (p + 1) * H // P
 
 
-def _columns_t(R, G, P, rows):
+def _columns_t(R, G, P, rows, steps):
     """[P,S]: part p's columns of Rᵀ (R [G·H,H]), block b at columns b·hc …, padded with zero
-    columns to hc = ⌈H/P⌉ units ([H,G·hc] per part), packed by ``blas.pack_parts`` for
-    products with ``rows`` rows — the forward's per-step GEMM operand."""
+    columns to hc = ⌈H/P⌉ units ([H,G·hc] per part), prepared by ``blas.pack_parts`` for
+    ``steps`` products with ``rows`` rows — the forward's per-step GEMM operand."""
     H = R.shape[1]
+    if P == 1:
+        return blas.pack_parts(R.T[None], rows, steps)  # one part: all of Rᵀ
     hc = -(-H // P)
     cols = np.zeros((P, H, G * hc), R.dtype)  # [P,H,Ghc]
     for p in range(P):
         j0, j1 = _units(p, P, H)
         for b in range(G):
             cols[p, :, b * hc:b * hc + j1 - j0] = R[b * H + j0:b * H + j1].T
-    return blas.pack_parts(cols, rows)
+    return blas.pack_parts(cols, rows, steps)
 
 
-def _columns(R, P, rows):
+def _columns(R, P, rows, steps):
     """[P,S]: part p's columns j0 … j1−1 of R [K,H], padded with zero columns ([K,hc] per
-    part), packed by ``blas.pack_parts`` for products with ``rows`` rows — the gradients'
-    per-step GEMM operand."""
+    part), prepared by ``blas.pack_parts`` for ``steps`` products with ``rows`` rows — the
+    gradients' per-step GEMM operand."""
     K, H = R.shape
+    if P == 1:
+        return blas.pack_parts(R[None], rows, steps)
     hc = -(-H // P)
     cols = np.zeros((P, K, hc), R.dtype)  # [P,K,hc]
     for p in range(P):
         j0, j1 = _units(p, P, H)
         cols[p, :, :j1 - j0] = R[:, j0:j1]
-    return blas.pack_parts(cols, rows)
+    return blas.pack_parts(cols, rows, steps)
 
 
 def _dummy(dtype, ndim):
@@ -147,12 +154,15 @@ def _forward_single_gate(P, h, c, zs):
     hc = -(-H // parts)
     hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt)  # [2,N,H], [P,N,hc]
     for d, x_rev, out_rev in _directions(P):
-        Rt = _columns_t(P.recurrent_weight[d], 1, parts, N)  # [P,S]
+        Rt = _columns_t(P.recurrent_weight[d], 1, parts, N, P.T)  # [P,S]
         single_gate.forward(xp, d * H, bx, x_rev, Rt, h0, m, mode,
                             int(P.descriptor.activation), h, zs, out_rev, d * H, hm, rec, ones)
 
 
+@functools.lru_cache(maxsize=64)
 def _lstm_codes(desc):
+    """(activation codes [5], gate blocks [4]) of a descriptor (cached: the kernels only read
+    them)."""
     acts = np.array([desc.input_gate_activation, desc.forget_gate_activation,
                      desc.cell_gate_activation, desc.output_gate_activation, desc.activation],
                     np.int64)  # [5]
@@ -176,13 +186,16 @@ def _forward_lstm(P, h, c, zs):
     hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, 4 * hc), dt)  # [2,N,H], [P,N,4hc]
     Y, ones = np.zeros((parts, 5 * hc), dt), np.ones(H, dt)  # [P,5hc], [H]
     for d, x_rev, out_rev in _directions(P):
-        Rt = _columns_t(P.recurrent_weight[d], 4, parts, N)  # [P,S]
+        Rt = _columns_t(P.recurrent_weight[d], 4, parts, N, P.T)  # [P,S]
         p, has_p = _peephole(P, d)
         lstm.forward(xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c,
                      zs, out_rev, d * H, d * 4 * H, hm, rec, Y, ones)
 
 
+@functools.lru_cache(maxsize=64)
 def _gru_codes(desc):
+    """(activation codes [3], z block, r block) of a descriptor (cached: the kernels only read
+    them)."""
     acts = np.array([desc.update_gate_activation, desc.reset_gate_activation,
                      desc.output_gate_activation], np.int64)  # [3]
     return acts, desc.gate_index["z"], desc.gate_index["r"]
@@ -204,10 +217,10 @@ def _forward_gru(P, h, c, zs):
     for d, x_rev, out_rev in _directions(P):
         R = P.recurrent_weight[d]  # [3H,H]
         if ra:
-            Rt, Rt_o = _columns_t(R, 3, parts, N), _dummy(dt, 2)  # [P,S]
+            Rt, Rt_o = _columns_t(R, 3, parts, N, P.T), _dummy(dt, 2)  # [P,S]
         else:
-            Rt = _columns_t(R[:2 * H], 2, parts, N)  # [P,S]
-            Rt_o = _columns_t(R[2 * H:], 1, parts, N)  # [P,S]
+            Rt = _columns_t(R[:2 * H], 2, parts, N, P.T)  # [P,S]
+            Rt_o = _columns_t(R[2 * H:], 1, parts, N, P.T)  # [P,S]
         gru.forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz, gr,
                     desc.flip_z, ra, h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb,
                     Y, ones)
@@ -282,7 +295,7 @@ def _backward_single_gate(P, dX, dR, dh0, dc0):
     E, gr, Y = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt), np.zeros((parts, 3 * hc), dt)  # [2,N,H], [P,N,hc], [P,3hc]
     for d, x_rev, out_rev in _directions(P):
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
-        R = _columns(P.recurrent_weight[d], parts, N)  # [P,S]
+        R = _columns(P.recurrent_weight[d], parts, N, T)  # [P,S]
         single_gate.backward(dh_in, zs, h0, m, mode, R, int(P.descriptor.activation), dX,
                              d * H, x_rev, HM, out_rev, d * H, carry, E, gr, Y, ones)
         dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
@@ -307,7 +320,7 @@ def _backward_lstm(P, dX, dR, dh0, dc0):
         cols = slice(d * 4 * H, (d + 1) * 4 * H)
         dh_carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         dc_carry = np.ascontiguousarray(dc0[:, d * H:(d + 1) * H])  # [N,H]
-        R = _columns(P.recurrent_weight[d], parts, N)  # [P,S]
+        R = _columns(P.recurrent_weight[d], parts, N, T)  # [P,S]
         p, has_p = _peephole(P, d)
         lstm.backward(dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi,
                       dX, d * 4 * H, x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry,
@@ -340,8 +353,8 @@ def _backward_gru(P, dX, dR, dh0, dc0):
         base = d * 3 * H
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         R = P.recurrent_weight[d]  # [3H,H]
-        R_main = _columns(R if ra else R[:2 * H], parts, N)  # [P,S]
-        R_o = _dummy(dt, 2) if ra else _columns(R[2 * H:], parts, N)  # [P,S]
+        R_main = _columns(R if ra else R[:2 * H], parts, N, T)  # [P,S]
+        R_o = _dummy(dt, 2) if ra else _columns(R[2 * H:], parts, N, T)  # [P,S]
         gru.backward(dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz, grr, desc.flip_z, ra,
                      dX, base, x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo,
                      gr, g, Rb, Y, ones)

@@ -7,8 +7,9 @@ those spinning threads, and its once-per-step meeting of the parts waits for a d
 thread: the parallel kernels ran 2–6× slower after a NumPy GEMM than after a single-threaded
 one. Here every product is cut into as many pieces as numba has threads, each a
 single-threaded GEMM (``blas.gemm``: MKL's sequential one, or SciPy's OpenBLAS) inside one
-``prange``, so the whole backend runs on one thread pool. Callers limit SciPy's BLAS to one
-thread around these calls (``machine.blas_threads("scipy", 1)``).
+``prange``, so the whole backend runs on one thread pool; small products are one such GEMM on
+the calling thread. Without MKL, callers limit SciPy's BLAS to one thread around these calls
+(``machine.blas_threads("scipy", 1)``).
 """
 
 import numba
@@ -17,11 +18,14 @@ import numpy as np
 from .activations import JIT
 from .blas import gemm
 
-#: below this many floating-point operations a product runs on one thread
+#: below this many floating-point operations a product runs on one thread, outside any
+#: parallel region (entering one costs about 10 µs, waking idle threads more)
 PARALLEL_MIN_FLOPS = 2_000_000
-#: at most this many multiply-adds, NumPy's ``@`` (which OpenBLAS runs on one thread at this
-#: size: no spinning workers afterwards) is cheaper than entering compiled code
-SMALL_PRODUCT = 1 << 18
+
+
+@numba.njit(**JIT)
+def _product(a, b, out):
+    gemm(a, b, out)
 
 
 @numba.njit(parallel=True, **JIT)
@@ -44,9 +48,11 @@ def _transposed_times(x, b, partial, parts):
             partial[p][:] = 0
 
 
-def _parts(flops):
-    threads = numba.get_num_threads()
-    return threads if threads > 1 and flops >= PARALLEL_MIN_FLOPS else 1
+def _parts(flops, limit):
+    """Pieces for a product of ``flops`` along an axis of ``limit`` entries (1: serial)."""
+    if flops < PARALLEL_MIN_FLOPS:
+        return 1
+    return max(1, min(numba.get_num_threads(), limit))
 
 
 def _contiguous(a):
@@ -64,11 +70,12 @@ def rows_times(a, b):
     if K == 0:
         out[:] = 0
         return out
-    if M * K * out.shape[1] <= SMALL_PRODUCT:
-        np.dot(a, b, out)  # NumPy's BLAS runs products this small on one thread
-        return out
-    _rows_times(np.ascontiguousarray(a), _contiguous(b), out,
-                min(_parts(2.0 * M * K * out.shape[1]), M))
+    a, b = np.ascontiguousarray(a), _contiguous(b)
+    parts = _parts(2.0 * M * K * out.shape[1], M)
+    if parts == 1:
+        _product(a, b, out)
+    else:
+        _rows_times(a, b, out, parts)
     return out
 
 
@@ -79,9 +86,12 @@ def transposed_times(x, b):
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:
         return np.zeros((M, N), np.result_type(x, b))  # [M,N]
-    if M * K * N <= SMALL_PRODUCT:
-        return x.T @ b  # NumPy's BLAS runs products this small on one thread
-    parts = _parts(2.0 * M * K * N)
+    x, b = np.ascontiguousarray(x), np.ascontiguousarray(b)
+    parts = _parts(2.0 * M * K * N, K)
+    if parts == 1:
+        out = np.empty((M, N), np.result_type(x, b))  # [M,N]
+        _product(x.T, b, out)
+        return out
     partial = np.empty((parts, M, N), np.result_type(x, b))  # [P,M,N]
-    _transposed_times(np.ascontiguousarray(x), np.ascontiguousarray(b), partial, parts)
-    return partial[0] if parts == 1 else partial.sum(axis=0)
+    _transposed_times(x, b, partial, parts)
+    return partial.sum(axis=0)

@@ -19,7 +19,8 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units, step_index
+from .common import (ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units,
+                     step_index, unowned)
 
 
 @numba.njit(inline="always", **JIT)
@@ -113,9 +114,14 @@ def forward(xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, bz, br, flip
             h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones):
     """Shapes: xp [T,N,D3H] (bias bx added here); Rt [P,S] = the parts' columns of R[d]ᵀ
     ([H,3hc] each) with reset_after, else of R_zrᵀ ([H,2hc]) and Rt_o [P,S] of R_oᵀ ([H,hc]),
-    packed by ``blas.pack_parts``; b2 [DH]; h0 [N,DH];
+    prepared by ``blas.pack_parts``; b2 [DH]; h0 [N,DH];
     m [1 or T,N,DH]; outputs h [T,N,DH], zs [T,N,DZH]; scratch hm [2,N,H], rec [P,N,·],
     hmr [N,H], reco [P,N,hc], Zb [P,N,hc], Y [P,2hc]; ones [H]."""
+    # borrowed views (no reference counting on the views taken per row and step)
+    xp, bx, Rt, Rt_o, b2 = unowned(xp), unowned(bx), unowned(Rt), unowned(Rt_o), unowned(b2)
+    h0, m, acts = unowned(h0), unowned(m), unowned(acts)
+    h, zs, hm, rec, hmr = unowned(h), unowned(zs), unowned(hm), unowned(rec), unowned(hmr)
+    reco, Zb, Y, ones = unowned(reco), unowned(Zb), unowned(Y), unowned(ones)
     T, N = h.shape[0], h.shape[1]
     P, H = Rt.shape[0], hm.shape[2]
     for n in range(N):
@@ -242,11 +248,17 @@ def backward(dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, bz, br, flip_z, reset_a
              x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, E, Eo, gr, g, Rb, Y, ones):
     """Shapes: dh_in, hf (output_fwd) [T,N,DH]; zs [T,N,DZH]; h0 [N,DH]; R [P,S] = the
     parts' columns of R[d] ([3H,hc] each) with reset_after, else of R_zr ([2H,hc]) and R_o
-    [P,S] of R_o ([H,hc]), packed by ``blas.pack_parts``;
+    [P,S] of R_o ([H,hc]), prepared by ``blas.pack_parts``;
     outputs dX [T,N,D3H], HM, HMR, DQ [T,N,H] (input time); dh_carry [N,H] holds the state
     gradient on entry and the part of d h0 that bypasses R on exit (the driver adds
     (E[0] R) ⊙ m[0]); scratch E [2,N,R's rows], Eo [N,H], gr, g [P,N,hc],
     Rb [P,2,N,hc], Y [P,7hc]; ones [H]."""
+    # borrowed views (no reference counting on the views taken per row and step)
+    dh_in, zs, hf, h0, m = unowned(dh_in), unowned(zs), unowned(hf), unowned(h0), unowned(m)
+    R, R_o, acts = unowned(R), unowned(R_o), unowned(acts)
+    dX, HM, HMR, DQ = unowned(dX), unowned(HM), unowned(HMR), unowned(DQ)
+    dh_carry, E, Eo, gr, g = unowned(dh_carry), unowned(E), unowned(Eo), unowned(gr), unowned(g)
+    Rb, Y, ones = unowned(Rb), unowned(Y), unowned(ones)
     T = dh_in.shape[0]
     P = R.shape[0]
     for s in range(T - 1, -1, -1):

@@ -6,7 +6,7 @@ activation codes of i, f, z, o and of the cell activation g. Conventions (parts 
 units, double buffers, row views): ``common.py``.
 
 Per step and part (forward): ``rec = hm @ Rtₚ`` (BLAS, [N,H]·[H,4hc], the part's columns of
-Rᵀ in block order, packed by ``blas.pack_parts``); per row, the pre-activations a = rec + x' + b (+ p ⊙ c[t−1]) in
+Rᵀ in block order, prepared by ``blas.pack_parts``); per row, the pre-activations a = rec + x' + b (+ p ⊙ c[t−1]) in
 place, to z_state; the activations into the row scratch Y (gate order i, f, z, o); c, g(c), h
 and the next step's ``hm = h ⊙ m`` for the part's units.
 Per step and part (gradients): ``gr = E_next @ Rₚ`` (BLAS, [N,4H]·[4H,hc], the part's columns
@@ -19,7 +19,8 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units, step_index
+from .common import (ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units,
+                     step_index, unowned)
 
 
 @numba.njit(**JIT)
@@ -65,8 +66,13 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p
 def forward(xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
             h, c, zs, out_rev, off, zoff, hm, rec, Y, ones):
     """Shapes: xp [T,N,DGH] (bias bx [DGH] added here); Rt [P,S] = the parts' columns of
-    R[d]ᵀ ([H,4hc] each) packed by ``blas.pack_parts``; h0, c0 [N,DH]; m [1 or T,N,DH]; pp [4H]; outputs h, c [T,N,DH], zs [T,N,D4H];
+    R[d]ᵀ ([H,4hc] each) prepared by ``blas.pack_parts``; h0, c0 [N,DH]; m [1 or T,N,DH]; pp [4H]; outputs h, c [T,N,DH], zs [T,N,D4H];
     scratch hm [2,N,H], rec [P,N,4hc], Y [P,5hc]; ones [H]."""
+    # borrowed views (no reference counting on the views taken per row and step)
+    xp, bx, Rt, h0, c0 = unowned(xp), unowned(bx), unowned(Rt), unowned(h0), unowned(c0)
+    m, pp, acts, gi, h = unowned(m), unowned(pp), unowned(acts), unowned(gi), unowned(h)
+    c, zs, hm, rec, Y = unowned(c), unowned(zs), unowned(hm), unowned(rec), unowned(Y)
+    ones = unowned(ones)
     T, N = h.shape[0], h.shape[1]
     P, H = Rt.shape[0], hm.shape[2]
     for n in range(N):
@@ -163,10 +169,15 @@ def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, 
 def backward(dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in, R, acts, gi,
              dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr, Y, ones):
     """Shapes: dh_in, cf [T,N,DH]; zs [T,N,D4H]; h0, c0 [N,DH]; R [P,S] = the parts'
-    columns of R[d] ([4H,hc] each) packed by ``blas.pack_parts``; outputs dX [T,N,DGH] and HM [T,N,H] (input time); dh_carry, dc_carry
+    columns of R[d] ([4H,hc] each) prepared by ``blas.pack_parts``; outputs dX [T,N,DGH] and HM [T,N,H] (input time); dh_carry, dc_carry
     [N,H] hold the final-state gradients on entry, dh_carry is then used up and dc_carry
     holds d c0 on exit (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,4H],
     gr [P,N,hc], Y [P,13hc]; ones [H]."""
+    # borrowed views (no reference counting on the views taken per row and step)
+    dh_in, zs, cf, h0, c0 = unowned(dh_in), unowned(zs), unowned(cf), unowned(h0), unowned(c0)
+    m, pp, dc_in, R, acts = unowned(m), unowned(pp), unowned(dc_in), unowned(R), unowned(acts)
+    gi, dX, HM, dh_carry = unowned(gi), unowned(dX), unowned(HM), unowned(dh_carry)
+    dc_carry, E, gr, Y, ones = unowned(dc_carry), unowned(E), unowned(gr), unowned(Y), unowned(ones)
     T = dh_in.shape[0]
     P = R.shape[0]
     for s in range(T - 1, -1, -1):

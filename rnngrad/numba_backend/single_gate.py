@@ -13,7 +13,8 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units, step_index
+from .common import (ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units,
+                     step_index, unowned)
 
 
 @numba.njit(**JIT)
@@ -38,9 +39,12 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_r
 @numba.njit(parallel=True, **JIT)
 def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm, rec, ones):
     """Shapes: xp [T,N,DH] (bias bx [DH] added here); Rt [P,S] = the parts' columns of R[d]ᵀ
-    ([H,hc] each) packed by ``blas.pack_parts``;
+    ([H,hc] each) prepared by ``blas.pack_parts``;
     h0 [N,DH]; m [1 or T,N,DH]; outputs h, zs [T,N,DH]; scratch hm [2,N,H], rec [P,N,hc];
     ones [H]."""
+    # borrowed views (no reference counting on the views taken per row and step)
+    xp, bx, Rt, h0, m = unowned(xp), unowned(bx), unowned(Rt), unowned(h0), unowned(m)
+    h, zs, hm, rec, ones = unowned(h), unowned(zs), unowned(hm), unowned(rec), unowned(ones)
     T, N = h.shape[0], h.shape[1]
     P, H = Rt.shape[0], hm.shape[2]
     for n in range(N):
@@ -93,10 +97,14 @@ def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, H
 def backward(dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off, dh_carry, E,
              gr, Y, ones):
     """Shapes: dh_in, zs [T,N,DH]; h0 [N,DH]; R [P,S] = the parts' columns of R[d] ([H,hc]
-    each) packed by ``blas.pack_parts``; outputs
+    each) prepared by ``blas.pack_parts``; outputs
     dX [T,N,DH] and HM [T,N,H] (input time); dh_carry [N,H] holds the state gradient on entry
     (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,H], gr [P,N,hc], Y [P,3hc];
     ones [H]."""
+    # borrowed views (no reference counting on the views taken per row and step)
+    dh_in, zs, h0, m, R = unowned(dh_in), unowned(zs), unowned(h0), unowned(m), unowned(R)
+    dX, HM, dh_carry, E, gr = unowned(dX), unowned(HM), unowned(dh_carry), unowned(E), unowned(gr)
+    Y, ones = unowned(Y), unowned(ones)
     T = dh_in.shape[0]
     P = R.shape[0]
     for s in range(T - 1, -1, -1):
