@@ -1,7 +1,8 @@
 """One timing run in a fresh process: ``python -m rnngrad.bench.worker JSON`` prints a JSON line.
 
 Request fields: impl ("numba", "reference", "torch" or "gemm"), cell, T, N, I, H, dtype,
-threads, repeats. An rnngrad implementation times the training forward plus the gradient op
+threads, repeats, min_seconds (timed runs continue past ``repeats`` until this much time has
+passed, at most ``MAX_RUNS``: sub-millisecond problems get enough runs for a stable median). An rnngrad implementation times the training forward plus the gradient op
 through the public functions; "torch" times nn.RNN / nn.GRU / nn.LSTM forward + backward with
 PyTorch's semantics mapped onto the contract (LSTM gates [i,f,g,o] = [i,f,z,o]; GRU
 reset_gate_first, reset_after with secondary_bias = b_hn; RNN tanh); "gemm" measures NumPy's
@@ -13,6 +14,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+
+MAX_RUNS = 2000
 
 
 def _rnngrad(req):
@@ -89,7 +92,8 @@ def main(argv):
     run()
     first = time.perf_counter() - t0
     times = []
-    for _ in range(req["repeats"]):
+    budget = time.perf_counter() + req.get("min_seconds", 0.0)
+    while len(times) < req["repeats"] or (time.perf_counter() < budget and len(times) < MAX_RUNS):
         t = time.perf_counter()
         run()
         times.append(time.perf_counter() - t)

@@ -30,7 +30,10 @@ def add_arguments(parser):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--backends", nargs="+", default=["numba"])
     parser.add_argument("--passes", type=int, default=3, help="alternating passes (default 3)")
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per pass (default 3)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed runs per pass, at least (default 3)")
+    parser.add_argument("--min-seconds", type=float, default=0.25,
+                        help="each pass keeps timing until this much time has passed (default 0.25)")
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")
     parser.add_argument("--plot", metavar="PNG", help="plot the ratios to PyTorch")
@@ -96,7 +99,8 @@ def run(args) -> int:
             for impl in order:
                 T, N, I, H = shape
                 out = _run_worker(dict(impl=impl, cell=cell, T=T, N=N, I=I, H=H, dtype=args.dtype,
-                                       threads=args.threads, repeats=args.repeats), env)
+                                       threads=args.threads, repeats=args.repeats,
+                                       min_seconds=args.min_seconds), env)
                 results[(cell, shape, impl)].extend(out["times"])
                 firsts.setdefault((cell, shape, impl), out["first"])
                 done += 1

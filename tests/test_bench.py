@@ -1,0 +1,58 @@
+"""``rnngrad bench`` end to end on a tiny problem (the reference backend: nothing to compile),
+and its timing worker's run count."""
+
+import json
+import statistics
+import subprocess
+import sys
+
+from rnngrad.cli.bench import flops
+
+
+def _worker(**request):
+    req = dict(impl="reference", cell="gru", T=3, N=2, I=4, H=5, dtype="float64", threads=1,
+               repeats=3)
+    req.update(request)
+    proc = subprocess.run([sys.executable, "-m", "rnngrad.bench.worker", json.dumps(req)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_worker_times_at_least_repeats_runs():
+    out = _worker(repeats=4)
+    assert len(out["times"]) == 4 and all(t > 0 for t in out["times"])
+
+
+def test_worker_keeps_timing_for_min_seconds():
+    out = _worker(repeats=2, min_seconds=0.3)
+    assert len(out["times"]) > 2
+    assert sum(out["times"]) >= 0.3 * 0.9 or len(out["times"]) >= 2000
+
+
+def test_flops_count_the_six_products_of_a_training_step():
+    # projection, recurrent product (forward and gradients), dW, dsource, dR: 2·T·N·G·H·(I+H)·3
+    T, N, I, H = 5, 3, 7, 11
+    per_step = {"single_gate": 1, "gru": 3, "lstm": 4}
+    for cell, G in per_step.items():
+        forward = 2 * T * N * G * H * I + 2 * T * N * G * H * H
+        assert flops(cell, T, N, I, H) == 3 * forward
+
+
+def test_bench_cli_writes_a_consistent_table(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rnngrad", "bench", "--shapes", "3x2x4x5", "--cells", "gru",
+         "--backends", "reference", "--no-torch", "--passes", "2", "--repeats", "2",
+         "--min-seconds", "0", "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert len(data["gemm_gflops"]) == 2 and min(data["gemm_gflops"]) > 0
+    (row,) = data["rows"]
+    assert row["cell"] == "gru" and row["shape"] == [3, 2, 4, 5] and row["impl"] == "reference"
+    assert len(row["times"]) == 4  # 2 passes × 2 runs
+    assert row["median_s"] == statistics.median(row["times"])
+    assert abs(row["gflops"] - flops("gru", 3, 2, 4, 5) / row["median_s"] / 1e9) <= 1e-9 * row["gflops"]
+    assert row["ratio_to_torch"] is None
+    assert "GRU" in proc.stdout and "reference" in proc.stdout
