@@ -14,7 +14,7 @@ from rnngrad.cases import CELLS, random_case  # noqa: E402
 from rnngrad.descriptors import Activation  # noqa: E402
 from rnngrad.reference import activations as ref  # noqa: E402
 from rnngrad.testing import TOLERANCES, check_case  # noqa: E402
-from rnngrad.numba_backend import activations as act, common, driver, gemm  # noqa: E402
+from rnngrad.numba_backend import activations as act, blas, common, driver, gemm  # noqa: E402
 
 DTYPES = (np.float32, np.float64)
 KINDS = (act.NONE, act.RELU, act.TANH, act.SIGMOID, act.HARD_SIGMOID)
@@ -73,7 +73,7 @@ def test_gemm_helpers_match_numpy(M, K, N, seed, dtype, transposed_b):
 
 
 def test_gemm_helpers_parallel_split():
-    """Large enough that the products are split between threads (rows, and K with partial sums)."""
+    """Large enough that the products are split between threads (by rows of the result)."""
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((301, 97)), rng.standard_normal((97, 83))  # [M,K], [K,N]
     x = rng.standard_normal((301, 97))  # [K,M]
@@ -85,10 +85,11 @@ def test_gemm_helpers_parallel_split():
 
 @pytest.mark.parametrize("M,K,N", [(1, 64, 256), (3, 5, 7), (4, 128, 128), (0, 3, 2)])
 def test_compiled_small_product(M, K, N):
+    """The per-step product on B as pack_parts leaves it for a single step (unpacked)."""
     rng = np.random.default_rng(M * 100 + K)
     a, b = rng.standard_normal((M, K)), rng.standard_normal((K, N))  # [M,K], [K,N]
     out = np.full((M, N), np.nan)  # [M,N] every element must be written
-    common.dot(a, b, out)
+    common.dot(a, blas.pack_parts(b[None], M, 1)[0], out)
     atol, rtol = TOLERANCES[("float64", "parameter")]
     np.testing.assert_allclose(out, a @ b, rtol=rtol, atol=atol)
 

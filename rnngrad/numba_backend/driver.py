@@ -292,7 +292,7 @@ def _backward_single_gate(P, dX, dR, dh0, dc0):
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
     parts = schedule(N, H, 1)
     hc = -(-H // parts)
-    E, gr, Y = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt), np.zeros((parts, 3 * hc), dt)  # [2,N,H], [P,N,hc], [P,3hc]
+    E, gr, Y = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt), np.zeros((parts, 2 * hc), dt)  # [2,N,H], [P,N,hc], [P,2hc]
     for d, x_rev, out_rev in _directions(P):
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         R = _columns(P.recurrent_weight[d], parts, N, T)  # [P,S]
@@ -314,7 +314,7 @@ def _backward_lstm(P, dX, dR, dh0, dc0):
     parts = schedule(N, H, 4)
     hc = -(-H // parts)
     E, gr = np.zeros((2, N, 4 * H), dt), np.zeros((parts, N, hc), dt)  # [2,N,4H], [P,N,hc]
-    Y, ones = np.zeros((parts, 13 * hc), dt), np.ones(H, dt)  # [P,13hc], [H]
+    Y, ones = np.zeros((parts, 11 * hc), dt), np.ones(H, dt)  # [P,11hc], [H]
     dp = np.zeros((D, 4 * H), dt)  # [D,4H]
     for d, x_rev, out_rev in _directions(P):
         cols = slice(d * 4 * H, (d + 1) * 4 * H)

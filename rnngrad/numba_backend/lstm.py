@@ -11,15 +11,16 @@ place, to z_state; the activations into the row scratch Y (gate order i, f, z, o
 and the next step's ``hm = h ⊙ m`` for the part's units.
 Per step and part (gradients): ``gr = E_next @ Rₚ`` (BLAS, [N,4H]·[4H,hc], the part's columns
 of R), then per row the activations and derivatives of the four gates and of the cell, dh, dc,
-dA (to dX and to this step's E), dc carried, h[t−1] ⊙ m into HM. dR = Σ dXᵀ HM and dX's
-products with W and source are large GEMMs after the loop (``driver.py``).
+dA (to dX and to this step's E), dc carried, and h ⊙ m of the next step's input into HM.
+dR = Σ dXᵀ HM and dX's products with W and source are large GEMMs after the loop
+(``driver.py``).
 """
 
 import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import (ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units,
+from .common import (ONE_I, ZERO_I, add_pre_activation, dot, mask_row, multiply, part_units,
                      step_index, unowned)
 
 
@@ -100,29 +101,29 @@ def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, 
     if not last:
         dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]: the next step's dA · R, own units
     e = E[s % 2]
-    y = Y[p]  # [13hc] row scratch
+    y = Y[p]  # [11hc] row scratch
     yi, yf, yz, yo = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w], y[3 * hc:3 * hc + w]
     di, df, dz, do = y[4 * hc:4 * hc + w], y[5 * hc:5 * hc + w], y[6 * hc:6 * hc + w], \
         y[7 * hc:7 * hc + w]
-    gc, dgc, hprev, dh = y[8 * hc:8 * hc + w], y[9 * hc:9 * hc + w], y[10 * hc:10 * hc + w], \
-        y[11 * hc:11 * hc + w]
-    tmp = y[12 * hc:12 * hc + w]
+    gc, dgc, dh = y[8 * hc:8 * hc + w], y[9 * hc:9 * hc + w], y[10 * hc:10 * hc + w]
     for n in range(N):
         zrow = zs[to, n]
         for g in range(4):
             src = zrow[zoff + gi[g] * H + j0:zoff + gi[g] * H + j1]
             activate_with_derivative(acts[g], src, y[g * hc:g * hc + w], y[(4 + g) * hc:(4 + g) * hc + w])
         activate_with_derivative(acts[4], cf[to, n, off + j0:off + j1], gc, dgc)
-        # h[t−1] = o[t−1] ⊙ g(c[t−1]), rebuilt from the forward's z_state and c
+        # HM: h[s] ⊙ m[s+1] = o ⊙ g(c) ⊙ m[s+1] is step s+1's recurrent input, rebuilt here from
+        # the forward's z_state and c (once per step: this step needs o and g(c) anyway)
+        if not last:
+            hn, mn = HM[step_index(s + 1, T, x_rev), n, j0:j1], mask_row(m, m_mode, s + 1, n, off + j0, w, ones)
+            for j in range(w):
+                hn[j] = yo[j] * gc[j] * mn[j]
         if s == 0:
             cp = c0[n, off + j0:off + j1]
-            copy(h0[n, off + j0:off + j1], hprev)
+            multiply(h0[n, off + j0:off + j1], mask_row(m, m_mode, 0, n, off + j0, w, ones),
+                     HM[ti, n, j0:j1])
         else:
             cp = cf[tp, n, off + j0:off + j1]
-            activate(acts[3], zs[tp, n, zoff + gi[3] * H + j0:zoff + gi[3] * H + j1], hprev)
-            activate(acts[4], cp, tmp)
-            for j in range(w):
-                hprev[j] *= tmp[j]
         dhin = dh_in[to, n, off + j0:off + j1]
         if last:
             dhc = dh_carry[n, j0:j1]  # the state gradient
@@ -162,7 +163,6 @@ def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, 
             for j in range(w):
                 xg[j] = dg[j]
                 eg[j] = dg[j]
-        multiply(hprev, mask_row(m, m_mode, s, n, off + j0, w, ones), HM[ti, n, j0:j1])
 
 
 @numba.njit(parallel=True, **JIT)
@@ -172,7 +172,7 @@ def backward(dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in, R, a
     columns of R[d] ([4H,hc] each) prepared by ``blas.pack_parts``; outputs dX [T,N,DGH] and HM [T,N,H] (input time); dh_carry, dc_carry
     [N,H] hold the final-state gradients on entry, dh_carry is then used up and dc_carry
     holds d c0 on exit (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,4H],
-    gr [P,N,hc], Y [P,13hc]; ones [H]."""
+    gr [P,N,hc], Y [P,11hc]; ones [H]."""
     # borrowed views (no reference counting on the views taken per row and step)
     dh_in, zs, cf, h0, c0 = unowned(dh_in), unowned(zs), unowned(cf), unowned(h0), unowned(c0)
     m, pp, dc_in, R, acts = unowned(m), unowned(pp), unowned(dc_in), unowned(R), unowned(acts)

@@ -66,19 +66,22 @@ def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, H
     hc = gr.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
-    ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
+    ti, to = step_index(s, T, x_rev), step_index(s, T, out_rev)
     last = s == T - 1
     if not last:
         dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]
     e = E[s % 2]
-    y = Y[p]  # [3hc] row scratch
-    ya, da, hprev = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w]
+    y = Y[p]  # [2hc] row scratch
+    ya, da = y[0:w], y[hc:hc + w]
     for n in range(N):
         activate_with_derivative(act, zs[to, n, off + j0:off + j1], ya, da)
+        # HM: h[s] ⊙ m[s+1] is step s+1's recurrent input (so h is rebuilt once per step)
+        if not last:
+            multiply(ya, mask_row(m, m_mode, s + 1, n, off + j0, w, ones),
+                     HM[step_index(s + 1, T, x_rev), n, j0:j1])
         if s == 0:
-            copy(h0[n, off + j0:off + j1], hprev)
-        else:
-            activate(act, zs[tp, n, off + j0:off + j1], hprev)
+            multiply(h0[n, off + j0:off + j1], mask_row(m, m_mode, 0, n, off + j0, w, ones),
+                     HM[ti, n, j0:j1])
         dhin = dh_in[to, n, off + j0:off + j1]
         if last:
             dhc = dh_carry[n, j0:j1]  # the state gradient
@@ -90,7 +93,6 @@ def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, H
                 da[j] *= dhin[j] + grr[j] * mr[j]
         copy(da, dX[ti, n, xoff + j0:xoff + j1])
         copy(da, e[n, j0:j1])
-        multiply(hprev, mask_row(m, m_mode, s, n, off + j0, w, ones), HM[ti, n, j0:j1])
 
 
 @numba.njit(parallel=True, **JIT)
@@ -99,7 +101,7 @@ def backward(dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off
     """Shapes: dh_in, zs [T,N,DH]; h0 [N,DH]; R [P,S] = the parts' columns of R[d] ([H,hc]
     each) prepared by ``blas.pack_parts``; outputs
     dX [T,N,DH] and HM [T,N,H] (input time); dh_carry [N,H] holds the state gradient on entry
-    (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,H], gr [P,N,hc], Y [P,3hc];
+    (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,H], gr [P,N,hc], Y [P,2hc];
     ones [H]."""
     # borrowed views (no reference counting on the views taken per row and step)
     dh_in, zs, h0, m, R = unowned(dh_in), unowned(zs), unowned(h0), unowned(m), unowned(R)
