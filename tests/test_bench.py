@@ -6,6 +6,8 @@ import statistics
 import subprocess
 import sys
 
+import pytest
+
 from rnngrad.cli.bench import flops
 
 
@@ -54,5 +56,26 @@ def test_bench_cli_writes_a_consistent_table(tmp_path):
     assert len(row["times"]) == 4  # 2 passes × 2 runs
     assert row["median_s"] == statistics.median(row["times"])
     assert abs(row["gflops"] - flops("gru", 3, 2, 4, 5) / row["median_s"] / 1e9) <= 1e-9 * row["gflops"]
-    assert row["ratio_to_torch"] is None
+    assert row["ratio_to_torch"] is None and row["ratio_floor"] is None
     assert "GRU" in proc.stdout and "reference" in proc.stdout
+
+
+def test_bench_against_torch_reports_ratios_and_the_floor(tmp_path):
+    """With PyTorch: ratio = median / PyTorch's median, and the floor is the ratio at the
+    best GEMM rate, flops / rate / PyTorch's median."""
+    pytest.importorskip("torch")
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "rnngrad", "bench", "--shapes", "4x2x3x5", "--cells", "lstm",
+         "--backends", "reference", "--passes", "1", "--repeats", "2", "--min-seconds", "0",
+         "--threads", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    rows = {r["impl"]: r for r in data["rows"]}
+    assert set(rows) == {"reference", "torch"}
+    mine, theirs = rows["reference"], rows["torch"]
+    assert abs(mine["ratio_to_torch"] - mine["median_s"] / theirs["median_s"]) <= 1e-12
+    assert theirs["ratio_to_torch"] == 1.0
+    best = max(data["gemm_gflops"]) * 1e9
+    assert abs(mine["ratio_floor"] - flops("lstm", 4, 2, 3, 5) / best / theirs["median_s"]) <= 1e-12

@@ -110,8 +110,9 @@ def run(args) -> int:
     print(file=sys.stderr)
     best_gemm = max(gemm)
     print(f"\nGEMM rate ({args.dtype}, {args.threads} threads, NumPy): best {best_gemm:.1f} GFLOP/s")
+    print("floor: the ratio to PyTorch an implementation would reach running every FLOP at the best GEMM rate")
     header = (f"{'cell':5} {'T×N×I×H':>16} {'impl':>10} {'median ms':>10} {'µs/step':>9} {'GFLOP/s':>8} "
-              f"{'%GEMM':>6} {'vs torch':>9} {'first s':>8}")
+              f"{'%GEMM':>6} {'vs torch':>9} {'floor':>6} {'first s':>8}")
     print(header)
     print("-" * len(header))
     rows = []
@@ -121,14 +122,15 @@ def run(args) -> int:
             med = statistics.median(results[(cell, shape, impl)])
             gf = flops(cell, *shape) / med / 1e9
             ratio = med / torch_med if torch_med else None
+            floor = flops(cell, *shape) / (best_gemm * 1e9) / torch_med if torch_med else None
             rows.append(dict(cell=cell, shape=shape, impl=impl, median_s=med,
                              us_per_step=med / shape[0] * 1e6, gflops=gf,
                              gemm_fraction=gf / best_gemm, ratio_to_torch=ratio,
-                             first_call_s=firsts[(cell, shape, impl)],
+                             ratio_floor=floor, first_call_s=firsts[(cell, shape, impl)],
                              times=results[(cell, shape, impl)]))
             print(f"{CELL_NAMES[cell]:5} {'x'.join(map(str, shape)):>16} {impl:>10} {med * 1e3:10.2f} "
                   f"{med / shape[0] * 1e6:9.1f} {gf:8.1f} {gf / best_gemm:6.0%} "
-                  + (f"{ratio:9.2f}" if ratio is not None else f"{'-':>9}")
+                  + (f"{ratio:9.2f} {floor:6.2f}" if ratio is not None else f"{'-':>9} {'-':>6}")
                   + f" {firsts[(cell, shape, impl)]:8.2f}")
     if args.json:
         with open(args.json, "w") as f:
