@@ -132,6 +132,7 @@ def _load_mkl():
 #: packed 1.1, against 2.1 for [1,64]·[64,256] in float32.)
 SMALL_PRODUCT = 1 << 16
 
+
 def _fallbacks(T):
     """cfuncs with the CBLAS ``gemm`` and ``gemm_compute`` signatures for float type T, computing
     with numba's ``np.dot`` (SciPy's OpenBLAS); a plain product of at most ``SMALL_PRODUCT``
