@@ -5,8 +5,8 @@ Conventions (parts of the hidden units, double buffers, row views): ``common.py`
 Per step and part (forward): ``rec = hm @ Rtₚ`` (BLAS, [N,H]·[H,hc]), then per row
 a = rec + x' + b (to z_state), h = f(a), and the next step's ``hm = h ⊙ m``.
 Per step and part (gradients): ``gr = E_next @ Rₚ`` (BLAS, [N,H]·[H,hc]), then per row
-dh = dh_in + gr ⊙ m, da = dh ⊙ f'(a) into dX and this step's E, and h[t−1] ⊙ m into HM
-(h[t−1] = f(z_state[t−1]) is rebuilt).
+dh = dh_in + gr ⊙ m, da = dh ⊙ f'(a) into dX and this step's E, and HM, h[t−1] ⊙ m of each
+step's recurrent input (h = f(z_state) is rebuilt once per step, by the step that produced it).
 """
 
 import numba
