@@ -61,13 +61,13 @@ def test_bench_cli_writes_a_consistent_table(tmp_path):
 
 
 def test_bench_against_torch_reports_ratios_and_the_floor(tmp_path):
-    """With PyTorch: ratio = median / PyTorch's median, and the floor is the ratio at the
-    best GEMM rate, flops / rate / PyTorch's median."""
+    """With PyTorch: ratio = median / PyTorch's median, the floor is the ratio at the best
+    GEMM rate, flops / rate / PyTorch's median, and each pass has its own ratio of medians."""
     pytest.importorskip("torch")
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "rnngrad", "bench", "--shapes", "4x2x3x5", "--cells", "lstm",
-         "--backends", "reference", "--passes", "1", "--repeats", "2", "--min-seconds", "0",
+         "--backends", "reference", "--passes", "2", "--repeats", "2", "--min-seconds", "0",
          "--threads", "1", "--json", str(out)],
         capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -79,3 +79,9 @@ def test_bench_against_torch_reports_ratios_and_the_floor(tmp_path):
     assert theirs["ratio_to_torch"] == 1.0
     best = max(data["gemm_gflops"]) * 1e9
     assert abs(mine["ratio_floor"] - flops("lstm", 4, 2, 3, 5) / best / theirs["median_s"]) <= 1e-12
+    assert len(mine["pass_times"]) == 2 and sum(mine["pass_times"], []) == mine["times"]
+    for k in range(2):
+        want = statistics.median(mine["pass_times"][k]) / statistics.median(theirs["pass_times"][k])
+        assert abs(mine["pass_ratios"][k] - want) <= 1e-12
+    assert theirs["pass_ratios"] == [1.0, 1.0]
+    assert "–" in proc.stdout  # the per-pass range column

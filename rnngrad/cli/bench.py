@@ -3,8 +3,11 @@
 For every cell and shape, each implementation runs in a fresh worker process
 (``rnngrad.bench.worker``), in alternating passes; the table shows the median time of forward +
 gradients, µs per time step, GFLOP/s, the fraction of the GEMM rate measured in the same run and
-the ratio to PyTorch (below 1: rnngrad is faster) and the first call of the first worker
-("first s": setup, loading or compiling kernels, and one forward + gradients).
+the ratio to PyTorch (below 1: rnngrad is faster), the range of that ratio over the passes
+(each pass's median against PyTorch's median of the same pass, run just before or after it: on a
+machine whose speed drifts, the spread says how far one ratio can be trusted) and the first call
+of the first worker ("first s": setup, loading or compiling kernels, and one forward +
+gradients).
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ def flops(cell, T, N, I, H):
     return 2.0 * T * N * G * H * (I + H) * 3
 
 
+def pass_ratios(mine, theirs):
+    """Per pass: the median of ``mine`` over the median of ``theirs`` ([pass][run] times each),
+    two measurements taken one right after the other."""
+    return [statistics.median(a) / statistics.median(b) for a, b in zip(mine, theirs)]
+
+
 def _env(threads):
     from .. import machine
 
@@ -83,7 +92,8 @@ def run(args) -> int:
     if env.get("OPENBLAS_CORETYPE"):
         print(f"workers run with OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}")
     points = [(cell, shape) for shape in shapes for cell in args.cells]
-    results = {(c, s, i): [] for c, s in points for i in impls}
+    results = {(c, s, i): [] for c, s in points for i in impls}  # every pass's times, in order
+    passes = {(c, s, i): [] for c, s in points for i in impls}  # [pass][run] times
     firsts = {}
     gemm = []
     total = args.passes * (len(points) * len(impls) + 1)
@@ -102,6 +112,7 @@ def run(args) -> int:
                                        threads=args.threads, repeats=args.repeats,
                                        min_seconds=args.min_seconds), env)
                 results[(cell, shape, impl)].extend(out["times"])
+                passes[(cell, shape, impl)].append(out["times"])
                 firsts.setdefault((cell, shape, impl), out["first"])
                 done += 1
                 print(f"\r[{done}/{total}] pass {p + 1} {CELL_NAMES[cell]} {'x'.join(map(str, shape))} "
@@ -112,7 +123,7 @@ def run(args) -> int:
     print(f"\nGEMM rate ({args.dtype}, {args.threads} threads, NumPy): best {best_gemm:.1f} GFLOP/s")
     print("floor: the ratio to PyTorch an implementation would reach running every FLOP at the best GEMM rate")
     header = (f"{'cell':5} {'T×N×I×H':>16} {'impl':>10} {'median ms':>10} {'µs/step':>9} {'GFLOP/s':>8} "
-              f"{'%GEMM':>6} {'vs torch':>9} {'floor':>6} {'first s':>8}")
+              f"{'%GEMM':>6} {'vs torch':>9} {'per pass':>11} {'floor':>6} {'first s':>8}")
     print(header)
     print("-" * len(header))
     rows = []
@@ -123,14 +134,18 @@ def run(args) -> int:
             gf = flops(cell, *shape) / med / 1e9
             ratio = med / torch_med if torch_med else None
             floor = flops(cell, *shape) / (best_gemm * 1e9) / torch_med if torch_med else None
+            per_pass = pass_ratios(passes[(cell, shape, impl)],
+                                   passes[(cell, shape, "torch")]) if have_torch else None
             rows.append(dict(cell=cell, shape=shape, impl=impl, median_s=med,
                              us_per_step=med / shape[0] * 1e6, gflops=gf,
                              gemm_fraction=gf / best_gemm, ratio_to_torch=ratio,
                              ratio_floor=floor, first_call_s=firsts[(cell, shape, impl)],
-                             times=results[(cell, shape, impl)]))
+                             pass_ratios=per_pass, times=results[(cell, shape, impl)],
+                             pass_times=passes[(cell, shape, impl)]))
             print(f"{CELL_NAMES[cell]:5} {'x'.join(map(str, shape)):>16} {impl:>10} {med * 1e3:10.2f} "
                   f"{med / shape[0] * 1e6:9.1f} {gf:8.1f} {gf / best_gemm:6.0%} "
-                  + (f"{ratio:9.2f} {floor:6.2f}" if ratio is not None else f"{'-':>9} {'-':>6}")
+                  + (f"{ratio:9.2f} {min(per_pass):5.2f}–{max(per_pass):<5.2f} {floor:6.2f}"
+                     if ratio is not None else f"{'-':>9} {'-':>11} {'-':>6}")
                   + f" {firsts[(cell, shape, impl)]:8.2f}")
     if args.json:
         with open(args.json, "w") as f:
@@ -142,12 +157,16 @@ def run(args) -> int:
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(8, 4))
         mine = [r for r in rows if r["impl"] != "torch"]
-        ax.bar(range(len(mine)), [r["ratio_to_torch"] for r in mine])
+        ratios = [r["ratio_to_torch"] for r in mine]
+        spread = [[v - min(r["pass_ratios"]) for v, r in zip(ratios, mine)],
+                  [max(r["pass_ratios"]) - v for v, r in zip(ratios, mine)]]
+        ax.bar(range(len(mine)), ratios, yerr=spread, capsize=2)  # bars: the passes' range
         ax.set_xticks(range(len(mine)))
         ax.set_xticklabels([f"{CELL_NAMES[r['cell']]}\n{'x'.join(map(str, r['shape']))}\n{r['impl']}"
                             for r in mine], fontsize=6)
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_ylabel("time / PyTorch time")
+        ax.set_title("median ratio; whiskers: the range of the per-pass ratios", fontsize=9)
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
     return 0
