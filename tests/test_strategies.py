@@ -1,7 +1,5 @@
 """rnngrad.strategies: drawn problems are valid, cover the options, shrink, and reproduce."""
 
-import dataclasses
-
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, find, given, settings
