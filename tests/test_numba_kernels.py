@@ -1,7 +1,8 @@
 """The numba backend's building blocks against independent computations: its vectorised
 activations against the float64 reference (whole real line, ±inf, NaN, tiny and huge values),
-its GEMM helpers against NumPy, and the parallel split of the hidden units forced on small
-problems of every cell and option."""
+its GEMM helpers against NumPy, and the parallel split of the hidden units and the overlap of
+the recurrence with the large products, each forced on small problems of every cell and
+option."""
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from rnngrad.cases import CELLS, random_case  # noqa: E402
 from rnngrad.descriptors import Activation  # noqa: E402
 from rnngrad.reference import activations as ref  # noqa: E402
 from rnngrad.testing import TOLERANCES, check_case  # noqa: E402
-from rnngrad.numba_backend import activations as act, blas, common, driver, gemm  # noqa: E402
+from rnngrad.numba_backend import activations as act, blas, common, driver, gemm, overlap  # noqa: E402
 
 DTYPES = (np.float32, np.float64)
 KINDS = (act.NONE, act.RELU, act.TANH, act.SIGMOID, act.HARD_SIGMOID)
@@ -72,6 +73,23 @@ def test_gemm_helpers_match_numpy(M, K, N, seed, dtype, transposed_b):
                                atol=atol)
 
 
+@settings(max_examples=20, deadline=None)
+@given(K=st.integers(0, 40), M=st.integers(1, 30), N=st.integers(1, 30), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(DTYPES), step=st.integers(1, 7))
+def test_accumulate_matches_numpy(K, M, N, seed, dtype, step):
+    """out += xᵀ b chunk by chunk over the rows, x a column slice of a wider array (the
+    gradients' dX of one direction)."""
+    rng = np.random.default_rng(seed)
+    wide = rng.standard_normal((K, M + 5)).astype(dtype)  # [K,M+5]
+    x, b = wide[:, 2:2 + M], rng.standard_normal((K, N)).astype(dtype)  # [K,M], [K,N]
+    out = rng.standard_normal((M, N)).astype(dtype)  # [M,N]
+    want = out.astype(np.float64) + x.T.astype(np.float64) @ b
+    for r in range(0, K, step):
+        gemm.accumulate(x[r:r + step], b[r:r + step], out)
+    atol, rtol = TOLERANCES[(np.dtype(dtype).name, "parameter")]
+    np.testing.assert_allclose(out, want, rtol=rtol, atol=atol)
+
+
 def test_gemm_helpers_parallel_split():
     """Large enough that the products are split between threads (by rows of the result)."""
     rng = np.random.default_rng(5)
@@ -109,3 +127,57 @@ def test_forced_parts_match_reference(seed, cell, dtype, parts):
             assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
     finally:
         driver.schedule = original
+
+
+@pytest.mark.parametrize("T", [1, 2, 5, 17])
+def test_overlap_bounds_cover_the_loop(T, monkeypatch):
+    monkeypatch.setattr(overlap, "MIN_FLOPS", 0)
+    monkeypatch.setattr(overlap, "MIN_CHUNK_ROWS", 1)
+    b = overlap.bounds(T, 3, 1, 1.0)
+    if T < 2:
+        assert b is None
+    else:
+        assert b[0] == 0 and b[-1] == T and all(x < y for x, y in zip(b, b[1:])), b
+    assert overlap.bounds(T, 3, 2, 1.0) is None  # a parallel recurrence: nothing to overlap
+
+
+def test_overlap_waits_for_the_helper_when_the_recurrence_fails(monkeypatch):
+    """A failing chunk of the recurrence leaves no helper task running or unseen: what was
+    handed over before the failure is done when the error arrives, and nothing after."""
+    monkeypatch.setattr(overlap, "EAGER", True)
+    out, rows = np.zeros((1, 1)), np.arange(8.0)[:, None]  # [1,1], [8,1]
+
+    def recur(s0, s1):
+        if s0 == 4:
+            raise ValueError("chunk 4")
+    with pytest.raises(ValueError, match="chunk 4"):
+        overlap.gradients(recur, [(out, rows, np.ones((8, 1)))], [0, 2, 4, 6, 8], 8, 1, False)
+    assert out[0, 0] == 7.0  # step 7's row only: steps 7… were complete before the failure
+    projected = []
+    with pytest.raises(ValueError, match="chunk 4"):
+        overlap.forward(recur, lambda s0, s1: projected.append((s0, s1)), [0, 2, 4, 6, 8])
+    assert projected == [(0, 2), (2, 4), (4, 6), (6, 8)]  # the last one submitted, finished
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), cell=st.sampled_from(CELLS), dtype=st.sampled_from(DTYPES),
+       chunk=st.integers(1, 3), eager=st.booleans())
+def test_forced_overlap_matches_reference(seed, cell, dtype, chunk, eager):
+    """Every cell and option with the projection and the weight gradients beside the
+    recurrence in chunks of 1–3 steps, whatever the size: the overlapped code path on small
+    problems (reverse and bidirectional ops, masks, every optional input), with each chunk
+    of the gradients handed over and finished at the earliest moment (eager) or as the
+    threads run."""
+    case = random_case(seed, cell, dtype=dtype, T=int(np.random.default_rng(seed).integers(2, 9)))
+    calls = []
+
+    def bounds(T, N, parts, flops):
+        calls.append(T)
+        return list(range(0, T, chunk)) + [T]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(overlap, "bounds", bounds)
+        mp.setattr(overlap, "EAGER", eager)
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "numba", gradients)
+            assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
+    assert calls  # the overlap did run

@@ -40,7 +40,9 @@ NONE, RELU, TANH, SIGMOID, HARD_SIGMOID = 0, 1, 2, 3, 4
 # Indices into the constants array of a kernel's dtype.
 ZERO, ONE, SLOPE, OFFSET, EDGE = 0, 1, 2, 3, 4
 
-JIT = dict(cache=True, error_model="numpy")
+#: every compiled function: cached on disk; nogil, so that a recurrence on the calling thread
+#: and the products on the helper thread (``overlap.py``) run at the same time
+JIT = dict(cache=True, error_model="numpy", nogil=True)
 
 
 def constants(dtype) -> np.ndarray:

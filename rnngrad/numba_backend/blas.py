@@ -296,6 +296,11 @@ def gemm(a, b, out):
     raise NotImplementedError("gemm is only callable from numba-compiled code")
 
 
+def gemm_add(a, b, out):
+    """out += a @ b inside compiled code (operands as for :func:`gemm`)."""
+    raise NotImplementedError("gemm_add is only callable from numba-compiled code")
+
+
 def packed_product(a, packed, out):
     """out = a @ B inside compiled code, for C-contiguous a [M,K], out [M,N] and B packed by
     MKL (:func:`pack_parts`) for M rows."""
@@ -310,27 +315,35 @@ def _layout(x, item):
     return TRANS, max(x.strides[1] // item, x.shape[0], 1)
 
 
-@overload(gemm, inline="always")
-def _gemm_impl(a, b, out):
-    T = out.dtype
-    if T not in _gemm_fn:
-        return None
-    fn, one, zero = _gemm_fn[T], T.cast_python_value(1.0), T.cast_python_value(0.0)
+def _gemm_overload(beta):
+    """The overload of out = a @ b + beta · out (beta 0 or 1)."""
+    def typer(a, b, out):
+        T = out.dtype
+        if T not in _gemm_fn:
+            return None
+        fn, one, b_ = _gemm_fn[T], T.cast_python_value(1.0), T.cast_python_value(beta)
+        clear = beta == 0
 
-    def impl(a, b, out):
-        M, K = a.shape
-        N = b.shape[1]
-        if M == 0 or N == 0:
-            return
-        if K == 0:
-            out[:] = 0
-            return
-        item = out.itemsize
-        ta, lda = _layout(a, item)
-        tb, ldb = _layout(b, item)
-        fn(ROW_MAJOR, ta, tb, M, N, K, one, a.ctypes.data, lda, b.ctypes.data, ldb, zero,
-           out.ctypes.data, out.strides[0] // item)
-    return impl
+        def impl(a, b, out):
+            M, K = a.shape
+            N = b.shape[1]
+            if M == 0 or N == 0:
+                return
+            if K == 0:
+                if clear:
+                    out[:] = 0
+                return
+            item = out.itemsize
+            ta, lda = _layout(a, item)
+            tb, ldb = _layout(b, item)
+            fn(ROW_MAJOR, ta, tb, M, N, K, one, a.ctypes.data, lda, b.ctypes.data, ldb, b_,
+               out.ctypes.data, out.strides[0] // item)
+        return impl
+    return typer
+
+
+overload(gemm, inline="always")(_gemm_overload(0.0))
+overload(gemm_add, inline="always")(_gemm_overload(1.0))
 
 
 @overload(packed_product, inline="always")

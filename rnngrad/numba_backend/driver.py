@@ -3,14 +3,17 @@
 What runs where:
 
 - the input projection ``x' = source Wᵀ`` for all steps and both directions is one GEMM
-  (NumPy's BLAS) before the recurrence; the bias is added inside the kernels;
+  before the recurrence; the bias is added inside the kernels;
 - each direction's recurrence is one call of a compiled kernel (``lstm.py``, ``gru.py``,
   ``single_gate.py``) that runs the whole time loop; when the problem is large enough
   (:func:`schedule`) the hidden units are split into parts that run in parallel, each with a
   single-threaded BLAS GEMM per step for its units' weight columns over the whole batch, then
   the gate math of its units (``common.py``);
 - after the recurrence, the weight gradients (dR = Σ dXᵀ HM, dW = dXᵀ source) and the source
-  gradient (dX W) are large GEMMs, and the bias gradient a sum over T·N rows.
+  gradient (dX W) are large GEMMs, and the bias gradient a sum over T·N rows;
+- when a direction's recurrence runs on one thread and the products are large, the
+  projection (first direction) and the weight gradients run beside it on the other core
+  instead, a chunk of steps ahead or behind (``overlap.py``).
 
 Everything computes in the problem's dtype (float32 or float64). Everything runs on numba's
 thread pool: the large GEMMs too (``gemm.py``, one single-threaded BLAS call per thread), so
@@ -27,8 +30,8 @@ import numpy as np
 
 from .. import machine
 from ..problem import ForwardArrays, GradientArrays
-from . import blas, gru, lstm, single_gate
-from .gemm import rows_times, transposed_times
+from . import blas, gru, lstm, overlap, single_gate
+from .gemm import product, rows_times, transposed_times
 from .common import MASK_NONE, MASK_PER_STEP, MASK_SHARED
 
 #: below this many floating-point operations in one step's recurrent product (2·N·H·G·H) a
@@ -115,16 +118,57 @@ def _state(a, problem):
     return np.zeros((N, DH), problem.dtype) if a is None else _writable(a)  # [N,DH]
 
 
+def _chunks(P, flops):
+    """Chunk boundaries for running products of ``flops`` beside a recurrence of the problem
+    (``overlap.bounds``), or None."""
+    return overlap.bounds(P.T, P.N, schedule(P.N, P.H, P.G), flops)
+
+
 def _project(problem):
-    """(x' without bias [T,N,DGH], bias [DGH]) — the bias is added in the kernels."""
+    """(x' without bias [T,N,DGH], bias [DGH], projection) — the bias is added in the kernels.
+    Without an input weight x' is the source; with one, x' = source Wᵀ is computed here
+    (projection None), or, when it can run beside the first direction's recurrence
+    (:func:`_recur`), only allocated, and ``projection(t0, t1)`` fills its input-time rows
+    t0 … t1−1."""
     P = problem
-    DGH = P.D * P.G * P.H
-    if P.input_weight is None:
-        xp = _writable(P.source)  # [T,N,DGH]
-    else:
-        xp = rows_times(P.source.reshape(-1, P.I), P.input_weight.T).reshape(P.T, P.N, DGH)  # [T,N,DGH]
+    T, N, DGH = P.T, P.N, P.D * P.G * P.H
     bx = np.zeros(DGH, P.dtype) if P.bias is None else _writable(P.bias)  # [DGH]
-    return xp, bx
+    if P.input_weight is None:
+        return _writable(P.source), bx, None  # [T,N,DGH]
+    src, Wt = P.source.reshape(T * N, P.I), P.input_weight.T  # [TN,I], [I,DGH]
+    if _chunks(P, 2.0 * T * N * P.I * DGH) is None:
+        return rows_times(src, Wt).reshape(T, N, DGH), bx, None  # [T,N,DGH]
+    src, Wt = _writable(np.ascontiguousarray(src)), _writable(np.ascontiguousarray(Wt))
+    xp = np.empty((T, N, DGH), P.dtype)  # [T,N,DGH]
+    rows = xp.reshape(T * N, DGH)  # [TN,DGH] a view
+
+    def projection(t0, t1):
+        product(src[t0 * N:t1 * N], Wt, rows[t0 * N:t1 * N])
+    return xp, bx, projection
+
+
+def _recur(P, x_rev, recur, projection):
+    """One direction's recurrence, ``recur(s0, s1)`` over the steps s0 … s1−1; with a
+    projection (:func:`_project`), the projection beside it, one chunk ahead."""
+    if projection is None:
+        recur(0, P.T)
+        return
+    b = _chunks(P, 2.0 * P.T * P.N * P.I * P.D * P.G * P.H)
+    overlap.forward(recur, lambda s0, s1: projection(*overlap.times(s0, s1, P.T, x_rev)), b)
+
+
+def _recur_gradients(P, x_rev, recur, products):
+    """One direction's gradient recurrence, ``recur(s0, s1)`` over the steps s0 … s1−1, and
+    its weight gradients ``out += Aᵀ B`` for each (out [M,K], A [T·N,M], B [T·N,K]) of
+    ``products`` (rows in input time): beside the recurrence, one chunk behind it, when
+    :func:`_chunks` allows, else after it on all threads."""
+    b = _chunks(P, sum(2.0 * a.shape[0] * a.shape[1] * m.shape[1] for _, a, m in products))
+    if b is None:
+        recur(0, P.T)
+        for out, a, m in products:
+            out += transposed_times(a, m)
+        return
+    overlap.gradients(recur, products, b, P.T, P.N, x_rev)
 
 
 def _directions(problem):
@@ -152,15 +196,17 @@ def forward(problem) -> ForwardArrays:
 
 def _forward_single_gate(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
-    xp, bx = _project(P)
+    xp, bx, projection = _project(P)
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     parts = schedule(N, H, 1)
     hc = -(-H // parts)
     hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt)  # [2,N,H], [P,N,hc]
     for d, x_rev, out_rev in _directions(P):
         Rt = _columns_t(P.recurrent_weight[d], 1, parts, N, P.T)  # [P,S]
-        single_gate.forward(xp, d * H, bx, x_rev, Rt, h0, m, mode,
-                            int(P.descriptor.activation), h, zs, out_rev, d * H, hm, rec, ones)
+        act = int(P.descriptor.activation)
+        _recur(P, x_rev, lambda s0, s1: single_gate.forward(
+            xp, d * H, bx, x_rev, Rt, h0, m, mode, act, h, zs, out_rev, d * H, hm, rec, ones,
+            s0, s1), projection if d == 0 else None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -182,7 +228,7 @@ def _peephole(P, d):
 
 def _forward_lstm(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
-    xp, bx = _project(P)
+    xp, bx, projection = _project(P)
     h0, c0, (m, mode) = _state(P.init_state, P), _state(P.init_cell, P), _mask(P)
     acts, gi = _lstm_codes(P.descriptor)
     parts = schedule(N, H, 4)
@@ -192,8 +238,9 @@ def _forward_lstm(P, h, c, zs):
     for d, x_rev, out_rev in _directions(P):
         Rt = _columns_t(P.recurrent_weight[d], 4, parts, N, P.T)  # [P,S]
         p, has_p = _peephole(P, d)
-        lstm.forward(xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c,
-                     zs, out_rev, d * H, d * 4 * H, hm, rec, Y, ones)
+        _recur(P, x_rev, lambda s0, s1: lstm.forward(
+            xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c, zs, out_rev,
+            d * H, d * 4 * H, hm, rec, Y, ones, s0, s1), projection if d == 0 else None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -207,7 +254,7 @@ def _gru_codes(desc):
 
 def _forward_gru(P, h, c, zs):
     dt, N, H, Z, desc = P.dtype, P.N, P.H, P.Z, P.descriptor
-    xp, bx = _project(P)
+    xp, bx, projection = _project(P)
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     b2 = np.zeros(P.D * H, dt) if P.secondary_bias is None else _writable(P.secondary_bias)  # [DH]
     acts, gz, gr = _gru_codes(desc)
@@ -225,9 +272,10 @@ def _forward_gru(P, h, c, zs):
         else:
             Rt = _columns_t(R[:2 * H], 2, parts, N, P.T)  # [P,S]
             Rt_o = _columns_t(R[2 * H:], 1, parts, N, P.T)  # [P,S]
-        gru.forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz, gr,
-                    desc.flip_z, ra, h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb,
-                    Y, ones)
+        _recur(P, x_rev, lambda s0, s1: gru.forward(
+            xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz, gr, desc.flip_z, ra,
+            h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb, Y, ones, s0, s1),
+            projection if d == 0 else None)
 
 
 _FORWARD = {"single_gate": _forward_single_gate, "lstm": _forward_lstm, "gru": _forward_gru}
@@ -250,13 +298,15 @@ def _gradients(problem) -> GradientArrays:
     dc0 = np.zeros((N, D * H), dt)  # [N,DH]
     if P.cell_gradient is not None and not P.cell_gradient_per_step:
         dc0 = P.cell_gradient.copy()  # [N,DH] final-cell gradient
+    if P.input_weight is not None:
+        out["input_weight"] = np.zeros((D * GH, P.I), dt)  # [DGH,I]
     extra = {}
     if T > 0 and N > 0:
-        extra = _BACKWARD[P.cell](P, dX, out["recurrent_weight"], dh0, dc0)
+        extra = _BACKWARD[P.cell](P, dX, out["recurrent_weight"], out.get("input_weight"), dh0,
+                                  dc0)
     rows = dX.reshape(T * N, D * GH)  # [TN,DGH]
     if P.input_weight is not None:
         out["source"] = rows_times(rows, P.input_weight).reshape(T, N, P.I)  # [T,N,I]
-        out["input_weight"] = transposed_times(rows, P.source.reshape(T * N, P.I))  # [DGH,I]
     else:
         out["source"] = dX  # [T,N,DGH]
     if P.bias is not None:
@@ -279,6 +329,15 @@ def _rows(a, cols=None):
     return a.reshape(T * N, a.shape[2])
 
 
+def _input_weight_product(P, dX, cols, dW):
+    """The weight-gradient product of dW's rows ``cols`` (:func:`_recur_gradients`): dW[cols]
+    += dX[:, :, cols]ᵀ source; none without an input weight."""
+    if dW is None:
+        return []
+    src = _writable(np.ascontiguousarray(P.source.reshape(P.T * P.N, P.I)))  # [TN,I]
+    return [(dW[cols], _rows(dX, cols), src)]
+
+
 def _through_R(E0, R, P, d):
     """(dA[0] R) ⊙ m[0] [N,H]: the gradient reaching h0 through the recurrent product of the
     first processing step (E0 [N,K] holds its dA, R [K,H])."""
@@ -289,7 +348,7 @@ def _through_R(E0, R, P, d):
     return g
 
 
-def _backward_single_gate(P, dX, dR, dh0, dc0):
+def _backward_single_gate(P, dX, dR, dW, dh0, dc0):
     dt, T, N, H = P.dtype, P.T, P.N, P.H
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     dh_in, zs = _writable(P.source_gradient), _writable(P.z_state)
@@ -300,14 +359,16 @@ def _backward_single_gate(P, dX, dR, dh0, dc0):
     for d, x_rev, out_rev in _directions(P):
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         R = _columns(P.recurrent_weight[d], parts, N, T)  # [P,S]
-        single_gate.backward(dh_in, zs, h0, m, mode, R, int(P.descriptor.activation), dX,
-                             d * H, x_rev, HM, out_rev, d * H, carry, E, gr, Y, ones)
+        act, cols = int(P.descriptor.activation), slice(d * H, (d + 1) * H)
+        _recur_gradients(P, x_rev, lambda s0, s1: single_gate.backward(
+            dh_in, zs, h0, m, mode, R, act, dX, d * H, x_rev, HM, out_rev, d * H, carry, E, gr,
+            Y, ones, s0, s1),
+            [(dR[d], _rows(dX, cols), _rows(HM))] + _input_weight_product(P, dX, cols, dW))
         dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
-        dR[d] = transposed_times(_rows(dX, slice(d * H, (d + 1) * H)), _rows(HM))  # [H,H]
     return {}
 
 
-def _backward_lstm(P, dX, dR, dh0, dc0):
+def _backward_lstm(P, dX, dR, dW, dh0, dc0):
     dt, T, N, H, D = P.dtype, P.T, P.N, P.H, P.D
     h0, c0, (m, mode) = _state(P.init_state, P), _state(P.init_cell, P), _mask(P)
     acts, gi = _lstm_codes(P.descriptor)
@@ -326,18 +387,18 @@ def _backward_lstm(P, dX, dR, dh0, dc0):
         dc_carry = np.ascontiguousarray(dc0[:, d * H:(d + 1) * H])  # [N,H]
         R = _columns(P.recurrent_weight[d], parts, N, T)  # [P,S]
         p, has_p = _peephole(P, d)
-        lstm.backward(dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi,
-                      dX, d * 4 * H, x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry,
-                      E, gr, Y, ones)
+        _recur_gradients(P, x_rev, lambda s0, s1: lstm.backward(
+            dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi, dX, d * 4 * H,
+            x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry, E, gr, Y, ones, s0, s1),
+            [(dR[d], _rows(dX, cols), _rows(HM))] + _input_weight_product(P, dX, cols, dW))
         dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
         dc0[:, d * H:(d + 1) * H] = dc_carry
-        dR[d] = transposed_times(_rows(dX, cols), _rows(HM))  # [4H,H]
         if has_p:
             lstm.peephole_gradient(dX, d * 4 * H, x_rev, cf, c0, out_rev, d * H, gi, dp[d])
     return {"peephole": dp}
 
 
-def _backward_gru(P, dX, dR, dh0, dc0):
+def _backward_gru(P, dX, dR, dW, dh0, dc0):
     dt, T, N, H, D, Z, desc = P.dtype, P.T, P.N, P.H, P.D, P.Z, P.descriptor
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     acts, gz, grr = _gru_codes(desc)
@@ -359,17 +420,18 @@ def _backward_gru(P, dX, dR, dh0, dc0):
         R = P.recurrent_weight[d]  # [3H,H]
         R_main = _columns(R if ra else R[:2 * H], parts, N, T)  # [P,S]
         R_o = _dummy(dt, 2) if ra else _columns(R[2 * H:], parts, N, T)  # [P,S]
-        gru.backward(dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz, grr, desc.flip_z, ra,
-                     dX, base, x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo,
-                     gr, g, Rb, Y, ones)
+        o_product = (_rows(DQ), _rows(HM)) if ra else \
+            (_rows(dX, slice(base + 2 * H, base + 3 * H)), _rows(HMR))
+        _recur_gradients(P, x_rev, lambda s0, s1: gru.backward(
+            dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz, grr, desc.flip_z, ra, dX, base,
+            x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo, gr, g, Rb, Y, ones,
+            s0, s1),
+            [(dR[d, :2 * H], _rows(dX, slice(base, base + 2 * H)), _rows(HM)),
+             (dR[d, 2 * H:], *o_product)]
+            + _input_weight_product(P, dX, slice(base, base + 3 * H), dW))
         dh0[:, d * H:(d + 1) * H] = carry + _through_R(E[0], R if ra else R[:2 * H], P, d)
-        dR[d, :2 * H] = transposed_times(_rows(dX, slice(base, base + 2 * H)), _rows(HM))  # [2H,H]
         if ra:
-            dR[d, 2 * H:] = transposed_times(_rows(DQ), _rows(HM))  # [H,H]
             db2[d * H:(d + 1) * H] = _rows(DQ).sum(axis=0)
-        else:
-            dR[d, 2 * H:] = transposed_times(_rows(dX, slice(base + 2 * H, base + 3 * H)),
-                                             _rows(HMR))  # [H,H]
     return {"secondary_bias": db2}
 
 

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from .activations import JIT
-from .blas import gemm
+from .blas import gemm, gemm_add
 
 #: below this many floating-point operations a product runs on one thread, outside any
 #: parallel region (entering one costs about 10 µs, waking idle threads more)
@@ -24,8 +24,16 @@ PARALLEL_MIN_FLOPS = 2_000_000
 
 
 @numba.njit(**JIT)
-def _product(a, b, out):
+def product(a, b, out):
+    """out = a @ b on the calling thread (operands as for ``blas.gemm``)."""
     gemm(a, b, out)
+
+
+@numba.njit(**JIT)
+def accumulate(x, b, out):
+    """out += xᵀ @ b on the calling thread, for x [K,M], b [K,N], out [M,N] (operands as for
+    ``blas.gemm``)."""
+    gemm_add(x.T, b, out)
 
 
 @numba.njit(parallel=True, **JIT)
@@ -71,7 +79,7 @@ def rows_times(a, b):
     a, b = np.ascontiguousarray(a), _contiguous(b)
     parts = _parts(2.0 * M * K * out.shape[1], M)
     if parts == 1:
-        _product(a, b, out)
+        product(a, b, out)
     else:
         _rows_times(a, b, out, parts)
     return out
@@ -92,7 +100,7 @@ def transposed_times(x, b):
     x, b = np.ascontiguousarray(x), np.ascontiguousarray(b)
     parts = _parts(2.0 * M * K * N, M)
     if parts == 1:
-        _product(x.T, b, out)
+        product(x.T, b, out)
     else:
         _transposed_times(x, b, out, parts)
     return out

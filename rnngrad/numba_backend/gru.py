@@ -111,7 +111,7 @@ def _forward_output(p, P, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz,
 
 @numba.njit(parallel=True, **JIT)
 def forward(xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, bz, br, flip_z, reset_after,
-            h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones):
+            h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones, s0, s1):
     """Shapes: xp [T,N,D3H] (bias bx added here); Rt [P,S] = the parts' columns of R[d]ᵀ
     ([H,3hc] each) with reset_after, else of R_zrᵀ ([H,2hc]) and Rt_o [P,S] of R_oᵀ ([H,hc]),
     prepared by ``blas.pack_parts``; b2 [DH]; h0 [N,DH];
@@ -122,11 +122,12 @@ def forward(xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, bz, br, flip
     h0, m, acts = unowned(h0), unowned(m), unowned(acts)
     h, zs, hm, rec, hmr = unowned(h), unowned(zs), unowned(hm), unowned(rec), unowned(hmr)
     reco, Zb, Y, ones = unowned(reco), unowned(Zb), unowned(Y), unowned(ones)
-    T, N = h.shape[0], h.shape[1]
+    N = h.shape[1]
     P, H = Rt.shape[0], hm.shape[2]
-    for n in range(N):
-        multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
-    for s in range(T):
+    if s0 == 0:
+        for n in range(N):
+            multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
+    for s in range(s0, s1):
         if P == 1:
             _forward_gates(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br,
                            reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
@@ -245,7 +246,8 @@ def _backward_reset(p, P, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR, out_r
 
 @numba.njit(parallel=True, **JIT)
 def backward(dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, bz, br, flip_z, reset_after, dX, xoff,
-             x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, E, Eo, gr, g, Rb, Y, ones):
+             x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, E, Eo, gr, g, Rb, Y, ones,
+             s0, s1):
     """Shapes: dh_in, hf (output_fwd) [T,N,DH]; zs [T,N,DZH]; h0 [N,DH]; R [P,S] = the
     parts' columns of R[d] ([3H,hc] each) with reset_after, else of R_zr ([2H,hc]) and R_o
     [P,S] of R_o ([H,hc]), prepared by ``blas.pack_parts``;
@@ -259,9 +261,8 @@ def backward(dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, bz, br, flip_z, reset_a
     dX, HM, HMR, DQ = unowned(dX), unowned(HM), unowned(HMR), unowned(DQ)
     dh_carry, E, Eo, gr, g = unowned(dh_carry), unowned(E), unowned(Eo), unowned(gr), unowned(g)
     Rb, Y, ones = unowned(Rb), unowned(Y), unowned(ones)
-    T = dh_in.shape[0]
     P = R.shape[0]
-    for s in range(T - 1, -1, -1):
+    for s in range(s1 - 1, s0 - 1, -1):
         if P == 1:
             _backward_main(ZERO_I, ONE_I, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_z,
                            reset_after, dX, xoff, x_rev, HM, DQ, out_rev, off, zoff, dh_carry, E,

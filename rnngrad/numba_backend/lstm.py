@@ -65,7 +65,7 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p
 
 @numba.njit(parallel=True, **JIT)
 def forward(xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
-            h, c, zs, out_rev, off, zoff, hm, rec, Y, ones):
+            h, c, zs, out_rev, off, zoff, hm, rec, Y, ones, s0, s1):
     """Shapes: xp [T,N,DGH] (bias bx [DGH] added here); Rt [P,S] = the parts' columns of
     R[d]ᵀ ([H,4hc] each) prepared by ``blas.pack_parts``; h0, c0 [N,DH]; m [1 or T,N,DH]; pp [4H]; outputs h, c [T,N,DH], zs [T,N,D4H];
     scratch hm [2,N,H], rec [P,N,4hc], Y [P,5hc]; ones [H]."""
@@ -74,11 +74,12 @@ def forward(xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
     m, pp, acts, gi, h = unowned(m), unowned(pp), unowned(acts), unowned(gi), unowned(h)
     c, zs, hm, rec, Y = unowned(c), unowned(zs), unowned(hm), unowned(rec), unowned(Y)
     ones = unowned(ones)
-    T, N = h.shape[0], h.shape[1]
+    N = h.shape[1]
     P, H = Rt.shape[0], hm.shape[2]
-    for n in range(N):
-        multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
-    for s in range(T):
+    if s0 == 0:
+        for n in range(N):
+            multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
+    for s in range(s0, s1):
         if P == 1:
             _forward_part(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
                           h, c, zs, out_rev, off, zoff, hm, rec, Y, ones)
@@ -167,7 +168,8 @@ def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, 
 
 @numba.njit(parallel=True, **JIT)
 def backward(dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in, R, acts, gi,
-             dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr, Y, ones):
+             dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr, Y, ones,
+             s0, s1):
     """Shapes: dh_in, cf [T,N,DH]; zs [T,N,D4H]; h0, c0 [N,DH]; R [P,S] = the parts'
     columns of R[d] ([4H,hc] each) prepared by ``blas.pack_parts``; outputs dX [T,N,DGH] and HM [T,N,H] (input time); dh_carry, dc_carry
     [N,H] hold the final-state gradients on entry, dh_carry is then used up and dc_carry
@@ -178,9 +180,8 @@ def backward(dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in, R, a
     m, pp, dc_in, R, acts = unowned(m), unowned(pp), unowned(dc_in), unowned(R), unowned(acts)
     gi, dX, HM, dh_carry = unowned(gi), unowned(dX), unowned(HM), unowned(dh_carry)
     dc_carry, E, gr, Y, ones = unowned(dc_carry), unowned(E), unowned(gr), unowned(Y), unowned(ones)
-    T = dh_in.shape[0]
     P = R.shape[0]
-    for s in range(T - 1, -1, -1):
+    for s in range(s1 - 1, s0 - 1, -1):
         if P == 1:
             _backward_part(ZERO_I, ONE_I, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in,
                            R, acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry,

@@ -37,7 +37,8 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_r
 
 
 @numba.njit(parallel=True, **JIT)
-def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm, rec, ones):
+def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm, rec, ones,
+            s0, s1):
     """Shapes: xp [T,N,DH] (bias bx [DH] added here); Rt [P,S] = the parts' columns of R[d]ᵀ
     ([H,hc] each) prepared by ``blas.pack_parts``;
     h0 [N,DH]; m [1 or T,N,DH]; outputs h, zs [T,N,DH]; scratch hm [2,N,H], rec [P,N,hc];
@@ -45,11 +46,12 @@ def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm
     # borrowed views (no reference counting on the views taken per row and step)
     xp, bx, Rt, h0, m = unowned(xp), unowned(bx), unowned(Rt), unowned(h0), unowned(m)
     h, zs, hm, rec, ones = unowned(h), unowned(zs), unowned(hm), unowned(rec), unowned(ones)
-    T, N = h.shape[0], h.shape[1]
+    N = h.shape[1]
     P, H = Rt.shape[0], hm.shape[2]
-    for n in range(N):
-        multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
-    for s in range(T):
+    if s0 == 0:
+        for n in range(N):
+            multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
+    for s in range(s0, s1):
         if P == 1:
             _forward_part(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_rev, off,
                           hm, rec, ones)
@@ -97,7 +99,7 @@ def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, H
 
 @numba.njit(parallel=True, **JIT)
 def backward(dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off, dh_carry, E,
-             gr, Y, ones):
+             gr, Y, ones, s0, s1):
     """Shapes: dh_in, zs [T,N,DH]; h0 [N,DH]; R [P,S] = the parts' columns of R[d] ([H,hc]
     each) prepared by ``blas.pack_parts``; outputs
     dX [T,N,DH] and HM [T,N,H] (input time); dh_carry [N,H] holds the state gradient on entry
@@ -107,9 +109,8 @@ def backward(dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off
     dh_in, zs, h0, m, R = unowned(dh_in), unowned(zs), unowned(h0), unowned(m), unowned(R)
     dX, HM, dh_carry, E, gr = unowned(dX), unowned(HM), unowned(dh_carry), unowned(E), unowned(gr)
     Y, ones = unowned(Y), unowned(ones)
-    T = dh_in.shape[0]
     P = R.shape[0]
-    for s in range(T - 1, -1, -1):
+    for s in range(s1 - 1, s0 - 1, -1):
         if P == 1:
             _backward_part(ZERO_I, ONE_I, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev,
                            off, dh_carry, E, gr, Y, ones)
