@@ -85,3 +85,22 @@ def test_bench_against_torch_reports_ratios_and_the_floor(tmp_path):
         assert abs(mine["pass_ratios"][k] - want) <= 1e-12
     assert theirs["pass_ratios"] == [1.0, 1.0]
     assert "–" in proc.stdout  # the per-pass range column
+
+
+def test_plot_takes_a_median_outside_the_per_pass_range(tmp_path):
+    """The median over all runs can lie outside the per-pass ratios' range (passes of
+    different lengths): the plot still draws, whiskers spanning the range."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+
+    from rnngrad.cli.bench import plot
+    rows = [dict(cell="gru", shape=(1000, 8, 128, 128), impl="numba", ratio_to_torch=0.28,
+                 pass_ratios=[0.20, 0.27, 0.21]),
+            dict(cell="gru", shape=(1000, 8, 128, 128), impl="torch", ratio_to_torch=1.0,
+                 pass_ratios=[1.0, 1.0, 1.0]),
+            dict(cell="lstm", shape=(50, 1, 64, 64), impl="numba", ratio_to_torch=0.43,
+                 pass_ratios=[0.66, 0.29, 0.45])]
+    path = tmp_path / "ratios.png"
+    plot(rows, path)
+    image = matplotlib.image.imread(path)
+    assert image.shape[:2] == (480, 960)  # 8 × 4 inches at 120 dpi

@@ -152,21 +152,28 @@ def run(args) -> int:
             json.dump(dict(blas=machine.blas_report(), gemm_gflops=gemm, dtype=args.dtype,
                            threads=args.threads, rows=rows), f, indent=1)
     if args.plot and have_torch:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(8, 4))
-        mine = [r for r in rows if r["impl"] != "torch"]
-        ratios = [r["ratio_to_torch"] for r in mine]
-        spread = [[v - min(r["pass_ratios"]) for v, r in zip(ratios, mine)],
-                  [max(r["pass_ratios"]) - v for v, r in zip(ratios, mine)]]
-        ax.bar(range(len(mine)), ratios, yerr=spread, capsize=2)  # bars: the passes' range
-        ax.set_xticks(range(len(mine)))
-        ax.set_xticklabels([f"{CELL_NAMES[r['cell']]}\n{'x'.join(map(str, r['shape']))}\n{r['impl']}"
-                            for r in mine], fontsize=6)
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_ylabel("time / PyTorch time")
-        ax.set_title("median ratio; whiskers: the range of the per-pass ratios", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        plot(rows, args.plot)
     return 0
+
+
+def plot(rows, path):
+    """A PNG of the ratios to PyTorch: bars the medians, whiskers the range of the per-pass
+    ratios (the median over all runs may lie outside that range)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4))
+    mine = [r for r in rows if r["impl"] != "torch"]
+    x = range(len(mine))
+    ax.bar(x, [r["ratio_to_torch"] for r in mine])
+    ax.vlines(x, [min(r["pass_ratios"]) for r in mine], [max(r["pass_ratios"]) for r in mine],
+              color="k", lw=1)
+    ax.set_xticks(x)
+    ax.set_xticklabels([f"{CELL_NAMES[r['cell']]}\n{'x'.join(map(str, r['shape']))}\n{r['impl']}"
+                        for r in mine], fontsize=6)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_ylabel("time / PyTorch time")
+    ax.set_title("median ratio; whiskers: the range of the per-pass ratios", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
