@@ -169,8 +169,8 @@ def plot(rows, path):
     ax.vlines(x, [min(r["pass_ratios"]) for r in mine], [max(r["pass_ratios"]) for r in mine],
               color="k", lw=1)
     ax.set_xticks(x)
-    ax.set_xticklabels([f"{CELL_NAMES[r['cell']]}\n{'x'.join(map(str, r['shape']))}\n{r['impl']}"
-                        for r in mine], fontsize=6)
+    ax.set_xticklabels([f"{CELL_NAMES[r['cell']]}\n{r['shape'][0]}x{r['shape'][1]}\n"
+                        f"{r['shape'][2]}x{r['shape'][3]}\n{r['impl']}" for r in mine], fontsize=6)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_ylabel("time / PyTorch time")
     ax.set_title("median ratio; whiskers: the range of the per-pass ratios", fontsize=9)
