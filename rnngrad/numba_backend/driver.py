@@ -128,23 +128,24 @@ def _project(problem):
     """(x' without bias [T,N,DGH], bias [DGH], projection) — the bias is added in the kernels.
     Without an input weight x' is the source; with one, x' = source Wᵀ is computed here
     (projection None), or, when it can run beside the first direction's recurrence
-    (:func:`_recur`), only allocated, and ``projection(t0, t1)`` fills its input-time rows
-    t0 … t1−1."""
+    (:func:`_recur`), only allocated, and projection = (``fill(t0, t1)``, which fills its
+    input-time rows t0 … t1−1, and the chunk boundaries)."""
     P = problem
     T, N, DGH = P.T, P.N, P.D * P.G * P.H
     bx = np.zeros(DGH, P.dtype) if P.bias is None else _writable(P.bias)  # [DGH]
     if P.input_weight is None:
         return _writable(P.source), bx, None  # [T,N,DGH]
     src, Wt = P.source.reshape(T * N, P.I), P.input_weight.T  # [TN,I], [I,DGH]
-    if _chunks(P, 2.0 * T * N * P.I * DGH) is None:
+    b = _chunks(P, 2.0 * T * N * P.I * DGH)
+    if b is None:
         return rows_times(src, Wt).reshape(T, N, DGH), bx, None  # [T,N,DGH]
     src, Wt = _writable(np.ascontiguousarray(src)), _writable(np.ascontiguousarray(Wt))
     xp = np.empty((T, N, DGH), P.dtype)  # [T,N,DGH]
     rows = xp.reshape(T * N, DGH)  # [TN,DGH] a view
 
-    def projection(t0, t1):
+    def fill(t0, t1):
         product(src[t0 * N:t1 * N], Wt, rows[t0 * N:t1 * N])
-    return xp, bx, projection
+    return xp, bx, (fill, b)
 
 
 def _recur(P, x_rev, recur, projection):
@@ -153,8 +154,8 @@ def _recur(P, x_rev, recur, projection):
     if projection is None:
         recur(0, P.T)
         return
-    b = _chunks(P, 2.0 * P.T * P.N * P.I * P.D * P.G * P.H)
-    overlap.forward(recur, lambda s0, s1: projection(*overlap.times(s0, s1, P.T, x_rev)), b)
+    fill, b = projection
+    overlap.forward(recur, lambda s0, s1: fill(*overlap.times(s0, s1, P.T, x_rev)), b)
 
 
 def _recur_gradients(P, x_rev, recur, products):
