@@ -181,3 +181,21 @@ def test_forced_overlap_matches_reference(seed, cell, dtype, chunk, eager):
             worst, mismatches = check_case(case, "numba", gradients)
             assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
     assert calls  # the overlap did run
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_overlap_runs_in_a_forked_child():
+    """A child forked after the helper thread started gets a helper of its own (the parent's
+    thread does not exist there: without one, the child would wait forever)."""
+    import multiprocessing
+    overlap._helper().submit(int).result()  # the parent's helper thread is running
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(_projected_in_child).get(timeout=30)
+    assert got == [(0, 2), (2, 4)]
+
+
+def _projected_in_child():
+    projected = []
+    overlap.forward(lambda s0, s1: None, lambda s0, s1: projected.append((s0, s1)), [0, 2, 4])
+    return projected

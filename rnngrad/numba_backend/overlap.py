@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import os
 import threading
 
 import numba
@@ -46,15 +47,18 @@ MIN_CHUNK_ROWS = 256
 #: before the recurrence goes on (the earliest moment the helper may read a chunk's rows)
 EAGER = False
 
-_pool = None
+_pool, _pool_pid = None, None
 _pool_lock = threading.Lock()
 
 
 def _helper() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
+    """The helper thread's executor, made at first use and again in a forked child (where the
+    parent's thread does not exist)."""
+    global _pool, _pool_pid
     with _pool_lock:
-        if _pool is None:
+        if _pool is None or _pool_pid != os.getpid():
             _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rnngrad-overlap")
+            _pool_pid = os.getpid()
     return _pool
 
 
