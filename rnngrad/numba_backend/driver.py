@@ -299,12 +299,14 @@ def _gradients(problem) -> GradientArrays:
     dc0 = np.zeros((N, D * H), dt)  # [N,DH]
     if P.cell_gradient is not None and not P.cell_gradient_per_step:
         dc0 = P.cell_gradient.copy()  # [N,DH] final-cell gradient
+    weight = None  # (dW, source rows): the input weight's gradient and its product's operand
     if P.input_weight is not None:
         out["input_weight"] = np.zeros((D * GH, P.I), dt)  # [DGH,I]
+        weight = (out["input_weight"],
+                  _writable(np.ascontiguousarray(P.source.reshape(T * N, P.I))))  # [TN,I]
     extra = {}
     if T > 0 and N > 0:
-        extra = _BACKWARD[P.cell](P, dX, out["recurrent_weight"], out.get("input_weight"), dh0,
-                                  dc0)
+        extra = _BACKWARD[P.cell](P, dX, out["recurrent_weight"], weight, dh0, dc0)
     rows = dX.reshape(T * N, D * GH)  # [TN,DGH]
     if P.input_weight is not None:
         out["source"] = rows_times(rows, P.input_weight).reshape(T, N, P.I)  # [T,N,I]
@@ -330,12 +332,12 @@ def _rows(a, cols=None):
     return a.reshape(T * N, a.shape[2])
 
 
-def _input_weight_product(P, dX, cols, dW):
+def _input_weight_product(dX, cols, weight):
     """The weight-gradient product of dW's rows ``cols`` (:func:`_recur_gradients`): dW[cols]
-    += dX[:, :, cols]ᵀ source; none without an input weight."""
-    if dW is None:
+    += dX[:, :, cols]ᵀ source, for weight = (dW, source rows); none without an input weight."""
+    if weight is None:
         return []
-    src = _writable(np.ascontiguousarray(P.source.reshape(P.T * P.N, P.I)))  # [TN,I]
+    dW, src = weight
     return [(dW[cols], _rows(dX, cols), src)]
 
 
@@ -349,7 +351,7 @@ def _through_R(E0, R, P, d):
     return g
 
 
-def _backward_single_gate(P, dX, dR, dW, dh0, dc0):
+def _backward_single_gate(P, dX, dR, weight, dh0, dc0):
     dt, T, N, H = P.dtype, P.T, P.N, P.H
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     dh_in, zs = _writable(P.source_gradient), _writable(P.z_state)
@@ -364,12 +366,12 @@ def _backward_single_gate(P, dX, dR, dW, dh0, dc0):
         _recur_gradients(P, x_rev, lambda s0, s1: single_gate.backward(
             dh_in, zs, h0, m, mode, R, act, dX, d * H, x_rev, HM, out_rev, d * H, carry, E, gr,
             Y, ones, s0, s1),
-            [(dR[d], _rows(dX, cols), _rows(HM))] + _input_weight_product(P, dX, cols, dW))
+            [(dR[d], _rows(dX, cols), _rows(HM))] + _input_weight_product(dX, cols, weight))
         dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
     return {}
 
 
-def _backward_lstm(P, dX, dR, dW, dh0, dc0):
+def _backward_lstm(P, dX, dR, weight, dh0, dc0):
     dt, T, N, H, D = P.dtype, P.T, P.N, P.H, P.D
     h0, c0, (m, mode) = _state(P.init_state, P), _state(P.init_cell, P), _mask(P)
     acts, gi = _lstm_codes(P.descriptor)
@@ -391,7 +393,7 @@ def _backward_lstm(P, dX, dR, dW, dh0, dc0):
         _recur_gradients(P, x_rev, lambda s0, s1: lstm.backward(
             dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi, dX, d * 4 * H,
             x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry, E, gr, Y, ones, s0, s1),
-            [(dR[d], _rows(dX, cols), _rows(HM))] + _input_weight_product(P, dX, cols, dW))
+            [(dR[d], _rows(dX, cols), _rows(HM))] + _input_weight_product(dX, cols, weight))
         dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
         dc0[:, d * H:(d + 1) * H] = dc_carry
         if has_p:
@@ -399,7 +401,7 @@ def _backward_lstm(P, dX, dR, dW, dh0, dc0):
     return {"peephole": dp}
 
 
-def _backward_gru(P, dX, dR, dW, dh0, dc0):
+def _backward_gru(P, dX, dR, weight, dh0, dc0):
     dt, T, N, H, D, Z, desc = P.dtype, P.T, P.N, P.H, P.D, P.Z, P.descriptor
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     acts, gz, grr = _gru_codes(desc)
@@ -429,7 +431,7 @@ def _backward_gru(P, dX, dR, dW, dh0, dc0):
             s0, s1),
             [(dR[d, :2 * H], _rows(dX, slice(base, base + 2 * H)), _rows(HM)),
              (dR[d, 2 * H:], *o_product)]
-            + _input_weight_product(P, dX, slice(base, base + 3 * H), dW))
+            + _input_weight_product(dX, slice(base, base + 3 * H), weight))
         dh0[:, d * H:(d + 1) * H] = carry + _through_R(E[0], R if ra else R[:2 * H], P, d)
         if ra:
             db2[d * H:(d + 1) * H] = _rows(DQ).sum(axis=0)
