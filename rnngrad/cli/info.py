@@ -39,7 +39,10 @@ def run(args) -> int:
         except ImportError:  # numba is not installed
             numba_blas = None
         if numba_blas is not None:
+            from .. import numba_backend
+
             print(f"  numba backend GEMMs: {numba_blas.library()}")
+            print(f"  numba kernel cache: {numba_backend.cache_location()}")
         for line in blas_report():
             print(f"  {line}")
     sys.stdout.flush()

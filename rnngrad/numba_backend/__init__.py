@@ -10,47 +10,96 @@ vectorised loops. Everything runs on numba's thread pool. z_state is written in 
 contract's layout, so a numba forward feeds any backend's gradients and the reverse.
 
 Kernels are compiled with ``cache=True``; ``fastmath`` is off (it would let NaN become a
-number, contract section 4). Numba's cache checks only the source file of each cached
-function, not the helpers it inlines from other files, so :func:`_drop_stale_cache` removes
-this package's cached kernels whenever any of its source files changed.
+number, contract section 4). The cache is kept in rnngrad's per-user cache folder
+(:func:`rnngrad._cache.user_cache_dir`), one folder per installation and state of the sources,
+never inside the package: numba's cache checks only the source file of each cached function, not
+the helpers it inlines from other files, so any edit here gives a fresh folder and removes the
+older ones. ``NUMBA_CACHE_DIR``, when set, is used instead, as numba does.
 """
 
+import functools
 import hashlib
 import os
+import shutil
+import warnings
 
 import numpy as np
 
+from .._cache import UnsafeCacheError, user_cache_dir
 
-def _drop_stale_cache():
-    """Delete ``__pycache__/*.nbi, *.nbc`` when the package's sources differ from the ones
-    they were compiled from (a hash of every ``*.py`` here, kept in ``__pycache__``)."""
-    here = os.path.dirname(os.path.abspath(__file__))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def sources_stamp(folder: str = _HERE) -> str:
+    """A hash of every ``*.py`` of this package (or of ``folder``), names and contents."""
     digest = hashlib.sha256()
-    for name in sorted(os.listdir(here)):
+    for name in sorted(os.listdir(folder)):
         if name.endswith(".py"):
-            with open(os.path.join(here, name), "rb") as f:
+            with open(os.path.join(folder, name), "rb") as f:
                 digest.update(name.encode() + b"\0" + f.read())
-    stamp = digest.hexdigest()
-    cache = os.path.join(here, "__pycache__")
-    path = os.path.join(cache, "numba_sources.sha256")
-    try:
-        with open(path) as f:
-            if f.read().strip() == stamp:
-                return
-    except OSError:
-        pass
-    try:
-        os.makedirs(cache, exist_ok=True)
-        for name in os.listdir(cache):
-            if name.endswith((".nbi", ".nbc")):
-                os.remove(os.path.join(cache, name))
-        with open(path, "w") as f:
-            f.write(stamp + "\n")
-    except OSError:
-        pass  # a read-only installation: numba keeps its cache elsewhere, or none
+    return digest.hexdigest()
 
 
-_drop_stale_cache()
+@functools.lru_cache(maxsize=None)
+def kernel_cache_dir() -> str:
+    """``<user cache>/numba/<installation>/<sources>``: the installation is this folder's path
+    (hashed, as numba names its own cache folders), the sources are :func:`sources_stamp`. A
+    new state of the sources removes the folders of the installation's older ones."""
+    from numba.core.caching import UserWideCacheLocator
+
+    installation = user_cache_dir("numba") / UserWideCacheLocator.get_suitable_cache_subpath(
+        os.path.join(_HERE, "__init__.py"))
+    current = installation / sources_stamp()[:16]
+    if not current.is_dir():
+        if installation.is_dir():
+            for older in installation.iterdir():
+                shutil.rmtree(older, ignore_errors=True)
+        current.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return str(current)
+
+
+def cache_location() -> str:
+    """Where this package's compiled kernels are kept, for ``rnngrad info``."""
+    import numba
+
+    if numba.config.CACHE_DIR:
+        return f"{numba.config.CACHE_DIR} (NUMBA_CACHE_DIR)"
+    try:
+        return kernel_cache_dir()
+    except UnsafeCacheError as exc:
+        return f"numba's own locations: {exc}"
+
+
+def _cache_outside_the_package():
+    """Put numba's cache of this package's kernels in :func:`kernel_cache_dir`, ahead of
+    numba's own ``__pycache__`` beside the source: a cache inside an installed package outlives
+    ``pip uninstall`` (pip removes only the files it installed), and the folder it leaves shadows
+    a later editable install of the same package as an empty namespace package."""
+    import numba
+    from numba.core import caching
+
+    class KernelCacheLocator(caching.UserWideCacheLocator):
+        def __init__(self, py_func, py_file):
+            self._py_file = py_file
+            self._lineno = py_func.__code__.co_firstlineno
+            self._cache_path = kernel_cache_dir()
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if numba.config.CACHE_DIR or os.path.dirname(os.path.abspath(py_file)) != _HERE:
+                return None
+            try:
+                return super().from_function(py_func, py_file)
+            except UnsafeCacheError as exc:
+                warnings.warn(f"{exc} Falling back to numba's own cache locations.", stacklevel=2)
+                return None
+
+    locators = caching.CacheImpl._locator_classes
+    if not any(getattr(c, "__qualname__", "").endswith("KernelCacheLocator") for c in locators):
+        locators.insert(locators.index(caching.InTreeCacheLocator), KernelCacheLocator)
+
+
+_cache_outside_the_package()
 
 
 def _prefer_openmp():

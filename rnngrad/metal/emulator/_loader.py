@@ -15,12 +15,13 @@ import hashlib
 import os
 import re
 import shutil
-import stat
 import subprocess
 import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..._cache import UnsafeCacheError, user_cache_dir
 
 _HERE = Path(__file__).resolve().parent
 _HEADERS = ("metal_stdlib.h", "emulator_abi.h")
@@ -303,18 +304,10 @@ def compiler() -> tuple[str, str]:
 
 def cache_dir() -> Path:
     """Per-user cache, created 0700; refuses a directory another user could write to."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    path = Path(base) / "rnngrad" / "metal-emulator"
-    Path(base).mkdir(parents=True, exist_ok=True)
-    for d in (path.parent, path):
-        d.mkdir(mode=0o700, exist_ok=True)
-    info = path.stat()
-    if info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise CompileError(
-            f"refusing to load compiled kernels from {path}: expected a directory owned by uid "
-            f"{os.getuid()} and writable only by it, got owner {info.st_uid}, mode "
-            f"{stat.filemode(info.st_mode)}. Fix it with `chmod 700 {path}` or set XDG_CACHE_HOME.")
-    return path
+    try:
+        return user_cache_dir("metal-emulator")
+    except UnsafeCacheError as exc:
+        raise CompileError(str(exc)) from None
 
 
 def _run(cmd: list[str], cwd: Path) -> None:

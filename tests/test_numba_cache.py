@@ -1,0 +1,87 @@
+"""Where the numba backend keeps its compiled kernels: in rnngrad's per-user cache folder, one
+folder per installation and state of the sources, never inside the package (a cache left in
+site-packages outlives ``pip uninstall`` and shadows a later editable install)."""
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("numba")
+
+import rnngrad.numba_backend as nb  # noqa: E402
+
+PACKAGE = Path(nb.__file__).resolve().parent
+
+# compiles one small cached kernel in a fresh process and prints the folder it was cached in
+COMPILE_ONE = """
+import numpy as np
+import rnngrad.numba_backend as nb
+from rnngrad.numba_backend import activations as a
+a.activate(a.TANH, np.zeros(3), np.empty(3))
+print(nb.kernel_cache_dir())
+"""
+
+
+def _compile_in_fresh_process(tmp_path, **env):
+    environ = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    environ.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), **env)
+    done = subprocess.run([sys.executable, "-c", COMPILE_ONE], env=environ, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+def _cache_files(folder):
+    return sorted(p.name for p in Path(folder).rglob("*") if p.suffix in (".nbi", ".nbc"))
+
+
+def test_kernels_are_cached_in_the_user_cache_not_in_the_package(tmp_path):
+    before = _cache_files(PACKAGE)
+    folder = _compile_in_fresh_process(tmp_path)
+    assert folder.is_relative_to(tmp_path / "xdg" / "rnngrad" / "numba"), folder
+    assert [n for n in _cache_files(folder) if n.startswith("activations.activate-")], \
+        f"no cached activate kernel in {folder}: {_cache_files(folder)}"
+    assert _cache_files(PACKAGE) == before == [], f"cache files inside the package: {before}"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_numba_cache_dir_is_used_when_set(tmp_path):
+    _compile_in_fresh_process(tmp_path, NUMBA_CACHE_DIR=str(tmp_path / "mine"))
+    assert [n for n in _cache_files(tmp_path / "mine") if n.startswith("activations.activate-")]
+    assert _cache_files(tmp_path / "xdg") == []
+
+
+def test_new_sources_get_a_new_folder_and_the_older_ones_go(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    stamps = iter(["a" * 64, "b" * 64])
+    monkeypatch.setattr(nb, "sources_stamp", lambda: next(stamps))
+    nb.kernel_cache_dir.cache_clear()
+    try:
+        first = Path(nb.kernel_cache_dir())
+        (first / "lstm.forward-1.py311.nbi").write_bytes(b"old")
+        nb.kernel_cache_dir.cache_clear()
+        second = Path(nb.kernel_cache_dir())
+    finally:
+        nb.kernel_cache_dir.cache_clear()
+    assert first.name == "a" * 16 and second.name == "b" * 16
+    assert first.parent == second.parent
+    assert second.is_dir() and not first.exists()
+    assert first.parent.parent == tmp_path / "rnngrad" / "numba"
+
+
+def test_sources_stamp_follows_every_source_file(tmp_path):
+    for source in PACKAGE.glob("*.py"):
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+    (tmp_path / "notes.txt").write_text("not a source")
+    assert nb.sources_stamp(str(tmp_path)) == nb.sources_stamp()
+    stamps = {nb.sources_stamp()}
+    for name in ("gemm.py", "activations.py"):  # an inlined helper's file counts like a kernel's
+        (tmp_path / name).write_text((tmp_path / name).read_text() + "\n# edited\n")
+        stamps.add(nb.sources_stamp(str(tmp_path)))
+    (tmp_path / "gemm.py").rename(tmp_path / "gemm2.py")
+    stamps.add(nb.sources_stamp(str(tmp_path)))
+    assert len(stamps) == 4
