@@ -96,7 +96,8 @@ def compare_array(quantity, got, want, dtype):
         allowed = np.full(want.shape, atol + rtol * scale)
     else:
         allowed = atol + rtol * np.abs(np.where(finite, want, 0.0))
-    diff = np.where(finite, np.abs(got - want), 0.0)
+    with np.errstate(invalid="ignore"):  # inf − inf where not finite, masked out here
+        diff = np.where(finite, np.abs(got - want), 0.0)
     ratio = diff / allowed
     ratio = np.where(bad_nan | bad_inf, np.inf, ratio)
     at = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
