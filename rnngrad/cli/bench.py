@@ -26,12 +26,17 @@ GATES = {"single_gate": 1, "gru": 3, "lstm": 4}
 
 
 def add_arguments(parser):
-    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), metavar="TxNxIxH")
+    parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), metavar="TxNxIxH",
+                        help="problem sizes: steps × batch × input features × hidden units "
+                             f"(default {' '.join(DEFAULT_SHAPES)})")
     parser.add_argument("--cells", nargs="+", default=["single_gate", "gru", "lstm"],
-                        choices=["single_gate", "gru", "lstm"])
-    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--backends", nargs="+", default=["numba"])
+                        choices=["single_gate", "gru", "lstm"], help="cells to time (default all)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                        help="dtype of every array (default float32)")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="threads of every implementation: numba's and PyTorch's (default 2)")
+    parser.add_argument("--backends", nargs="+", default=["numba"],
+                        help="rnngrad backends to time (default numba)")
     parser.add_argument("--passes", type=int, default=3, help="alternating passes (default 3)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed runs per pass, at least (default 3)")
