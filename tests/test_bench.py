@@ -104,3 +104,22 @@ def test_plot_takes_a_median_outside_the_per_pass_range(tmp_path):
     plot(rows, path)
     image = matplotlib.image.imread(path)
     assert image.shape[:2] == (480, 960)  # 8 × 4 inches at 120 dpi
+
+
+def test_plot_marks_the_floor_in_red(tmp_path):
+    pytest.importorskip("matplotlib")
+    import matplotlib.image
+    import numpy as np
+
+    from rnngrad.cli.bench import plot
+    row = dict(cell="single_gate", shape=(100, 32, 256, 256), impl="numba",
+               ratio_to_torch=0.6, pass_ratios=[0.55, 0.65])
+
+    def red_pixels(rows):
+        path = tmp_path / f"p{len(list(tmp_path.iterdir()))}.png"
+        plot(rows, path)
+        rgb = matplotlib.image.imread(path)[..., :3]
+        return int(np.sum((rgb[..., 0] > 0.7) & (rgb[..., 1] < 0.3) & (rgb[..., 2] < 0.3)))
+
+    assert red_pixels([row]) == 0
+    assert red_pixels([dict(row, ratio_floor=0.3)]) > 50

@@ -163,7 +163,8 @@ def run(args) -> int:
 
 def plot(rows, path):
     """A PNG of the ratios to PyTorch: bars the medians, whiskers the range of the per-pass
-    ratios (the median over all runs may lie outside that range)."""
+    ratios (the median over all runs may lie outside that range), a red tick the floor (the ratio
+    at the best GEMM rate for every FLOP), where it is known."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -173,6 +174,11 @@ def plot(rows, path):
     ax.bar(x, [r["ratio_to_torch"] for r in mine])
     ax.vlines(x, [min(r["pass_ratios"]) for r in mine], [max(r["pass_ratios"]) for r in mine],
               color="k", lw=1)
+    floors = [(i, r["ratio_floor"]) for i, r in zip(x, mine) if r.get("ratio_floor") is not None]
+    if floors:
+        ax.scatter(*zip(*floors), marker="_", s=300, linewidths=2, color="C3", zorder=3,
+                   label="floor: every FLOP at the best GEMM rate")
+        ax.legend(loc="upper right", fontsize=7)
     ax.set_xticks(x)
     ax.set_xticklabels([f"{CELL_NAMES[r['cell']]}\n{r['shape'][0]}x{r['shape'][1]}\n"
                         f"{r['shape'][2]}x{r['shape'][3]}\n{r['impl']}" for r in mine], fontsize=6)
