@@ -2,6 +2,7 @@
 folder per installation and state of the sources, never inside the package (a cache left in
 site-packages outlives ``pip uninstall`` and shadows a later editable install)."""
 
+import inspect
 import os
 import stat
 import subprocess
@@ -85,3 +86,44 @@ def test_sources_stamp_follows_every_source_file(tmp_path):
     (tmp_path / "gemm.py").rename(tmp_path / "gemm2.py")
     stamps.add(nb.sources_stamp(str(tmp_path)))
     assert len(stamps) == 4
+
+
+def _locate_activate():
+    from rnngrad.numba_backend import activations
+    py_func = activations.activate.py_func
+    nb.kernel_cache_dir.cache_clear()
+    try:
+        return nb.KernelCacheLocator.from_function(py_func, inspect.getfile(py_func))
+    finally:
+        nb.kernel_cache_dir.cache_clear()
+
+
+def test_the_locator_takes_this_package_s_kernels(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(nb.numba.config, "CACHE_DIR", "")
+    locator = _locate_activate()
+    assert Path(locator.get_cache_path()).is_relative_to(tmp_path / "rnngrad" / "numba")
+
+
+def test_an_unusable_cache_folder_leaves_the_kernels_to_numba(tmp_path, monkeypatch):
+    """A read-only home, or a file where the folder should be: numba's own locators decide,
+    and the backend still imports and compiles."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setattr(nb.numba.config, "CACHE_DIR", "")
+    assert _locate_activate() is None
+    nb.kernel_cache_dir.cache_clear()
+    try:
+        assert nb.cache_location().startswith("numba's own locations")
+    finally:
+        nb.kernel_cache_dir.cache_clear()
+
+
+def test_a_cache_folder_others_can_write_is_refused_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(nb.numba.config, "CACHE_DIR", "")
+    (tmp_path / "rnngrad").mkdir()
+    os.chmod(tmp_path / "rnngrad", 0o777)
+    with pytest.warns(UserWarning, match="refusing to load compiled kernels"):
+        assert _locate_activate() is None

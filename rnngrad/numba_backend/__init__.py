@@ -23,7 +23,9 @@ import os
 import shutil
 import warnings
 
+import numba
 import numpy as np
+from numba.core import caching
 
 from .._cache import UnsafeCacheError, user_cache_dir
 
@@ -45,9 +47,7 @@ def kernel_cache_dir() -> str:
     """``<user cache>/numba/<installation>/<sources>``: the installation is this folder's path
     (hashed, as numba names its own cache folders), the sources are :func:`sources_stamp`. A
     new state of the sources removes the folders of the installation's older ones."""
-    from numba.core.caching import UserWideCacheLocator
-
-    installation = user_cache_dir("numba") / UserWideCacheLocator.get_suitable_cache_subpath(
+    installation = user_cache_dir("numba") / caching.UserWideCacheLocator.get_suitable_cache_subpath(
         os.path.join(_HERE, "__init__.py"))
     current = installation / sources_stamp()[:16]
     if not current.is_dir():
@@ -60,46 +60,47 @@ def kernel_cache_dir() -> str:
 
 def cache_location() -> str:
     """Where this package's compiled kernels are kept, for ``rnngrad info``."""
-    import numba
-
     if numba.config.CACHE_DIR:
         return f"{numba.config.CACHE_DIR} (NUMBA_CACHE_DIR)"
     try:
         return kernel_cache_dir()
-    except UnsafeCacheError as exc:
-        return f"numba's own locations: {exc}"
+    except OSError as exc:
+        return f"numba's own locations ({exc})"
 
 
-def _cache_outside_the_package():
-    """Put numba's cache of this package's kernels in :func:`kernel_cache_dir`, ahead of
+class KernelCacheLocator(caching.UserWideCacheLocator):
+    """Puts numba's cache of this package's kernels in :func:`kernel_cache_dir`, ahead of
     numba's own ``__pycache__`` beside the source: a cache inside an installed package outlives
     ``pip uninstall`` (pip removes only the files it installed), and the folder it leaves shadows
-    a later editable install of the same package as an empty namespace package."""
-    import numba
-    from numba.core import caching
+    a later editable install of the same package as an empty namespace package. Other files,
+    a set ``NUMBA_CACHE_DIR``, or a cache folder that cannot be had go to numba's own locators
+    (a folder another user could write to with a warning)."""
 
-    class KernelCacheLocator(caching.UserWideCacheLocator):
-        def __init__(self, py_func, py_file):
-            self._py_file = py_file
-            self._lineno = py_func.__code__.co_firstlineno
-            self._cache_path = kernel_cache_dir()
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        self._cache_path = kernel_cache_dir()
 
-        @classmethod
-        def from_function(cls, py_func, py_file):
-            if numba.config.CACHE_DIR or os.path.dirname(os.path.abspath(py_file)) != _HERE:
-                return None
-            try:
-                return super().from_function(py_func, py_file)
-            except UnsafeCacheError as exc:
-                warnings.warn(f"{exc} Falling back to numba's own cache locations.", stacklevel=2)
-                return None
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if numba.config.CACHE_DIR or os.path.dirname(os.path.abspath(py_file)) != _HERE:
+            return None
+        try:
+            return super().from_function(py_func, py_file)
+        except UnsafeCacheError as exc:
+            warnings.warn(f"{exc} Falling back to numba's own cache locations.", stacklevel=2)
+        except OSError:
+            pass  # no writable cache folder (a read-only home): numba's own locators decide
+        return None
 
+
+def _register_cache_locator():
     locators = caching.CacheImpl._locator_classes
-    if not any(getattr(c, "__qualname__", "").endswith("KernelCacheLocator") for c in locators):
+    if not any(c.__qualname__ == KernelCacheLocator.__qualname__ for c in locators):
         locators.insert(locators.index(caching.InTreeCacheLocator), KernelCacheLocator)
 
 
-_cache_outside_the_package()
+_register_cache_locator()
 
 
 def _prefer_openmp():
@@ -108,8 +109,6 @@ def _prefer_openmp():
     workers answer that in about 2 µs where TBB's sleeping ones took up to a step's whole GEMM:
     LSTM 100×32×256×256 ran 121 ms with OpenMP against 154 ms with TBB. Unless the user chose
     a layer (``NUMBA_THREADING_LAYER``), OpenMP goes first."""
-    import numba
-
     if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
         numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
