@@ -1,10 +1,12 @@
-"""Hypothesis settings profiles: ``dev`` (default, quick), ``ci`` and ``thorough``.
+"""Hypothesis settings profiles: ``dev`` (default, quick), ``ci`` and ``thorough``; the
+``numba_cache_home`` fixture.
 
-Choose one with ``pytest --hypothesis-profile=thorough`` or ``HYPOTHESIS_PROFILE=thorough``.
+Choose a profile with ``pytest --hypothesis-profile=thorough`` or ``HYPOTHESIS_PROFILE=thorough``.
 """
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 _common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -12,3 +14,16 @@ settings.register_profile("dev", max_examples=25, **_common)
 settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True, **_common)
 settings.register_profile("thorough", max_examples=400, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+@pytest.fixture
+def numba_cache_home(tmp_path, monkeypatch):
+    """The numba backend's kernel cache folder worked out anew under ``XDG_CACHE_HOME =
+    tmp_path`` (a test may point it elsewhere), with ``NUMBA_CACHE_DIR`` unset; yields the
+    backend module. Afterwards the folder is worked out anew from the real environment."""
+    nb = pytest.importorskip("rnngrad.numba_backend")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(nb.numba.config, "CACHE_DIR", "")
+    nb.kernel_cache_dir.cache_clear()
+    yield nb
+    nb.kernel_cache_dir.cache_clear()  # before monkeypatch restores the environment

@@ -20,14 +20,9 @@ def test_info_lists_every_backend_and_why(capsys):
     assert "reference       available" in out or "reference  available" in out.replace("  ", " ")
 
 
-def test_info_says_where_numba_kernels_are_cached(capsys, tmp_path, monkeypatch):
-    nb = pytest.importorskip("rnngrad.numba_backend")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    nb.kernel_cache_dir.cache_clear()
-    try:
-        assert main(["info"]) == 0
-    finally:
-        nb.kernel_cache_dir.cache_clear()
+def test_info_says_where_numba_kernels_are_cached(capsys, tmp_path, numba_cache_home):
+    nb = numba_cache_home
+    assert main(["info"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "numba kernel cache" in x)
     assert f"{tmp_path}/rnngrad/numba/" in line and nb.sources_stamp()[:16] in line
 

@@ -56,18 +56,14 @@ def test_numba_cache_dir_is_used_when_set(tmp_path):
     assert _cache_files(tmp_path / "xdg") == []
 
 
-def test_new_sources_get_a_new_folder_and_the_older_ones_go(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+def test_new_sources_get_a_new_folder_and_the_older_ones_go(tmp_path, monkeypatch,
+                                                            numba_cache_home):
     stamps = iter(["a" * 64, "b" * 64])
     monkeypatch.setattr(nb, "sources_stamp", lambda: next(stamps))
-    nb.kernel_cache_dir.cache_clear()
-    try:
-        first = Path(nb.kernel_cache_dir())
-        (first / "lstm.forward-1.py311.nbi").write_bytes(b"old")
-        nb.kernel_cache_dir.cache_clear()
-        second = Path(nb.kernel_cache_dir())
-    finally:
-        nb.kernel_cache_dir.cache_clear()
+    first = Path(nb.kernel_cache_dir())
+    (first / "lstm.forward-1.py311.nbi").write_bytes(b"old")
+    nb.kernel_cache_dir.cache_clear()  # as a new process with the new sources would
+    second = Path(nb.kernel_cache_dir())
     assert first.name == "a" * 16 and second.name == "b" * 16
     assert first.parent == second.parent
     assert second.is_dir() and not first.exists()
@@ -91,38 +87,26 @@ def test_sources_stamp_follows_every_source_file(tmp_path):
 def _locate_activate():
     from rnngrad.numba_backend import activations
     py_func = activations.activate.py_func
-    nb.kernel_cache_dir.cache_clear()
-    try:
-        return nb.KernelCacheLocator.from_function(py_func, inspect.getfile(py_func))
-    finally:
-        nb.kernel_cache_dir.cache_clear()
+    return nb.KernelCacheLocator.from_function(py_func, inspect.getfile(py_func))
 
 
-def test_the_locator_takes_this_package_s_kernels(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(nb.numba.config, "CACHE_DIR", "")
+def test_the_locator_takes_this_package_s_kernels(tmp_path, numba_cache_home):
     locator = _locate_activate()
     assert Path(locator.get_cache_path()).is_relative_to(tmp_path / "rnngrad" / "numba")
 
 
-def test_an_unusable_cache_folder_leaves_the_kernels_to_numba(tmp_path, monkeypatch):
-    """A read-only home, or a file where the folder should be: numba's own locators decide,
-    and the backend still imports and compiles."""
+def test_an_unusable_cache_folder_leaves_the_kernels_to_numba(tmp_path, monkeypatch,
+                                                              numba_cache_home):
+    """A read-only home, or a file where the folder should be: the locator declines (numba's
+    own locators decide) instead of raising, and ``rnngrad info`` says so."""
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
-    monkeypatch.setattr(nb.numba.config, "CACHE_DIR", "")
     assert _locate_activate() is None
-    nb.kernel_cache_dir.cache_clear()
-    try:
-        assert nb.cache_location().startswith("numba's own locations")
-    finally:
-        nb.kernel_cache_dir.cache_clear()
+    assert nb.cache_location().startswith("numba's own locations")
 
 
-def test_a_cache_folder_others_can_write_is_refused_with_a_warning(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(nb.numba.config, "CACHE_DIR", "")
+def test_a_cache_folder_others_can_write_is_refused_with_a_warning(tmp_path, numba_cache_home):
     (tmp_path / "rnngrad").mkdir()
     os.chmod(tmp_path / "rnngrad", 0o777)
     with pytest.warns(UserWarning, match="refusing to load compiled kernels"):
