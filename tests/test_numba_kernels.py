@@ -12,7 +12,7 @@ pytest.importorskip("numba")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from rnngrad.cases import CELLS, random_case  # noqa: E402
-from rnngrad.descriptors import Activation  # noqa: E402
+from rnngrad.descriptors import DESCRIPTORS, Activation  # noqa: E402
 from rnngrad.reference import activations as ref  # noqa: E402
 from rnngrad.testing import TOLERANCES, check_case  # noqa: E402
 from rnngrad.numba_backend import activations as act, blas, common, driver, gemm, overlap  # noqa: E402
@@ -181,6 +181,32 @@ def test_forced_overlap_matches_reference(seed, cell, dtype, chunk, eager):
             worst, mismatches = check_case(case, "numba", gradients)
             assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
     assert calls  # the overlap did run
+
+
+@pytest.mark.skipif(__import__("numba").get_num_threads() < 2, reason="needs two threads")
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_gradients_run_on_one_thread_beside_dominant_weight_products(cell, with_weight,
+                                                                     monkeypatch):
+    """At 100×32×256×256 the hidden units would be split into parts; with an input weight the
+    weight gradients (dR and dW) are twice the recurrence's products and run beside it on
+    the other core, the recurrence on one thread; without one (dR alone) the parts stay. Both
+    bidirectional (one recurrence each way), against the float64 reference."""
+    seed = CELLS.index(cell) * 2 + with_weight
+    descriptor = DESCRIPTORS[cell](training=True, bidirectional=True)
+    case = random_case(seed, cell, T=100, N=32, I=256, H=256, dtype=np.float32,
+                       descriptor=descriptor, optional={"input_weight": with_weight})
+    G = case.descriptor.gates
+    assert driver.schedule(32, 256, G) > 1  # the forward splits the units
+    overlapped, original = [], overlap.gradients
+
+    def spy(*args):
+        overlapped.append(args[2])
+        return original(*args)
+    monkeypatch.setattr(overlap, "gradients", spy)
+    worst, mismatches = check_case(case, "numba", gradients=True)
+    assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
+    assert len(overlapped) == (2 if with_weight else 0), overlapped
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")

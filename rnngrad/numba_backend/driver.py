@@ -13,7 +13,9 @@ What runs where:
   gradient (dX W) are large GEMMs, and the bias gradient a sum over T·N rows;
 - when a direction's recurrence runs on one thread and the products are large, the
   projection (first direction) and the weight gradients run beside it on the other core
-  instead, a chunk of steps ahead or behind (``overlap.py``).
+  instead, a chunk of steps ahead or behind (``overlap.py``); a gradient recurrence runs on
+  one thread for that whenever its weight gradients outweigh it enough
+  (:func:`gradient_schedule`).
 
 Everything computes in the problem's dtype (float32 or float64). Everything runs on numba's
 thread pool: the large GEMMs too (``gemm.py``, one single-threaded BLAS call per thread), so
@@ -41,6 +43,15 @@ PARALLEL_MIN_FLOPS = 4_000_000
 #: (measured, 2 threads, float32: LSTM 1000×8×128×128 ran 9% and GRU 15% faster on one
 #: thread; LSTM 200×8×256×256 10% faster on two)
 MIN_PART_UNITS = 128
+#: a gradient recurrence runs on one thread beside its weight-gradient products when those
+#: take at least this many times its own FLOPs (:func:`gradient_schedule`). Measured, float32,
+#: 2 threads, gradients on one thread beside dR and dW against the parts in parallel, paired
+#: runs, with an input weight (I = H, share 2): single-gate RNN 100×32×256×256 0.94×, GRU
+#: 0.84×, LSTM 0.93×, LSTM 200×64×512×512 0.92×; without one (share 1): GRU 0.85×, single-gate
+#: RNN 1.00×, LSTM 0.99× and 1.05×. (A forward on one thread beside its projection ran
+#: 1.03–1.07× as long as in parallel, and 1.2–1.6× without the projection to overlap: the
+#: forward keeps :func:`schedule`.)
+SERIAL_GRADIENTS_SHARE = 1.5
 
 
 def schedule(N: int, H: int, G: int) -> int:
@@ -49,6 +60,22 @@ def schedule(N: int, H: int, G: int) -> int:
         return 1
     threads = numba.get_num_threads()
     return 1 if threads < 2 or H < MIN_PART_UNITS * threads else threads
+
+
+def gradient_schedule(P) -> int:
+    """The number of parts of a gradient recurrence: :func:`schedule`'s, or one when its
+    weight-gradient products (dR and dW: ``2·T·N·G·H·(H + I)`` FLOPs) are at least
+    ``SERIAL_GRADIENTS_SHARE`` times the recurrence's own products and can run beside it
+    (``overlap.bounds``): the recurrence then runs on one thread, with no per-step meeting of
+    the parts, while the other core works through dR and dW."""
+    parts = schedule(P.N, P.H, P.G)
+    if parts == 1:
+        return 1
+    own = 2.0 * P.T * P.N * P.G * P.H * P.H
+    beside = own + (0.0 if P.input_weight is None else 2.0 * P.T * P.N * P.G * P.H * P.I)
+    if beside >= SERIAL_GRADIENTS_SHARE * own and overlap.bounds(P.T, P.N, 1, beside) is not None:
+        return 1
+    return parts
 
 
 def _single_threaded_blas():
@@ -118,25 +145,25 @@ def _state(a, problem):
     return np.zeros((N, DH), problem.dtype) if a is None else _writable(a)  # [N,DH]
 
 
-def _chunks(P, flops):
+def _chunks(P, parts, flops):
     """Chunk boundaries for running products of ``flops`` beside a recurrence of the problem
-    (``overlap.bounds``), or None."""
-    return overlap.bounds(P.T, P.N, schedule(P.N, P.H, P.G), flops)
+    in ``parts`` parts (``overlap.bounds``), or None."""
+    return overlap.bounds(P.T, P.N, parts, flops)
 
 
-def _project(problem):
+def _project(problem, parts):
     """(x' without bias [T,N,DGH], bias [DGH], projection) — the bias is added in the kernels.
     Without an input weight x' is the source; with one, x' = source Wᵀ is computed here
     (projection None), or, when it can run beside the first direction's recurrence
-    (:func:`_recur`), only allocated, and projection = (``fill(t0, t1)``, which fills its
-    input-time rows t0 … t1−1, and the chunk boundaries)."""
+    (:func:`_recur`; the recurrence runs in ``parts`` parts), only allocated, and projection =
+    (``fill(t0, t1)``, which fills its input-time rows t0 … t1−1, and the chunk boundaries)."""
     P = problem
     T, N, DGH = P.T, P.N, P.D * P.G * P.H
     bx = np.zeros(DGH, P.dtype) if P.bias is None else _writable(P.bias)  # [DGH]
     if P.input_weight is None:
         return _writable(P.source), bx, None  # [T,N,DGH]
     src, Wt = P.source.reshape(T * N, P.I), P.input_weight.T  # [TN,I], [I,DGH]
-    b = _chunks(P, 2.0 * T * N * P.I * DGH)
+    b = _chunks(P, parts, 2.0 * T * N * P.I * DGH)
     if b is None:
         return rows_times(src, Wt).reshape(T, N, DGH), bx, None  # [T,N,DGH]
     src, Wt = _writable(np.ascontiguousarray(src)), _writable(np.ascontiguousarray(Wt))
@@ -158,12 +185,12 @@ def _recur(P, x_rev, recur, projection):
     overlap.forward(recur, lambda s0, s1: fill(*overlap.times(s0, s1, P.T, x_rev)), b)
 
 
-def _recur_gradients(P, x_rev, recur, products):
+def _recur_gradients(P, parts, x_rev, recur, products):
     """One direction's gradient recurrence, ``recur(s0, s1)`` over the steps s0 … s1−1, and
     its weight gradients ``out += Aᵀ B`` for each (out [M,K], A [T·N,M], B [T·N,K]) of
     ``products`` (rows in input time): beside the recurrence, one chunk behind it, when
     :func:`_chunks` allows, else after it on all threads."""
-    b = _chunks(P, sum(2.0 * a.shape[0] * a.shape[1] * m.shape[1] for _, a, m in products))
+    b = _chunks(P, parts, sum(2.0 * a.shape[0] * a.shape[1] * m.shape[1] for _, a, m in products))
     if b is None:
         recur(0, P.T)
         for out, a, m in products:
@@ -197,9 +224,9 @@ def forward(problem) -> ForwardArrays:
 
 def _forward_single_gate(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
-    xp, bx, projection = _project(P)
-    h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     parts = schedule(N, H, 1)
+    xp, bx, projection = _project(P, parts)
+    h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     hc = -(-H // parts)
     hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt)  # [2,N,H], [P,N,hc]
     for d, x_rev, out_rev in _directions(P):
@@ -229,10 +256,10 @@ def _peephole(P, d):
 
 def _forward_lstm(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
-    xp, bx, projection = _project(P)
+    parts = schedule(N, H, 4)
+    xp, bx, projection = _project(P, parts)
     h0, c0, (m, mode) = _state(P.init_state, P), _state(P.init_cell, P), _mask(P)
     acts, gi = _lstm_codes(P.descriptor)
-    parts = schedule(N, H, 4)
     hc = -(-H // parts)
     hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, 4 * hc), dt)  # [2,N,H], [P,N,4hc]
     Y, ones = np.zeros((parts, 5 * hc), dt), np.ones(H, dt)  # [P,5hc], [H]
@@ -255,12 +282,12 @@ def _gru_codes(desc):
 
 def _forward_gru(P, h, c, zs):
     dt, N, H, Z, desc = P.dtype, P.N, P.H, P.Z, P.descriptor
-    xp, bx, projection = _project(P)
+    parts = schedule(N, H, 3)
+    xp, bx, projection = _project(P, parts)
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     b2 = np.zeros(P.D * H, dt) if P.secondary_bias is None else _writable(P.secondary_bias)  # [DH]
     acts, gz, gr = _gru_codes(desc)
     ra = desc.reset_after
-    parts = schedule(N, H, 3)
     hc = -(-H // parts)
     hm, hmr = np.zeros((2, N, H), dt), np.zeros((N, H), dt)  # [2,N,H], [N,H]
     rec = np.zeros((parts, N, (3 if ra else 2) * hc), dt)  # [P,N,3hc] or [P,N,2hc]
@@ -356,14 +383,14 @@ def _backward_single_gate(P, dX, dR, weight, dh0, dc0):
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     dh_in, zs = _writable(P.source_gradient), _writable(P.z_state)
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
-    parts = schedule(N, H, 1)
+    parts = gradient_schedule(P)
     hc = -(-H // parts)
     E, gr, Y = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt), np.zeros((parts, 2 * hc), dt)  # [2,N,H], [P,N,hc], [P,2hc]
     for d, x_rev, out_rev in _directions(P):
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         R = _columns(P.recurrent_weight[d], parts, N, T)  # [P,S]
         act, cols = int(P.descriptor.activation), slice(d * H, (d + 1) * H)
-        _recur_gradients(P, x_rev, lambda s0, s1: single_gate.backward(
+        _recur_gradients(P, parts, x_rev, lambda s0, s1: single_gate.backward(
             dh_in, zs, h0, m, mode, R, act, dX, d * H, x_rev, HM, out_rev, d * H, carry, E, gr,
             Y, ones, s0, s1),
             [(dR[d], _rows(dX, cols), _rows(HM))] + _input_weight_product(dX, cols, weight))
@@ -379,7 +406,7 @@ def _backward_lstm(P, dX, dR, weight, dh0, dc0):
     per_step = P.cell_gradient_per_step
     dc_in = _writable(P.cell_gradient) if per_step else _dummy(dt, 3)
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
-    parts = schedule(N, H, 4)
+    parts = gradient_schedule(P)
     hc = -(-H // parts)
     E, gr = np.zeros((2, N, 4 * H), dt), np.zeros((parts, N, hc), dt)  # [2,N,4H], [P,N,hc]
     Y, ones = np.zeros((parts, 11 * hc), dt), np.ones(H, dt)  # [P,11hc], [H]
@@ -390,7 +417,7 @@ def _backward_lstm(P, dX, dR, weight, dh0, dc0):
         dc_carry = np.ascontiguousarray(dc0[:, d * H:(d + 1) * H])  # [N,H]
         R = _columns(P.recurrent_weight[d], parts, N, T)  # [P,S]
         p, has_p = _peephole(P, d)
-        _recur_gradients(P, x_rev, lambda s0, s1: lstm.backward(
+        _recur_gradients(P, parts, x_rev, lambda s0, s1: lstm.backward(
             dh_in, zs, cf, h0, c0, m, mode, p, has_p, dc_in, per_step, R, acts, gi, dX, d * 4 * H,
             x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry, E, gr, Y, ones, s0, s1),
             [(dR[d], _rows(dX, cols), _rows(HM))] + _input_weight_product(dX, cols, weight))
@@ -410,7 +437,7 @@ def _backward_gru(P, dX, dR, weight, dh0, dc0):
     HM = np.empty((T, N, H), dt)  # [T,N,H] h[t−1] ⊙ m, input time
     HMR = np.empty((T, N, H), dt) if not ra else _dummy(dt, 3)  # [T,N,H] h[t−1] ⊙ r ⊙ m
     DQ = np.empty((T, N, H), dt) if ra else _dummy(dt, 3)  # [T,N,H] dq
-    parts = schedule(N, H, 3)
+    parts = gradient_schedule(P)
     hc = -(-H // parts)
     E = np.zeros((2, N, (3 if ra else 2) * H), dt)  # [2,N,3H] or [2,N,2H]
     Eo = np.zeros((N, H), dt)  # [N,H] da_o
@@ -425,7 +452,7 @@ def _backward_gru(P, dX, dR, weight, dh0, dc0):
         R_o = _dummy(dt, 2) if ra else _columns(R[2 * H:], parts, N, T)  # [P,S]
         o_product = (_rows(DQ), _rows(HM)) if ra else \
             (_rows(dX, slice(base + 2 * H, base + 3 * H)), _rows(HMR))
-        _recur_gradients(P, x_rev, lambda s0, s1: gru.backward(
+        _recur_gradients(P, parts, x_rev, lambda s0, s1: gru.backward(
             dh_in, zs, hf, h0, m, mode, R_main, R_o, acts, gz, grr, desc.flip_z, ra, dX, base,
             x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo, gr, g, Rb, Y, ones,
             s0, s1),
