@@ -129,6 +129,25 @@ def test_forced_parts_match_reference(seed, cell, dtype, parts):
         driver.schedule = original
 
 
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), cell=st.sampled_from(CELLS), dtype=st.sampled_from(DTYPES),
+       parts=st.sampled_from([2, 3]))
+def test_forced_row_parts_match_reference(seed, cell, dtype, parts):
+    """Every cell and option with the forward's batch rows split into 2 or 3 parts (uneven
+    splits, a part of one row), whatever the size: the row-parallel forward on small problems,
+    its outputs and the gradients it feeds."""
+    rng = np.random.default_rng(seed)
+    case = random_case(seed, cell, dtype=dtype, N=int(rng.integers(parts, 9)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(driver, "schedule", lambda N, H, G: parts)
+        mp.setattr(driver, "MIN_PART_ROWS", 1)
+        mp.setattr(driver, "gradient_schedule", lambda problem: 1)  # units: the test above
+        assert driver.forward_schedule(case.inputs["source"].shape[1], 4, 1) == (1, parts)
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "numba", gradients)
+            assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
+
+
 @pytest.mark.parametrize("T", [1, 2, 5, 17])
 def test_overlap_bounds_cover_the_loop(T, monkeypatch):
     monkeypatch.setattr(overlap, "MIN_FLOPS", 0)

@@ -263,9 +263,10 @@ def worth_packing(K, N, rows, steps):
     return steps * rows * K * N > 5_000_000 + 250 * K * N
 
 
-def pack_parts(b: np.ndarray, rows: int, steps: int) -> np.ndarray:
+def pack_parts(b: np.ndarray, rows, steps: int) -> np.ndarray:
     """[P, S]: each part b[p] of b [P,K,N] (float32 or float64, any strides) in the layout the
-    per-step product (``common.dot``) multiplies by, for ``steps`` products with ``rows`` rows.
+    per-step product (``common.dot``) multiplies by, for ``steps`` products with ``rows`` rows
+    (one count for every part, or a sequence of one per part).
 
     - MKL's packed panels when MKL is in use and :func:`worth_packing`: each part starts on a
       64-byte boundary and S ≠ K·N. MKL packs straight into place: a packed buffer must not be
@@ -273,17 +274,18 @@ def pack_parts(b: np.ndarray, rows: int, steps: int) -> np.ndarray:
     - Otherwise B itself, row-major, S = K·N (which tells ``common.dot`` to run a plain GEMM).
     """
     P, K, N = b.shape
-    if MKL is None or not worth_packing(K, N, rows, steps):
+    counts = [int(rows)] * P if np.ndim(rows) == 0 else [int(r) for r in rows]
+    if MKL is None or not worth_packing(K, N, min(counts), steps):
         plain = np.ascontiguousarray(b).reshape(P, K * N)  # [P,S]
         return plain if plain.flags.writeable else plain.copy()
-    size = _packed_size(K, N, rows, b.dtype)
+    size = max(_packed_size(K, N, r, b.dtype) for r in counts)
     per = _ALIGN // b.dtype.itemsize
     stride = -(-size // per) * per
     if stride == K * N:
         stride += per  # S = K·N would read as B itself
     out = _aligned(P * stride * b.dtype.itemsize, b.dtype).reshape(P, stride)  # [P,S]
     for p in range(P):
-        _pack_into(b[p], rows, out[p])
+        _pack_into(b[p], counts[p], out[p])
     return out
 
 

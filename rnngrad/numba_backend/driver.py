@@ -52,6 +52,9 @@ MIN_PART_UNITS = 128
 #: 1.03–1.07× as long as in parallel, and 1.2–1.6× without the projection to overlap: the
 #: forward keeps :func:`schedule`.)
 SERIAL_GRADIENTS_SHARE = 1.5
+#: fewest batch rows per part when a forward splits the batch rows instead of the hidden units
+#: (:func:`forward_schedule`)
+MIN_PART_ROWS = 16
 
 
 def schedule(N: int, H: int, G: int) -> int:
@@ -60,6 +63,20 @@ def schedule(N: int, H: int, G: int) -> int:
         return 1
     threads = numba.get_num_threads()
     return 1 if threads < 2 or H < MIN_PART_UNITS * threads else threads
+
+
+def forward_schedule(N: int, H: int, G: int) -> tuple[int, int]:
+    """(parts of the hidden units, parts of the batch rows) of a forward recurrence. Where
+    :func:`schedule` splits the units and the batch has ``MIN_PART_ROWS`` rows per thread, the
+    rows are split instead: batch rows are independent through the whole recurrence, so each
+    thread runs its rows through every step with all of R, and the threads never meet inside
+    the loop (no wait at each step for the slower one). Measured, float32, 2 threads, the
+    forward op against the split units, paired runs: 100×32×256×256 LSTM 0.84×, GRU 0.81×,
+    single-gate RNN 0.78×; LSTM 200×64×512×512 0.93×."""
+    parts = schedule(N, H, G)
+    if parts > 1 and N >= MIN_PART_ROWS * parts:
+        return 1, parts
+    return parts, 1
 
 
 def gradient_schedule(P) -> int:
@@ -108,6 +125,17 @@ def _columns_t(R, G, P, rows, steps):
         for b in range(G):
             cols[p, :, b * hc:b * hc + j1 - j0] = R[b * H + j0:b * H + j1].T
     return blas.pack_parts(cols, rows, steps)
+
+
+def _forward_weights(R, G, parts, row_parts, N, steps):
+    """The forward's per-step GEMM operand for a recurrence in ``parts`` parts of the units
+    (:func:`_columns_t`) or ``row_parts`` parts of the N batch rows: [Q,S], all of Rᵀ prepared
+    for each row part's own number of rows."""
+    if row_parts == 1:
+        return _columns_t(R, G, parts, N, steps)
+    Rt = R.T  # [H,GH]
+    counts = [j1 - j0 for j0, j1 in (_units(q, row_parts, N) for q in range(row_parts))]
+    return blas.pack_parts(np.broadcast_to(Rt, (row_parts,) + Rt.shape), counts, steps)
 
 
 def _columns(R, P, rows, steps):
@@ -224,17 +252,17 @@ def forward(problem) -> ForwardArrays:
 
 def _forward_single_gate(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
-    parts = schedule(N, H, 1)
-    xp, bx, projection = _project(P, parts)
+    parts, rows = forward_schedule(N, H, 1)
+    xp, bx, projection = _project(P, parts * rows)
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
-    hc = -(-H // parts)
-    hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, hc), dt)  # [2,N,H], [P,N,hc]
+    hc, slots = -(-H // parts), max(parts, rows)
+    hm, rec = np.zeros((2, N, H), dt), np.zeros((slots, N, hc), dt)  # [2,N,H], [P,N,hc]
     for d, x_rev, out_rev in _directions(P):
-        Rt = _columns_t(P.recurrent_weight[d], 1, parts, N, P.T)  # [P,S]
+        Rt = _forward_weights(P.recurrent_weight[d], 1, parts, rows, N, P.T)  # [P,S]
         act = int(P.descriptor.activation)
         _recur(P, x_rev, lambda s0, s1: single_gate.forward(
             xp, d * H, bx, x_rev, Rt, h0, m, mode, act, h, zs, out_rev, d * H, hm, rec, ones,
-            s0, s1), projection if d == 0 else None)
+            s0, s1, rows), projection if d == 0 else None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -256,19 +284,19 @@ def _peephole(P, d):
 
 def _forward_lstm(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
-    parts = schedule(N, H, 4)
-    xp, bx, projection = _project(P, parts)
+    parts, rows = forward_schedule(N, H, 4)
+    xp, bx, projection = _project(P, parts * rows)
     h0, c0, (m, mode) = _state(P.init_state, P), _state(P.init_cell, P), _mask(P)
     acts, gi = _lstm_codes(P.descriptor)
-    hc = -(-H // parts)
-    hm, rec = np.zeros((2, N, H), dt), np.zeros((parts, N, 4 * hc), dt)  # [2,N,H], [P,N,4hc]
-    Y, ones = np.zeros((parts, 5 * hc), dt), np.ones(H, dt)  # [P,5hc], [H]
+    hc, slots = -(-H // parts), max(parts, rows)
+    hm, rec = np.zeros((2, N, H), dt), np.zeros((slots, N, 4 * hc), dt)  # [2,N,H], [P,N,4hc]
+    Y, ones = np.zeros((slots, 5 * hc), dt), np.ones(H, dt)  # [P,5hc], [H]
     for d, x_rev, out_rev in _directions(P):
-        Rt = _columns_t(P.recurrent_weight[d], 4, parts, N, P.T)  # [P,S]
+        Rt = _forward_weights(P.recurrent_weight[d], 4, parts, rows, N, P.T)  # [P,S]
         p, has_p = _peephole(P, d)
         _recur(P, x_rev, lambda s0, s1: lstm.forward(
             xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c, zs, out_rev,
-            d * H, d * 4 * H, hm, rec, Y, ones, s0, s1), projection if d == 0 else None)
+            d * H, d * 4 * H, hm, rec, Y, ones, s0, s1, rows), projection if d == 0 else None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -282,27 +310,27 @@ def _gru_codes(desc):
 
 def _forward_gru(P, h, c, zs):
     dt, N, H, Z, desc = P.dtype, P.N, P.H, P.Z, P.descriptor
-    parts = schedule(N, H, 3)
-    xp, bx, projection = _project(P, parts)
+    parts, rows = forward_schedule(N, H, 3)
+    xp, bx, projection = _project(P, parts * rows)
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     b2 = np.zeros(P.D * H, dt) if P.secondary_bias is None else _writable(P.secondary_bias)  # [DH]
     acts, gz, gr = _gru_codes(desc)
     ra = desc.reset_after
-    hc = -(-H // parts)
+    hc, slots = -(-H // parts), max(parts, rows)
     hm, hmr = np.zeros((2, N, H), dt), np.zeros((N, H), dt)  # [2,N,H], [N,H]
-    rec = np.zeros((parts, N, (3 if ra else 2) * hc), dt)  # [P,N,3hc] or [P,N,2hc]
-    reco, Zb = np.zeros((parts, N, hc), dt), np.zeros((parts, N, hc), dt)  # [P,N,hc]
-    Y = np.zeros((parts, 2 * hc), dt)  # [P,2hc]
+    rec = np.zeros((slots, N, (3 if ra else 2) * hc), dt)  # [P,N,3hc] or [P,N,2hc]
+    reco, Zb = np.zeros((slots, N, hc), dt), np.zeros((slots, N, hc), dt)  # [P,N,hc]
+    Y = np.zeros((slots, 2 * hc), dt)  # [P,2hc]
     for d, x_rev, out_rev in _directions(P):
         R = P.recurrent_weight[d]  # [3H,H]
         if ra:
-            Rt, Rt_o = _columns_t(R, 3, parts, N, P.T), _dummy(dt, 2)  # [P,S]
+            Rt, Rt_o = _forward_weights(R, 3, parts, rows, N, P.T), _dummy(dt, 2)  # [P,S]
         else:
-            Rt = _columns_t(R[:2 * H], 2, parts, N, P.T)  # [P,S]
-            Rt_o = _columns_t(R[2 * H:], 1, parts, N, P.T)  # [P,S]
+            Rt = _forward_weights(R[:2 * H], 2, parts, rows, N, P.T)  # [P,S]
+            Rt_o = _forward_weights(R[2 * H:], 1, parts, rows, N, P.T)  # [P,S]
         _recur(P, x_rev, lambda s0, s1: gru.forward(
             xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz, gr, desc.flip_z, ra,
-            h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb, Y, ones, s0, s1),
+            h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb, Y, ones, s0, s1, rows),
             projection if d == 0 else None)
 
 

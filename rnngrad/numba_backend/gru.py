@@ -35,20 +35,21 @@ def _mix(z, hp, o, flip_z, one, out):
 
 
 @numba.njit(**JIT)
-def _forward_gates(p, P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br, reset_after,
-                   zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones):
-    """The z and r gates of the part's units (and q with reset_after): z into Zb [P,N,hc]; r
-    into the o block of rec with reset_after, else hmr = hm ⊙ r for the second GEMM."""
-    T, N = zs.shape[0], zs.shape[1]
+def _forward_gates(k, p, P, n0, n1, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br,
+                   reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones):
+    """The z and r gates of the part's units and rows n0 … n1−1 (and q with reset_after): z
+    into Zb [·,N,hc]; r into the o block of rec with reset_after, else hmr = hm ⊙ r for the
+    second GEMM. k: the part's slot in the packed weights and the scratch arrays."""
+    T = zs.shape[0]
     H = hm.shape[2]
     hc = Zb.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to = step_index(s, T, x_rev), step_index(s, T, out_rev)
     cur = hm[s % 2]
-    dot(cur, Rt[p], rec[p])  # [N,3hc] or [N,2hc]
-    for n in range(N):
-        a, xrow, zrow = rec[p, n], xp[ti, n], zs[to, n]
+    dot(cur[n0:n1], Rt[k], rec[k, n0:n1])  # [n1−n0,3hc] or [n1−n0,2hc]
+    for n in range(n0, n1):
+        a, xrow, zrow = rec[k, n], xp[ti, n], zs[to, n]
         for blk in range(2):  # the z and r blocks
             ab = a[blk * hc:blk * hc + w]
             col = blk * H + j0
@@ -62,7 +63,7 @@ def _forward_gates(p, P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br
                 v = aq[j] + bq[j]
                 aq[j] = v
                 zq[j] = v
-        activate(acts[0], a[bz * hc:bz * hc + w], Zb[p, n, :w])
+        activate(acts[0], a[bz * hc:bz * hc + w], Zb[k, n, :w])
         if reset_after:
             # r ⊙ q into the z block of rec (its pre-activation is in z_state already)
             r = a[bz * hc:bz * hc + w]
@@ -77,26 +78,27 @@ def _forward_gates(p, P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br
 
 
 @numba.njit(**JIT)
-def _forward_output(p, P, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz, flip_z,
-                    reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones):
-    """The o gate and h of the part's units; without reset_after after ``reco = hmr @ Rt_oₚ``."""
-    T, N, H = zs.shape[0], zs.shape[1], hm.shape[2]
+def _forward_output(k, p, P, n0, n1, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz,
+                    flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones):
+    """The o gate and h of the part's units and rows n0 … n1−1; without reset_after after
+    ``reco = hmr @ Rt_oₚ``."""
+    T, H = zs.shape[0], hm.shape[2]
     hc = Zb.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
     if not reset_after:
-        dot(hmr, Rt_o[p], reco[p])  # [N,hc]
+        dot(hmr[n0:n1], Rt_o[k], reco[k, n0:n1])  # [n1−n0,hc]
     nxt = hm[(s + 1) % 2]
-    y = Y[p]
+    y = Y[k]
     ao, o = y[0:w], y[hc:hc + w]
     one = ones[0]
-    for n in range(N):
+    for n in range(n0, n1):
         xrow, zrow = xp[ti, n], zs[to, n]
         col = 2 * H + j0
         xb, bb = xrow[xoff + col:xoff + col + w], bx[xoff + col:xoff + col + w]
         zb = zrow[zoff + col:zoff + col + w]
-        rq = rec[p, n, bz * hc:bz * hc + w] if reset_after else reco[p, n, :w]
+        rq = rec[k, n, bz * hc:bz * hc + w] if reset_after else reco[k, n, :w]
         for j in range(w):
             v = xb[j] + bb[j] + rq[j]
             ao[j] = v
@@ -104,19 +106,20 @@ def _forward_output(p, P, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz,
         activate(acts[2], ao, o)
         hprev = (h0[n] if s == 0 else h[tp, n])[off + j0:off + j1]
         hrow = h[to, n, off + j0:off + j1]
-        _mix(Zb[p, n, :w], hprev, o, flip_z, one, hrow)
+        _mix(Zb[k, n, :w], hprev, o, flip_z, one, hrow)
         if s < T - 1:
             multiply(hrow, mask_row(m, m_mode, s + 1, n, off + j0, w, ones), nxt[n, j0:j1])
 
 
 @numba.njit(parallel=True, **JIT)
 def forward(xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, bz, br, flip_z, reset_after,
-            h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones, s0, s1):
+            h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones, s0, s1, Q):
     """Shapes: xp [T,N,D3H] (bias bx added here); Rt [P,S] = the parts' columns of R[d]ᵀ
     ([H,3hc] each) with reset_after, else of R_zrᵀ ([H,2hc]) and Rt_o [P,S] of R_oᵀ ([H,hc]),
-    prepared by ``blas.pack_parts``; b2 [DH]; h0 [N,DH];
-    m [1 or T,N,DH]; outputs h [T,N,DH], zs [T,N,DZH]; scratch hm [2,N,H], rec [P,N,·],
-    hmr [N,H], reco [P,N,hc], Zb [P,N,hc], Y [P,2hc]; ones [H]."""
+    or with Q row parts all of those columns for each ([Q,S]), prepared by
+    ``blas.pack_parts``; b2 [DH]; h0 [N,DH]; m [1 or T,N,DH]; outputs h [T,N,DH],
+    zs [T,N,DZH]; scratch hm [2,N,H], rec [P or Q,N,·], hmr [N,H], reco [P or Q,N,hc],
+    Zb [P or Q,N,hc], Y [P or Q,2hc]; ones [H]."""
     # borrowed views (no reference counting on the views taken per row and step)
     xp, bx, Rt, Rt_o, b2 = unowned(xp), unowned(bx), unowned(Rt), unowned(Rt_o), unowned(b2)
     h0, m, acts = unowned(h0), unowned(m), unowned(acts)
@@ -127,27 +130,42 @@ def forward(xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, bz, br, flip
     if s0 == 0:
         for n in range(N):
             multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
+    if Q > 1:  # row parts: each runs its batch rows through every step, no meeting
+        for q in numba.prange(Q):
+            k = np.int64(q)
+            n0, n1 = part_units(q, Q, N)
+            for s in range(s0, s1):
+                _forward_gates(k, ZERO_I, ONE_I, n0, n1, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts,
+                               bz, br, reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
+                _forward_output(k, ZERO_I, ONE_I, n0, n1, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode,
+                                acts, bz, flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec,
+                                hmr, reco, Zb, Y, ones)
+        return
     for s in range(s0, s1):
         if P == 1:
-            _forward_gates(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br,
-                           reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
-            _forward_output(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz, flip_z,
-                            reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr, reco, Zb, Y, ones)
+            _forward_gates(ZERO_I, ZERO_I, ONE_I, ZERO_I, N, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts,
+                           bz, br, reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
+            _forward_output(ZERO_I, ZERO_I, ONE_I, ZERO_I, N, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode,
+                            acts, bz, flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr,
+                            reco, Zb, Y, ones)
         elif reset_after:
             for p in numba.prange(P):
-                _forward_gates(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br,
-                               reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
-                _forward_output(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz,
-                                flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr, reco,
-                                Zb, Y, ones)
+                k = np.int64(p)
+                _forward_gates(k, k, P, ZERO_I, N, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz,
+                               br, reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
+                _forward_output(k, k, P, ZERO_I, N, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts,
+                                bz, flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr,
+                                reco, Zb, Y, ones)
         else:
             for p in numba.prange(P):
-                _forward_gates(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz, br,
-                               reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
+                k = np.int64(p)
+                _forward_gates(k, k, P, ZERO_I, N, s, xp, xoff, bx, x_rev, Rt, b2, m, m_mode, acts, bz,
+                               br, reset_after, zs, out_rev, off, zoff, hm, rec, hmr, Zb, ones)
             for p in numba.prange(P):
-                _forward_output(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts, bz,
-                                flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr, reco,
-                                Zb, Y, ones)
+                k = np.int64(p)
+                _forward_output(k, k, P, ZERO_I, N, s, xp, xoff, bx, x_rev, Rt_o, h0, m, m_mode, acts,
+                                bz, flip_z, reset_after, h, zs, out_rev, off, zoff, hm, rec, hmr,
+                                reco, Zb, Y, ones)
 
 
 @numba.njit(**JIT)

@@ -25,20 +25,20 @@ from .common import (ONE_I, ZERO_I, add_pre_activation, dot, mask_row, multiply,
 
 
 @numba.njit(**JIT)
-def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
-                  h, c, zs, out_rev, off, zoff, hm, rec, Y, ones):
-    T, N = h.shape[0], h.shape[1]
+def _forward_part(k, p, P, n0, n1, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p,
+                  acts, gi, h, c, zs, out_rev, off, zoff, hm, rec, Y, ones):
+    T = h.shape[0]
     H, hc = hm.shape[2], rec.shape[2] // 4
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
-    dot(hm[s % 2], Rt[p], rec[p])  # [N,4hc]
+    dot(hm[s % 2, n0:n1], Rt[k], rec[k, n0:n1])  # [n1−n0,4hc]
     nxt = hm[(s + 1) % 2]
-    y = Y[p]  # [5hc] row scratch: i, f, z, o, g(c)
+    y = Y[k]  # [5hc] row scratch: i, f, z, o, g(c)
     yi, yf, yz, yo, gc = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w], y[3 * hc:3 * hc + w], \
         y[4 * hc:4 * hc + w]
-    for n in range(N):
-        a = rec[p, n]  # [4hc] becomes the pre-activations
+    for n in range(n0, n1):
+        a = rec[k, n]  # [4hc] becomes the pre-activations
         xrow, brow, zrow = xp[ti, n], bx, zs[to, n]
         cp = (c0[n] if s == 0 else c[tp, n])[off + j0:off + j1]
         for blk in range(4):
@@ -65,10 +65,11 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p
 
 @numba.njit(parallel=True, **JIT)
 def forward(xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
-            h, c, zs, out_rev, off, zoff, hm, rec, Y, ones, s0, s1):
+            h, c, zs, out_rev, off, zoff, hm, rec, Y, ones, s0, s1, Q):
     """Shapes: xp [T,N,DGH] (bias bx [DGH] added here); Rt [P,S] = the parts' columns of
-    R[d]ᵀ ([H,4hc] each) prepared by ``blas.pack_parts``; h0, c0 [N,DH]; m [1 or T,N,DH]; pp [4H]; outputs h, c [T,N,DH], zs [T,N,D4H];
-    scratch hm [2,N,H], rec [P,N,4hc], Y [P,5hc]; ones [H]."""
+    R[d]ᵀ ([H,4hc] each), or with Q row parts all of R[d]ᵀ for each ([Q,S]), prepared by
+    ``blas.pack_parts``; h0, c0 [N,DH]; m [1 or T,N,DH]; pp [4H]; outputs h, c [T,N,DH],
+    zs [T,N,D4H]; scratch hm [2,N,H], rec [P or Q,N,4hc], Y [P or Q,5hc]; ones [H]."""
     # borrowed views (no reference counting on the views taken per row and step)
     xp, bx, Rt, h0, c0 = unowned(xp), unowned(bx), unowned(Rt), unowned(h0), unowned(c0)
     m, pp, acts, gi, h = unowned(m), unowned(pp), unowned(acts), unowned(gi), unowned(h)
@@ -79,14 +80,23 @@ def forward(xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
     if s0 == 0:
         for n in range(N):
             multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
+    if Q > 1:  # row parts: each runs its batch rows through every step, no meeting
+        for q in numba.prange(Q):
+            n0, n1 = part_units(q, Q, N)
+            for s in range(s0, s1):
+                _forward_part(np.int64(q), ZERO_I, ONE_I, n0, n1, s, xp, xoff, bx, x_rev, Rt, h0, c0, m,
+                              m_mode, pp, has_p, acts, gi, h, c, zs, out_rev, off, zoff, hm, rec, Y,
+                              ones)
+        return
     for s in range(s0, s1):
         if P == 1:
-            _forward_part(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
-                          h, c, zs, out_rev, off, zoff, hm, rec, Y, ones)
+            _forward_part(ZERO_I, ZERO_I, ONE_I, ZERO_I, N, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode,
+                          pp, has_p, acts, gi, h, c, zs, out_rev, off, zoff, hm, rec, Y, ones)
         else:
             for p in numba.prange(P):
-                _forward_part(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts,
-                              gi, h, c, zs, out_rev, off, zoff, hm, rec, Y, ones)
+                _forward_part(np.int64(p), np.int64(p), P, ZERO_I, N, s, xp, xoff, bx, x_rev, Rt, h0, c0,
+                              m, m_mode, pp, has_p, acts, gi, h, c, zs, out_rev, off, zoff, hm, rec,
+                              Y, ones)
 
 
 @numba.njit(**JIT)

@@ -18,17 +18,17 @@ from .common import (ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, mul
 
 
 @numba.njit(**JIT)
-def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_rev, off, hm, rec,
-                  ones):
-    T, N, H = h.shape[0], h.shape[1], hm.shape[2]
+def _forward_part(k, p, P, n0, n1, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_rev,
+                  off, hm, rec, ones):
+    T, H = h.shape[0], hm.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to = step_index(s, T, x_rev), step_index(s, T, out_rev)
-    dot(hm[s % 2], Rt[p], rec[p])  # [N,hc]
+    dot(hm[s % 2, n0:n1], Rt[k], rec[k, n0:n1])  # [n1−n0,hc]
     nxt = hm[(s + 1) % 2]
     bb = bx[xoff + j0:xoff + j1]
-    for n in range(N):
-        a, xb = rec[p, n, :w], xp[ti, n, xoff + j0:xoff + j1]
+    for n in range(n0, n1):
+        a, xb = rec[k, n, :w], xp[ti, n, xoff + j0:xoff + j1]
         zb, hrow = zs[to, n, off + j0:off + j1], h[to, n, off + j0:off + j1]
         add_pre_activation(a, xb, bb, zb)
         activate(act, a, hrow)
@@ -38,11 +38,11 @@ def _forward_part(p, P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_r
 
 @numba.njit(parallel=True, **JIT)
 def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm, rec, ones,
-            s0, s1):
+            s0, s1, Q):
     """Shapes: xp [T,N,DH] (bias bx [DH] added here); Rt [P,S] = the parts' columns of R[d]ᵀ
-    ([H,hc] each) prepared by ``blas.pack_parts``;
-    h0 [N,DH]; m [1 or T,N,DH]; outputs h, zs [T,N,DH]; scratch hm [2,N,H], rec [P,N,hc];
-    ones [H]."""
+    ([H,hc] each), or with Q row parts all of R[d]ᵀ for each ([Q,S]), prepared by
+    ``blas.pack_parts``; h0 [N,DH]; m [1 or T,N,DH]; outputs h, zs [T,N,DH]; scratch
+    hm [2,N,H], rec [P or Q,N,hc]; ones [H]."""
     # borrowed views (no reference counting on the views taken per row and step)
     xp, bx, Rt, h0, m = unowned(xp), unowned(bx), unowned(Rt), unowned(h0), unowned(m)
     h, zs, hm, rec, ones = unowned(h), unowned(zs), unowned(hm), unowned(rec), unowned(ones)
@@ -51,14 +51,21 @@ def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm
     if s0 == 0:
         for n in range(N):
             multiply(h0[n, off:off + H], mask_row(m, m_mode, 0, n, off, H, ones), hm[0, n])
+    if Q > 1:  # row parts: each runs its batch rows through every step, no meeting
+        for q in numba.prange(Q):
+            n0, n1 = part_units(q, Q, N)
+            for s in range(s0, s1):
+                _forward_part(np.int64(q), ZERO_I, ONE_I, n0, n1, s, xp, xoff, bx, x_rev, Rt, m, m_mode,
+                              act, h, zs, out_rev, off, hm, rec, ones)
+        return
     for s in range(s0, s1):
         if P == 1:
-            _forward_part(ZERO_I, ONE_I, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_rev, off,
-                          hm, rec, ones)
+            _forward_part(ZERO_I, ZERO_I, ONE_I, ZERO_I, N, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h,
+                          zs, out_rev, off, hm, rec, ones)
         else:
             for p in numba.prange(P):
-                _forward_part(np.int64(p), P, s, xp, xoff, bx, x_rev, Rt, m, m_mode, act, h, zs, out_rev,
-                              off, hm, rec, ones)
+                _forward_part(np.int64(p), np.int64(p), P, ZERO_I, N, s, xp, xoff, bx, x_rev, Rt, m,
+                              m_mode, act, h, zs, out_rev, off, hm, rec, ones)
 
 
 @numba.njit(**JIT)
