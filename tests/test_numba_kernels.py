@@ -139,10 +139,7 @@ def test_forced_row_parts_match_reference(seed, cell, dtype, parts):
     rng = np.random.default_rng(seed)
     case = random_case(seed, cell, dtype=dtype, N=int(rng.integers(parts, 9)))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(driver, "schedule", lambda N, H, G: parts)
-        mp.setattr(driver, "MIN_PART_ROWS", 1)
-        mp.setattr(driver, "gradient_schedule", lambda problem: 1)  # units: the test above
-        assert driver.forward_schedule(case.inputs["source"].shape[1], 4, 1) == (1, parts)
+        mp.setattr(driver, "forward_schedule", lambda T, N, H, G: (1, parts))
         for gradients in (False, True):
             worst, mismatches = check_case(case, "numba", gradients)
             assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
@@ -216,7 +213,7 @@ def test_gradients_run_on_one_thread_beside_dominant_weight_products(cell, with_
     case = random_case(seed, cell, T=100, N=32, I=256, H=256, dtype=np.float32,
                        descriptor=descriptor, optional={"input_weight": with_weight})
     G = case.descriptor.gates
-    assert driver.schedule(32, 256, G) > 1  # the forward splits the units
+    assert driver.schedule(32, 256, G) > 1  # the units would be split
     overlapped, original = [], overlap.gradients
 
     def spy(*args):

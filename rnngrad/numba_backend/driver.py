@@ -52,9 +52,12 @@ MIN_PART_UNITS = 128
 #: 1.03–1.07× as long as in parallel, and 1.2–1.6× without the projection to overlap: the
 #: forward keeps :func:`schedule`.)
 SERIAL_GRADIENTS_SHARE = 1.5
-#: fewest batch rows per part when a forward splits the batch rows instead of the hidden units
-#: (:func:`forward_schedule`)
-MIN_PART_ROWS = 16
+#: a forward splits the batch rows between the threads (:func:`forward_schedule`) when each
+#: gets at least this many rows …
+MIN_PART_ROWS = 8
+#: … and the whole loop's recurrent products take at least this many floating-point
+#: operations (2·T·N·G·H·H): one parallel region for the whole loop, entered once
+ROW_PARTS_MIN_FLOPS = 4_000_000
 
 
 def schedule(N: int, H: int, G: int) -> int:
@@ -65,18 +68,22 @@ def schedule(N: int, H: int, G: int) -> int:
     return 1 if threads < 2 or H < MIN_PART_UNITS * threads else threads
 
 
-def forward_schedule(N: int, H: int, G: int) -> tuple[int, int]:
-    """(parts of the hidden units, parts of the batch rows) of a forward recurrence. Where
-    :func:`schedule` splits the units and the batch has ``MIN_PART_ROWS`` rows per thread, the
-    rows are split instead: batch rows are independent through the whole recurrence, so each
-    thread runs its rows through every step with all of R, and the threads never meet inside
-    the loop (no wait at each step for the slower one). Measured, float32, 2 threads, the
-    forward op against the split units, paired runs: 100×32×256×256 LSTM 0.84×, GRU 0.81×,
-    single-gate RNN 0.78×; LSTM 200×64×512×512 0.93×."""
-    parts = schedule(N, H, G)
-    if parts > 1 and N >= MIN_PART_ROWS * parts:
-        return 1, parts
-    return parts, 1
+def forward_schedule(T: int, N: int, H: int, G: int) -> tuple[int, int]:
+    """(parts of the hidden units, parts of the batch rows) of a forward recurrence. Batch rows
+    never depend on each other, so with enough rows (``MIN_PART_ROWS`` per thread) and work
+    (``ROW_PARTS_MIN_FLOPS``) the rows are split: each thread runs its rows through every step
+    with all of R, and the threads never meet inside the loop (no wait at each step for the
+    slower one, one parallel region in all). Otherwise :func:`schedule` splits the units, or
+    not. Measured, float32, 2 threads, forward op, paired runs: against split units,
+    100×32×256×256 LSTM 0.84×, GRU 0.81×, single-gate RNN 0.78×, LSTM 200×64×512×512 0.93×,
+    LSTM 100×16×256×256 0.88×; against one thread, LSTM 100×32×64×64 0.66×, 50×32×32×32 0.70×,
+    200×64×128×128 0.90×, GRU 0.95×, single-gate RNN 0.67×; single-gate RNN 50×32×32×32
+    (3.3 MFLOP) 1.03×."""
+    threads = numba.get_num_threads()
+    rows = min(threads, N // MIN_PART_ROWS)
+    if rows >= 2 and 2.0 * T * N * G * H * H >= ROW_PARTS_MIN_FLOPS:
+        return 1, rows
+    return schedule(N, H, G), 1
 
 
 def gradient_schedule(P) -> int:
@@ -252,7 +259,7 @@ def forward(problem) -> ForwardArrays:
 
 def _forward_single_gate(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
-    parts, rows = forward_schedule(N, H, 1)
+    parts, rows = forward_schedule(P.T, N, H, 1)
     xp, bx, projection = _project(P, parts * rows)
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     hc, slots = -(-H // parts), max(parts, rows)
@@ -284,7 +291,7 @@ def _peephole(P, d):
 
 def _forward_lstm(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
-    parts, rows = forward_schedule(N, H, 4)
+    parts, rows = forward_schedule(P.T, N, H, 4)
     xp, bx, projection = _project(P, parts * rows)
     h0, c0, (m, mode) = _state(P.init_state, P), _state(P.init_cell, P), _mask(P)
     acts, gi = _lstm_codes(P.descriptor)
@@ -310,7 +317,7 @@ def _gru_codes(desc):
 
 def _forward_gru(P, h, c, zs):
     dt, N, H, Z, desc = P.dtype, P.N, P.H, P.Z, P.descriptor
-    parts, rows = forward_schedule(N, H, 3)
+    parts, rows = forward_schedule(P.T, N, H, 3)
     xp, bx, projection = _project(P, parts * rows)
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     b2 = np.zeros(P.D * H, dt) if P.secondary_bias is None else _writable(P.secondary_bias)  # [DH]
