@@ -180,12 +180,6 @@ def _state(a, problem):
     return np.zeros((N, DH), problem.dtype) if a is None else _writable(a)  # [N,DH]
 
 
-def _chunks(P, parts, flops):
-    """Chunk boundaries for running products of ``flops`` beside a recurrence of the problem
-    in ``parts`` parts (``overlap.bounds``), or None."""
-    return overlap.bounds(P.T, P.N, parts, flops)
-
-
 def _project(problem, parts):
     """(x' without bias [T,N,DGH], bias [DGH], projection) — the bias is added in the kernels.
     Without an input weight x' is the source; with one, x' = source Wᵀ is computed here
@@ -198,7 +192,7 @@ def _project(problem, parts):
     if P.input_weight is None:
         return _writable(P.source), bx, None  # [T,N,DGH]
     src, Wt = P.source.reshape(T * N, P.I), P.input_weight.T  # [TN,I], [I,DGH]
-    b = _chunks(P, parts, 2.0 * T * N * P.I * DGH)
+    b = overlap.bounds(T, N, parts, 2.0 * T * N * P.I * DGH)
     if b is None:
         return rows_times(src, Wt).reshape(T, N, DGH), bx, None  # [T,N,DGH]
     src, Wt = _writable(np.ascontiguousarray(src)), _writable(np.ascontiguousarray(Wt))
@@ -224,8 +218,9 @@ def _recur_gradients(P, parts, x_rev, recur, products):
     """One direction's gradient recurrence, ``recur(s0, s1)`` over the steps s0 … s1−1, and
     its weight gradients ``out += Aᵀ B`` for each (out [M,K], A [T·N,M], B [T·N,K]) of
     ``products`` (rows in input time): beside the recurrence, one chunk behind it, when
-    :func:`_chunks` allows, else after it on all threads."""
-    b = _chunks(P, parts, sum(2.0 * a.shape[0] * a.shape[1] * m.shape[1] for _, a, m in products))
+    :func:`overlap.bounds` allows, else after it on all threads."""
+    b = overlap.bounds(P.T, P.N, parts,
+                       sum(2.0 * a.shape[0] * a.shape[1] * m.shape[1] for _, a, m in products))
     if b is None:
         recur(0, P.T)
         for out, a, m in products:
@@ -259,17 +254,17 @@ def forward(problem) -> ForwardArrays:
 
 def _forward_single_gate(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
-    parts, rows = forward_schedule(P.T, N, H, 1)
-    xp, bx, projection = _project(P, parts * rows)
+    parts, row_parts = forward_schedule(P.T, N, H, 1)
+    xp, bx, projection = _project(P, parts * row_parts)
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
-    hc, slots = -(-H // parts), max(parts, rows)
-    hm, rec = np.zeros((2, N, H), dt), np.zeros((slots, N, hc), dt)  # [2,N,H], [P,N,hc]
+    hc, slots = -(-H // parts), max(parts, row_parts)
+    hm, rec = np.zeros((2, N, H), dt), np.zeros((slots, N, hc), dt)  # [2,N,H], [P or Q,N,hc]
     for d, x_rev, out_rev in _directions(P):
-        Rt = _forward_weights(P.recurrent_weight[d], 1, parts, rows, N, P.T)  # [P,S]
+        Rt = _forward_weights(P.recurrent_weight[d], 1, parts, row_parts, N, P.T)  # [P or Q,S]
         act = int(P.descriptor.activation)
         _recur(P, x_rev, lambda s0, s1: single_gate.forward(
             xp, d * H, bx, x_rev, Rt, h0, m, mode, act, h, zs, out_rev, d * H, hm, rec, ones,
-            s0, s1, rows), projection if d == 0 else None)
+            s0, s1, row_parts), projection if d == 0 else None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -291,19 +286,19 @@ def _peephole(P, d):
 
 def _forward_lstm(P, h, c, zs):
     dt, N, H = P.dtype, P.N, P.H
-    parts, rows = forward_schedule(P.T, N, H, 4)
-    xp, bx, projection = _project(P, parts * rows)
+    parts, row_parts = forward_schedule(P.T, N, H, 4)
+    xp, bx, projection = _project(P, parts * row_parts)
     h0, c0, (m, mode) = _state(P.init_state, P), _state(P.init_cell, P), _mask(P)
     acts, gi = _lstm_codes(P.descriptor)
-    hc, slots = -(-H // parts), max(parts, rows)
-    hm, rec = np.zeros((2, N, H), dt), np.zeros((slots, N, 4 * hc), dt)  # [2,N,H], [P,N,4hc]
-    Y, ones = np.zeros((slots, 5 * hc), dt), np.ones(H, dt)  # [P,5hc], [H]
+    hc, slots = -(-H // parts), max(parts, row_parts)
+    hm, rec = np.zeros((2, N, H), dt), np.zeros((slots, N, 4 * hc), dt)  # [2,N,H], [P or Q,N,4hc]
+    Y, ones = np.zeros((slots, 5 * hc), dt), np.ones(H, dt)  # [P or Q,5hc], [H]
     for d, x_rev, out_rev in _directions(P):
-        Rt = _forward_weights(P.recurrent_weight[d], 4, parts, rows, N, P.T)  # [P,S]
+        Rt = _forward_weights(P.recurrent_weight[d], 4, parts, row_parts, N, P.T)  # [P or Q,S]
         p, has_p = _peephole(P, d)
         _recur(P, x_rev, lambda s0, s1: lstm.forward(
             xp, d * 4 * H, bx, x_rev, Rt, h0, c0, m, mode, p, has_p, acts, gi, h, c, zs, out_rev,
-            d * H, d * 4 * H, hm, rec, Y, ones, s0, s1, rows), projection if d == 0 else None)
+            d * H, d * 4 * H, hm, rec, Y, ones, s0, s1, row_parts), projection if d == 0 else None)
 
 
 @functools.lru_cache(maxsize=64)
@@ -317,27 +312,27 @@ def _gru_codes(desc):
 
 def _forward_gru(P, h, c, zs):
     dt, N, H, Z, desc = P.dtype, P.N, P.H, P.Z, P.descriptor
-    parts, rows = forward_schedule(P.T, N, H, 3)
-    xp, bx, projection = _project(P, parts * rows)
+    parts, row_parts = forward_schedule(P.T, N, H, 3)
+    xp, bx, projection = _project(P, parts * row_parts)
     h0, (m, mode), ones = _state(P.init_state, P), _mask(P), np.ones(H, dt)  # [H]
     b2 = np.zeros(P.D * H, dt) if P.secondary_bias is None else _writable(P.secondary_bias)  # [DH]
     acts, gz, gr = _gru_codes(desc)
     ra = desc.reset_after
-    hc, slots = -(-H // parts), max(parts, rows)
+    hc, slots = -(-H // parts), max(parts, row_parts)
     hm, hmr = np.zeros((2, N, H), dt), np.zeros((N, H), dt)  # [2,N,H], [N,H]
-    rec = np.zeros((slots, N, (3 if ra else 2) * hc), dt)  # [P,N,3hc] or [P,N,2hc]
-    reco, Zb = np.zeros((slots, N, hc), dt), np.zeros((slots, N, hc), dt)  # [P,N,hc]
-    Y = np.zeros((slots, 2 * hc), dt)  # [P,2hc]
+    rec = np.zeros((slots, N, (3 if ra else 2) * hc), dt)  # [P or Q,N,3hc] or [P or Q,N,2hc]
+    reco, Zb = np.zeros((slots, N, hc), dt), np.zeros((slots, N, hc), dt)  # [P or Q,N,hc]
+    Y = np.zeros((slots, 2 * hc), dt)  # [P or Q,2hc]
     for d, x_rev, out_rev in _directions(P):
         R = P.recurrent_weight[d]  # [3H,H]
         if ra:
-            Rt, Rt_o = _forward_weights(R, 3, parts, rows, N, P.T), _dummy(dt, 2)  # [P,S]
+            Rt, Rt_o = _forward_weights(R, 3, parts, row_parts, N, P.T), _dummy(dt, 2)  # [P or Q,S]
         else:
-            Rt = _forward_weights(R[:2 * H], 2, parts, rows, N, P.T)  # [P,S]
-            Rt_o = _forward_weights(R[2 * H:], 1, parts, rows, N, P.T)  # [P,S]
+            Rt = _forward_weights(R[:2 * H], 2, parts, row_parts, N, P.T)  # [P or Q,S]
+            Rt_o = _forward_weights(R[2 * H:], 1, parts, row_parts, N, P.T)  # [P or Q,S]
         _recur(P, x_rev, lambda s0, s1: gru.forward(
             xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, mode, acts, gz, gr, desc.flip_z, ra,
-            h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb, Y, ones, s0, s1, rows),
+            h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb, Y, ones, s0, s1, row_parts),
             projection if d == 0 else None)
 
 
