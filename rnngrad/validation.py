@@ -17,6 +17,7 @@ from .descriptors import DESCRIPTORS, z_width
 from .problem import Problem
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+_FLOAT_SET, _FLOAT64 = frozenset(FLOAT_DTYPES), np.dtype(np.float64)
 _CELL_NAMES = {"single_gate": "single-gate RNN", "gru": "GRU", "lstm": "LSTM"}
 
 
@@ -27,9 +28,10 @@ def _shape(shape) -> str:
 def _common_dtype(given: dict) -> np.dtype:
     typed = {}
     for name, value in given.items():
-        if hasattr(value, "dtype"):
-            dtype = np.dtype(value.dtype)
-            if dtype not in FLOAT_DTYPES:
+        dtype = getattr(value, "dtype", None)
+        if dtype is not None:
+            dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
+            if dtype not in _FLOAT_SET:
                 raise TypeError(
                     f"{name}: expected a floating dtype (float16, float32 or float64), got {dtype}"
                     + ("; cast it, for example with .astype(np.float32)" if dtype.kind in "biu" else "")
@@ -39,10 +41,13 @@ def _common_dtype(given: dict) -> np.dtype:
     if len(dtypes) > 1:
         listing = ", ".join(f"{k}={v}" for k, v in typed.items())
         raise TypeError(f"all array inputs must share one floating dtype, got {listing}")
-    return dtypes.pop() if dtypes else np.dtype(np.float64)
+    return dtypes.pop() if dtypes else _FLOAT64
 
 
 def _as_array(name, value, dtype) -> np.ndarray:
+    """A C-contiguous array of ``value`` (``value`` itself when it is one)."""
+    if type(value) is np.ndarray and value.flags.c_contiguous:
+        return value
     try:
         array = np.asarray(value, dtype=dtype) if not hasattr(value, "dtype") else np.asarray(value)
     except (ValueError, TypeError) as exc:
@@ -68,13 +73,15 @@ class _Checker:
         return " ".join(parts)
 
     def expect(self, name, *shapes, H=None, note=""):
-        """Check ``name`` has one of ``shapes``; return the array."""
+        """Check ``name`` has one of ``shapes`` (tuples); return the array. ``note`` is added
+        to the message: a string, or a function that makes it (built only on failure)."""
         array = self.arrays[name]
-        if any(array.shape == tuple(s) for s in shapes):
+        if array.shape in shapes:
             return array
         wanted = " or ".join(_shape(s) for s in shapes)
         raise ValueError(
-            f"{name}: expected shape {wanted} for {self.context(H)}{note}, got {_shape(array.shape)}"
+            f"{name}: expected shape {wanted} for {self.context(H)}"
+            f"{note() if callable(note) else note}, got {_shape(array.shape)}"
         )
 
 
@@ -136,7 +143,7 @@ def _build(cell, descriptor, given: dict, gradients: bool):
                 f"input_weight: expected shape ({DGH}, I) for {check.context(H)}, got {_shape(W.shape)}"
             )
         I = W.shape[1]
-        check.expect("source", (T, N, I), H=H, note=f" and input_weight of shape {_shape(W.shape)}")
+        check.expect("source", (T, N, I), H=H, note=lambda: f" and input_weight of shape {_shape(W.shape)}")
     else:
         I = None
         check.expect("source", (T, N, DGH), H=H, note=" without input_weight (source is the projected input)")

@@ -67,10 +67,12 @@ def test_gemm_helpers_match_numpy(M, K, N, seed, dtype, transposed_b):
     b = rng.standard_normal((N, K)).astype(dtype).T if transposed_b else \
         rng.standard_normal((K, N)).astype(dtype)  # [K,N]
     x = rng.standard_normal((K, M)).astype(dtype)  # [K,M]
+    out = rng.standard_normal((M, N)).astype(dtype)  # [M,N]
+    want = out.astype(np.float64) + x.T.astype(np.float64) @ b
     atol, rtol = TOLERANCES[(np.dtype(dtype).name, "parameter")]
     np.testing.assert_allclose(gemm.rows_times(a, b), a.astype(np.float64) @ b, rtol=rtol, atol=atol)
-    np.testing.assert_allclose(gemm.transposed_times(x, b), x.T.astype(np.float64) @ b, rtol=rtol,
-                               atol=atol)
+    gemm.add_transposed_times(x, b, out)
+    np.testing.assert_allclose(out, want, rtol=rtol, atol=atol)
 
 
 @settings(max_examples=20, deadline=None)
@@ -96,9 +98,11 @@ def test_gemm_helpers_parallel_split():
     a, b = rng.standard_normal((301, 97)), rng.standard_normal((97, 83))  # [M,K], [K,N]
     x = rng.standard_normal((301, 97))  # [K,M]
     atol, rtol = TOLERANCES[("float64", "parameter")]
+    out = rng.standard_normal((97, 83))  # [M,N]
+    want = out + x.T @ a[:, :83]
     np.testing.assert_allclose(gemm.rows_times(a, b), a @ b, rtol=rtol, atol=atol)
-    np.testing.assert_allclose(gemm.transposed_times(x, a[:, :83]), x.T @ a[:, :83], rtol=rtol,
-                               atol=atol)
+    gemm.add_transposed_times(x, a[:, :83], out)
+    np.testing.assert_allclose(out, want, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("M,K,N", [(1, 64, 256), (3, 5, 7), (4, 128, 128), (0, 3, 2)])
@@ -110,6 +114,28 @@ def test_compiled_small_product(M, K, N):
     common.dot(a, blas.pack_parts(b[None], M, 1)[0], out)
     atol, rtol = TOLERANCES[("float64", "parameter")]
     np.testing.assert_allclose(out, a @ b, rtol=rtol, atol=atol)
+
+
+@settings(max_examples=30, deadline=None)
+@given(P=st.integers(1, 3), K=st.integers(1, 40), N=st.integers(1, 40), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from(DTYPES), layout=st.sampled_from(["C", "transposed", "broadcast", "strided"]))
+def test_unpacked_weights_are_row_major_copies(P, K, N, seed, dtype, layout):
+    """pack_parts without packing (one step) gives each part b[p] row-major, whatever b's
+    strides: the tiled transpose of parts whose transpose is contiguous (Rᵀ), NumPy's copy of
+    the rest; a new writable array unless b already is one."""
+    rng = np.random.default_rng(seed)
+    if layout == "C":
+        b = rng.standard_normal((P, K, N)).astype(dtype)  # [P,K,N]
+    elif layout == "transposed":
+        b = rng.standard_normal((P, N, K)).astype(dtype).transpose(0, 2, 1)  # [P,K,N] parts Rᵀ
+    elif layout == "broadcast":
+        b = np.broadcast_to(rng.standard_normal((N, K)).astype(dtype).T, (P, K, N))  # read-only
+    else:
+        b = rng.standard_normal((P, 2 * K, N)).astype(dtype)[:, ::2]  # [P,K,N] every other row
+    want = np.array(b)  # [P,K,N]
+    out = blas.pack_parts(b, 1, 1)  # [P,K·N]
+    assert out.shape == (P, K * N) and out.flags.c_contiguous and out.flags.writeable
+    np.testing.assert_array_equal(out.reshape(P, K, N), want)
 
 
 @settings(max_examples=20, deadline=None)

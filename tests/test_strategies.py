@@ -76,9 +76,12 @@ def test_shrinking_goes_to_defaults_and_the_smallest_sizes():
 
 
 def test_the_size_cap_holds_and_boundary_sizes_are_drawn():
+    """Derandomised: the boundary sizes are drawn often but not always, and a random run of
+    150 examples now and then missed one (N = 0)."""
     seen = set()
 
-    @settings(max_examples=150, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
     @given(rs.cases(max_elements=3000))
     def check(case):
         T, N, _ = case.source_gradient.shape

@@ -33,7 +33,7 @@ import numpy as np
 from .. import machine
 from ..problem import ForwardArrays, GradientArrays
 from . import blas, gru, lstm, overlap, single_gate
-from .gemm import product, rows_times, transposed_times
+from .gemm import add_transposed_times, product, rows_times
 from .common import MASK_NONE, MASK_PER_STEP, MASK_SHARED
 
 #: below this many floating-point operations in one step's recurrent product (2·N·H·G·H) a
@@ -79,10 +79,10 @@ def forward_schedule(T: int, N: int, H: int, G: int) -> tuple[int, int]:
     LSTM 100×16×256×256 0.88×; against one thread, LSTM 100×32×64×64 0.66×, 50×32×32×32 0.70×,
     200×64×128×128 0.90×, GRU 0.95×, single-gate RNN 0.67×; single-gate RNN 50×32×32×32
     (3.3 MFLOP) 1.03×."""
-    threads = numba.get_num_threads()
-    rows = min(threads, N // MIN_PART_ROWS)
-    if rows >= 2 and 2.0 * T * N * G * H * H >= ROW_PARTS_MIN_FLOPS:
-        return 1, rows
+    if N >= 2 * MIN_PART_ROWS and 2.0 * T * N * G * H * H >= ROW_PARTS_MIN_FLOPS:
+        rows = min(numba.get_num_threads(), N // MIN_PART_ROWS)
+        if rows >= 2:
+            return 1, rows
     return schedule(N, H, G), 1
 
 
@@ -224,7 +224,7 @@ def _recur_gradients(P, parts, x_rev, recur, products):
     if b is None:
         recur(0, P.T)
         for out, a, m in products:
-            out += transposed_times(a, m)
+            add_transposed_times(a, m, out)
         return
     overlap.gradients(recur, products, b, P.T, P.N, x_rev)
 

@@ -66,7 +66,7 @@ def bounds(T: int, N: int, parts: int, flops: float) -> list[int] | None:
     """Chunk boundaries ``0 = b₀ < b₁ < … < b_k = T`` in steps, or None for no overlap: the
     recurrence already runs in parallel (``parts`` > 1), numba has one thread, the products
     are small (``flops``), or the loop would be a single chunk."""
-    if parts != 1 or numba.get_num_threads() < 2 or flops < MIN_FLOPS:
+    if parts != 1 or flops < MIN_FLOPS or numba.get_num_threads() < 2:
         return None
     size = max(-(-T // CHUNKS), -(-MIN_CHUNK_ROWS // max(N, 1)))
     if size >= T:
