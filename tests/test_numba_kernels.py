@@ -171,6 +171,21 @@ def test_forced_row_parts_match_reference(seed, cell, dtype, parts):
             assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
 
 
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), cell=st.sampled_from(CELLS), dtype=st.sampled_from(DTYPES),
+       parts=st.sampled_from([2, 3]))
+def test_forced_gradient_row_parts_match_reference(seed, cell, dtype, parts):
+    """Every cell and option with the gradients' batch rows split into 2 or 3 parts (uneven
+    splits, a part of one row), whatever the size: the row-parallel gradient recurrence on
+    small problems, each part running its rows through every step."""
+    rng = np.random.default_rng(seed)
+    case = random_case(seed, cell, dtype=dtype, N=int(rng.integers(parts, 9)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(driver, "gradient_schedule", lambda P: (1, parts))
+        worst, mismatches = check_case(case, "numba", gradients=True)
+        assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
+
+
 @pytest.mark.parametrize("T", [1, 2, 5, 17])
 def test_overlap_bounds_cover_the_loop(T, monkeypatch):
     monkeypatch.setattr(overlap, "MIN_FLOPS", 0)
@@ -232,8 +247,9 @@ def test_gradients_run_on_one_thread_beside_dominant_weight_products(cell, with_
                                                                      monkeypatch):
     """At 100×32×256×256 the hidden units would be split into parts; with an input weight the
     weight gradients (dR and dW) are twice the recurrence's products and run beside it on
-    the other core, the recurrence on one thread; without one (dR alone) the parts stay. Both
-    bidirectional (one recurrence each way), against the float64 reference."""
+    the other core, the recurrence on one thread; without one (dR alone) the batch rows are
+    split and nothing runs beside. Both bidirectional (one recurrence each way), against the
+    float64 reference."""
     seed = CELLS.index(cell) * 2 + with_weight
     descriptor = DESCRIPTORS[cell](training=True, bidirectional=True)
     case = random_case(seed, cell, T=100, N=32, I=256, H=256, dtype=np.float32,
@@ -246,9 +262,12 @@ def test_gradients_run_on_one_thread_beside_dominant_weight_products(cell, with_
         overlapped.append(args[2])
         return original(*args)
     monkeypatch.setattr(overlap, "gradients", spy)
+    schedules, chosen = [], driver.gradient_schedule
+    monkeypatch.setattr(driver, "gradient_schedule", lambda P: schedules.append(chosen(P)) or schedules[-1])
     worst, mismatches = check_case(case, "numba", gradients=True)
     assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
     assert len(overlapped) == (2 if with_weight else 0), overlapped
+    assert schedules == [(1, 1) if with_weight else (1, 2)], schedules
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")

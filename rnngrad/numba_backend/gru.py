@@ -169,25 +169,26 @@ def forward(xp, xoff, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, bz, br, flip
 
 
 @numba.njit(**JIT)
-def _backward_main(p, P, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_z, reset_after,
-                   dX, xoff, x_rev, HM, DQ, out_rev, off, zoff, dh_carry, E, Eo, gr, Rb, Y, ones):
+def _backward_main(k, p, P, n0, n1, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_z,
+                   reset_after, dX, xoff, x_rev, HM, DQ, out_rev, off, zoff, dh_carry, E, Eo, gr,
+                   Rb, Y, ones):
     """dh, da_z, da_o and the carried dh of the part's units; with reset_after also da_r and
-    dq, else da_o into Eo [N,H] and r, r' into Rb [P,2,N,hc] for :func:`_backward_reset`."""
-    T, N = dh_in.shape[0], dh_in.shape[1]
+    dq, else da_o into Eo [N,H] and r, r' into Rb [P or Q,2,N,hc] for :func:`_backward_reset`."""
+    T = dh_in.shape[0]
     H, hc = dh_carry.shape[1], gr.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
     last = s == T - 1
     if not last:
-        dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]
+        dot(E[(s + 1) % 2, n0:n1], R[k], gr[k, n0:n1])  # [n1−n0,hc]
     e = E[s % 2]
-    y = Y[p]  # [7hc] row scratch
+    y = Y[k]  # [7hc] row scratch
     yz, yr, yo = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w]
     dz, dr, do = y[3 * hc:3 * hc + w], y[4 * hc:4 * hc + w], y[5 * hc:5 * hc + w]
     dh = y[6 * hc:6 * hc + w]
     one = ones[0]
-    for n in range(N):
+    for n in range(n0, n1):
         zrow = zs[to, n]
         for g in range(3):
             blk = bz if g == 0 else (br if g == 1 else 2)
@@ -199,7 +200,7 @@ def _backward_main(p, P, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_
             for j in range(w):
                 dh[j] = dhin[j] + carry[j]
         else:
-            grr, mr = gr[p, n, :w], mask_row(m, m_mode, s + 1, n, off + j0, w, ones)
+            grr, mr = gr[k, n, :w], mask_row(m, m_mode, s + 1, n, off + j0, w, ones)
             for j in range(w):
                 dh[j] = dhin[j] + carry[j] + grr[j] * mr[j]
         if flip_z:
@@ -234,23 +235,23 @@ def _backward_main(p, P, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_
             copy(dq, erow[2 * H + j0:2 * H + j1])
         else:
             copy(do, Eo[n, j0:j1])
-            copy(yr, Rb[p, 0, n, :w])
-            copy(dr, Rb[p, 1, n, :w])
+            copy(yr, Rb[k, 0, n, :w])
+            copy(dr, Rb[k, 1, n, :w])
 
 
 @numba.njit(**JIT)
-def _backward_reset(p, P, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR, out_rev, off,
-                    dh_carry, E, Eo, g, Rb, ones):
+def _backward_reset(k, p, P, n0, n1, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR, out_rev,
+                    off, dh_carry, E, Eo, g, Rb, ones):
     """Without reset_after: ``g = da_o R_o`` (own units), then da_r = g ⊙ (h[t−1] ⊙ m) ⊙ r'
     and the carried dh += g ⊙ r ⊙ m."""
-    T, N, H = dX.shape[0], dX.shape[1], dh_carry.shape[1]
+    T, H = dX.shape[0], dh_carry.shape[1]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti = step_index(s, T, x_rev)
-    dot(Eo, R_o[p], g[p])  # [N,hc]
+    dot(Eo[n0:n1], R_o[k], g[k, n0:n1])  # [n1−n0,hc]
     e = E[s % 2]
-    for n in range(N):
-        gg, r, dr = g[p, n, :w], Rb[p, 0, n, :w], Rb[p, 1, n, :w]
+    for n in range(n0, n1):
+        gg, r, dr = g[k, n, :w], Rb[k, 0, n, :w], Rb[k, 1, n, :w]
         hmv, mr, carry = HM[ti, n, j0:j1], mask_row(m, m_mode, s, n, off + j0, w, ones), \
             dh_carry[n, j0:j1]
         for j in range(w):
@@ -265,35 +266,49 @@ def _backward_reset(p, P, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR, out_r
 @numba.njit(parallel=True, **JIT)
 def backward(dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, bz, br, flip_z, reset_after, dX, xoff,
              x_rev, HM, HMR, DQ, out_rev, off, zoff, dh_carry, E, Eo, gr, g, Rb, Y, ones,
-             s0, s1):
+             s0, s1, Q):
     """Shapes: dh_in, hf (output_fwd) [T,N,DH]; zs [T,N,DZH]; h0 [N,DH]; R [P,S] = the
     parts' columns of R[d] ([3H,hc] each) with reset_after, else of R_zr ([2H,hc]) and R_o
-    [P,S] of R_o ([H,hc]), prepared by ``blas.pack_parts``;
-    outputs dX [T,N,D3H], HM, HMR, DQ [T,N,H] (input time); dh_carry [N,H] holds the state
-    gradient on entry and the part of d h0 that bypasses R on exit (the driver adds
-    (E[0] R) ⊙ m[0]); scratch E [2,N,R's rows], Eo [N,H], gr, g [P,N,hc],
-    Rb [P,2,N,hc], Y [P,7hc]; ones [H]."""
+    [P,S] of R_o ([H,hc]), or with Q row parts all of them for each ([Q,S]), prepared by
+    ``blas.pack_parts``; outputs dX [T,N,D3H], HM, HMR, DQ [T,N,H] (input time); dh_carry
+    [N,H] holds the state gradient on entry and the part of d h0 that bypasses R on exit (the
+    driver adds (E[0] R) ⊙ m[0]); scratch E [2,N,R's rows], Eo [N,H], gr, g [P or Q,N,hc],
+    Rb [P or Q,2,N,hc], Y [P or Q,7hc]; ones [H]."""
     # borrowed views (no reference counting on the views taken per row and step)
     dh_in, zs, hf, h0, m = unowned(dh_in), unowned(zs), unowned(hf), unowned(h0), unowned(m)
     R, R_o, acts = unowned(R), unowned(R_o), unowned(acts)
     dX, HM, HMR, DQ = unowned(dX), unowned(HM), unowned(HMR), unowned(DQ)
     dh_carry, E, Eo, gr, g = unowned(dh_carry), unowned(E), unowned(Eo), unowned(gr), unowned(g)
     Rb, Y, ones = unowned(Rb), unowned(Y), unowned(ones)
-    P = R.shape[0]
+    N, P = dh_in.shape[1], R.shape[0]
+    if Q > 1:  # row parts: each runs its batch rows through every step, no meeting
+        for q in numba.prange(Q):
+            k = np.int64(q)
+            n0, n1 = part_units(q, Q, N)
+            for s in range(s1 - 1, s0 - 1, -1):
+                _backward_main(k, ZERO_I, ONE_I, n0, n1, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz,
+                               br, flip_z, reset_after, dX, xoff, x_rev, HM, DQ, out_rev, off, zoff,
+                               dh_carry, E, Eo, gr, Rb, Y, ones)
+                if not reset_after:
+                    _backward_reset(k, ZERO_I, ONE_I, n0, n1, s, m, m_mode, R_o, br, dX, xoff, x_rev,
+                                    HM, HMR, out_rev, off, dh_carry, E, Eo, g, Rb, ones)
+        return
     for s in range(s1 - 1, s0 - 1, -1):
         if P == 1:
-            _backward_main(ZERO_I, ONE_I, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_z,
-                           reset_after, dX, xoff, x_rev, HM, DQ, out_rev, off, zoff, dh_carry, E,
-                           Eo, gr, Rb, Y, ones)
+            _backward_main(ZERO_I, ZERO_I, ONE_I, ZERO_I, N, s, dh_in, zs, hf, h0, m, m_mode, R, acts,
+                           bz, br, flip_z, reset_after, dX, xoff, x_rev, HM, DQ, out_rev, off, zoff,
+                           dh_carry, E, Eo, gr, Rb, Y, ones)
             if not reset_after:
-                _backward_reset(ZERO_I, ONE_I, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR, out_rev,
-                                off, dh_carry, E, Eo, g, Rb, ones)
+                _backward_reset(ZERO_I, ZERO_I, ONE_I, ZERO_I, N, s, m, m_mode, R_o, br, dX, xoff,
+                                x_rev, HM, HMR, out_rev, off, dh_carry, E, Eo, g, Rb, ones)
         else:
             for p in numba.prange(P):
-                _backward_main(np.int64(p), P, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br, flip_z,
-                               reset_after, dX, xoff, x_rev, HM, DQ, out_rev, off, zoff, dh_carry,
-                               E, Eo, gr, Rb, Y, ones)
+                k = np.int64(p)
+                _backward_main(k, k, P, ZERO_I, N, s, dh_in, zs, hf, h0, m, m_mode, R, acts, bz, br,
+                               flip_z, reset_after, dX, xoff, x_rev, HM, DQ, out_rev, off, zoff,
+                               dh_carry, E, Eo, gr, Rb, Y, ones)
             if not reset_after:
                 for p in numba.prange(P):
-                    _backward_reset(np.int64(p), P, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM, HMR,
-                                    out_rev, off, dh_carry, E, Eo, g, Rb, ones)
+                    k = np.int64(p)
+                    _backward_reset(k, k, P, ZERO_I, N, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM,
+                                    HMR, out_rev, off, dh_carry, E, Eo, g, Rb, ones)

@@ -100,24 +100,24 @@ def forward(xp, xoff, bx, x_rev, Rt, h0, c0, m, m_mode, pp, has_p, acts, gi,
 
 
 @numba.njit(**JIT)
-def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in, R,
-                   acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr,
-                   Y, ones):
-    T, N = dh_in.shape[0], dh_in.shape[1]
+def _backward_part(k, p, P, n0, n1, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in,
+                   has_dc_in, R, acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry,
+                   dc_carry, E, gr, Y, ones):
+    T = dh_in.shape[0]
     H, hc = dh_carry.shape[1], gr.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to, tp = step_index(s, T, x_rev), step_index(s, T, out_rev), step_index(s - 1, T, out_rev)
     last = s == T - 1
     if not last:
-        dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]: the next step's dA · R, own units
+        dot(E[(s + 1) % 2, n0:n1], R[k], gr[k, n0:n1])  # [n1−n0,hc]: next step's dA · R, own units
     e = E[s % 2]
-    y = Y[p]  # [11hc] row scratch
+    y = Y[k]  # [11hc] row scratch
     yi, yf, yz, yo = y[0:w], y[hc:hc + w], y[2 * hc:2 * hc + w], y[3 * hc:3 * hc + w]
     di, df, dz, do = y[4 * hc:4 * hc + w], y[5 * hc:5 * hc + w], y[6 * hc:6 * hc + w], \
         y[7 * hc:7 * hc + w]
     gc, dgc, dh = y[8 * hc:8 * hc + w], y[9 * hc:9 * hc + w], y[10 * hc:10 * hc + w]
-    for n in range(N):
+    for n in range(n0, n1):
         zrow = zs[to, n]
         for g in range(4):
             src = zrow[zoff + gi[g] * H + j0:zoff + gi[g] * H + j1]
@@ -141,7 +141,7 @@ def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, 
             for j in range(w):
                 dh[j] = dhin[j] + dhc[j]
         else:
-            grr, mr = gr[p, n, :w], mask_row(m, m_mode, s + 1, n, off + j0, w, ones)
+            grr, mr = gr[k, n, :w], mask_row(m, m_mode, s + 1, n, off + j0, w, ones)
             for j in range(w):
                 dh[j] = dhin[j] + grr[j] * mr[j]
         dc = dc_carry[n, j0:j1]  # dc of c[t] from the step after, becomes dc of c[t−1]
@@ -179,28 +179,37 @@ def _backward_part(p, P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, 
 @numba.njit(parallel=True, **JIT)
 def backward(dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in, R, acts, gi,
              dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr, Y, ones,
-             s0, s1):
+             s0, s1, Q):
     """Shapes: dh_in, cf [T,N,DH]; zs [T,N,D4H]; h0, c0 [N,DH]; R [P,S] = the parts'
-    columns of R[d] ([4H,hc] each) prepared by ``blas.pack_parts``; outputs dX [T,N,DGH] and HM [T,N,H] (input time); dh_carry, dc_carry
-    [N,H] hold the final-state gradients on entry, dh_carry is then used up and dc_carry
-    holds d c0 on exit (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,4H],
-    gr [P,N,hc], Y [P,11hc]; ones [H]."""
+    columns of R[d] ([4H,hc] each), or with Q row parts all of R[d] for each ([Q,S]), prepared
+    by ``blas.pack_parts``; outputs dX [T,N,DGH] and HM [T,N,H] (input time); dh_carry,
+    dc_carry [N,H] hold the final-state gradients on entry, dh_carry is then used up and
+    dc_carry holds d c0 on exit (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,4H],
+    gr [P or Q,N,hc], Y [P or Q,11hc]; ones [H]."""
     # borrowed views (no reference counting on the views taken per row and step)
     dh_in, zs, cf, h0, c0 = unowned(dh_in), unowned(zs), unowned(cf), unowned(h0), unowned(c0)
     m, pp, dc_in, R, acts = unowned(m), unowned(pp), unowned(dc_in), unowned(R), unowned(acts)
     gi, dX, HM, dh_carry = unowned(gi), unowned(dX), unowned(HM), unowned(dh_carry)
     dc_carry, E, gr, Y, ones = unowned(dc_carry), unowned(E), unowned(gr), unowned(Y), unowned(ones)
-    P = R.shape[0]
+    N, P = dh_in.shape[1], R.shape[0]
+    if Q > 1:  # row parts: each runs its batch rows through every step, no meeting
+        for q in numba.prange(Q):
+            n0, n1 = part_units(q, Q, N)
+            for s in range(s1 - 1, s0 - 1, -1):
+                _backward_part(np.int64(q), ZERO_I, ONE_I, n0, n1, s, dh_in, zs, cf, h0, c0, m,
+                               m_mode, pp, has_p, dc_in, has_dc_in, R, acts, gi, dX, xoff, x_rev,
+                               HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr, Y, ones)
+        return
     for s in range(s1 - 1, s0 - 1, -1):
         if P == 1:
-            _backward_part(ZERO_I, ONE_I, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in,
-                           R, acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff, dh_carry, dc_carry,
-                           E, gr, Y, ones)
+            _backward_part(ZERO_I, ZERO_I, ONE_I, ZERO_I, N, s, dh_in, zs, cf, h0, c0, m, m_mode, pp,
+                           has_p, dc_in, has_dc_in, R, acts, gi, dX, xoff, x_rev, HM, out_rev, off,
+                           zoff, dh_carry, dc_carry, E, gr, Y, ones)
         else:
             for p in numba.prange(P):
-                _backward_part(np.int64(p), P, s, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in,
-                               has_dc_in, R, acts, gi, dX, xoff, x_rev, HM, out_rev, off, zoff,
-                               dh_carry, dc_carry, E, gr, Y, ones)
+                _backward_part(np.int64(p), np.int64(p), P, ZERO_I, N, s, dh_in, zs, cf, h0, c0, m,
+                               m_mode, pp, has_p, dc_in, has_dc_in, R, acts, gi, dX, xoff, x_rev,
+                               HM, out_rev, off, zoff, dh_carry, dc_carry, E, gr, Y, ones)
 
 
 @numba.njit(parallel=True, **JIT)

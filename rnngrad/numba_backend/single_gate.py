@@ -69,20 +69,20 @@ def forward(xp, xoff, bx, x_rev, Rt, h0, m, m_mode, act, h, zs, out_rev, off, hm
 
 
 @numba.njit(**JIT)
-def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off,
-                   dh_carry, E, gr, Y, ones):
-    T, N, H = dh_in.shape[0], dh_in.shape[1], E.shape[2]
+def _backward_part(k, p, P, n0, n1, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM,
+                   out_rev, off, dh_carry, E, gr, Y, ones):
+    T, H = dh_in.shape[0], E.shape[2]
     hc = gr.shape[2]
     j0, j1 = part_units(p, P, H)
     w = j1 - j0
     ti, to = step_index(s, T, x_rev), step_index(s, T, out_rev)
     last = s == T - 1
     if not last:
-        dot(E[(s + 1) % 2], R[p], gr[p])  # [N,hc]
+        dot(E[(s + 1) % 2, n0:n1], R[k], gr[k, n0:n1])  # [n1−n0,hc]
     e = E[s % 2]
-    y = Y[p]  # [2hc] row scratch
+    y = Y[k]  # [2hc] row scratch
     ya, da = y[0:w], y[hc:hc + w]
-    for n in range(N):
+    for n in range(n0, n1):
         activate_with_derivative(act, zs[to, n, off + j0:off + j1], ya, da)
         # HM: h[s] ⊙ m[s+1] is step s+1's recurrent input (so h is rebuilt once per step)
         if not last:
@@ -97,7 +97,7 @@ def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, H
             for j in range(w):
                 da[j] *= dhin[j] + dhc[j]
         else:
-            grr, mr = gr[p, n, :w], mask_row(m, m_mode, s + 1, n, off + j0, w, ones)
+            grr, mr = gr[k, n, :w], mask_row(m, m_mode, s + 1, n, off + j0, w, ones)
             for j in range(w):
                 da[j] *= dhin[j] + grr[j] * mr[j]
         copy(da, dX[ti, n, xoff + j0:xoff + j1])
@@ -106,22 +106,29 @@ def _backward_part(p, P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, H
 
 @numba.njit(parallel=True, **JIT)
 def backward(dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off, dh_carry, E,
-             gr, Y, ones, s0, s1):
+             gr, Y, ones, s0, s1, Q):
     """Shapes: dh_in, zs [T,N,DH]; h0 [N,DH]; R [P,S] = the parts' columns of R[d] ([H,hc]
-    each) prepared by ``blas.pack_parts``; outputs
-    dX [T,N,DH] and HM [T,N,H] (input time); dh_carry [N,H] holds the state gradient on entry
-    (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,H], gr [P,N,hc], Y [P,2hc];
-    ones [H]."""
+    each), or with Q row parts all of R[d] for each ([Q,S]), prepared by ``blas.pack_parts``;
+    outputs dX [T,N,DH] and HM [T,N,H] (input time); dh_carry [N,H] holds the state gradient
+    on entry (d h0 = (E[0] R) ⊙ m[0] is the driver's); scratch E [2,N,H], gr [P or Q,N,hc],
+    Y [P or Q,2hc]; ones [H]."""
     # borrowed views (no reference counting on the views taken per row and step)
     dh_in, zs, h0, m, R = unowned(dh_in), unowned(zs), unowned(h0), unowned(m), unowned(R)
     dX, HM, dh_carry, E, gr = unowned(dX), unowned(HM), unowned(dh_carry), unowned(E), unowned(gr)
     Y, ones = unowned(Y), unowned(ones)
-    P = R.shape[0]
+    N, P = dh_in.shape[1], R.shape[0]
+    if Q > 1:  # row parts: each runs its batch rows through every step, no meeting
+        for q in numba.prange(Q):
+            n0, n1 = part_units(q, Q, N)
+            for s in range(s1 - 1, s0 - 1, -1):
+                _backward_part(np.int64(q), ZERO_I, ONE_I, n0, n1, s, dh_in, zs, h0, m, m_mode, R,
+                               act, dX, xoff, x_rev, HM, out_rev, off, dh_carry, E, gr, Y, ones)
+        return
     for s in range(s1 - 1, s0 - 1, -1):
         if P == 1:
-            _backward_part(ZERO_I, ONE_I, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev,
-                           off, dh_carry, E, gr, Y, ones)
+            _backward_part(ZERO_I, ZERO_I, ONE_I, ZERO_I, N, s, dh_in, zs, h0, m, m_mode, R, act, dX,
+                           xoff, x_rev, HM, out_rev, off, dh_carry, E, gr, Y, ones)
         else:
             for p in numba.prange(P):
-                _backward_part(np.int64(p), P, s, dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM,
-                               out_rev, off, dh_carry, E, gr, Y, ones)
+                _backward_part(np.int64(p), np.int64(p), P, ZERO_I, N, s, dh_in, zs, h0, m, m_mode,
+                               R, act, dX, xoff, x_rev, HM, out_rev, off, dh_carry, E, gr, Y, ones)
