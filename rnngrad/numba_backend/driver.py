@@ -55,6 +55,14 @@ MIN_PART_UNITS = 128
 #: 1.03–1.07× as long as in parallel, and 1.2–1.6× without the projection to overlap: the
 #: forward keeps :func:`schedule`.)
 SERIAL_GRADIENTS_SHARE = 1.5
+#: … and when a step's recurrent product (2·N·G·H·H) takes at least this many FLOPs: below it,
+#: splitting the batch rows was faster (measured, float32, 2 threads, gradients only, paired
+#: runs, rows against one thread beside dR and dW, with W, I = H: single-gate RNN
+#: 100×32×256×256 (4.2 MFLOP a step) 0.83× and 0.86×, GRU 100×16×256×256 (6.3) 0.90×, LSTM
+#: 100×16×256×256 (8.4) 0.92×, single-gate RNN 100×64×256×256 (8.4) 0.99×; above it, GRU
+#: 100×32×256×256 (12.6) 1.04×, LSTM (16.8) 0.97×, LSTM 200×64×512×512 0.92× and 1.03×, GRU
+#: 1.19×, single-gate RNN 1.00× and 1.08×)
+SERIAL_GRADIENTS_MIN_STEP_FLOPS = 10_000_000
 #: a forward splits the batch rows between the threads (:func:`forward_schedule`) when each
 #: gets at least this many rows …
 MIN_PART_ROWS = 8
@@ -92,22 +100,23 @@ def forward_schedule(T: int, N: int, H: int, G: int) -> tuple[int, int]:
 def gradient_schedule(P) -> tuple[int, int]:
     """(parts of the hidden units, parts of the batch rows) of a gradient recurrence. One part
     when its weight-gradient products (dR and dW: ``2·T·N·G·H·(H + I)`` FLOPs) are at least
-    ``SERIAL_GRADIENTS_SHARE`` times the recurrence's own products and can run beside it
+    ``SERIAL_GRADIENTS_SHARE`` times the recurrence's own products, a step's product takes at
+    least ``SERIAL_GRADIENTS_MIN_STEP_FLOPS``, and dR and dW can run beside it
     (``overlap.bounds``): the recurrence then runs on one thread, with no per-step meeting,
     while the other core works through dR and dW. Otherwise the batch rows, or the units, are
     split as in :func:`forward_schedule` (rows never depend on each other in the gradients
     either). Measured, float32, 2 threads, gradients only, paired runs: rows against split
     units without an input weight, 100×32×256×256, LSTM 0.87×, GRU 0.86×, single-gate RNN
     0.81×; rows against one thread, LSTM 100×32×64×64 (with W) 0.79×, 200×64×128×128 (without)
-    0.84×, GRU 0.86× and 0.86×, single-gate RNN 0.96× and 0.75×. Against one thread beside
-    dR and dW (with W, I = H) rows were mixed: single-gate RNN 100×32×256×256 0.83×, LSTM
-    0.97× and 200×64×512×512 0.92×, GRU 1.04× and 1.19×; those keep one thread."""
+    0.84×, GRU 0.86× and 0.86×, single-gate RNN 0.96× and 0.75×."""
     parts, row_parts = forward_schedule(P.T, P.N, P.H, P.G)
     if parts * row_parts == 1:
         return 1, 1
-    own = 2.0 * P.T * P.N * P.G * P.H * P.H
+    step = 2.0 * P.N * P.G * P.H * P.H
+    own = P.T * step
     beside = own + (0.0 if P.input_weight is None else 2.0 * P.T * P.N * P.G * P.H * P.I)
-    if beside >= SERIAL_GRADIENTS_SHARE * own and overlap.bounds(P.T, P.N, 1, beside) is not None:
+    if beside >= SERIAL_GRADIENTS_SHARE * own and step >= SERIAL_GRADIENTS_MIN_STEP_FLOPS \
+            and overlap.bounds(P.T, P.N, 1, beside) is not None:
         return 1, 1
     return parts, row_parts
 
