@@ -70,7 +70,7 @@ def test_new_sources_get_a_new_folder_and_the_older_ones_go(tmp_path, monkeypatc
     assert first.parent.parent == tmp_path / "rnngrad" / "numba"
 
 
-def test_sources_stamp_follows_every_source_file(tmp_path):
+def test_sources_stamp_follows_every_compiled_source_file(tmp_path):
     for source in PACKAGE.glob("*.py"):
         (tmp_path / source.name).write_bytes(source.read_bytes())
     (tmp_path / "notes.txt").write_text("not a source")
@@ -82,6 +82,11 @@ def test_sources_stamp_follows_every_source_file(tmp_path):
     (tmp_path / "gemm.py").rename(tmp_path / "gemm2.py")
     stamps.add(nb.sources_stamp(str(tmp_path)))
     assert len(stamps) == 4
+    for name in ("driver.py", "overlap.py", "__init__.py"):  # no compiled code in them
+        (tmp_path / name).write_text((tmp_path / name).read_text() + "\n# edited\n")
+        assert nb.sources_stamp(str(tmp_path)) in stamps
+    (tmp_path / "new_kernels.py").write_text("import numba\n\n@numba.njit\ndef f(x):\n    return x\n")
+    assert nb.sources_stamp(str(tmp_path)) not in stamps
 
 
 def _locate_activate():

@@ -13,13 +13,14 @@ Kernels are compiled with ``cache=True``; ``fastmath`` is off (it would let NaN 
 number, contract section 4). The cache is kept in rnngrad's per-user cache folder
 (:func:`rnngrad._cache.user_cache_dir`), one folder per installation and state of the sources,
 never inside the package: numba's cache checks only the source file of each cached function, not
-the helpers it inlines from other files, so any edit here gives a fresh folder and removes the
-older ones. ``NUMBA_CACHE_DIR``, when set, is used instead, as numba does.
+the helpers it inlines from other files, so any edit of a file with compiled code gives a fresh
+folder and removes the older ones. ``NUMBA_CACHE_DIR``, when set, is used instead, as numba does.
 """
 
 import functools
 import hashlib
 import os
+import re
 import shutil
 import warnings
 
@@ -32,13 +33,24 @@ from .._cache import UnsafeCacheError, user_cache_dir
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+#: what marks a source file as compiled code: a numba decorator, overload or intrinsic
+_COMPILED = re.compile(rb"(?m)^\s*(@numba\.|@overload|@intrinsic|overload\()")
+#: files outside this package whose values the kernels freeze in when compiled
+_FROZEN_IN = (os.path.join(os.path.dirname(_HERE), "reference", "activations.py"),)
+
+
 def sources_stamp(folder: str = _HERE) -> str:
-    """A hash of every ``*.py`` of this package (or of ``folder``), names and contents."""
+    """A hash of the names and contents of this package's (or ``folder``'s) ``*.py`` files
+    that hold compiled code, and of the files whose constants the kernels read
+    (``_FROZEN_IN``). Pure-Python files (the driver, the overlap helper, this one) do not
+    count: editing them leaves the compiled kernels valid."""
     digest = hashlib.sha256()
-    for name in sorted(os.listdir(folder)):
-        if name.endswith(".py"):
-            with open(os.path.join(folder, name), "rb") as f:
-                digest.update(name.encode() + b"\0" + f.read())
+    paths = [os.path.join(folder, n) for n in sorted(os.listdir(folder)) if n.endswith(".py")]
+    for path in paths + list(_FROZEN_IN):
+        with open(path, "rb") as f:
+            source = f.read()
+        if path in _FROZEN_IN or _COMPILED.search(source):
+            digest.update(os.path.basename(path).encode() + b"\0" + source)
     return digest.hexdigest()
 
 

@@ -24,11 +24,12 @@ Conventions of every kernel (one direction of one op, the whole time loop compil
   h (forward) or of dA (gradients), which are double-buffered (index ``s % 2``) so that a part
   never overwrites what another is still reading. ``P == 1`` runs the same code without a
   parallel region.
-- Parallel split by batch rows (forward kernels, ``Q`` row parts): part q owns the batch rows
-  n0 … n1−1 (``part_units(q, Q, N)``) and all the units, and runs them through every step
-  with all of R (prepared for its own number of rows): rows never depend on each other, so
-  the parts never meet inside the loop. The part functions take both: the units part (p, P),
-  the rows n0 … n1−1, and k, the part's slot in the packed weights and the scratch arrays.
+- Parallel split by batch rows (forward and gradient kernels, ``Q`` row parts): part q owns
+  the batch rows n0 … n1−1 (``part_units(q, Q, N)``) and all the units, and runs them through
+  every step with all of R (prepared for its own number of rows): rows never depend on each
+  other, in the forward or in the gradients, so the parts never meet inside the loop. The
+  part functions take both: the units part (p, P), the rows n0 … n1−1, and k, the part's slot
+  in the packed weights and the scratch arrays.
 - Elementwise loops run on row views (``row[a:b]``) indexed from 0, each reading a few arrays
   and writing one or two: that is what LLVM vectorises (an offset index like ``x[off + j]``,
   or many arrays in one loop, sends it to its scalar path). Nothing is allocated inside the
