@@ -155,23 +155,27 @@ def _columns_t(R, G, P, rows, steps):
 
 def _forward_weights(R, G, parts, row_parts, N, steps):
     """The forward's per-step GEMM operand for a recurrence in ``parts`` parts of the units
-    (:func:`_columns_t`) or ``row_parts`` parts of the N batch rows: [Q,S], all of Rᵀ prepared
-    for each row part's own number of rows."""
+    (:func:`_columns_t`) or ``row_parts`` parts of the N batch rows (:func:`_whole`, all of
+    Rᵀ): [P or Q,S]."""
     if row_parts == 1:
         return _columns_t(R, G, parts, N, steps)
-    Rt = R.T  # [H,GH]
-    counts = [j1 - j0 for j0, j1 in (_units(q, row_parts, N) for q in range(row_parts))]
-    return blas.pack_parts(np.broadcast_to(Rt, (row_parts,) + Rt.shape), counts, steps)
+    return _whole(R.T, row_parts, N, steps)
 
 
 def _gradient_weights(R, parts, row_parts, N, steps):
     """The gradients' per-step GEMM operand for a recurrence in ``parts`` parts of the units
-    (:func:`_columns`) or ``row_parts`` parts of the N batch rows: [Q,S], all of R prepared
-    for each row part's own number of rows."""
+    (:func:`_columns`) or ``row_parts`` parts of the N batch rows (:func:`_whole`, all of R):
+    [P or Q,S]."""
     if row_parts == 1:
         return _columns(R, parts, N, steps)
+    return _whole(R, row_parts, N, steps)
+
+
+def _whole(B, row_parts, N, steps):
+    """[Q,S]: all of B [K,M] (any strides) for each of ``row_parts`` parts of the N batch rows,
+    prepared by ``blas.pack_parts`` for that part's own number of rows."""
     counts = [j1 - j0 for j0, j1 in (_units(q, row_parts, N) for q in range(row_parts))]
-    return blas.pack_parts(np.broadcast_to(R, (row_parts,) + R.shape), counts, steps)
+    return blas.pack_parts(np.broadcast_to(B, (row_parts,) + B.shape), counts, steps)
 
 
 def _columns(R, P, rows, steps):
@@ -511,7 +515,8 @@ def _backward_gru(P, dX, dR, weight, dh0, dc0):
         carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
         R = P.recurrent_weight[d]  # [3H,H]
         R_main = _gradient_weights(R if ra else R[:2 * H], parts, row_parts, N, T)  # [P or Q,S]
-        R_o = _dummy(dt, 2) if ra else _gradient_weights(R[2 * H:], parts, row_parts, N, T)  # [P or Q,S]
+        R_o = _dummy(dt, 2) if ra else \
+            _gradient_weights(R[2 * H:], parts, row_parts, N, T)  # [P or Q,S]
         o_product = (_rows(DQ), _rows(HM)) if ra else \
             (_rows(dX, slice(base + 2 * H, base + 3 * H)), _rows(HMR))
         _recur_gradients(P, parts * row_parts, x_rev, lambda s0, s1: gru.backward(
