@@ -26,6 +26,14 @@ def _shape(shape) -> str:
 
 
 def _common_dtype(given: dict) -> np.dtype:
+    first = None
+    for value in given.values():  # the common case first: NumPy arrays of one floating dtype
+        if type(value) is not np.ndarray or (first is not None and value.dtype != first):
+            break
+        first = value.dtype
+    else:
+        if first in _FLOAT_SET:
+            return first
     typed = {}
     for name, value in given.items():
         dtype = getattr(value, "dtype", None)
@@ -201,7 +209,7 @@ def _build(cell, descriptor, given: dict, gradients: bool):
     problem = Problem(
         cell=cell, gradients=gradients, descriptor=descriptor, dtype=dtype,
         T=T, N=N, I=I, H=H, G=G, D=D, Z=Z,
-        **{k: np.ascontiguousarray(v) for k, v in arrays.items()},
+        **{k: v if v.flags.c_contiguous else np.ascontiguousarray(v) for k, v in arrays.items()},
     )
     return problem, original
 
