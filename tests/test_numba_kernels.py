@@ -15,7 +15,9 @@ from rnngrad.cases import CELLS, random_case  # noqa: E402
 from rnngrad.descriptors import DESCRIPTORS, Activation  # noqa: E402
 from rnngrad.reference import activations as ref  # noqa: E402
 from rnngrad.testing import TOLERANCES, check_case  # noqa: E402
-from rnngrad.numba_backend import activations as act, blas, common, driver, gemm, overlap  # noqa: E402
+from rnngrad import validation  # noqa: E402
+from rnngrad.numba_backend import (activations as act, blas, common, driver, gemm, gru, lstm,  # noqa: E402
+                                   overlap, single_gate)
 
 DTYPES = (np.float32, np.float64)
 KINDS = (act.NONE, act.RELU, act.TANH, act.SIGMOID, act.HARD_SIGMOID)
@@ -289,3 +291,45 @@ def _projected_in_child():
     projected = []
     overlap.forward(lambda s0, s1: None, lambda s0, s1: projected.append((s0, s1)), [0, 2, 4])
     return projected
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), cell=st.sampled_from(CELLS), dtype=st.sampled_from(DTYPES),
+       one_call=st.booleans())
+def test_one_call_and_kernel_calls_match_reference(seed, cell, dtype, one_call):
+    """Every cell, option and optional input: a small problem runs whole in one compiled call
+    per op (each cell's ``forward_op`` and ``gradient_op``); forced off, the driver calls the
+    kernels and the products one by one. Both against the float64 reference, and each time
+    the path taken is the one asked for."""
+    case = random_case(seed, cell, dtype=dtype)
+    module = {"single_gate": single_gate, "gru": gru, "lstm": lstm}[cell]
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("forward_op", "gradient_op"):
+            mp.setattr(module, name, lambda *a, _f=getattr(module, name), _n=name: calls.append(_n) or _f(*a))
+        if not one_call:
+            mp.setattr(driver, "in_one_call", lambda *a: False)
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "numba", gradients)
+            assert not mismatches, f"{[str(m) for m in mismatches[:3]]}\nrepro:\n{case!r}"
+    assert calls == (["forward_op", "forward_op", "gradient_op"] if one_call else []), calls
+
+
+def test_one_call_only_where_nothing_is_split_packed_or_overlapped(monkeypatch):
+    """The one-call ops take exactly the problems whose recurrence runs on one thread with R
+    unpacked and nothing beside it (here the LSTM's forward)."""
+    def problem(T, N, I, H):
+        case = random_case(0, "lstm", T=T, N=N, I=I, H=H, dtype=np.float32,
+                           descriptor=DESCRIPTORS["lstm"](training=True),
+                           optional={"input_weight": True})
+        return validation.forward_problem("lstm", case.descriptor, **case.inputs)[0]
+    small = problem(50, 1, 64, 64)
+    assert driver.in_one_call(small, 1, driver._projection_flops(small))
+    assert not driver.in_one_call(small, 2, driver._projection_flops(small))  # split
+    monkeypatch.setattr(overlap, "MIN_FLOPS", 0)
+    monkeypatch.setattr(overlap, "MIN_CHUNK_ROWS", 1)
+    if __import__("numba").get_num_threads() >= 2:  # the projection would run beside the recurrence
+        assert not driver.in_one_call(small, 1, driver._projection_flops(small))
+    monkeypatch.undo()
+    packed = problem(1000, 8, 16, 128)
+    assert driver.in_one_call(packed, 1, 0.0) == (blas.MKL is None)  # R would be packed

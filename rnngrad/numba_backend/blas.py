@@ -265,6 +265,12 @@ def worth_packing(K, N, rows, steps):
     return steps * rows * K * N > 5_000_000 + 250 * K * N
 
 
+def packs(K, N, rows, steps) -> bool:
+    """Whether :func:`pack_parts` packs a [K,N] operand for ``steps`` products with ``rows``
+    rows (MKL in use and :func:`worth_packing`)."""
+    return MKL is not None and worth_packing(K, N, rows, steps)
+
+
 def pack_parts(b: np.ndarray, rows, steps: int) -> np.ndarray:
     """[P, S]: each part b[p] of b [P,K,N] (float32 or float64, any strides) in the layout the
     per-step product (``common.dot``) multiplies by, for ``steps`` products with ``rows`` rows
@@ -277,7 +283,7 @@ def pack_parts(b: np.ndarray, rows, steps: int) -> np.ndarray:
     """
     P, K, N = b.shape
     counts = [int(rows)] * P if isinstance(rows, (int, np.integer)) else [int(r) for r in rows]
-    if MKL is None or not worth_packing(K, N, min(counts), steps):
+    if not packs(K, N, min(counts), steps):
         return _row_major(b).reshape(P, K * N)  # [P,S]
     size = max(_packed_size(K, N, r, b.dtype) for r in counts)
     per = _ALIGN // b.dtype.itemsize
@@ -292,7 +298,7 @@ def pack_parts(b: np.ndarray, rows, steps: int) -> np.ndarray:
 
 def _row_major(b: np.ndarray) -> np.ndarray:
     """b [P,K,N] as a new C-contiguous writable array (b itself when it is one). Parts whose
-    transpose is C-contiguous (b[p] = Rᵀ, say) are transposed in tiles (:func:`_transpose`)."""
+    transpose is C-contiguous (b[p] = Rᵀ, say) are transposed in tiles (:func:`transpose`)."""
     if b.flags.c_contiguous and b.flags.writeable:
         return b
     P, K, N = b.shape
@@ -300,12 +306,12 @@ def _row_major(b: np.ndarray) -> np.ndarray:
         return np.array(b, order="C")
     out = np.empty((P, K, N), b.dtype)  # [P,K,N]
     for p in range(P):
-        _transpose(b[p].T, out[p])
+        transpose(b[p].T, out[p])
     return out
 
 
 @numba.njit(**JIT)
-def _transpose(a, out):
+def transpose(a, out):
     """out = aᵀ for C-contiguous a [M,K] and out [K,M], in 8×8 tiles. (NumPy's strided copy
     of a [256,64] float32 array's transpose took 19 µs, this 9 µs; [2048,512], 5.3 ms and
     1.0 ms.)"""

@@ -42,7 +42,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .activations import JIT
-from .blas import gemm, packed_product
+from .blas import gemm, gemm_add, packed_product, transpose
 
 MASK_NONE, MASK_SHARED, MASK_PER_STEP = 0, 1, 2
 
@@ -125,3 +125,76 @@ def dot(a, packed, out):
         gemm(a, packed.reshape((K, N)), out)
     else:
         packed_product(a, packed, out)
+
+
+# -- the one-call ops ----------------------------------------------------------------------------
+# (each cell's ``forward_op`` and ``gradient_op``: a whole op in one compiled call on the calling
+# thread, for problems whose recurrence runs on one thread with R unpacked and nothing beside it;
+# ``driver.in_one_call``)
+
+@numba.njit(inline="always", **JIT)
+def direction(d, D, reverse):
+    """(x_rev, out_rev) of direction d, as ``driver._directions``."""
+    return d == 1 or (D == 1 and reverse), d == 1
+
+
+@numba.njit(**JIT)
+def project(source, W, has_w, DGH):
+    """x' [T,N,DGH] without bias: source [T,N,I] Wᵀ (W [DGH,I]), one GEMM over all steps, with
+    an input weight; else the source itself ([T,N,DGH])."""
+    if not has_w:
+        return source
+    T, N, I = source.shape
+    xp = np.empty((T, N, DGH), source.dtype)  # [T,N,DGH]
+    gemm(source.reshape((T * N, I)), W.T, xp.reshape((T * N, DGH)))
+    return xp
+
+
+@numba.njit(**JIT)
+def transposed(B):
+    """[1,M·K]: Bᵀ (B [K,M], C-contiguous) row-major, a forward's per-step operand for one part,
+    unpacked (``blas.pack_parts``' plain form)."""
+    K, M = B.shape
+    Bt = np.empty((1, M * K), B.dtype)  # [1,M·K]
+    transpose(B, Bt[0].reshape((M, K)))
+    return Bt
+
+
+@numba.njit(inline="always", **JIT)
+def as_part(B):
+    """[1,K·M]: B [K,M] (C-contiguous) itself, a gradient recurrence's per-step operand for
+    one part, unpacked."""
+    return B.reshape((1, B.shape[0] * B.shape[1]))
+
+
+@numba.njit(**JIT)
+def add_weight_gradient(dX, c0, c1, B, out):
+    """out += dX[:, :, c0:c1]ᵀ B for dX [T,N,C] and B [T,N,K] (rows in input time), out
+    [c1−c0,K]: a weight gradient after a direction's recurrence."""
+    T, N = dX.shape[0], dX.shape[1]
+    gemm_add(dX.reshape((T * N, dX.shape[2]))[:, c0:c1].T, B.reshape((T * N, B.shape[2])), out)
+
+
+@numba.njit(**JIT)
+def add_input_weight_gradient(dX, c0, c1, source, has_w, dW):
+    """dW[c0:c1] += dX[:, :, c0:c1]ᵀ source, with an input weight (has_w)."""
+    if has_w:
+        add_weight_gradient(dX, c0, c1, source, dW[c0:c1])
+
+
+@numba.njit(**JIT)
+def through_first_product(E0, R, m, m_mode, off, out):
+    """out = (E0 R) ⊙ m[0] for E0 [N,K] (the first processing step's dA), R [K,H] and out [N,H]
+    (a view of d h0's columns off …): the gradient reaching h0 through the recurrent
+    product (``driver._through_R``)."""
+    N, H = out.shape
+    g = np.empty((N, H), out.dtype)  # [N,H]
+    gemm(E0, R, g)
+    for n in range(N):
+        if m_mode == MASK_NONE:
+            for j in range(H):
+                out[n, j] = g[n, j]
+        else:
+            mr = m[0, n, off:off + H]
+            for j in range(H):
+                out[n, j] = g[n, j] * mr[j]

@@ -19,8 +19,9 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import (ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units,
-                     step_index, unowned)
+from .common import (ONE_I, ZERO_I, add_input_weight_gradient, add_pre_activation,
+                     add_weight_gradient, as_part, copy, direction, dot, mask_row, multiply,
+                     part_units, project, step_index, through_first_product, transposed, unowned)
 
 
 @numba.njit(inline="always", **JIT)
@@ -312,3 +313,77 @@ def backward(dh_in, zs, hf, h0, m, m_mode, R, R_o, acts, bz, br, flip_z, reset_a
                     k = np.int64(p)
                     _backward_reset(k, k, P, ZERO_I, N, s, m, m_mode, R_o, br, dX, xoff, x_rev, HM,
                                     HMR, out_rev, off, dh_carry, E, Eo, g, Rb, ones)
+
+
+@numba.njit(**JIT)
+def forward_op(source, W, has_w, bx, R, b2, h0, m, m_mode, acts, bz, br, flip_z, reset_after,
+               reverse, h, zs):
+    """The whole forward op in one call on the calling thread (``driver.in_one_call``): the
+    projection, then each direction's :func:`forward` with all of R[d]ᵀ (reset_after), or of
+    R_zrᵀ and R_oᵀ, unpacked. Shapes as for :func:`forward`, and source [T,N,I] with W [D3H,I]
+    (has_w) or [T,N,D3H]; R [D,3H,H]."""
+    T, N = h.shape[0], h.shape[1]
+    D, H = R.shape[0], R.shape[2]
+    Z = 4 if reset_after else 3
+    xp = project(source, W, has_w, D * 3 * H)  # [T,N,D3H]
+    hm, hmr = np.zeros((2, N, H), h.dtype), np.zeros((N, H), h.dtype)  # [2,N,H], [N,H]
+    rec = np.zeros((1, N, (3 if reset_after else 2) * H), h.dtype)  # [1,N,3H] or [1,N,2H]
+    reco, Zb = np.zeros((1, N, H), h.dtype), np.zeros((1, N, H), h.dtype)  # [1,N,H]
+    Y, ones = np.zeros((1, 2 * H), h.dtype), np.ones(H, h.dtype)  # [1,2H], [H]
+    for d in range(D):
+        x_rev, out_rev = direction(d, D, reverse)
+        if reset_after:
+            Rt, Rt_o = transposed(R[d]), np.zeros((1, 1), h.dtype)
+        else:
+            Rt, Rt_o = transposed(R[d, :2 * H]), transposed(R[d, 2 * H:])
+        forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, bz, br, flip_z,
+                reset_after, h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb, Y, ones, 0, T,
+                1)
+
+
+@numba.njit(**JIT)
+def gradient_op(source, has_w, R, dh_in, zs, hf, h0, m, m_mode, acts, bz, br, flip_z,
+                reset_after, reverse, dX, dR, dW, dh0, db2):
+    """The whole gradient op but the source's and the bias's gradients in one call on the
+    calling thread (``driver.in_one_call``): each direction's :func:`backward` with all of R[d]
+    (reset_after), or of R_zr and R_o, unpacked, then its dR, dW, d h0 and (reset_after) the
+    secondary bias's gradient. Shapes as for :func:`backward`, and source [T,N,I] (has_w);
+    R [D,3H,H]; outputs dX [T,N,D3H], dR [D,3H,H], dW [D3H,I] (accumulated), dh0 [N,DH] (the
+    final-state gradient on entry), db2 [DH]."""
+    T, N = dX.shape[0], dX.shape[1]
+    D, H = R.shape[0], R.shape[2]
+    ra = reset_after
+    Z = 4 if ra else 3
+    HM = np.empty((T, N, H), dX.dtype)  # [T,N,H] h[t−1] ⊙ m, input time
+    HMR = np.empty((T if not ra else 1, N if not ra else 1, H if not ra else 1), dX.dtype)  # ⊙ r
+    DQ = np.empty((T if ra else 1, N if ra else 1, H if ra else 1), dX.dtype)  # [T,N,H] dq
+    E = np.zeros((2, N, (3 if ra else 2) * H), dX.dtype)  # [2,N,3H] or [2,N,2H]
+    Eo, gr, g = np.zeros((N, H), dX.dtype), np.zeros((1, N, H), dX.dtype), np.zeros((1, N, H), dX.dtype)
+    Rb, Y = np.zeros((1, 2, N, H), dX.dtype), np.zeros((1, 7 * H), dX.dtype)  # [1,2,N,H], [1,7H]
+    ones = np.ones(H, dX.dtype)  # [H]
+    for d in range(D):
+        base = d * 3 * H
+        x_rev, out_rev = direction(d, D, reverse)
+        carry = dh0[:, d * H:(d + 1) * H].copy()  # [N,H]
+        if ra:
+            R_main, R_o = as_part(R[d]), np.zeros((1, 1), dX.dtype)
+        else:
+            R_main, R_o = as_part(R[d, :2 * H]), as_part(R[d, 2 * H:])
+        backward(dh_in, zs, hf, h0, m, m_mode, R_main, R_o, acts, bz, br, flip_z, ra, dX, base,
+                 x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo, gr, g, Rb, Y, ones, 0,
+                 T, 1)
+        add_weight_gradient(dX, base, base + 2 * H, HM, dR[d, :2 * H])
+        if ra:
+            add_weight_gradient(DQ, 0, H, HM, dR[d, 2 * H:])
+            rows = DQ.reshape((T * N, H))
+            for r in range(T * N):
+                for j in range(H):
+                    db2[d * H + j] += rows[r, j]
+        else:
+            add_weight_gradient(dX, base + 2 * H, base + 3 * H, HMR, dR[d, 2 * H:])
+        add_input_weight_gradient(dX, base, base + 3 * H, source, has_w, dW)
+        out = dh0[:, d * H:(d + 1) * H]
+        through_first_product(E[0], R[d] if ra else R[d, :2 * H], m, m_mode, d * H, out)
+        for n in range(N):
+            for j in range(H):
+                out[n, j] += carry[n, j]

@@ -20,8 +20,9 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import (ONE_I, ZERO_I, add_pre_activation, dot, mask_row, multiply, part_units,
-                     step_index, unowned)
+from .common import (ONE_I, ZERO_I, add_input_weight_gradient, add_pre_activation,
+                     add_weight_gradient, as_part, direction, dot, mask_row, multiply, part_units,
+                     project, step_index, through_first_product, transposed, unowned)
 
 
 @numba.njit(**JIT)
@@ -225,3 +226,48 @@ def peephole_gradient(dX, xoff, x_rev, cf, c0, out_rev, off, gi, dp):
                 for g in range(4):
                     col = gi[g] * H + j
                     dp[col] += dX[ti, n, xoff + col] * cp
+
+
+@numba.njit(**JIT)
+def forward_op(source, W, has_w, bx, R, h0, c0, m, m_mode, pp, has_p, acts, gi, reverse, h, c, zs):
+    """The whole forward op in one call on the calling thread (``driver.in_one_call``): the
+    projection, then each direction's :func:`forward` with all of R[d]ᵀ, unpacked. Shapes as
+    for :func:`forward`, and source [T,N,I] with W [D4H,I] (has_w) or [T,N,D4H]; R [D,4H,H];
+    pp [D,4H]."""
+    T, N = h.shape[0], h.shape[1]
+    D, GH, H = R.shape
+    xp = project(source, W, has_w, D * GH)  # [T,N,D4H]
+    hm, rec = np.zeros((2, N, H), h.dtype), np.zeros((1, N, GH), h.dtype)  # [2,N,H], [1,N,4H]
+    Y, ones = np.zeros((1, 5 * H), h.dtype), np.ones(H, h.dtype)  # [1,5H], [H]
+    for d in range(D):
+        x_rev, out_rev = direction(d, D, reverse)
+        forward(xp, d * GH, bx, x_rev, transposed(R[d]), h0, c0, m, m_mode, pp[d], has_p, acts, gi,
+                h, c, zs, out_rev, d * H, d * GH, hm, rec, Y, ones, 0, T, 1)
+
+
+@numba.njit(**JIT)
+def gradient_op(source, has_w, R, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, dc_in, has_dc_in,
+                acts, gi, reverse, dX, dR, dW, dh0, dc0, dp):
+    """The whole gradient op but the source's and the bias's gradients in one call on the
+    calling thread (``driver.in_one_call``): each direction's :func:`backward` with all of R[d],
+    unpacked, then its dR, dW, d h0, d c0 and peephole gradient. Shapes as for
+    :func:`backward`, and source [T,N,I] (has_w); R [D,4H,H]; pp, dp [D,4H]; outputs dX
+    [T,N,D4H], dR [D,4H,H], dW [D4H,I] (accumulated), dh0, dc0 [N,DH] (the final-state
+    gradients on entry)."""
+    T, N = dX.shape[0], dX.shape[1]
+    D, GH, H = R.shape
+    HM = np.empty((T, N, H), dX.dtype)  # [T,N,H] h[t−1] ⊙ m, input time
+    E, gr = np.zeros((2, N, GH), dX.dtype), np.zeros((1, N, H), dX.dtype)  # [2,N,4H], [1,N,H]
+    Y, ones = np.zeros((1, 11 * H), dX.dtype), np.ones(H, dX.dtype)  # [1,11H], [H]
+    for d in range(D):
+        x_rev, out_rev = direction(d, D, reverse)
+        dh_carry, dc_carry = dh0[:, d * H:(d + 1) * H].copy(), dc0[:, d * H:(d + 1) * H].copy()
+        backward(dh_in, zs, cf, h0, c0, m, m_mode, pp[d], has_p, dc_in, has_dc_in, as_part(R[d]),
+                 acts, gi, dX, d * GH, x_rev, HM, out_rev, d * H, d * GH, dh_carry, dc_carry, E, gr,
+                 Y, ones, 0, T, 1)
+        add_weight_gradient(dX, d * GH, (d + 1) * GH, HM, dR[d])
+        add_input_weight_gradient(dX, d * GH, (d + 1) * GH, source, has_w, dW)
+        through_first_product(E[0], R[d], m, m_mode, d * H, dh0[:, d * H:(d + 1) * H])
+        dc0[:, d * H:(d + 1) * H] = dc_carry
+        if has_p:
+            peephole_gradient(dX, d * GH, x_rev, cf, c0, out_rev, d * H, gi, dp[d])

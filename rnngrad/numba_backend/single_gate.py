@@ -13,8 +13,9 @@ import numba
 import numpy as np
 
 from .activations import JIT, activate, activate_with_derivative
-from .common import (ONE_I, ZERO_I, add_pre_activation, copy, dot, mask_row, multiply, part_units,
-                     step_index, unowned)
+from .common import (ONE_I, ZERO_I, add_input_weight_gradient, add_pre_activation,
+                     add_weight_gradient, as_part, copy, direction, dot, mask_row, multiply,
+                     part_units, project, step_index, through_first_product, transposed, unowned)
 
 
 @numba.njit(**JIT)
@@ -132,3 +133,40 @@ def backward(dh_in, zs, h0, m, m_mode, R, act, dX, xoff, x_rev, HM, out_rev, off
             for p in numba.prange(P):
                 _backward_part(np.int64(p), np.int64(p), P, ZERO_I, N, s, dh_in, zs, h0, m, m_mode,
                                R, act, dX, xoff, x_rev, HM, out_rev, off, dh_carry, E, gr, Y, ones)
+
+
+@numba.njit(**JIT)
+def forward_op(source, W, has_w, bx, R, h0, m, m_mode, act, reverse, h, zs):
+    """The whole forward op in one call on the calling thread (``driver.in_one_call``): the
+    projection, then each direction's :func:`forward` with all of R[d]ᵀ, unpacked. Shapes as
+    for :func:`forward`, and source [T,N,I] with W [DH,I] (has_w) or [T,N,DH]; R [D,H,H]."""
+    T, N = h.shape[0], h.shape[1]
+    D, H = R.shape[0], R.shape[2]
+    xp = project(source, W, has_w, D * H)  # [T,N,DH]
+    hm, rec = np.zeros((2, N, H), h.dtype), np.zeros((1, N, H), h.dtype)  # [2,N,H], [1,N,H]
+    ones = np.ones(H, h.dtype)  # [H]
+    for d in range(D):
+        x_rev, out_rev = direction(d, D, reverse)
+        forward(xp, d * H, bx, x_rev, transposed(R[d]), h0, m, m_mode, act, h, zs, out_rev, d * H, hm,
+                rec, ones, 0, T, 1)
+
+
+@numba.njit(**JIT)
+def gradient_op(source, has_w, R, dh_in, zs, h0, m, m_mode, act, reverse, dX, dR, dW, dh0):
+    """The whole gradient op but the source's and the bias's gradients in one call on the
+    calling thread (``driver.in_one_call``): each direction's :func:`backward` with all of R[d],
+    unpacked, then its dR, dW and d h0. Shapes as for :func:`backward`, and source [T,N,I]
+    (has_w); R [D,H,H]; outputs dX [T,N,DH], dR [D,H,H], dW [DH,I] (accumulated), dh0 [N,DH]
+    (the final-state gradient on entry)."""
+    T, N = dX.shape[0], dX.shape[1]
+    D, H = R.shape[0], R.shape[2]
+    HM = np.empty((T, N, H), dX.dtype)  # [T,N,H] h[t−1] ⊙ m, input time
+    E, gr = np.zeros((2, N, H), dX.dtype), np.zeros((1, N, H), dX.dtype)  # [2,N,H], [1,N,H]
+    Y, ones = np.zeros((1, 2 * H), dX.dtype), np.ones(H, dX.dtype)  # [1,2H], [H]
+    for d in range(D):
+        x_rev, out_rev = direction(d, D, reverse)
+        backward(dh_in, zs, h0, m, m_mode, as_part(R[d]), act, dX, d * H, x_rev, HM, out_rev, d * H,
+                 dh0[:, d * H:(d + 1) * H].copy(), E, gr, Y, ones, 0, T, 1)
+        add_weight_gradient(dX, d * H, (d + 1) * H, HM, dR[d])
+        add_input_weight_gradient(dX, d * H, (d + 1) * H, source, has_w, dW)
+        through_first_product(E[0], R[d], m, m_mode, d * H, dh0[:, d * H:(d + 1) * H])
