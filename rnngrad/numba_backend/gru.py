@@ -337,8 +337,8 @@ def forward_op(source, W, has_w, bx, R, b2, h0, m, m_mode, acts, bz, br, flip_z,
         else:
             Rt, Rt_o = transposed(R[d, :2 * H]), transposed(R[d, 2 * H:])
         forward(xp, d * 3 * H, bx, x_rev, Rt, Rt_o, b2, h0, m, m_mode, acts, bz, br, flip_z,
-                reset_after, h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb, Y, ones, 0, T,
-                1)
+                reset_after, h, zs, out_rev, d * H, d * Z * H, hm, rec, hmr, reco, Zb, Y, ones,
+                ZERO_I, T, ONE_I)
 
 
 @numba.njit(**JIT)
@@ -370,8 +370,8 @@ def gradient_op(source, has_w, R, dh_in, zs, hf, h0, m, m_mode, acts, bz, br, fl
         else:
             R_main, R_o = as_part(R[d, :2 * H]), as_part(R[d, 2 * H:])
         backward(dh_in, zs, hf, h0, m, m_mode, R_main, R_o, acts, bz, br, flip_z, ra, dX, base,
-                 x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo, gr, g, Rb, Y, ones, 0,
-                 T, 1)
+                 x_rev, HM, HMR, DQ, out_rev, d * H, d * Z * H, carry, E, Eo, gr, g, Rb, Y, ones,
+                 ZERO_I, T, ONE_I)
         add_weight_gradient(dX, base, base + 2 * H, HM, dR[d, :2 * H])
         if ra:
             add_weight_gradient(DQ, 0, H, HM, dR[d, 2 * H:])

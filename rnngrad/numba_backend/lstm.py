@@ -242,7 +242,7 @@ def forward_op(source, W, has_w, bx, R, h0, c0, m, m_mode, pp, has_p, acts, gi, 
     for d in range(D):
         x_rev, out_rev = direction(d, D, reverse)
         forward(xp, d * GH, bx, x_rev, transposed(R[d]), h0, c0, m, m_mode, pp[d], has_p, acts, gi,
-                h, c, zs, out_rev, d * H, d * GH, hm, rec, Y, ones, 0, T, 1)
+                h, c, zs, out_rev, d * H, d * GH, hm, rec, Y, ones, ZERO_I, T, ONE_I)
 
 
 @numba.njit(**JIT)
@@ -264,7 +264,7 @@ def gradient_op(source, has_w, R, dh_in, zs, cf, h0, c0, m, m_mode, pp, has_p, d
         dh_carry, dc_carry = dh0[:, d * H:(d + 1) * H].copy(), dc0[:, d * H:(d + 1) * H].copy()
         backward(dh_in, zs, cf, h0, c0, m, m_mode, pp[d], has_p, dc_in, has_dc_in, as_part(R[d]),
                  acts, gi, dX, d * GH, x_rev, HM, out_rev, d * H, d * GH, dh_carry, dc_carry, E, gr,
-                 Y, ones, 0, T, 1)
+                 Y, ones, ZERO_I, T, ONE_I)
         add_weight_gradient(dX, d * GH, (d + 1) * GH, HM, dR[d])
         add_input_weight_gradient(dX, d * GH, (d + 1) * GH, source, has_w, dW)
         through_first_product(E[0], R[d], m, m_mode, d * H, dh0[:, d * H:(d + 1) * H])

@@ -148,7 +148,7 @@ def forward_op(source, W, has_w, bx, R, h0, m, m_mode, act, reverse, h, zs):
     for d in range(D):
         x_rev, out_rev = direction(d, D, reverse)
         forward(xp, d * H, bx, x_rev, transposed(R[d]), h0, m, m_mode, act, h, zs, out_rev, d * H, hm,
-                rec, ones, 0, T, 1)
+                rec, ones, ZERO_I, T, ONE_I)
 
 
 @numba.njit(**JIT)
@@ -166,7 +166,7 @@ def gradient_op(source, has_w, R, dh_in, zs, h0, m, m_mode, act, reverse, dX, dR
     for d in range(D):
         x_rev, out_rev = direction(d, D, reverse)
         backward(dh_in, zs, h0, m, m_mode, as_part(R[d]), act, dX, d * H, x_rev, HM, out_rev, d * H,
-                 dh0[:, d * H:(d + 1) * H].copy(), E, gr, Y, ones, 0, T, 1)
+                 dh0[:, d * H:(d + 1) * H].copy(), E, gr, Y, ones, ZERO_I, T, ONE_I)
         add_weight_gradient(dX, d * H, (d + 1) * H, HM, dR[d])
         add_input_weight_gradient(dX, d * H, (d + 1) * H, source, has_w, dW)
         through_first_product(E[0], R[d], m, m_mode, d * H, dh0[:, d * H:(d + 1) * H])
