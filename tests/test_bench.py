@@ -62,7 +62,8 @@ def test_bench_cli_writes_a_consistent_table(tmp_path):
 
 def test_bench_against_torch_reports_ratios_and_the_floor(tmp_path):
     """With PyTorch: ratio = median / PyTorch's median, the floor is the ratio at the best
-    GEMM rate, flops / rate / PyTorch's median, and each pass has its own ratio of medians."""
+    GEMM rate, flops / rate / PyTorch's median, each pass has its own ratio of medians, and
+    the paired ratio is their median."""
     pytest.importorskip("torch")
     out = tmp_path / "bench.json"
     proc = subprocess.run(
@@ -84,7 +85,9 @@ def test_bench_against_torch_reports_ratios_and_the_floor(tmp_path):
         want = statistics.median(mine["pass_times"][k]) / statistics.median(theirs["pass_times"][k])
         assert abs(mine["pass_ratios"][k] - want) <= 1e-12
     assert theirs["pass_ratios"] == [1.0, 1.0]
-    assert "–" in proc.stdout  # the per-pass range column
+    assert mine["paired_ratio"] == statistics.median(mine["pass_ratios"])
+    assert theirs["paired_ratio"] == 1.0
+    assert "–" in proc.stdout and "paired" in proc.stdout  # the per-pass columns
 
 
 def test_plot_takes_a_median_outside_the_per_pass_range(tmp_path):

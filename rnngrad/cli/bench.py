@@ -3,9 +3,10 @@
 For every cell and shape, each implementation runs in a fresh worker process
 (``rnngrad.bench.worker``), in alternating passes; the table shows the median time of forward +
 gradients, µs per time step, GFLOP/s, the fraction of the GEMM rate measured in the same run and
-the ratio to PyTorch (below 1: rnngrad is faster), the range of that ratio over the passes
-(each pass's median against PyTorch's median of the same pass, run just before or after it: on a
-machine whose speed drifts, the spread says how far one ratio can be trusted) and the first call
+the ratio to PyTorch (below 1: rnngrad is faster), the median and the range of that ratio over
+the passes ("paired", "per pass": each pass's median against PyTorch's median of the same pass,
+run just before or after it; on a machine whose speed drifts, the paired median compares runs
+taken at the same speed, and the spread says how far one ratio can be trusted) and the first call
 of the first worker ("first s": setup, loading or compiling kernels, and one forward +
 gradients).
 """
@@ -128,7 +129,7 @@ def run(args) -> int:
     print(f"\nGEMM rate ({args.dtype}, {args.threads} threads, NumPy): best {best_gemm:.1f} GFLOP/s")
     print("floor: the ratio to PyTorch an implementation would reach running every FLOP at the best GEMM rate")
     header = (f"{'cell':5} {'T×N×I×H':>16} {'impl':>10} {'median ms':>10} {'µs/step':>9} {'GFLOP/s':>8} "
-              f"{'%GEMM':>6} {'vs torch':>9} {'per pass':>11} {'floor':>6} {'first s':>8}")
+              f"{'%GEMM':>6} {'vs torch':>9} {'paired':>7} {'per pass':>11} {'floor':>6} {'first s':>8}")
     print(header)
     print("-" * len(header))
     rows = []
@@ -141,16 +142,18 @@ def run(args) -> int:
             floor = flops(cell, *shape) / (best_gemm * 1e9) / torch_med if torch_med else None
             per_pass = pass_ratios(passes[(cell, shape, impl)],
                                    passes[(cell, shape, "torch")]) if have_torch else None
+            paired = statistics.median(per_pass) if have_torch else None
             rows.append(dict(cell=cell, shape=shape, impl=impl, median_s=med,
                              us_per_step=med / shape[0] * 1e6, gflops=gf,
                              gemm_fraction=gf / best_gemm, ratio_to_torch=ratio,
+                             paired_ratio=paired,
                              ratio_floor=floor, first_call_s=firsts[(cell, shape, impl)],
                              pass_ratios=per_pass, times=results[(cell, shape, impl)],
                              pass_times=passes[(cell, shape, impl)]))
             print(f"{CELL_NAMES[cell]:5} {'x'.join(map(str, shape)):>16} {impl:>10} {med * 1e3:10.2f} "
                   f"{med / shape[0] * 1e6:9.1f} {gf:8.1f} {gf / best_gemm:6.0%} "
-                  + (f"{ratio:9.2f} {min(per_pass):5.2f}–{max(per_pass):<5.2f} {floor:6.2f}"
-                     if ratio is not None else f"{'-':>9} {'-':>11} {'-':>6}")
+                  + (f"{ratio:9.2f} {paired:7.2f} {min(per_pass):5.2f}–{max(per_pass):<5.2f} {floor:6.2f}"
+                     if ratio is not None else f"{'-':>9} {'-':>7} {'-':>11} {'-':>6}")
                   + f" {firsts[(cell, shape, impl)]:8.2f}")
     if args.json:
         with open(args.json, "w") as f:
