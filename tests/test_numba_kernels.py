@@ -333,3 +333,22 @@ def test_one_call_only_where_nothing_is_split_packed_or_overlapped(monkeypatch):
     monkeypatch.undo()
     packed = problem(1000, 8, 16, 128)
     assert driver.in_one_call(packed, 1, 0.0) == (blas.MKL is None)  # R would be packed
+
+
+def test_both_paths_share_one_compiled_kernel_per_dtype():
+    """The one-call ops hand the kernels the argument types the driver hands them, so each
+    kernel is compiled (and cached) once per dtype, not once per path (an integer literal
+    where the driver passes an int64 made a second specialization)."""
+    for cell in CELLS:
+        case = random_case(1, cell, T=3, N=2, I=3, H=4, dtype=np.float32,
+                           descriptor=DESCRIPTORS[cell](training=True))
+        for one_call in (True, False):
+            with pytest.MonkeyPatch.context() as mp:
+                if not one_call:
+                    mp.setattr(driver, "in_one_call", lambda *a: False)
+                worst, mismatches = check_case(case, "numba", gradients=True)
+                assert not mismatches
+    for module in (single_gate, gru, lstm):
+        for kernel in (module.forward, module.backward):
+            float32 = [sig for sig in kernel.signatures if sig[0].dtype.name == "float32"]
+            assert len(float32) == 1, (kernel, float32)
