@@ -186,7 +186,7 @@ def add_input_weight_gradient(dX, c0, c1, source, has_w, dW):
 def through_first_product(E0, R, m, m_mode, off, out):
     """out = (E0 R) ⊙ m[0] for E0 [N,K] (the first processing step's dA), R [K,H] and out [N,H]
     (a view of d h0's columns off …): the gradient reaching h0 through the recurrent
-    product (``driver._through_R``)."""
+    product, in both paths."""
     N, H = out.shape
     g = np.empty((N, H), out.dtype)  # [N,H]
     gemm(E0, R, g)

@@ -40,7 +40,7 @@ from .. import machine
 from ..problem import ForwardArrays, GradientArrays
 from . import blas, gru, lstm, overlap, single_gate
 from .gemm import add_transposed_times, product, rows_times
-from .common import MASK_NONE, MASK_PER_STEP, MASK_SHARED
+from .common import MASK_NONE, MASK_PER_STEP, MASK_SHARED, through_first_product
 
 #: below this many floating-point operations in one step's recurrent product (2·N·H·G·H) a
 #: kernel runs on one thread: a parallel region per step costs a few µs.
@@ -117,7 +117,7 @@ def gradient_schedule(P) -> tuple[int, int]:
         return 1, 1
     step = 2.0 * P.N * P.G * P.H * P.H
     own = P.T * step
-    beside = own + (0.0 if P.input_weight is None else 2.0 * P.T * P.N * P.G * P.H * P.I)
+    beside = _weight_gradient_flops(P)  # dR (own) and dW
     if beside >= SERIAL_GRADIENTS_SHARE * own and step >= SERIAL_GRADIENTS_MIN_STEP_FLOPS \
             and overlap.bounds(P.T, P.N, 1, beside) is not None:
         return 1, 1
@@ -143,7 +143,7 @@ def _projection_flops(P) -> float:
 
 def _weight_gradient_flops(P) -> float:
     """The FLOPs of one direction's dR and dW."""
-    return 2.0 * P.T * P.N * P.G * P.H * (P.H + (P.I or 0) * (P.input_weight is not None))
+    return 2.0 * P.T * P.N * P.G * P.H * (P.H + (P.I or 0))  # P.I is None without W
 
 
 def _single_threaded_blas():
@@ -487,16 +487,6 @@ def _input_weight_product(dX, cols, weight):
     return [(dW[cols], _rows(dX, cols), src)]
 
 
-def _through_R(E0, R, P, d):
-    """(dA[0] R) ⊙ m[0] [N,H]: the gradient reaching h0 through the recurrent product of the
-    first processing step (E0 [N,K] holds its dA, R [K,H])."""
-    g = rows_times(E0, R)  # [N,H]
-    m = P.mask
-    if m is not None:
-        g *= (m[0] if m.ndim == 3 else m)[:, d * P.H:(d + 1) * P.H]
-    return g
-
-
 def _backward_single_gate(P, dX, dR, weight, dh0, dc0):
     dt, T, N, H = P.dtype, P.T, P.N, P.H
     h0, (m, mode) = _state(P.init_state, P), _mask(P)
@@ -520,7 +510,8 @@ def _backward_single_gate(P, dX, dR, weight, dh0, dc0):
             dh_in, zs, h0, m, mode, R, act, dX, d * H, x_rev, HM, out_rev, d * H, carry, E, gr,
             Y, ones, s0, s1, row_parts),
             [(dR[d], _rows(dX, cols), _rows(HM))] + _input_weight_product(dX, cols, weight))
-        dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
+        through_first_product(E[0], _writable(P.recurrent_weight[d]), m, mode, d * H,
+                              dh0[:, d * H:(d + 1) * H])
     return {}
 
 
@@ -553,7 +544,8 @@ def _backward_lstm(P, dX, dR, weight, dh0, dc0):
             x_rev, HM, out_rev, d * H, d * 4 * H, dh_carry, dc_carry, E, gr, Y, ones, s0, s1,
             row_parts),
             [(dR[d], _rows(dX, cols), _rows(HM))] + _input_weight_product(dX, cols, weight))
-        dh0[:, d * H:(d + 1) * H] = _through_R(E[0], P.recurrent_weight[d], P, d)
+        through_first_product(E[0], _writable(P.recurrent_weight[d]), m, mode, d * H,
+                              dh0[:, d * H:(d + 1) * H])
         dc0[:, d * H:(d + 1) * H] = dc_carry
         if has_p:
             lstm.peephole_gradient(dX, d * 4 * H, x_rev, cf, c0, out_rev, d * H, gi, dp[d])
@@ -584,8 +576,8 @@ def _backward_gru(P, dX, dR, weight, dh0, dc0):
     Y = np.zeros((slots, 7 * hc), dt)  # [P or Q,7hc]
     for d, x_rev, out_rev in _directions(P):
         base = d * 3 * H
-        carry = np.ascontiguousarray(dh0[:, d * H:(d + 1) * H])  # [N,H]
-        R = P.recurrent_weight[d]  # [3H,H]
+        carry = dh0[:, d * H:(d + 1) * H].copy()  # [N,H] (d h0 is rewritten below)
+        R = _writable(P.recurrent_weight[d])  # [3H,H]
         R_main = _gradient_weights(R if ra else R[:2 * H], parts, row_parts, N, T)  # [P or Q,S]
         R_o = _dummy(dt, 2) if ra else \
             _gradient_weights(R[2 * H:], parts, row_parts, N, T)  # [P or Q,S]
@@ -598,7 +590,9 @@ def _backward_gru(P, dX, dR, weight, dh0, dc0):
             [(dR[d, :2 * H], _rows(dX, slice(base, base + 2 * H)), _rows(HM)),
              (dR[d, 2 * H:], *o_product)]
             + _input_weight_product(dX, slice(base, base + 3 * H), weight))
-        dh0[:, d * H:(d + 1) * H] = carry + _through_R(E[0], R if ra else R[:2 * H], P, d)
+        through_first_product(E[0], R if ra else R[:2 * H], m, mode, d * H,
+                              dh0[:, d * H:(d + 1) * H])
+        dh0[:, d * H:(d + 1) * H] += carry
         if ra:
             db2[d * H:(d + 1) * H] = _rows(DQ).sum(axis=0)
     return {"secondary_bias": db2}

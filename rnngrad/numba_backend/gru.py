@@ -355,10 +355,12 @@ def gradient_op(source, has_w, R, dh_in, zs, hf, h0, m, m_mode, acts, bz, br, fl
     ra = reset_after
     Z = 4 if ra else 3
     HM = np.empty((T, N, H), dX.dtype)  # [T,N,H] h[t−1] ⊙ m, input time
-    HMR = np.empty((T if not ra else 1, N if not ra else 1, H if not ra else 1), dX.dtype)  # ⊙ r
-    DQ = np.empty((T if ra else 1, N if ra else 1, H if ra else 1), dX.dtype)  # [T,N,H] dq
+    steps = (T, N, H)  # [T,N,H] where used, else a [1,1,1] stand-in
+    HMR = np.empty(steps if not ra else (1, 1, 1), dX.dtype)  # h[t−1] ⊙ r ⊙ m
+    DQ = np.empty(steps if ra else (1, 1, 1), dX.dtype)  # dq
     E = np.zeros((2, N, (3 if ra else 2) * H), dX.dtype)  # [2,N,3H] or [2,N,2H]
-    Eo, gr, g = np.zeros((N, H), dX.dtype), np.zeros((1, N, H), dX.dtype), np.zeros((1, N, H), dX.dtype)
+    Eo = np.zeros((N, H), dX.dtype)  # [N,H] da_o
+    gr, g = np.zeros((1, N, H), dX.dtype), np.zeros((1, N, H), dX.dtype)  # [1,N,H]
     Rb, Y = np.zeros((1, 2, N, H), dX.dtype), np.zeros((1, 7 * H), dX.dtype)  # [1,2,N,H], [1,7H]
     ones = np.ones(H, dX.dtype)  # [H]
     for d in range(D):
