@@ -7,6 +7,8 @@ import os
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 pytest.importorskip("numba")
 
 import rnngrad.numba_backend as nb  # noqa: E402
+from numba.core import caching  # noqa: E402
 
 PACKAGE = Path(nb.__file__).resolve().parent
 
@@ -116,3 +119,67 @@ def test_a_cache_folder_others_can_write_is_refused_with_a_warning(tmp_path, num
     os.chmod(tmp_path / "rnngrad", 0o777)
     with pytest.warns(UserWarning, match="refusing to load compiled kernels"):
         assert _locate_activate() is None
+
+
+def _slow_index(cache_file_class):
+    """The class with its index read slowed down, so that two saves started together both read
+    the index before either writes it (the window of the race, widened)."""
+    class Slow(cache_file_class):
+        def _load_index(self):
+            overloads = super()._load_index()
+            time.sleep(0.2)
+            return overloads
+    return Slow
+
+
+def _save_two_signatures_at_once(folder, cache_file_class):
+    """Two threads save different keys of one kernel into ``folder`` at the same moment; returns
+    what a fresh reader then loads for each key."""
+    folder.mkdir()
+    args = dict(cache_path=str(folder), filename_base="kernel-1.py311", source_stamp="stamp")
+    saves = [threading.Thread(target=cache_file_class(**args).save, args=(key, f"code of {key}"))
+             for key in ("float32", "float64")]
+    for thread in saves:
+        thread.start()
+    for thread in saves:
+        thread.join()
+    reader = caching.IndexDataCacheFile(**args)
+    return {key: reader.load(key) for key in ("float32", "float64")}
+
+
+@pytest.mark.skipif(nb.fcntl is None, reason="flock is POSIX only")
+def test_saves_of_two_signatures_at_once_keep_each_its_own_code(tmp_path):
+    # numba's own cache file loses one of them, or points it at the other's code ...
+    unlocked = _save_two_signatures_at_once(tmp_path / "numba", _slow_index(caching.IndexDataCacheFile))
+    assert unlocked != {"float32": "code of float32", "float64": "code of float64"}, unlocked
+    # ... the backend's keeps both
+    locked = _save_two_signatures_at_once(tmp_path / "rnngrad", _slow_index(nb.LockedCacheFile))
+    assert locked == {"float32": "code of float32", "float64": "code of float64"}
+
+
+LIST_CACHE_FILES = """
+import sys
+from numba.core import caching
+import rnngrad.numba_backend as nb
+kinds = {}
+for name, module in list(sys.modules.items()):
+    if name.startswith("rnngrad.numba_backend"):
+        for attr, obj in vars(module).items():
+            cache = getattr(obj, "_cache", None)
+            if isinstance(cache, caching.FunctionCache):
+                kinds[obj.py_func.__module__ + "." + obj.py_func.__name__] = type(cache._cache_file).__name__
+print(kinds)
+"""
+
+
+@pytest.mark.skipif(nb.fcntl is None, reason="flock is POSIX only")
+def test_every_cached_kernel_saves_and_loads_under_the_lock(tmp_path):
+    environ = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    environ.update(XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    done = subprocess.run([sys.executable, "-c", LIST_CACHE_FILES], env=environ, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    kinds = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 (our own printed dict)
+    assert {"rnngrad.numba_backend.lstm.forward", "rnngrad.numba_backend.gru.gradient_op",
+            "rnngrad.numba_backend.activations.activate"} <= set(kinds), sorted(kinds)
+    assert set(kinds.values()) == {"LockedCacheFile"}, kinds

@@ -15,14 +15,24 @@ number, contract section 4). The cache is kept in rnngrad's per-user cache folde
 never inside the package: numba's cache checks only the source file of each cached function, not
 the helpers it inlines from other files, so any edit of a file with compiled code gives a fresh
 folder and removes the older ones. ``NUMBA_CACHE_DIR``, when set, is used instead, as numba does.
+In rnngrad's folder, each kernel's cache file is read and written under a file lock
+(:class:`LockedCacheFile`), so that processes compiling at the same time cannot mix up their
+entries.
 """
 
+import contextlib
 import functools
 import hashlib
 import os
 import re
 import shutil
+import sys
 import warnings
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: numba's own unlocked cache files
+    fcntl = None
 
 import numba
 import numpy as np
@@ -115,6 +125,55 @@ def _register_cache_locator():
 _register_cache_locator()
 
 
+class LockedCacheFile(caching.IndexDataCacheFile):
+    """numba's index-and-data cache file of one kernel, with each save under an exclusive and
+    each load under a shared inter-process lock (``flock`` on ``.lock`` in the folder).
+
+    numba's own save reads the index, takes the first free data-file number, writes the index,
+    then the data. Two processes saving different signatures of one kernel at the same moment
+    (a float32 and a float64 run started together on a cold cache) both take number 1: the
+    index can end up pointing one signature at the other's compiled code, and every later call
+    with it fails with "can't unbox array" until the folder is removed (numba issue #10128
+    reports the same race for GUFuncs). Under the lock, saves follow one another, and a load
+    never reads an index entry whose data is not written yet."""
+
+    @contextlib.contextmanager
+    def _locked(self, operation):
+        fd = os.open(os.path.join(self._cache_path, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, operation)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def save(self, key, data):
+        with self._locked(fcntl.LOCK_EX):
+            super().save(key, data)
+
+    def load(self, key):
+        with self._locked(fcntl.LOCK_SH):
+            return super().load(key)
+
+
+def _lock_kernel_caches():
+    """Give every kernel of this package cached by :class:`KernelCacheLocator` a
+    :class:`LockedCacheFile` (numba makes the plain one when the kernel is defined, with no
+    hook to choose another)."""
+    if fcntl is None:
+        return
+    for name, module in list(sys.modules.items()):
+        if name != __name__ and not name.startswith(__name__ + "."):
+            continue
+        for obj in vars(module).values():
+            cache = getattr(obj, "_cache", None)
+            if isinstance(cache, caching.FunctionCache) \
+                    and isinstance(cache._impl.locator, KernelCacheLocator) \
+                    and not isinstance(cache._cache_file, LockedCacheFile):
+                cache._cache_file = LockedCacheFile(
+                    cache_path=cache.cache_path, filename_base=cache._impl.filename_base,
+                    source_stamp=cache._impl.locator.get_source_stamp())
+
+
 def _prefer_openmp():
     """Numba picks TBB over OpenMP for its thread pool when both are installed (MKL's wheel
     brings TBB along). The kernels meet their parts once per step, and OpenMP's spinning
@@ -129,6 +188,8 @@ _prefer_openmp()
 
 from ..registry import Backend  # noqa: E402
 from . import driver  # noqa: E402
+
+_lock_kernel_caches()  # every kernel module is imported by now (driver imports them all)
 
 BACKEND = Backend(
     name="numba",
