@@ -1,5 +1,5 @@
 """Hypothesis settings profiles: ``dev`` (default, quick), ``ci`` and ``thorough``; the
-``numba_cache_home`` fixture.
+``numba_cache_home`` fixture; the numba kernels compiled in parallel on first use.
 
 Choose a profile with ``pytest --hypothesis-profile=thorough`` or ``HYPOTHESIS_PROFILE=thorough``.
 """
@@ -14,6 +14,17 @@ settings.register_profile("dev", max_examples=25, **_common)
 settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True, **_common)
 settings.register_profile("thorough", max_examples=400, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_sessionstart(session):
+    """On first use, compile the numba backend's kernels in parallel processes before the tests
+    call them one by one (``rnngrad.numba_backend.warmup``): about half the time on two cores."""
+    try:
+        from rnngrad.numba_backend.warmup import compile_kernels
+    except ImportError:  # numba not installed: its tests skip
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    compile_kernels(report=reporter.write_line if reporter else None)
 
 
 @pytest.fixture

@@ -183,3 +183,56 @@ def test_every_cached_kernel_saves_and_loads_under_the_lock(tmp_path):
     assert {"rnngrad.numba_backend.lstm.forward", "rnngrad.numba_backend.gru.gradient_op",
             "rnngrad.numba_backend.activations.activate"} <= set(kinds), sorted(kinds)
     assert set(kinds.values()) == {"LockedCacheFile"}, kinds
+
+
+WARM_UP = """
+from rnngrad.numba_backend.warmup import compile_kernels, missing
+print(missing(cells=("single_gate",)))
+compile_kernels(cells=("single_gate",), processes=2)
+print(missing(cells=("single_gate",)))
+"""
+
+# a new process's first calls, and whether each op was compiled or loaded from the cache
+FIRST_CALLS = """
+from rnngrad.numba_backend import single_gate, warmup
+for dtype in ("float32", "float64"):
+    warmup.run_task("single_gate", dtype)
+print({op.py_func.__name__: (sum(op.stats.cache_hits.values()), sum(op.stats.cache_misses.values()))
+       for op in (single_gate.forward_op, single_gate.gradient_op, single_gate.forward,
+                  single_gate.backward)})
+"""
+
+
+def test_kernels_compiled_by_the_workers_load_in_a_new_process(tmp_path):
+    environ = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    environ.update(XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    run = lambda source: subprocess.run([sys.executable, "-c", source], env=environ,  # noqa: E731
+                                        capture_output=True, text=True, timeout=600)
+    done = run(WARM_UP)
+    assert done.returncode == 0, done.stderr
+    before, after = done.stdout.strip().splitlines()[-2:]
+    assert before == "[('single_gate', 'float32'), ('single_gate', 'float64')]" and after == "[]"
+    assert "[2/2] single_gate" in done.stderr, done.stderr
+    done = run(FIRST_CALLS)
+    assert done.returncode == 0, done.stderr
+    # (loaded, compiled) per op: both dtypes loaded, none compiled
+    assert eval(done.stdout.strip().splitlines()[-1]) == {  # noqa: S307 (our own printed dict)
+        "forward_op": (2, 0), "gradient_op": (2, 0), "forward": (2, 0), "backward": (2, 0)}
+
+
+def test_nothing_is_compiled_ahead_with_numba_cache_dir_or_one_process(tmp_path, monkeypatch,
+                                                                       numba_cache_home):
+    from rnngrad.numba_backend import warmup
+
+    assert warmup.missing(("float32",)) == [(c, "float32") for c in warmup.CELLS]
+    assert warmup.compile_kernels(("float32",), processes=1) == 0.0
+    monkeypatch.setattr(numba_cache_home.numba.config, "CACHE_DIR", str(tmp_path / "mine"))
+    assert warmup.missing(("float32",)) == []
+    assert warmup.compile_kernels(("float32",)) == 0.0
+    # no usable folder of rnngrad's (a file where it should be): numba's own locations, unlocked
+    monkeypatch.setattr(numba_cache_home.numba.config, "CACHE_DIR", "")
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    numba_cache_home.kernel_cache_dir.cache_clear()
+    assert warmup.missing(("float32",)) == []

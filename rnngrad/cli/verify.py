@@ -159,6 +159,9 @@ def run(args) -> int:
         total += len(dtypes) * len(backend.implementations) * args.examples
     print(f"rnngrad verify: reference{' (skipped)' if args.skip_reference else ''}"
           f"{', ' + ', '.join(names) if names else ''}; {args.examples} problems per row, seed {args.seed}")
+    if "numba" in names:  # first use: compile its kernels in parallel processes
+        from ..numba_backend.warmup import compile_kernels
+        compile_kernels([d.name for d in registry.get("numba").dtypes])
     progress = _Progress(total)
     rows = []
     start = time.time()

@@ -1,0 +1,112 @@
+"""Compiling the kernels before first use, one process per cell and dtype, side by side.
+
+numba compiles each kernel on its first call, on the calling thread: from an empty cache the
+three cells take about 3 minutes per dtype, one core busy. :func:`compile_kernels` runs that
+compilation in worker processes instead, one task per cell and dtype, as many at once as there
+are cores, each task calling the ops on problems that take every path of the driver (one call,
+units split, rows split, products beside the recurrence). Every worker saves what it compiled
+to the kernel cache, so the calling process then loads it all from there. Kernels a later call
+still lacks (a path not covered here) compile on first use, as before.
+
+Workers write the shared cache folder under :class:`~rnngrad.numba_backend.LockedCacheFile`'s
+lock; a marker file per task in that folder records it as done. With ``NUMBA_CACHE_DIR`` set,
+or without a usable folder, the kernels are in numba's own cache files, without the lock, and
+nothing is done here. The workers are started with ``spawn``: a script that calls
+:func:`compile_kernels` needs the usual ``if __name__ == "__main__":`` guard.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import sys
+import time
+
+import numba
+import numpy as np
+
+#: the cells, the longest to compile first
+CELLS = ("lstm", "gru", "single_gate")
+
+#: (T, N, I, H) of the problems each task runs, forward and gradients, with every optional
+#: input, bidirectional: one call (small); hidden units split (N = 8, 2·N·G·H·H ≥ 4 MFLOP a
+#: step); batch rows split (N = 16); one thread with the products beside it (the projection
+#: and weight products above ``overlap.MIN_FLOPS``)
+SHAPES = ((3, 2, 3, 4), (4, 8, 16, 512), (8, 16, 16, 128), (1000, 8, 512, 128))
+
+
+def _marker(cell, dtype) -> str:
+    from . import kernel_cache_dir
+
+    return os.path.join(kernel_cache_dir(), f"compiled-{cell}-{np.dtype(dtype).name}")
+
+
+def missing(dtypes=("float32", "float64"), cells=CELLS) -> list:
+    """The (cell, dtype name) tasks of :func:`compile_kernels` not yet done in rnngrad's kernel
+    folder (none with ``NUMBA_CACHE_DIR`` set, or without a usable folder: the kernels are then
+    in numba's own cache files, without the lock)."""
+    from . import kernel_cache_dir
+
+    if numba.config.CACHE_DIR:
+        return []
+    try:
+        kernel_cache_dir()
+    except OSError:
+        return []
+    return [(cell, np.dtype(d).name) for d in dtypes for cell in cells
+            if not os.path.exists(_marker(cell, d))]
+
+
+def run_task(cell: str, dtype: str) -> float:
+    """Compile (or load) every kernel one cell uses in one dtype, by running its ops on
+    :data:`SHAPES`. Returns the seconds taken."""
+    from ..cases import random_case, random_descriptor
+    from ..strategies import op_name
+    from ..testing import run_candidate
+
+    start = time.perf_counter()
+    rng = np.random.default_rng(0)
+    every = {name: True for name in ("input_weight", "bias", "init_state", "init_cell", "mask",
+                                     "peephole", "secondary_bias", "state_gradient")}
+    for T, N, I, H in SHAPES:
+        descriptor = random_descriptor(rng, cell, bidirectional=True, training=True)
+        case = random_case(rng, cell, T=T, N=N, I=I, H=H, descriptor=descriptor, optional=every,
+                           dtype=np.dtype(dtype))
+        for gradients in (False, True):
+            run_candidate(case, op_name(cell, gradients), "numba")
+    return time.perf_counter() - start
+
+
+def compile_kernels(dtypes=("float32", "float64"), cells=CELLS, processes=None,
+                    report=None) -> float:
+    """Compile the kernels of each of ``cells`` in each of ``dtypes`` not yet compiled
+    (:func:`missing`), one task per cell and dtype, in ``processes`` worker processes (default:
+    one per core, at most one per task; nothing is done with fewer than two, where compiling on
+    first use takes as long). ``report(line)`` is called as each task ends (default: print to
+    stderr). Returns the seconds taken (0 when nothing was done)."""
+    tasks = missing(dtypes, cells)
+    processes = min(processes or os.cpu_count() or 1, len(tasks))
+    if processes < 2:
+        return 0.0
+    report = report or (lambda line: print(line, file=sys.stderr, flush=True))
+    names = ", ".join(dict.fromkeys(dtype for _, dtype in tasks))
+    report(f"compiling the numba kernels for first use ({names}): {len(tasks)} tasks in "
+           f"{processes} processes; they are kept in the kernel cache for later processes")
+    start = time.perf_counter()
+    context = multiprocessing.get_context("spawn")  # no fork of a process with numba's threads
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+        futures = {pool.submit(run_task, cell, dtype): (cell, dtype) for cell, dtype in tasks}
+        for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
+            cell, dtype = futures[future]
+            try:
+                seconds = future.result()
+            except Exception as exc:  # noqa: BLE001 (a worker's error, or a worker lost)
+                report(f"  [{done}/{len(tasks)}] {cell} {dtype}: failed ({type(exc).__name__}: "
+                       f"{exc}); its kernels compile on first use instead")
+                continue
+            with open(_marker(cell, dtype), "w") as f:
+                f.write(f"{seconds:.1f} s\n")
+            report(f"  [{done}/{len(tasks)}] {cell} {dtype}: {seconds:.0f} s "
+                   f"({time.perf_counter() - start:.0f} s in all)")
+    return time.perf_counter() - start
