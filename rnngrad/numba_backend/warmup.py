@@ -78,6 +78,14 @@ def run_task(cell: str, dtype: str) -> float:
     return time.perf_counter() - start
 
 
+def _cores() -> int:
+    """The cores this process may run on (its affinity mask, where the system has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
 def compile_kernels(dtypes=("float32", "float64"), cells=CELLS, processes=None,
                     report=None) -> float:
     """Compile the kernels of each of ``cells`` in each of ``dtypes`` not yet compiled
@@ -86,7 +94,7 @@ def compile_kernels(dtypes=("float32", "float64"), cells=CELLS, processes=None,
     first use takes as long). ``report(line)`` is called as each task ends (default: print to
     stderr). Returns the seconds taken (0 when nothing was done)."""
     tasks = missing(dtypes, cells)
-    processes = min(processes or os.cpu_count() or 1, len(tasks))
+    processes = min(processes or _cores(), len(tasks))
     if processes < 2:
         return 0.0
     report = report or (lambda line: print(line, file=sys.stderr, flush=True))
