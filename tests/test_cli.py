@@ -27,6 +27,19 @@ def test_info_says_where_numba_kernels_are_cached(capsys, tmp_path, numba_cache_
     assert f"{tmp_path}/rnngrad/numba/" in line and nb.sources_stamp()[:16] in line
 
 
+def test_info_says_which_kernels_are_compiled_ahead(capsys, numba_cache_home):
+    from rnngrad.numba_backend import warmup
+
+    assert main(["info"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "compiled ahead" in x)
+    assert "0 of 6" in line and "lstm float32" in line and "single_gate float64" in line
+    for cell in warmup.CELLS:  # as compile_kernels leaves them once the float32 tasks are done
+        open(warmup._marker(cell, "float32"), "w").close()
+    assert main(["info"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "compiled ahead" in x)
+    assert "3 of 6" in line and "lstm float32" not in line and "lstm float64" in line
+
+
 def test_python_dash_m_runs_the_same_command():
     done = subprocess.run([sys.executable, "-m", "rnngrad", "--version"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.startswith("rnngrad ")

@@ -150,7 +150,8 @@ def _save_two_signatures_at_once(folder, cache_file_class):
 @pytest.mark.skipif(nb.fcntl is None, reason="flock is POSIX only")
 def test_saves_of_two_signatures_at_once_keep_each_its_own_code(tmp_path):
     # numba's own cache file loses one of them, or points it at the other's code ...
-    unlocked = _save_two_signatures_at_once(tmp_path / "numba", _slow_index(caching.IndexDataCacheFile))
+    unlocked = _save_two_signatures_at_once(tmp_path / "numba",
+                                            _slow_index(caching.IndexDataCacheFile))
     assert unlocked != {"float32": "code of float32", "float64": "code of float64"}, unlocked
     # ... the backend's keeps both
     locked = _save_two_signatures_at_once(tmp_path / "rnngrad", _slow_index(nb.LockedCacheFile))
@@ -167,7 +168,8 @@ for name, module in list(sys.modules.items()):
         for attr, obj in vars(module).items():
             cache = getattr(obj, "_cache", None)
             if isinstance(cache, caching.FunctionCache):
-                kinds[obj.py_func.__module__ + "." + obj.py_func.__name__] = type(cache._cache_file).__name__
+                kind = type(cache._cache_file).__name__
+                kinds[obj.py_func.__module__ + "." + obj.py_func.__name__] = kind
 print(kinds)
 """
 
@@ -176,8 +178,8 @@ print(kinds)
 def test_every_cached_kernel_saves_and_loads_under_the_lock(tmp_path):
     environ = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     environ.update(XDG_CACHE_HOME=str(tmp_path / "xdg"))
-    done = subprocess.run([sys.executable, "-c", LIST_CACHE_FILES], env=environ, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", LIST_CACHE_FILES], env=environ,
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     kinds = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 (our own printed dict)
     assert {"rnngrad.numba_backend.lstm.forward", "rnngrad.numba_backend.gru.gradient_op",

@@ -1,5 +1,6 @@
 """``rnngrad info``: the version, the backends available here and why the others are not."""
 
+import os
 import platform
 import sys
 
@@ -42,7 +43,18 @@ def run(args) -> int:
             from .. import numba_backend
 
             print(f"  numba backend GEMMs: {numba_blas.library()}")
-            print(f"  numba kernel cache: {numba_backend.cache_location()}")
+            location = numba_backend.cache_location()
+            print(f"  numba kernel cache: {location}")
+            if os.path.isdir(location):  # rnngrad's folder, not NUMBA_CACHE_DIR or numba's own
+                from ..numba_backend import warmup
+
+                left, tasks = warmup.missing(), len(warmup.CELLS) * len(warmup.DTYPES)
+                line = (f"  numba kernels compiled ahead: {tasks - len(left)} of {tasks} "
+                        "cell × dtype tasks")
+                if left:
+                    line += (" (left to compile on first use, or by `rnngrad verify`: "
+                             + ", ".join(f"{cell} {dtype}" for cell, dtype in left) + ")")
+                print(line)
         for line in blas_report():
             print(f"  {line}")
     sys.stdout.flush()

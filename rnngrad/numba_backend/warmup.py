@@ -26,8 +26,9 @@ import time
 import numba
 import numpy as np
 
-#: the cells, the longest to compile first
+#: the cells, the longest to compile first, and the dtypes
 CELLS = ("lstm", "gru", "single_gate")
+DTYPES = ("float32", "float64")
 
 #: (T, N, I, H) of the problems each task runs, forward and gradients, with every optional
 #: input, bidirectional: one call (small); hidden units split (N = 8, 2·N·G·H·H ≥ 4 MFLOP a
@@ -42,7 +43,7 @@ def _marker(cell, dtype) -> str:
     return os.path.join(kernel_cache_dir(), f"compiled-{cell}-{np.dtype(dtype).name}")
 
 
-def missing(dtypes=("float32", "float64"), cells=CELLS) -> list:
+def missing(dtypes=DTYPES, cells=CELLS) -> list:
     """The (cell, dtype name) tasks of :func:`compile_kernels` not yet done in rnngrad's kernel
     folder (none with ``NUMBA_CACHE_DIR`` set, or without a usable folder: the kernels are then
     in numba's own cache files, without the lock)."""
@@ -86,7 +87,7 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def compile_kernels(dtypes=("float32", "float64"), cells=CELLS, processes=None,
+def compile_kernels(dtypes=DTYPES, cells=CELLS, processes=None,
                     report=None) -> float:
     """Compile the kernels of each of ``cells`` in each of ``dtypes`` not yet compiled
     (:func:`missing`), one task per cell and dtype, in ``processes`` worker processes (default:
