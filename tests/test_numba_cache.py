@@ -238,3 +238,15 @@ def test_nothing_is_compiled_ahead_with_numba_cache_dir_or_one_process(tmp_path,
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
     numba_cache_home.kernel_cache_dir.cache_clear()
     assert warmup.missing(("float32",)) == []
+
+
+def test_no_worker_processes_leaves_the_kernels_to_first_use(monkeypatch, numba_cache_home):
+    from rnngrad.numba_backend import warmup
+
+    def refuse(*args, **kwargs):
+        raise OSError(38, "Function not implemented")
+    monkeypatch.setattr(warmup.concurrent.futures, "ProcessPoolExecutor", refuse)
+    lines = []
+    assert warmup.compile_kernels(("float32",), processes=2, report=lines.append) == 0.0
+    assert "no worker processes" in lines[-1] and "first use" in lines[-1]
+    assert warmup.missing(("float32",)) == [(c, "float32") for c in warmup.CELLS]

@@ -104,7 +104,12 @@ def compile_kernels(dtypes=DTYPES, cells=CELLS, processes=None,
            f"{processes} processes; they are kept in the kernel cache for later processes")
     start = time.perf_counter()
     context = multiprocessing.get_context("spawn")  # no fork of a process with numba's threads
-    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+    try:
+        pool = concurrent.futures.ProcessPoolExecutor(processes, mp_context=context)
+    except OSError as exc:  # no processes here (e.g. no shared-memory semaphores)
+        report(f"  no worker processes ({exc}); the kernels compile on first use instead")
+        return 0.0
+    with pool:
         futures = {pool.submit(run_task, cell, dtype): (cell, dtype) for cell, dtype in tasks}
         for done, future in enumerate(concurrent.futures.as_completed(futures), 1):
             cell, dtype = futures[future]
