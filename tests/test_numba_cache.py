@@ -30,13 +30,19 @@ print(nb.kernel_cache_dir())
 """
 
 
-def _compile_in_fresh_process(tmp_path, **env):
+def _run_fresh(tmp_path, source, **env):
+    """``python -c source`` in a new process with ``XDG_CACHE_HOME = tmp_path/xdg`` and without
+    ``NUMBA_CACHE_DIR`` (unless given in ``env``); checks it succeeded and returns it."""
     environ = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     environ.update(XDG_CACHE_HOME=str(tmp_path / "xdg"), **env)
-    done = subprocess.run([sys.executable, "-c", COMPILE_ONE], env=environ, capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", source], env=environ, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    return Path(done.stdout.strip().splitlines()[-1])
+    return done
+
+
+def _compile_in_fresh_process(tmp_path, **env):
+    return Path(_run_fresh(tmp_path, COMPILE_ONE, **env).stdout.strip().splitlines()[-1])
 
 
 def _cache_files(folder):
@@ -176,11 +182,7 @@ print(kinds)
 
 @pytest.mark.skipif(nb.fcntl is None, reason="flock is POSIX only")
 def test_every_cached_kernel_saves_and_loads_under_the_lock(tmp_path):
-    environ = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-    environ.update(XDG_CACHE_HOME=str(tmp_path / "xdg"))
-    done = subprocess.run([sys.executable, "-c", LIST_CACHE_FILES], env=environ,
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    done = _run_fresh(tmp_path, LIST_CACHE_FILES)
     kinds = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 (our own printed dict)
     assert {"rnngrad.numba_backend.lstm.forward", "rnngrad.numba_backend.gru.gradient_op",
             "rnngrad.numba_backend.activations.activate"} <= set(kinds), sorted(kinds)
@@ -206,17 +208,11 @@ print({op.py_func.__name__: (sum(op.stats.cache_hits.values()), sum(op.stats.cac
 
 
 def test_kernels_compiled_by_the_workers_load_in_a_new_process(tmp_path):
-    environ = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-    environ.update(XDG_CACHE_HOME=str(tmp_path / "xdg"))
-    run = lambda source: subprocess.run([sys.executable, "-c", source], env=environ,  # noqa: E731
-                                        capture_output=True, text=True, timeout=600)
-    done = run(WARM_UP)
-    assert done.returncode == 0, done.stderr
+    done = _run_fresh(tmp_path, WARM_UP)
     before, after = done.stdout.strip().splitlines()[-2:]
     assert before == "[('single_gate', 'float32'), ('single_gate', 'float64')]" and after == "[]"
     assert "[2/2] single_gate" in done.stderr, done.stderr
-    done = run(FIRST_CALLS)
-    assert done.returncode == 0, done.stderr
+    done = _run_fresh(tmp_path, FIRST_CALLS)
     # (loaded, compiled) per op: both dtypes loaded, none compiled
     assert eval(done.stdout.strip().splitlines()[-1]) == {  # noqa: S307 (our own printed dict)
         "forward_op": (2, 0), "gradient_op": (2, 0), "forward": (2, 0), "backward": (2, 0)}

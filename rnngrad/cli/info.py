@@ -1,6 +1,5 @@
 """``rnngrad info``: the version, the backends available here and why the others are not."""
 
-import os
 import platform
 import sys
 
@@ -43,11 +42,10 @@ def run(args) -> int:
             from .. import numba_backend
 
             print(f"  numba backend GEMMs: {numba_blas.library()}")
-            location = numba_backend.cache_location()
-            print(f"  numba kernel cache: {location}")
-            if os.path.isdir(location):  # rnngrad's folder, not NUMBA_CACHE_DIR or numba's own
-                from ..numba_backend import warmup
+            from ..numba_backend import warmup
 
+            print(f"  numba kernel cache: {numba_backend.cache_location()}")
+            if warmup.folder() is not None:  # rnngrad's folder, not NUMBA_CACHE_DIR or numba's own
                 left, tasks = warmup.missing(), len(warmup.CELLS) * len(warmup.DTYPES)
                 line = (f"  numba kernels compiled ahead: {tasks - len(left)} of {tasks} "
                         "cell × dtype tasks")

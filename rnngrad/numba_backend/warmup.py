@@ -37,23 +37,27 @@ DTYPES = ("float32", "float64")
 SHAPES = ((3, 2, 3, 4), (4, 8, 16, 512), (8, 16, 16, 128), (1000, 8, 512, 128))
 
 
-def _marker(cell, dtype) -> str:
+def folder() -> str | None:
+    """rnngrad's kernel folder, where the warm-up applies; None where the kernels are in numba's
+    own cache files, without the lock (``NUMBA_CACHE_DIR`` set, or no usable folder)."""
     from . import kernel_cache_dir
 
-    return os.path.join(kernel_cache_dir(), f"compiled-{cell}-{np.dtype(dtype).name}")
+    if numba.config.CACHE_DIR:
+        return None
+    try:
+        return kernel_cache_dir()
+    except OSError:
+        return None
+
+
+def _marker(cell, dtype) -> str:
+    return os.path.join(folder(), f"compiled-{cell}-{np.dtype(dtype).name}")
 
 
 def missing(dtypes=DTYPES, cells=CELLS) -> list:
     """The (cell, dtype name) tasks of :func:`compile_kernels` not yet done in rnngrad's kernel
-    folder (none with ``NUMBA_CACHE_DIR`` set, or without a usable folder: the kernels are then
-    in numba's own cache files, without the lock)."""
-    from . import kernel_cache_dir
-
-    if numba.config.CACHE_DIR:
-        return []
-    try:
-        kernel_cache_dir()
-    except OSError:
+    folder (none where there is no such :func:`folder`)."""
+    if folder() is None:
         return []
     return [(cell, np.dtype(d).name) for d in dtypes for cell in cells
             if not os.path.exists(_marker(cell, d))]
