@@ -1,35 +1,51 @@
 """``rnngrad bench`` end to end on a tiny problem (the reference backend: nothing to compile),
-and its timing worker's run count."""
+and its timing workers."""
 
 import json
+import os
 import statistics
 import subprocess
 import sys
 
 import pytest
 
-from rnngrad.cli.bench import flops
+from rnngrad.cli.bench import Worker, flops
 
 
 def _worker(**request):
-    req = dict(impl="reference", cell="gru", T=3, N=2, I=4, H=5, dtype="float64", threads=1,
-               repeats=3)
+    req = dict(impl="reference", cell="gru", T=3, N=2, I=4, H=5, dtype="float64", threads=1)
     req.update(request)
-    proc = subprocess.run([sys.executable, "-m", "rnngrad.bench.worker", json.dumps(req)],
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return Worker(req, dict(os.environ))
 
 
 def test_worker_times_at_least_repeats_runs():
-    out = _worker(repeats=4)
-    assert len(out["times"]) == 4 and all(t > 0 for t in out["times"])
+    with _worker() as w:
+        times = w.window(4)
+    assert len(times) == 4 and all(t > 0 for t in times)
 
 
 def test_worker_keeps_timing_for_min_seconds():
-    out = _worker(repeats=2, min_seconds=0.3)
-    assert len(out["times"]) > 2
-    assert sum(out["times"]) >= 0.3 * 0.9 or len(out["times"]) >= 2000
+    with _worker() as w:
+        times = w.window(2, min_seconds=0.3)
+    assert len(times) > 2
+    assert sum(times) >= 0.3 * 0.9 or len(times) >= 2000
+
+
+def test_worker_stays_alive_for_window_after_window():
+    """One process answers every window (its pid is the same throughout), and exits when
+    closed."""
+    with _worker() as w:
+        assert w.first > 0
+        pid = w._proc.pid
+        sizes = [len(w.window(k)) for k in (1, 3, 2)]
+        assert w._proc.pid == pid and w._proc.poll() is None
+    assert sizes == [1, 3, 2]
+    assert w._proc.returncode == 0
+
+
+def test_a_failing_worker_reports_its_error():
+    with pytest.raises(RuntimeError, match=r"(?s)worker no_such_backend failed .*unknown backend 'no_such_backend'"):
+        _worker(impl="no_such_backend")
 
 
 def test_flops_count_the_six_products_of_a_training_step():

@@ -1,8 +1,16 @@
-"""One timing run in a fresh process: ``python -m rnngrad.bench.worker JSON`` prints a JSON line.
+"""One implementation's timing process: ``python -m rnngrad.bench.worker JSON``.
+
+The worker sets up the problem of the request and runs it once, then answers on stdout, one
+JSON line each: first ``{"first": seconds}`` (setup, loading or compiling kernels and the
+first run; ``"flops"`` too for "gemm"), then, for each line ``{"repeats": r, "min_seconds":
+s}`` read from stdin, ``{"times": [seconds, ...]}``: one timing window, at least ``repeats``
+runs, continued until ``min_seconds`` have passed, at most ``MAX_RUNS`` (sub-millisecond
+problems get enough runs for a stable median). It exits at the end of stdin. Between windows
+it waits on stdin, idle, so that ``rnngrad bench`` keeps every implementation's process
+alive and lets them take turns within a fraction of a second of each other.
 
 Request fields: impl ("numba", "reference", "torch" or "gemm"), cell, T, N, I, H, dtype,
-threads, repeats, min_seconds (timed runs continue past ``repeats`` until this much time has
-passed, at most ``MAX_RUNS``: sub-millisecond problems get enough runs for a stable median). An rnngrad implementation times the training forward plus the gradient op
+threads. An rnngrad implementation times the training forward plus the gradient op
 through the public functions; "torch" times nn.RNN / nn.GRU / nn.LSTM forward + backward with
 PyTorch's semantics mapped onto the contract (LSTM gates [i,f,g,o] = [i,f,z,o]; GRU
 reset_gate_first, reset_after with secondary_bias = b_hn; RNN tanh); "gemm" measures NumPy's
@@ -84,23 +92,33 @@ def _gemm(req):
     return lambda: a @ b
 
 
+def window(run, repeats, min_seconds=0.0):
+    """Times of ``run()``: at least ``repeats`` runs, more until ``min_seconds`` have passed
+    (at most ``MAX_RUNS``)."""
+    times = []
+    budget = time.perf_counter() + min_seconds
+    while len(times) < repeats or (time.perf_counter() < budget and len(times) < MAX_RUNS):
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    return times
+
+
 def main(argv):
+    replies, sys.stdout = sys.stdout, sys.stderr  # stdout carries the replies only
     req = json.loads(argv[0])
     make = {"torch": _torch, "gemm": _gemm}.get(req["impl"], _rnngrad)
     t0 = time.perf_counter()
     run = make(req)
     run()
-    first = time.perf_counter() - t0
-    times = []
-    budget = time.perf_counter() + req.get("min_seconds", 0.0)
-    while len(times) < req["repeats"] or (time.perf_counter() < budget and len(times) < MAX_RUNS):
-        t = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t)
-    out = {"times": times, "first": first}
+    ready = {"first": time.perf_counter() - t0}
     if "flops" in req:
-        out["flops"] = req["flops"]
-    print(json.dumps(out))
+        ready["flops"] = req["flops"]
+    print(json.dumps(ready), file=replies, flush=True)
+    for line in sys.stdin:
+        w = json.loads(line)
+        print(json.dumps({"times": window(run, w["repeats"], w.get("min_seconds", 0.0))}),
+              file=replies, flush=True)
 
 
 if __name__ == "__main__":

@@ -1,29 +1,39 @@
 """``rnngrad bench``: rnngrad's backends against PyTorch's CPU modules, each in its own process.
 
-For every cell and shape, each implementation runs in a fresh worker process
-(``rnngrad.bench.worker``), in alternating passes; the table shows the median time of forward +
-gradients, µs per time step, GFLOP/s, the fraction of the GEMM rate measured in the same run and
-the ratio to PyTorch (below 1: rnngrad is faster), the median and the range of that ratio over
-the passes ("paired", "per pass": each pass's median against PyTorch's median of the same pass,
-run just before or after it; on a machine whose speed drifts, the paired median compares runs
-taken at the same speed, and the spread says how far one ratio can be trusted) and the first call
-of the first worker ("first s": setup, loading or compiling kernels, and one forward +
-gradients).
+For every cell and shape, each implementation runs in a process of its own
+(``rnngrad.bench.worker``), started once and kept alive, and the processes take turns, one
+timing window each ("pass"; who goes first alternates), a moment apart: one runs while the
+others wait idle, so no two thread pools share the cores. The table shows the median time of
+forward + gradients, µs per time step, GFLOP/s, the fraction of the GEMM rate measured in the
+same run and the ratio to PyTorch (below 1: rnngrad is faster), the median and the range of
+that ratio over the passes ("paired", "per pass": each pass's median against PyTorch's median
+of the same pass, timed just before or after it; on a machine whose speed drifts, the paired
+median compares runs taken at the same speed, and the spread says how far one ratio can be
+trusted) and the first call of each worker ("first s": setup, loading or compiling kernels,
+and one forward + gradients).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 
 HELP = "time rnngrad's backends against PyTorch's nn.RNN/GRU/LSTM (forward + backward)"
 
 DEFAULT_SHAPES = ("100x32x256x256", "50x1x64x64", "200x64x512x512", "1000x8x128x128")
 CELL_NAMES = {"single_gate": "RNN", "gru": "GRU", "lstm": "LSTM"}
 GATES = {"single_gate": 1, "gru": 3, "lstm": 4}
+#: seconds between one worker's window and the next's, for the threads of the one that just
+#: ran to stop spinning and sleep
+GAP = 0.05
+#: timed runs of each GEMM-rate window
+GEMM_REPEATS = 5
 
 
 def add_arguments(parser):
@@ -73,12 +83,48 @@ def _env(threads):
     return env
 
 
-def _run_worker(request, env):
-    proc = subprocess.run([sys.executable, "-m", "rnngrad.bench.worker", json.dumps(request)],
-                          capture_output=True, text=True, env=env, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"worker {request['impl']} failed: {proc.stderr.strip()[-500:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+class Worker:
+    """One implementation's timing process (``rnngrad.bench.worker``), alive until closed."""
+
+    def __init__(self, request, env):
+        self.impl = request["impl"]
+        self._stderr = tempfile.TemporaryFile("w+")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "rnngrad.bench.worker", json.dumps(request)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env)
+        ready = self._reply()
+        self.first, self.flops = ready["first"], ready.get("flops")
+
+    def _reply(self):
+        line = self._proc.stdout.readline()
+        if not line:
+            self._proc.wait()
+            self._stderr.seek(0)
+            raise RuntimeError(f"worker {self.impl} failed (exit code {self._proc.returncode}): "
+                               f"{self._stderr.read().strip()[-500:]}")
+        return json.loads(line)
+
+    def window(self, repeats, min_seconds=0.0):
+        """The times of one timing window: at least ``repeats`` runs and ``min_seconds``."""
+        self._proc.stdin.write(json.dumps(dict(repeats=repeats, min_seconds=min_seconds)) + "\n")
+        self._proc.stdin.flush()
+        return self._reply()["times"]
+
+    def close(self):
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._stderr.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def run(args) -> int:
@@ -102,28 +148,39 @@ def run(args) -> int:
     passes = {(c, s, i): [] for c, s in points for i in impls}  # [pass][run] times
     firsts = {}
     gemm = []
-    total = args.passes * (len(points) * len(impls) + 1)
+    total = len(points) * (len(impls) + args.passes * (len(impls) + 1))
     done = 0
-    for p in range(args.passes):
-        big = max(shapes, key=lambda s: s[0] * s[1] * s[3])
-        out = _run_worker(dict(impl="gemm", cell="lstm", T=big[0], N=big[1], I=big[2], H=big[3],
-                               dtype=args.dtype, threads=args.threads, repeats=5), env)
-        gemm.append(out["flops"] / min(out["times"]) / 1e9)
+
+    def progress(text):
+        nonlocal done
         done += 1
+        print(f"\r[{done}/{total}] {text}      ", end="", file=sys.stderr, flush=True)
+
+    big = max(shapes, key=lambda s: s[0] * s[1] * s[3])
+    with Worker(dict(impl="gemm", cell="lstm", T=big[0], N=big[1], I=big[2], H=big[3],
+                     dtype=args.dtype, threads=args.threads), env) as gemm_worker:
         for cell, shape in points:
-            order = impls if p % 2 == 0 else impls[::-1]  # alternate who goes first
-            for impl in order:
-                T, N, I, H = shape
-                out = _run_worker(dict(impl=impl, cell=cell, T=T, N=N, I=I, H=H, dtype=args.dtype,
-                                       threads=args.threads, repeats=args.repeats,
-                                       min_seconds=args.min_seconds), env)
-                results[(cell, shape, impl)].extend(out["times"])
-                passes[(cell, shape, impl)].append(out["times"])
-                firsts.setdefault((cell, shape, impl), out["first"])
-                done += 1
-                print(f"\r[{done}/{total}] pass {p + 1} {CELL_NAMES[cell]} {'x'.join(map(str, shape))} "
-                      f"{impl}: {statistics.median(out['times']) * 1e3:.2f} ms      ",
-                      end="", file=sys.stderr, flush=True)
+            T, N, I, H = shape
+            name = f"{CELL_NAMES[cell]} {'x'.join(map(str, shape))}"
+            with contextlib.ExitStack() as stack:
+                workers = {}
+                for impl in impls:  # one at a time: each first call has the cores to itself
+                    workers[impl] = stack.enter_context(Worker(
+                        dict(impl=impl, cell=cell, T=T, N=N, I=I, H=H, dtype=args.dtype,
+                             threads=args.threads), env))
+                    firsts[(cell, shape, impl)] = workers[impl].first
+                    progress(f"{name} {impl}: first call {workers[impl].first:.2f} s")
+                for p in range(args.passes):
+                    time.sleep(GAP)
+                    gemm.append(gemm_worker.flops / min(gemm_worker.window(GEMM_REPEATS)) / 1e9)
+                    progress(f"pass {p + 1} GEMM rate: {gemm[-1]:.1f} GFLOP/s")
+                    for impl in impls if p % 2 == 0 else impls[::-1]:  # alternate who goes first
+                        time.sleep(GAP)
+                        times = workers[impl].window(args.repeats, args.min_seconds)
+                        results[(cell, shape, impl)].extend(times)
+                        passes[(cell, shape, impl)].append(times)
+                        progress(f"pass {p + 1} {name} {impl}: "
+                                 f"{statistics.median(times) * 1e3:.2f} ms")
     print(file=sys.stderr)
     best_gemm = max(gemm)
     print(f"\nGEMM rate ({args.dtype}, {args.threads} threads, NumPy): best {best_gemm:.1f} GFLOP/s")
