@@ -31,6 +31,15 @@ def test_worker_keeps_timing_for_min_seconds():
     assert sum(times) >= 0.3 * 0.9 or len(times) >= 2000
 
 
+def test_window_warms_up_untimed_first():
+    from rnngrad.bench.worker import window
+    calls = []
+    times = window(lambda: calls.append(1), 2, warmup_seconds=0.02)
+    assert len(times) == 2 and len(calls) > 2  # warm-up runs, then two timed
+    calls.clear()
+    assert len(window(lambda: calls.append(1), 2)) == 2 and len(calls) == 2  # no warm-up
+
+
 def test_worker_stays_alive_for_window_after_window():
     """One process answers every window (its pid is the same throughout), and exits when
     closed."""

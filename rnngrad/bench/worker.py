@@ -3,9 +3,10 @@
 The worker sets up the problem of the request and runs it once, then answers on stdout, one
 JSON line each: first ``{"first": seconds}`` (setup, loading or compiling kernels and the
 first run; ``"flops"`` too for "gemm"), then, for each line ``{"repeats": r, "min_seconds":
-s}`` read from stdin, ``{"times": [seconds, ...]}``: one timing window, at least ``repeats``
-runs, continued until ``min_seconds`` have passed, at most ``MAX_RUNS`` (sub-millisecond
-problems get enough runs for a stable median). It exits at the end of stdin. Between windows
+s, "warmup_seconds": w}`` read from stdin, ``{"times": [seconds, ...]}``: one timing window,
+untimed runs for ``w`` seconds (at least one), then at least ``repeats`` timed runs, continued
+until ``min_seconds`` have passed, at most ``MAX_RUNS`` (sub-millisecond problems get enough
+runs for a stable median). It exits at the end of stdin. Between windows
 it waits on stdin, idle, so that ``rnngrad bench`` keeps every implementation's process
 alive and lets them take turns within a fraction of a second of each other.
 
@@ -92,9 +93,15 @@ def _gemm(req):
     return lambda: a @ b
 
 
-def window(run, repeats, min_seconds=0.0):
+def window(run, repeats, min_seconds=0.0, warmup_seconds=0.0):
     """Times of ``run()``: at least ``repeats`` runs, more until ``min_seconds`` have passed
-    (at most ``MAX_RUNS``)."""
+    (at most ``MAX_RUNS``), after untimed runs for ``warmup_seconds`` (at least one when it is
+    positive)."""
+    if warmup_seconds > 0:
+        end = time.perf_counter() + warmup_seconds
+        run()
+        while time.perf_counter() < end:
+            run()
     times = []
     budget = time.perf_counter() + min_seconds
     while len(times) < repeats or (time.perf_counter() < budget and len(times) < MAX_RUNS):
@@ -117,8 +124,8 @@ def main(argv):
     print(json.dumps(ready), file=replies, flush=True)
     for line in sys.stdin:
         w = json.loads(line)
-        print(json.dumps({"times": window(run, w["repeats"], w.get("min_seconds", 0.0))}),
-              file=replies, flush=True)
+        times = window(run, w["repeats"], w.get("min_seconds", 0.0), w.get("warmup_seconds", 0.0))
+        print(json.dumps({"times": times}), file=replies, flush=True)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,9 @@ DEFAULT_SHAPES = ("100x32x256x256", "50x1x64x64", "200x64x512x512", "1000x8x128x
 CELL_NAMES = {"single_gate": "RNN", "gru": "GRU", "lstm": "LSTM"}
 GATES = {"single_gate": 1, "gru": 3, "lstm": 4}
 #: seconds between one worker's window and the next's, for the threads of the one that just
-#: ran to stop spinning and sleep
-GAP = 0.05
+#: ran to stop spinning and sleep: OpenBLAS's spin for about 0.1 s after a call (with 0.05 s,
+#: the window after the GEMM rate's ran its first 75–110 ms at half speed)
+GAP = 0.2
 #: timed runs of each GEMM-rate window
 GEMM_REPEATS = 5
 
@@ -53,6 +54,9 @@ def add_arguments(parser):
                         help="timed runs per pass, at least (default 3)")
     parser.add_argument("--min-seconds", type=float, default=0.25,
                         help="each pass keeps timing until this much time has passed (default 0.25)")
+    parser.add_argument("--warmup-seconds", type=float, default=0.1,
+                        help="each pass first runs untimed for this long, at least once, so "
+                             "that every implementation is timed warm (default 0.1)")
     parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
     parser.add_argument("--json", metavar="FILE", help="write all measurements as JSON")
     parser.add_argument("--plot", metavar="PNG", help="plot the ratios to PyTorch")
@@ -104,9 +108,11 @@ class Worker:
                                f"{self._stderr.read().strip()[-500:]}")
         return json.loads(line)
 
-    def window(self, repeats, min_seconds=0.0):
-        """The times of one timing window: at least ``repeats`` runs and ``min_seconds``."""
-        self._proc.stdin.write(json.dumps(dict(repeats=repeats, min_seconds=min_seconds)) + "\n")
+    def window(self, repeats, min_seconds=0.0, warmup_seconds=0.0):
+        """The times of one timing window: untimed runs for ``warmup_seconds`` (at least one
+        when positive), then at least ``repeats`` runs and ``min_seconds``."""
+        request = dict(repeats=repeats, min_seconds=min_seconds, warmup_seconds=warmup_seconds)
+        self._proc.stdin.write(json.dumps(request) + "\n")
         self._proc.stdin.flush()
         return self._reply()["times"]
 
@@ -176,7 +182,8 @@ def run(args) -> int:
                     progress(f"pass {p + 1} GEMM rate: {gemm[-1]:.1f} GFLOP/s")
                     for impl in impls if p % 2 == 0 else impls[::-1]:  # alternate who goes first
                         time.sleep(GAP)
-                        times = workers[impl].window(args.repeats, args.min_seconds)
+                        times = workers[impl].window(args.repeats, args.min_seconds,
+                                                     args.warmup_seconds)
                         results[(cell, shape, impl)].extend(times)
                         passes[(cell, shape, impl)].append(times)
                         progress(f"pass {p + 1} {name} {impl}: "
