@@ -96,7 +96,11 @@ class Worker:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "rnngrad.bench.worker", json.dumps(request)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env)
-        ready = self._reply()
+        try:
+            ready = self._reply()
+        except BaseException:
+            self.close()
+            raise
         self.first, self.flops = ready["first"], ready.get("flops")
 
     def _reply(self):
