@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from rnngrad.cli.bench import Worker, flops
+from rnngrad.cli.bench import Worker, flops, gemm_summary
 
 
 def _worker(**request):
@@ -64,6 +64,16 @@ def test_flops_count_the_six_products_of_a_training_step():
     for cell, G in per_step.items():
         forward = 2 * T * N * G * H * I + 2 * T * N * G * H * H
         assert flops(cell, T, N, I, H) == 3 * forward
+
+
+def test_gemm_summary_says_when_the_machine_drifted():
+    steady = gemm_summary([250.0, 240.0, 230.0], "float32", 2)
+    assert steady == ["GEMM rate (float32, 2 threads, NumPy): best 250.0 GFLOP/s, lowest 230.0 "
+                      "over 3 windows"]
+    drifted = gemm_summary([250.0, 120.0, 240.0], "float32", 2)
+    assert len(drifted) == 2 and "drifted" in drifted[1] and "48% of the best" in drifted[1]
+    assert gemm_summary([100.0], "float64", 1) == [
+        "GEMM rate (float64, 1 threads, NumPy): best 100.0 GFLOP/s"]
 
 
 def test_bench_cli_writes_a_consistent_table(tmp_path):

@@ -35,6 +35,8 @@ GATES = {"single_gate": 1, "gru": 3, "lstm": 4}
 GAP = 0.2
 #: timed runs of each GEMM-rate window
 GEMM_REPEATS = 5
+#: a GEMM-rate window below this fraction of the best one: the machine's speed drifted
+DRIFT = 0.8
 
 
 def add_arguments(parser):
@@ -66,6 +68,19 @@ def flops(cell, T, N, I, H):
     """Forward + gradients: projection, recurrence (forward and backward), dW, dsource, dR."""
     G = GATES[cell]
     return 2.0 * T * N * G * H * (I + H) * 3
+
+
+def gemm_summary(rates, dtype, threads) -> list:
+    """Lines on the GEMM rates (GFLOP/s) of the run's GEMM-rate windows: the best, the lowest,
+    and whether the machine's speed drifted (the lowest below ``DRIFT`` of the best)."""
+    best, lowest = max(rates), min(rates)
+    lines = [f"GEMM rate ({dtype}, {threads} threads, NumPy): best {best:.1f} GFLOP/s"
+             + (f", lowest {lowest:.1f} over {len(rates)} windows" if len(rates) > 1 else "")]
+    if lowest < DRIFT * best:
+        lines.append(f"this machine's speed drifted during the run (lowest GEMM rate "
+                     f"{lowest / best:.0%} of the best): trust the paired ratios over the "
+                     "medians, and their ranges say how far")
+    return lines
 
 
 def pass_ratios(mine, theirs):
@@ -194,7 +209,8 @@ def run(args) -> int:
                                  f"{statistics.median(times) * 1e3:.2f} ms")
     print(file=sys.stderr)
     best_gemm = max(gemm)
-    print(f"\nGEMM rate ({args.dtype}, {args.threads} threads, NumPy): best {best_gemm:.1f} GFLOP/s")
+    print()
+    print("\n".join(gemm_summary(gemm, args.dtype, args.threads)))
     print("floor: the ratio to PyTorch an implementation would reach running every FLOP at the best GEMM rate")
     header = (f"{'cell':5} {'T×N×I×H':>16} {'impl':>10} {'median ms':>10} {'µs/step':>9} {'GFLOP/s':>8} "
               f"{'%GEMM':>6} {'vs torch':>9} {'paired':>7} {'per pass':>11} {'floor':>6} {'first s':>8}")
