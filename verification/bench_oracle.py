@@ -13,7 +13,6 @@ import os
 import pstats
 import statistics
 import sys
-import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
@@ -21,19 +20,14 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "2")
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from rnngrad.bench.worker import _rnngrad, _torch  # noqa: E402
+from rnngrad.bench.worker import _rnngrad, _torch, window  # noqa: E402
 
 T, N, I, H = 100, 32, 256, 256
 
 
 def median_time(run, repeats=3):
-    run()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    run()  # untimed first call
+    return statistics.median(window(run, repeats))
 
 
 def main():
