@@ -1,7 +1,7 @@
 // common.metal: the shared header of rnngrad's Metal kernels.
 //
 // metalcompute compiles one source string and local #include does not work, so the host
-// (rnngrad/metal/library.py) concatenates this file in front of every kernel file. It holds no
+// (rnngrad/backends/metal/library.py) concatenates this file in front of every kernel file. It holds no
 // kernel: the parameter structs, the five MPSGraph activations and their derivatives, and the
 // index helpers every recurrence kernel shares.
 //
@@ -23,7 +23,7 @@
 #include <metal_stdlib>
 using namespace metal;
 
-// Scalars of every recurrence kernel, one buffer; mirrored by rnngrad.metal.library.RECURRENCE_PARAMS.
+// Scalars of every recurrence kernel, one buffer; mirrored by rnngrad.backends.metal.library.RECURRENCE_PARAMS.
 // All fields are 4-byte uints, in this order.
 struct RecurrenceParams {
     uint count;            // threads the host dispatched, D·N·H (the grid before padding)
@@ -51,7 +51,7 @@ struct RecurrenceParams {
     uint gate3;
 };
 
-// Scalars of strided_gemm; mirrored by rnngrad.metal.library.GEMM_PARAMS.
+// Scalars of strided_gemm; mirrored by rnngrad.backends.metal.library.GEMM_PARAMS.
 // C[b,i,j] = Σ_k A[b·a_batch + i·a_row + k·a_k] · B[b·b_batch + k·b_k + j·b_col + (i / block)·b_block]
 //            (+ bias[j] when has_bias); C is contiguous [batch, M, P].
 struct GemmParams {

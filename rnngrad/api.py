@@ -6,9 +6,45 @@ and returns NumPy arrays of the inputs' dtype.
 
 from __future__ import annotations
 
+import numpy as np
+
 from . import registry
 from .results import ForwardResult, GradientResult
 from .validation import forward_problem, gradient_problem
+
+#: each cell's forward op; its gradient op is the same name + "_gradients"
+FORWARD_OPS = {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}
+#: op name -> (cell, gradients)
+OPS = {
+    "single_gate_rnn": ("single_gate", False),
+    "single_gate_rnn_gradients": ("single_gate", True),
+    "gru": ("gru", False),
+    "gru_gradients": ("gru", True),
+    "lstm": ("lstm", False),
+    "lstm_gradients": ("lstm", True),
+}
+
+
+def op_info(op: str) -> tuple:
+    """(cell, gradients) of an op name such as ``"lstm_gradients"``."""
+    if op not in OPS:
+        raise ValueError(f"op: expected one of {tuple(OPS)}, got {op!r}")
+    return OPS[op]
+
+
+def op_name(cell: str, gradients: bool) -> str:
+    """The rnngrad function name of a cell's forward or gradient op."""
+    return FORWARD_OPS[cell] + ("_gradients" if gradients else "")
+
+
+def final(seq, D, H):
+    """Each direction's state after its last processing step, [N,D·H]."""
+    if seq.shape[0] == 0:
+        return np.zeros(seq.shape[1:])
+    if D == 1:
+        return seq[-1]
+    return np.concatenate([seq[-1, :, :H], seq[0, :, H:]], axis=-1)
+
 
 # MPSGraph's gradient orders (contract 3.2); MPSGraph's forward order is h, c, z_state.
 _GRADIENT_ORDER = {

@@ -42,12 +42,12 @@ class _Spec:
 
 # In order of preference for backend=None.
 _SPECS = (
-    _Spec("metal", "rnngrad.metal.backend", "BACKEND", True,
+    _Spec("metal", "rnngrad.backends.metal.host", "BACKEND", True,
           "needs macOS on Apple silicon with metalcompute (pip install 'rnngrad[fast]')"),
-    _Spec("numba", "rnngrad.numba_backend", "BACKEND", True,
+    _Spec("numba", "rnngrad.backends.numba", "BACKEND", True,
           "needs numba (pip install 'rnngrad[fast]')"),
-    _Spec("reference", "rnngrad.reference", "BACKEND", True, ""),
-    _Spec("metal-emulated", "rnngrad.metal.backend", "EMULATED_BACKEND", False,
+    _Spec("reference", "rnngrad.backends.reference", "BACKEND", True, ""),
+    _Spec("metal-emulated", "rnngrad.backends.metal.host", "EMULATED_BACKEND", False,
           "needs a C++ compiler (apt-get install g++)"),
 )
 

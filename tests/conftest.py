@@ -18,9 +18,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 
 def pytest_sessionstart(session):
     """On first use, compile the numba backend's kernels in parallel processes before the tests
-    call them one by one (``rnngrad.numba_backend.warmup``): about half the time on two cores."""
+    call them one by one (``rnngrad.backends.numba.warmup``): about half the time on two cores."""
     try:
-        from rnngrad.numba_backend.warmup import compile_kernels
+        from rnngrad.backends.numba.warmup import compile_kernels
     except ImportError:  # numba not installed: its tests skip
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -32,7 +32,7 @@ def numba_cache_home(tmp_path, monkeypatch):
     """The numba backend's kernel cache folder worked out anew under ``XDG_CACHE_HOME =
     tmp_path`` (a test may point it elsewhere), with ``NUMBA_CACHE_DIR`` unset; yields the
     backend module. Afterwards the folder is worked out anew from the real environment."""
-    nb = pytest.importorskip("rnngrad.numba_backend")
+    nb = pytest.importorskip("rnngrad.backends.numba")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(nb.numba.config, "CACHE_DIR", "")
     nb.kernel_cache_dir.cache_clear()

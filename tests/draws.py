@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from rnngrad import Activation
-from rnngrad.cases import random_case
+from rnngrad.testing.cases import random_case
 from rnngrad.descriptors import GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 
 OPTIONAL = ("input_weight", "bias", "init_state", "init_cell", "mask", "mask_per_step", "peephole",

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import rnngrad as rg
-from rnngrad.cases import random_case
+from rnngrad.testing.cases import random_case
 from rnngrad.testing import compare_array
 
 CELLS = ("single_gate", "gru", "lstm")
@@ -230,14 +230,14 @@ def test_nan_in_one_batch_row_stays_in_that_row(cell):
 
 @pytest.mark.parametrize("kind", list(rg.Activation))
 def test_activations_never_turn_nan_into_a_number(kind):
-    from rnngrad.reference.activations import activate, derivative
+    from rnngrad.backends.reference.activations import activate, derivative
 
     x = np.array([np.nan, -np.inf, -3.0, 0.0, 3.0, np.inf])
     assert np.isnan(activate(kind, x)[0]) and np.isnan(derivative(kind, x)[0])
 
 
 def test_hard_sigmoid_constants():
-    from rnngrad.reference.activations import activate, derivative
+    from rnngrad.backends.reference.activations import activate, derivative
 
     x = np.array([-3.0, -2.5, -1.0, 0.0, 1.0, 2.5, 3.0])
     assert np.allclose(activate(rg.Activation.HARD_SIGMOID, x), np.clip(0.2 * x + 0.5, 0, 1))
@@ -245,7 +245,7 @@ def test_hard_sigmoid_constants():
 
 
 def test_sigmoid_does_not_overflow():
-    from rnngrad.reference.activations import sigmoid
+    from rnngrad.backends.reference.activations import sigmoid
 
     with np.errstate(over="raise"):
         s = sigmoid(np.array([-1000.0, 0.0, 1000.0]))
@@ -254,8 +254,27 @@ def test_sigmoid_does_not_overflow():
 
 @pytest.mark.parametrize("kind", list(rg.Activation))
 def test_derivative_from_the_output_equals_derivative_from_the_input(kind):
-    from rnngrad.reference.activations import activate, derivative
+    from rnngrad.backends.reference.activations import activate, derivative
 
     x = np.linspace(-6, 6, 101)
     _, mismatch = compare_array("state", derivative(kind, x, activate(kind, x)), derivative(kind, x), np.float64)
     assert mismatch is None, str(mismatch)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_nonfinite_inputs_propagate_without_warnings(cell, value):
+    """NaN and Inf propagate by definition (contract section 4): the reference says nothing."""
+    import warnings
+
+    case = random_case(3, cell, T=3, N=2, I=2, H=3, optional=dict(ALL, cell_gradient=True))
+    case = dataclasses.replace(case, descriptor=dataclasses.replace(case.descriptor, training=True))
+    source = case.inputs["source"].copy()
+    source[1, 0, :] = value
+    poisoned = dataclasses.replace(case, inputs=dict(case.inputs, source=source))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = poisoned.forward(backend="reference")
+        grads = poisoned.gradients("reference")
+    assert not np.isfinite(out.state[:, 0]).all() and np.isfinite(out.state[:, 1]).all()
+    assert np.isfinite(grads.source[:, 1]).all()

@@ -9,7 +9,7 @@ import pytest
 from rnngrad import registry
 from rnngrad.cli import main
 from rnngrad.problem import ForwardArrays
-from rnngrad.reference import BACKEND as REFERENCE
+from rnngrad.backends.reference import BACKEND as REFERENCE
 
 
 def test_info_lists_every_backend_and_why(capsys):
@@ -28,7 +28,7 @@ def test_info_says_where_numba_kernels_are_cached(capsys, tmp_path, numba_cache_
 
 
 def test_info_says_which_kernels_are_compiled_ahead(capsys, numba_cache_home):
-    from rnngrad.numba_backend import warmup
+    from rnngrad.backends.numba import warmup
 
     assert main(["info"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if "compiled ahead" in x)
@@ -66,7 +66,7 @@ def broken_backend(monkeypatch):
     implementations = dict(REFERENCE.implementations)
     implementations[("lstm", "forward")] = forward
     broken = registry.Backend("broken", REFERENCE.dtypes, implementations)
-    spec = registry._Spec("broken", "rnngrad.reference", "BACKEND", False, "")
+    spec = registry._Spec("broken", "rnngrad.backends.reference", "BACKEND", False, "")
     monkeypatch.setattr(registry, "_SPECS", registry._SPECS + (spec,))
     monkeypatch.setitem(registry._loaded, "broken", (broken, None))
     return "broken"

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from rnngrad import registry
-from rnngrad.cases import CELLS, random_case, random_descriptor
+from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 from rnngrad.descriptors import Activation
-from rnngrad.metal import library
-from rnngrad.metal.backend import EMULATED_BACKEND, emulated_device
+from rnngrad.backends.metal import library
+from rnngrad.backends.metal.host import EMULATED_BACKEND, emulated_device
 from rnngrad.testing import check_case
 
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,

@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 
 import rnngrad as rg
 from draws import cases
-from rnngrad.cases import Case, random_case
+from rnngrad.testing.cases import Case, random_case
 from rnngrad.results import GradientResult
 from rnngrad.testing import compare_results
 

@@ -1,11 +1,11 @@
 """The mutation study in the default suite: check_backend, with its default settings, catches
-every planted fault of rnngrad.mutants and passes the unmodified reference.
+every planted fault of rnngrad.testing.mutants and passes the unmodified reference.
 (verification/mutations.py prints the table with timings and the fuzz-only column.)"""
 
 import pytest
 
-from rnngrad.mutants import FAULT_LIST, FAULTS
-from rnngrad.strategies import OPS
+from rnngrad.testing.mutants import FAULT_LIST, FAULTS
+from rnngrad.testing.strategies import OPS
 from rnngrad.testing import ReferenceMismatch, check_backend
 
 

@@ -11,7 +11,7 @@ pytest.importorskip("numba")
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 import rnngrad as rg  # noqa: E402
-from rnngrad.cases import CELLS, random_case  # noqa: E402
+from rnngrad.testing.cases import CELLS, random_case  # noqa: E402
 from rnngrad.testing import check_case  # noqa: E402
 
 DTYPES = (np.float32, np.float64)

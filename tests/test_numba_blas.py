@@ -1,4 +1,4 @@
-"""The numba kernels' GEMM entry points (``rnngrad/numba_backend/blas.py``), against float64
+"""The numba kernels' GEMM entry points (``rnngrad/backends/numba/blas.py``), against float64
 NumPy products, with MKL where it is installed and with the OpenBLAS fallback (in a fresh
 process, ``RNNGRAD_BLAS=openblas``)."""
 
@@ -13,8 +13,8 @@ import pytest
 pytest.importorskip("numba")
 import numba  # noqa: E402
 
-from rnngrad.numba_backend import blas  # noqa: E402
-from rnngrad.numba_backend.common import dot  # noqa: E402
+from rnngrad.backends.numba import blas  # noqa: E402
+from rnngrad.backends.numba.common import dot  # noqa: E402
 
 DTYPES = (np.float32, np.float64)
 
@@ -102,8 +102,8 @@ def test_the_library_in_use_is_reported():
 
 _FALLBACK = r"""
 import json, numpy as np
-from rnngrad.numba_backend import blas
-from rnngrad.cases import random_case
+from rnngrad.backends.numba import blas
+from rnngrad.testing.cases import random_case
 from rnngrad.testing import check_case
 worst = {}
 for cell in ("single_gate", "gru", "lstm"):

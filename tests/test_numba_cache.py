@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-import rnngrad.numba_backend as nb  # noqa: E402
+import rnngrad.backends.numba as nb  # noqa: E402
 from numba.core import caching  # noqa: E402
 
 PACKAGE = Path(nb.__file__).resolve().parent
@@ -23,8 +23,8 @@ PACKAGE = Path(nb.__file__).resolve().parent
 # compiles one small cached kernel in a fresh process and prints the folder it was cached in
 COMPILE_ONE = """
 import numpy as np
-import rnngrad.numba_backend as nb
-from rnngrad.numba_backend import activations as a
+import rnngrad.backends.numba as nb
+from rnngrad.backends.numba import activations as a
 a.activate(a.TANH, np.zeros(3), np.empty(3))
 print(nb.kernel_cache_dir())
 """
@@ -99,7 +99,7 @@ def test_sources_stamp_follows_every_compiled_source_file(tmp_path):
 
 
 def _locate_activate():
-    from rnngrad.numba_backend import activations
+    from rnngrad.backends.numba import activations
     py_func = activations.activate.py_func
     return nb.KernelCacheLocator.from_function(py_func, inspect.getfile(py_func))
 
@@ -167,10 +167,10 @@ def test_saves_of_two_signatures_at_once_keep_each_its_own_code(tmp_path):
 LIST_CACHE_FILES = """
 import sys
 from numba.core import caching
-import rnngrad.numba_backend as nb
+import rnngrad.backends.numba as nb
 kinds = {}
 for name, module in list(sys.modules.items()):
-    if name.startswith("rnngrad.numba_backend"):
+    if name.startswith("rnngrad.backends.numba"):
         for attr, obj in vars(module).items():
             cache = getattr(obj, "_cache", None)
             if isinstance(cache, caching.FunctionCache):
@@ -184,13 +184,13 @@ print(kinds)
 def test_every_cached_kernel_saves_and_loads_under_the_lock(tmp_path):
     done = _run_fresh(tmp_path, LIST_CACHE_FILES)
     kinds = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 (our own printed dict)
-    assert {"rnngrad.numba_backend.lstm.forward", "rnngrad.numba_backend.gru.gradient_op",
-            "rnngrad.numba_backend.activations.activate"} <= set(kinds), sorted(kinds)
+    assert {"rnngrad.backends.numba.lstm.forward", "rnngrad.backends.numba.gru.gradient_op",
+            "rnngrad.backends.numba.activations.activate"} <= set(kinds), sorted(kinds)
     assert set(kinds.values()) == {"LockedCacheFile"}, kinds
 
 
 WARM_UP = """
-from rnngrad.numba_backend.warmup import compile_kernels, missing
+from rnngrad.backends.numba.warmup import compile_kernels, missing
 print(missing(cells=("single_gate",)))
 compile_kernels(cells=("single_gate",), processes=2)
 print(missing(cells=("single_gate",)))
@@ -198,7 +198,7 @@ print(missing(cells=("single_gate",)))
 
 # a new process's first calls, and whether each op was compiled or loaded from the cache
 FIRST_CALLS = """
-from rnngrad.numba_backend import single_gate, warmup
+from rnngrad.backends.numba import single_gate, warmup
 for dtype in ("float32", "float64"):
     warmup.run_task("single_gate", dtype)
 print({op.py_func.__name__: (sum(op.stats.cache_hits.values()), sum(op.stats.cache_misses.values()))
@@ -220,7 +220,7 @@ def test_kernels_compiled_by_the_workers_load_in_a_new_process(tmp_path):
 
 def test_nothing_is_compiled_ahead_with_numba_cache_dir_or_one_process(tmp_path, monkeypatch,
                                                                        numba_cache_home):
-    from rnngrad.numba_backend import warmup
+    from rnngrad.backends.numba import warmup
 
     assert warmup.missing(("float32",)) == [(c, "float32") for c in warmup.CELLS]
     assert warmup.compile_kernels(("float32",), processes=1) == 0.0
@@ -237,7 +237,7 @@ def test_nothing_is_compiled_ahead_with_numba_cache_dir_or_one_process(tmp_path,
 
 
 def test_no_worker_processes_leaves_the_kernels_to_first_use(monkeypatch, numba_cache_home):
-    from rnngrad.numba_backend import warmup
+    from rnngrad.backends.numba import warmup
 
     def refuse(*args, **kwargs):
         raise OSError(38, "Function not implemented")

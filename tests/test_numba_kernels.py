@@ -11,12 +11,12 @@ pytest.importorskip("numba")
 
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from rnngrad.cases import CELLS, random_case  # noqa: E402
+from rnngrad.testing.cases import CELLS, random_case  # noqa: E402
 from rnngrad.descriptors import DESCRIPTORS, Activation  # noqa: E402
-from rnngrad.reference import activations as ref  # noqa: E402
+from rnngrad.backends.reference import activations as ref  # noqa: E402
 from rnngrad.testing import TOLERANCES, check_case  # noqa: E402
 from rnngrad import validation  # noqa: E402
-from rnngrad.numba_backend import (activations as act, blas, common, driver, gemm, gru, lstm,  # noqa: E402
+from rnngrad.backends.numba import (activations as act, blas, common, driver, gemm, gru, lstm,  # noqa: E402
                                    overlap, single_gate)
 
 DTYPES = (np.float32, np.float64)

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("numba")
 
 REPO = Path(__file__).resolve().parent.parent
-COMPILE_ONE = ("import numpy as np; from rnngrad.numba_backend import activations as a; "
+COMPILE_ONE = ("import numpy as np; from rnngrad.backends.numba import activations as a; "
                "a.activate(a.TANH, np.zeros(3), np.empty(3))")
 
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from draws import cases
-from rnngrad.cases import random_case
-from rnngrad.gradcheck import TOLERANCE, directional_check, elementwise_check
+from rnngrad.testing.cases import random_case
+from rnngrad.testing.gradcheck import TOLERANCE, directional_check, elementwise_check
 
 
 @given(case=cases(), direction=st.integers(0, 2**32 - 1))
@@ -27,7 +27,7 @@ def test_every_element_matches_finite_differences(case):
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 def test_every_optional_input_at_once(cell, direction):
     """All optional inputs present, in each direction mode, element by element."""
-    from rnngrad.cases import random_descriptor
+    from rnngrad.testing.cases import random_descriptor
 
     descriptor = random_descriptor(np.random.default_rng(3), cell, reverse=direction == "reverse",
                                    bidirectional=direction == "bidirectional")

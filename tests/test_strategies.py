@@ -1,14 +1,14 @@
-"""rnngrad.strategies: drawn problems are valid, cover the options, shrink, and reproduce."""
+"""rnngrad.testing.strategies: drawn problems are valid, cover the options, shrink, and reproduce."""
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 
 import rnngrad as rg
-import rnngrad.strategies as rs
-from rnngrad.cases import Case
-from rnngrad.gradcheck import TOLERANCE, directional_check
-from rnngrad.strategies import OPS
+import rnngrad.testing.strategies as rs
+from rnngrad.testing.cases import Case
+from rnngrad.testing.gradcheck import TOLERANCE, directional_check
+from rnngrad.testing.strategies import OPS
 from rnngrad.testing import case_source
 
 FAST = settings(max_examples=25, deadline=None, database=None,
@@ -52,7 +52,7 @@ def _values(case):
 def test_case_source_is_a_runnable_reproduction(case):
     namespace = {}
     exec("import numpy as np\nimport rnngrad as rg\nfrom numpy import nan, inf\n"
-         "from rnngrad.cases import Case\n", namespace)
+         "from rnngrad.testing.cases import Case\n", namespace)
     rebuilt = eval(case_source(case), namespace)
     assert rebuilt.descriptor == case.descriptor
     got, want = _values(rebuilt), _values(case)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import rnngrad as rg
-from rnngrad.cases import random_case
-from rnngrad.strategies import OPS
+from rnngrad.testing.cases import random_case
+from rnngrad.testing.strategies import OPS
 from rnngrad.testing import (TOLERANCES, ReferenceMismatch, assert_matches_reference, check_backend,
                              check_case, compare_array, tolerance)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import rnngrad as rg
-from rnngrad.cases import random_case
+from rnngrad.testing.cases import random_case
 
 CELLS = ("single_gate", "gru", "lstm")
 EVERYTHING = {k: True for k in ("input_weight", "bias", "init_state", "init_cell", "mask",

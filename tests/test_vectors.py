@@ -11,11 +11,11 @@ import pytest
 import rnngrad as rg
 from rnngrad.cli import main
 from rnngrad.descriptors import DESCRIPTORS, Activation
-from rnngrad.gradcheck import TOLERANCE, directional_check
-from rnngrad.mutants import FAULTS
-from rnngrad.strategies import REGRESSIONS
+from rnngrad.testing.gradcheck import TOLERANCE, directional_check
+from rnngrad.testing.mutants import FAULTS
+from rnngrad.testing.strategies import REGRESSIONS
 from rnngrad.testing import ReferenceMismatch, check_vectors, load_vectors
-from rnngrad.vectors import CAMEL
+from rnngrad.testing.vectors import CAMEL
 
 ALLOWED = set(CAMEL.values()) | {"zState", "outputFwd", "cellOutputFwd"}
 

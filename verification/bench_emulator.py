@@ -1,4 +1,4 @@
-"""Throughput of the CPU Metal harness (rnngrad.metal.emulator), in GPU threads per second.
+"""Throughput of the CPU Metal harness (rnngrad.backends.metal.harness.cpu), in GPU threads per second.
 
 Each kernel is checked against NumPy before it is timed. Targets: barrier-free kernels at tens
 of millions of GPU threads per second (plain-loop path); kernels with 8 barriers per thread at
@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from rnngrad.metal import emulator as metalcompute
+from rnngrad.backends.metal.harness import cpu as metalcompute
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 

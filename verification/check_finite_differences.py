@@ -7,8 +7,8 @@ each cell, every combination of the structural options (``reverse``, ``bidirecti
 activation value of every activation field appearing in some case, every optional input
 present, the mask alternating between its every-step and per-step forms and the LSTM cell
 gradient between its final and per-step forms. Each case is checked along random directions
-through every differentiable input at once (``rnngrad.gradcheck.directional_check``, the better
-of two steps, see ``rnngrad.gradcheck.STEPS``) and, for the first case of each cell, element by element.
+through every differentiable input at once (``rnngrad.testing.gradcheck.directional_check``, the better
+of two steps, see ``rnngrad.testing.gradcheck.STEPS``) and, for the first case of each cell, element by element.
 
     python -m verification.check_finite_differences
 """
@@ -22,7 +22,7 @@ import sys
 import numpy as np
 
 from rnngrad import gradcheck
-from rnngrad.cases import random_case
+from rnngrad.testing.cases import random_case
 from rnngrad.descriptors import Activation, GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 from verification.common import FINITE_DIFFERENCE_TOLERANCE, Comparison, Tally, progress, report
 

@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from rnngrad.cases import Case, random_case
+from rnngrad.testing.cases import Case, random_case
 from rnngrad.descriptors import Activation, GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 from rnngrad.results import ForwardResult, GradientResult
 from verification.common import (CONFIRMED, NEITHER, REFUTED, Comparison, Row, Tally, compare,

@@ -16,8 +16,8 @@ from typing import Optional
 
 import numpy as np
 
-from rnngrad.cases import Case
-from rnngrad.gradcheck import TOLERANCE as FINITE_DIFFERENCE_TOLERANCE  # noqa: F401 (re-exported)
+from rnngrad.testing.cases import Case
+from rnngrad.testing.gradcheck import TOLERANCE as FINITE_DIFFERENCE_TOLERANCE  # noqa: F401 (re-exported)
 from rnngrad.testing import compare_array, tolerance
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"

@@ -1,6 +1,6 @@
 """The mutation study: does ``rnngrad.testing.check_backend`` catch real bugs?
 
-Every planted fault of :mod:`rnngrad.mutants` (a copy of the reference with one realistic bug)
+Every planted fault of :mod:`rnngrad.testing.mutants` (a copy of the reference with one realistic bug)
 goes through ``check_backend`` with its default settings, on the forward op of the fault's cell
 and then on its gradient op (fed by the faulty forward, as a real backend's would be). A fault is
 caught when either check raises. The unmodified reference must pass every op.
@@ -21,8 +21,8 @@ import argparse
 import sys
 import time
 
-from rnngrad.mutants import FAULT_LIST, FAULTS
-from rnngrad.strategies import OPS
+from rnngrad.testing.mutants import FAULT_LIST, FAULTS
+from rnngrad.testing.strategies import OPS
 from rnngrad.testing import ReferenceMismatch, check_backend
 
 

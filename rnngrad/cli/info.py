@@ -35,14 +35,14 @@ def run(args) -> int:
         print()
         print("BLAS and CPU:")
         try:
-            from ..numba_backend import blas as numba_blas
+            from ..backends.numba import blas as numba_blas
         except ImportError:  # numba is not installed
             numba_blas = None
         if numba_blas is not None:
-            from .. import numba_backend
+            from ..backends import numba as numba_backend
 
             print(f"  numba backend GEMMs: {numba_blas.library()}")
-            from ..numba_backend import warmup
+            from ..backends.numba import warmup
 
             print(f"  numba kernel cache: {numba_backend.cache_location()}")
             if warmup.folder() is not None:  # rnngrad's folder, not NUMBA_CACHE_DIR or numba's own

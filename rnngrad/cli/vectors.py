@@ -1,6 +1,6 @@
 """``rnngrad export-vectors DIR``: write golden test vectors for implementations outside Python.
 
-Writes ``DIR/manifest.json`` and one ``.npz`` per case (see :mod:`rnngrad.vectors` for the
+Writes ``DIR/manifest.json`` and one ``.npz`` per case (see :mod:`rnngrad.testing.vectors` for the
 names, layouts and tolerances). ``--suite core`` is small enough to vendor into another
 repository; ``--suite full`` adds boundary sizes, saturating values and NaN/Inf rows.
 """
@@ -25,7 +25,7 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
-    from ..vectors import export_vectors
+    from ..testing.vectors import export_vectors
 
     if os.path.isdir(args.directory) and os.listdir(args.directory) and not args.force:
         print(f"export-vectors: DIR: expected an empty or new directory, got {args.directory!r} "

@@ -56,7 +56,7 @@ class _Progress:
 
 
 def _draw(rng, cell, index, dtype):
-    from ..cases import random_case
+    from ..testing.cases import random_case
 
     if index % 6 == 5:  # boundary sizes around the SIMD width
         return random_case(rng, cell, T=int(rng.integers(1, 4)), N=int(rng.choice(_BOUNDARY)),
@@ -65,8 +65,8 @@ def _draw(rng, cell, index, dtype):
 
 
 def _reference_rows(args, progress):
-    from ..cases import CELLS, random_case
-    from ..gradcheck import TOLERANCE, directional_check, elementwise_check
+    from ..testing.cases import CELLS, random_case
+    from ..testing.gradcheck import TOLERANCE, directional_check, elementwise_check
 
     rows = []
     for cell in CELLS:
@@ -96,8 +96,8 @@ def _reference_rows(args, progress):
 
 def _backend_rows(name, args, progress):
     from .. import registry
-    from ..cases import CELLS
-    from ..testing import check_case
+    from ..testing.cases import CELLS
+    from ..testing.check import check_case
 
     backend = registry.get(name)
     rows = []
@@ -160,7 +160,7 @@ def run(args) -> int:
     print(f"rnngrad verify: reference{' (skipped)' if args.skip_reference else ''}"
           f"{', ' + ', '.join(names) if names else ''}; {args.examples} problems per row, seed {args.seed}")
     if "numba" in names:  # first use: compile its kernels in parallel processes
-        from ..numba_backend.warmup import compile_kernels
+        from ..backends.numba.warmup import compile_kernels
         compile_kernels([d.name for d in registry.get("numba").dtypes])
     progress = _Progress(total)
     rows = []
@@ -178,7 +178,7 @@ def run(args) -> int:
     for backend, cell, what, dtype, _, _, _, (detail, case) in failures:
         print(f"\nFAIL {backend} {cell} {what} {dtype}: {detail}")
         if case is not None:
-            print("reproduce with (import numpy as np, rnngrad as rg; from rnngrad.cases import Case):")
+            print("reproduce with (import numpy as np, rnngrad as rg; from rnngrad.testing.cases import Case):")
             print(repr(case))
     print(f"\n{len(rows) - len(failures)} passed, {len(failures)} failed  ({time.time() - start:.1f}s)")
     return 1 if failures else 0

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from .. import api
-from ..cases import FORWARD_OPS, final
+from ..api import FORWARD_OPS, final
 
 
 def to_numpy(value, name, ndim=None):

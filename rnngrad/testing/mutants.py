@@ -7,7 +7,7 @@ shows up, e.g. in forward and backward), executed as a private copy of the modul
 in how results are assembled; :meth:`Fault.function` gives a callable with the signature of a
 public rnngrad function::
 
-    from rnngrad.mutants import FAULTS
+    from rnngrad.testing.mutants import FAULTS
     from rnngrad.testing import check_backend
     fault = FAULTS["flip_z_inverted"]
     check_backend(fault.function("gru"), "gru")          # raises ReferenceMismatch
@@ -27,7 +27,7 @@ import numpy as np
 from .. import api, validation
 from ..problem import ForwardArrays, GradientArrays
 from ..results import GradientResult
-from ..strategies import op_info, op_name
+from .cases import op_info, op_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,19 +64,19 @@ class Fault:
 
 
 def _copy(module, edits, fault, activations=None):
-    """A private copy of ``rnngrad.reference.<module>`` with ``edits`` applied to its source."""
-    source = inspect.getsource(importlib.import_module(f"rnngrad.reference.{module}"))
+    """A private copy of ``rnngrad.backends.reference.<module>`` with ``edits`` applied to its source."""
+    source = inspect.getsource(importlib.import_module(f"rnngrad.backends.reference.{module}"))
     for old, new in edits:
         found = source.count(old)
         if found != 1:
             raise RuntimeError(f"fault {fault}: expected the text to replace once in "
-                               f"rnngrad/reference/{module}.py, found it {found} times: {old!r}")
+                               f"rnngrad/backends/reference/{module}.py, found it {found} times: {old!r}")
         source = source.replace(old, new)
-    copy = types.ModuleType(f"rnngrad.mutants.{fault}.{module}")
-    copy.__package__ = "rnngrad.reference"  # its relative imports resolve to the reference
+    copy = types.ModuleType(f"rnngrad.testing.mutants.{fault}.{module}")
+    copy.__package__ = "rnngrad.backends.reference"  # its relative imports resolve to the reference
     # dataclasses look their class's module up by name; the reference module stands in for it.
-    copy.__name__ = f"rnngrad.reference.{module}"
-    exec(compile(source, f"<{fault}: rnngrad/reference/{module}.py>", "exec"), copy.__dict__)
+    copy.__name__ = f"rnngrad.backends.reference.{module}"
+    exec(compile(source, f"<{fault}: rnngrad/backends/reference/{module}.py>", "exec"), copy.__dict__)
     if activations is not None:
         copy.activate, copy.derivative = activations.activate, activations.derivative
     return copy
@@ -126,7 +126,7 @@ def _public(op, implementation, assembly, fault):
         return GradientResult(entries)
 
     call.__name__ = call.__qualname__ = f"{op}_with_{fault}"
-    call.__module__ = "rnngrad.mutants"
+    call.__module__ = "rnngrad.testing.mutants"
     return call
 
 

@@ -8,8 +8,8 @@ the wrapper shared by all three (projection, reverse, bidirectional, source/weig
 
 import numpy as np
 
-from ..problem import ForwardArrays, GradientArrays
-from ..registry import Backend
+from ...problem import ForwardArrays, GradientArrays
+from ...registry import Backend
 from . import directions, gru, lstm, single_gate
 
 _CELLS = {"single_gate": single_gate, "gru": gru, "lstm": lstm}
@@ -19,9 +19,16 @@ def _cast(a, dtype):
     return None if a is None else np.asarray(a, dtype=dtype)
 
 
+# A NaN or Inf in the inputs propagates by definition (contract section 4): NumPy's "invalid
+# value" warnings (inf − inf, 0 · inf, in products and matmuls) report exactly that, so they are
+# silenced; the values are unchanged.
+_NONFINITE_IS_DEFINED = dict(invalid="ignore", over="ignore")
+
+
 def forward(problem) -> ForwardArrays:
     cell = _CELLS[problem.cell]
-    h, c, z = directions.forward(problem, cell.core_forward)
+    with np.errstate(**_NONFINITE_IS_DEFINED):
+        h, c, z = directions.forward(problem, cell.core_forward)
     dtype, desc = problem.dtype, problem.descriptor
     keep_c = problem.cell == "lstm" and (desc.training or desc.produce_cell)
     return ForwardArrays(
@@ -32,7 +39,8 @@ def forward(problem) -> ForwardArrays:
 
 
 def gradients(problem) -> GradientArrays:
-    grads = directions.gradients(problem, _CELLS[problem.cell].core_backward)
+    with np.errstate(**_NONFINITE_IS_DEFINED):
+        grads = directions.gradients(problem, _CELLS[problem.cell].core_backward)
     return GradientArrays(**{k: _cast(v, problem.dtype) for k, v in grads.items()})
 
 

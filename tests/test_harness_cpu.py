@@ -1,4 +1,4 @@
-"""The CPU Metal harness (rnngrad.metal.emulator): metalcompute's API, exact dispatch, defects.
+"""The CPU Metal harness (rnngrad.backends.metal.harness.cpu): metalcompute's API, exact dispatch, defects.
 
 Correct kernels are compared with NumPy; each deliberately broken kernel must be caught.
 """
@@ -12,8 +12,8 @@ from array import array
 import numpy as np
 import pytest
 
-from rnngrad.metal import emulator as metalcompute
-from rnngrad.metal.emulator import _loader
+from rnngrad.backends.metal.harness import cpu as metalcompute
+from rnngrad.backends.metal.harness.cpu import _loader
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 RNG = np.random.default_rng(20240611)

@@ -7,7 +7,7 @@ NaN is never turned into a number on the way back (contract section 4).
 
 import numpy as np
 
-from ..descriptors import Activation
+from ...descriptors import Activation
 
 #: hard_sigmoid(x) = clamp(HARD_SIGMOID_SLOPE * x + HARD_SIGMOID_OFFSET, 0, 1)   [decision]
 HARD_SIGMOID_SLOPE = 0.2

@@ -36,8 +36,8 @@ import functools
 import numba
 import numpy as np
 
-from .. import machine
-from ..problem import ForwardArrays, GradientArrays
+from ... import machine
+from ...problem import ForwardArrays, GradientArrays
 from . import blas, gru, lstm, overlap, single_gate
 from .gemm import add_transposed_times, product, rows_times
 from .common import MASK_NONE, MASK_PER_STEP, MASK_SHARED, through_first_product

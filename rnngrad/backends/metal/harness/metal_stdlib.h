@@ -1,5 +1,5 @@
 // A stand-in for Metal's <metal_stdlib> that lets unchanged MSL compute kernels compile as
-// C++17 and run on the CPU execution harness (rnngrad.metal.emulator).
+// C++17 and run on the CPU execution harness (rnngrad.backends.metal.harness.cpu).
 //
 // Covered: address-space keywords; scalar and vector types with MSL sizes and alignment
 // (float3 is 16 bytes, packed_float3 is 12); swizzles of two and three components;

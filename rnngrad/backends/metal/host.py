@@ -5,7 +5,7 @@ Two backends share this code and differ only in the device they are given:
 - ``"metal"``: a real Apple GPU through ``metalcompute`` (macOS on Apple silicon); chosen by
   ``backend=None`` when available.
 - ``"metal-emulated"``: the same kernels and host code on the CPU execution harness
-  :mod:`rnngrad.metal.emulator` (any machine with a C++ compiler); used only when asked for.
+  :mod:`rnngrad.backends.metal.harness.cpu` (any machine with a C++ compiler); used only when asked for.
 
 Each op is a fixed, small number of dispatches whatever T is (contract and kernel files for the
 math):
@@ -36,9 +36,9 @@ import threading
 
 import numpy as np
 
-from .. import registry
-from ..descriptors import Activation
-from ..problem import ForwardArrays, GradientArrays
+from ... import registry
+from ...descriptors import Activation
+from ...problem import ForwardArrays, GradientArrays
 from . import library
 
 F32 = np.float32
@@ -359,14 +359,14 @@ def _probe_metal():
 
 
 def _emulator_device():
-    from . import emulator
+    from .harness import cpu as emulator
 
     return emulator.Device()
 
 
 def _probe_emulated():
     try:
-        from . import emulator  # noqa: F401
+        from .harness import cpu as emulator  # noqa: F401
     except ImportError as exc:
         return f"the Metal execution harness does not import ({exc})"
     try:
@@ -398,10 +398,10 @@ EMULATED_BACKEND = registry.Backend(
 
 @contextlib.contextmanager
 def emulated_device(**options):
-    """Run ``"metal-emulated"`` on ``rnngrad.metal.emulator.Device(**options)`` inside the block
+    """Run ``"metal-emulated"`` on ``rnngrad.backends.metal.harness.cpu.Device(**options)`` inside the block
     (for example ``schedule="adversarial", seed=3, max_threads_per_threadgroup=64``); yields the
     device, whose ``trace`` lists the dispatches."""
-    from . import emulator
+    from .harness import cpu as emulator
 
     previous = EMULATED_HOST._device, EMULATED_HOST._functions
     device = emulator.Device(**options)

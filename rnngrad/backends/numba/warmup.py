@@ -8,7 +8,7 @@ units split, rows split, products beside the recurrence). Every worker saves wha
 to the kernel cache, so the calling process then loads it all from there. Kernels a later call
 still lacks (a path not covered here) compile on first use, as before.
 
-Workers write the shared cache folder under :class:`~rnngrad.numba_backend.LockedCacheFile`'s
+Workers write the shared cache folder under :class:`~rnngrad.backends.numba.LockedCacheFile`'s
 lock; a marker file per task in that folder records it as done. With ``NUMBA_CACHE_DIR`` set,
 or without a usable folder, the kernels are in numba's own cache files, without the lock, and
 nothing is done here. The workers are started with ``spawn``: a script that calls
@@ -66,9 +66,9 @@ def missing(dtypes=DTYPES, cells=CELLS) -> list:
 def run_task(cell: str, dtype: str) -> float:
     """Compile (or load) every kernel one cell uses in one dtype, by running its ops on
     :data:`SHAPES`. Returns the seconds taken."""
-    from ..cases import random_case, random_descriptor
-    from ..strategies import op_name
-    from ..testing import run_candidate
+    from ...testing.cases import random_case, random_descriptor
+    from ...testing.cases import op_name
+    from ...testing.check import run_candidate
 
     start = time.perf_counter()
     rng = np.random.default_rng(0)

@@ -20,11 +20,11 @@ from typing import Optional
 
 import numpy as np
 
-from . import api
-from .descriptors import Activation, DESCRIPTORS, GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
+from .. import api
+from ..api import FORWARD_OPS, OPS, final, op_info, op_name  # noqa: F401  (toolkit names)
+from ..descriptors import Activation, DESCRIPTORS, GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 
 CELLS = ("single_gate", "gru", "lstm")
-FORWARD_OPS = {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}
 #: differentiable forward inputs, in a fixed order
 PARAMETERS = ("source", "recurrent_weight", "input_weight", "bias", "init_state", "init_cell",
               "peephole", "secondary_bias")
@@ -111,17 +111,6 @@ class Case:
     def __repr__(self):
         return _repr_case(self)
 
-
-def final(seq, D, H):
-    """Each direction's state after its last processing step, [N,D·H]."""
-    if seq.shape[0] == 0:
-        return np.zeros(seq.shape[1:])
-    if D == 1:
-        return seq[-1]
-    return np.concatenate([seq[-1, :, :H], seq[0, :, H:]], axis=-1)
-
-
-# -- drawing cases ------------------------------------------------------------------------------
 
 def random_descriptor(rng, cell, **fixed):
     """A descriptor with every option drawn at random, except those given in ``fixed``."""

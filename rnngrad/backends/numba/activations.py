@@ -19,7 +19,7 @@ library, which has no vector form in numba:
 Relative error: ≈ 2e-7 in float32, ≈ 5e-16 in float64 (``tests/test_numba_activations.py``).
 Every constant is typed in the row's dtype (float32 arithmetic stays float32).
 NaN propagates through every function and every derivative, as in the reference
-(``rnngrad.reference.activations``): every comparison is written so that NaN takes the branch
+(``rnngrad.backends.reference.activations``): every comparison is written so that NaN takes the branch
 that keeps it, and a NaN exponent is replaced by 0 before it is turned into bits. Kernels are
 compiled with ``error_model="numpy"`` (no ZeroDivisionError checks, which would stop
 vectorisation) and without fastmath (which may turn NaN into numbers).

@@ -1,4 +1,4 @@
-"""Central finite differences of a :class:`~rnngrad.cases.Case`'s loss, in float64.
+"""Central finite differences of a :class:`~rnngrad.testing.cases.Case`'s loss, in float64.
 
 The difference is the fourth-order central stencil
 ``(8(L(θ+εv) − L(θ−εv)) − (L(θ+2εv) − L(θ−2εv))) / 12ε``: its truncation error is O(ε⁴), so

@@ -4,7 +4,7 @@ There is no Metal outside macOS, so this module is how the project's ``.metal`` 
 are tested on Linux. It presents metalcompute 0.2.9's API, so host code written for Metal runs
 unchanged::
 
-    from rnngrad.metal import emulator as metalcompute
+    from rnngrad.backends.metal.harness import cpu as metalcompute
 
     dev = metalcompute.Device()
     fn = dev.kernel(source).function("name")      # compiles; raises metalcompute.error

@@ -21,10 +21,11 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..._cache import UnsafeCacheError, user_cache_dir
+from rnngrad._cache import UnsafeCacheError, user_cache_dir
 
 _HERE = Path(__file__).resolve().parent
-_HEADERS = ("metal_stdlib.h", "emulator_abi.h")
+_SHARED = _HERE.parent  # the stand-in <metal_stdlib>, shared by every target
+_HEADERS = (_SHARED / "metal_stdlib.h", _HERE / "emulator_abi.h")
 _RUNTIME = "emulator_runtime.cpp"
 _FORMAT = "rnngrad-metal-emulator-1"  # bump when the generated code changes meaning
 _FLAGS = (
@@ -313,7 +314,7 @@ def cache_dir() -> Path:
 def _run(cmd: list[str], cwd: Path) -> None:
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if done.returncode:
-        lines = done.stderr.replace(str(cwd) + os.sep, "").replace(str(_HERE) + os.sep, "").splitlines()
+        lines = done.stderr.replace(str(cwd) + os.sep, "").replace(str(_HERE) + os.sep, "").replace(str(_SHARED) + os.sep, "").splitlines()
         if len(lines) > _ERROR_LINES:
             lines = lines[:_ERROR_LINES] + [f"... ({len(lines) - _ERROR_LINES} more lines)"]
         raise CompileError(f"{Path(cmd[0]).name} failed:\n" + "\n".join(lines))
@@ -335,7 +336,7 @@ def _publish(tmp: Path, final: Path) -> None:
 def build(unit: str) -> Path:
     """Compile a translation unit (cached) and return the shared library's path."""
     cxx, version = compiler()
-    headers = [(_HERE / h).read_bytes() for h in _HEADERS]
+    headers = [h.read_bytes() for h in _HEADERS]
     runtime_src = (_HERE / _RUNTIME).read_bytes()
     base_key = _digest(_FORMAT, cxx, version, " ".join(_FLAGS), *headers, runtime_src)
     root = cache_dir()
@@ -349,7 +350,7 @@ def build(unit: str) -> Path:
             _run([cxx, *_FLAGS, "-c", str(_HERE / _RUNTIME), "-o", "runtime.o"], tmp)
             _publish(tmp / "runtime.o", runtime)
         (tmp / "kernel.cpp").write_text(unit)
-        _run([cxx, *_FLAGS, f"-I{_HERE}", "-shared", "kernel.cpp", str(runtime), "-o", "kernel.so",
+        _run([cxx, *_FLAGS, f"-I{_HERE}", f"-I{_SHARED}", "-shared", "kernel.cpp", str(runtime), "-o", "kernel.so",
               "-lm"], tmp)
         _publish(tmp / "kernel.so", library)
     return library

@@ -1,5 +1,5 @@
 """The Metal fast path: host code that dispatches the MSL kernels in ``kernels/``.
 
-``rnngrad.metal.emulator`` runs the same kernels on any machine through a CPU execution harness
+``rnngrad.backends.metal.harness.cpu`` runs the same kernels on any machine through a CPU execution harness
 that presents metalcompute's Python API.
 """

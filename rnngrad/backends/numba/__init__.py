@@ -38,7 +38,7 @@ import numba
 import numpy as np
 from numba.core import caching
 
-from .._cache import UnsafeCacheError, user_cache_dir
+from ..._cache import UnsafeCacheError, user_cache_dir
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -186,7 +186,7 @@ def _prefer_openmp():
 
 _prefer_openmp()
 
-from ..registry import Backend  # noqa: E402
+from ...registry import Backend  # noqa: E402
 from . import driver  # noqa: E402
 
 _lock_kernel_caches()  # every kernel module is imported by now (driver imports them all)

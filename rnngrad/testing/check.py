@@ -1,127 +1,31 @@
-"""Comparing a backend's results with the float64 reference: one tolerance table.
+"""Checking a candidate against the float64 reference: one problem, a fuzzed run, a reproduction.
 
-The reference is always evaluated in float64 on the candidate's dtype-rounded inputs, so the
-tolerance only has to cover the candidate's own arithmetic. Quantities come in three kinds:
+For the authors of other RNN implementations:
 
-- ``output``: h, c, z_state: ``|got − want| ≤ atol + rtol·|want|`` element-wise;
-- ``state``: the gradients of source, init_state, init_cell: the same form;
-- ``parameter``: the gradients of recurrent_weight, input_weight, bias, peephole, secondary_bias,
-  which sum over T·N rows: ``|got − want| ≤ rtol·max|want| + atol``, i.e. relative to their
-  magnitude.
-
-NaN must be NaN in both (a NaN where the reference has a number, or the reverse, is a mismatch);
-infinities must be equal.
-
-On top of the table, for the authors of other RNN implementations:
-
-- :func:`assert_matches_reference` checks one problem (a :class:`rnngrad.cases.Case`) and raises
-  :class:`ReferenceMismatch` (an ``AssertionError``) naming the quantity, the worst index, both
-  values, the tolerance and a runnable reproduction;
+- :func:`assert_matches_reference` checks one problem (a :class:`rnngrad.testing.cases.Case`)
+  and raises :class:`ReferenceMismatch` (an ``AssertionError``) naming the quantity, the worst
+  index, both values, the tolerance and a runnable reproduction;
 - :func:`check_backend` fuzzes a candidate (a backend name, or any callable with the signature of
   the rnngrad function named by ``op``) with the regression set and then with
-  :mod:`rnngrad.strategies`, and raises the shrunk, minimal reproduction of the first mismatch;
-- :func:`load_vectors` and :func:`check_vectors` read the golden vectors written by
-  ``rnngrad export-vectors`` and check a candidate against them, without hypothesis.
+  :mod:`rnngrad.testing.strategies`, and raises the shrunk, minimal reproduction of the first
+  mismatch.
 
-``check_case`` is the one comparison under all of them, and under ``rnngrad verify``.
+``check_case`` is the one comparison under both, under the golden vectors
+(:mod:`rnngrad.testing.vectors`) and under ``rnngrad verify``. The tolerances are
+:mod:`rnngrad.testing.compare`'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
-KINDS = {
-    "state": "output", "cell": "output", "z_state": "output",
-    "source": "state", "init_state": "state", "init_cell": "state",
-    "recurrent_weight": "parameter", "input_weight": "parameter", "bias": "parameter",
-    "peephole": "parameter", "secondary_bias": "parameter",
-}
-
-#: (dtype, kind) -> (atol, rtol)
-TOLERANCES = {
-    ("float64", "output"): (1e-11, 1e-9),
-    ("float64", "state"): (1e-11, 1e-9),
-    ("float64", "parameter"): (1e-11, 1e-9),
-    ("float32", "output"): (5e-5, 2e-4),
-    ("float32", "state"): (5e-5, 2e-4),
-    ("float32", "parameter"): (5e-5, 2e-4),
-    ("float16", "output"): (5e-3, 1e-2),
-    ("float16", "state"): (5e-3, 1e-2),
-    ("float16", "parameter"): (5e-3, 1e-2),
-}
-
-
-def tolerance(dtype, quantity):
-    """(atol, rtol, kind) for a quantity name (an attribute of a result) in a dtype."""
-    kind = KINDS[quantity]
-    atol, rtol = TOLERANCES[(np.dtype(dtype).name, kind)]
-    return atol, rtol, kind
-
-
-@dataclasses.dataclass
-class Mismatch:
-    quantity: str
-    index: tuple
-    got: float
-    want: float
-    allowed: float
-    atol: float
-    rtol: float
-    kind: str
-
-    def __str__(self):
-        return (f"{self.quantity}{list(self.index)}: got {self.got!r}, reference {self.want!r}, "
-                f"|difference| {abs(self.got - self.want):.3g} > allowed {self.allowed:.3g} "
-                f"({self.kind} tolerance: atol={self.atol:g}, rtol={self.rtol:g})")
-
-
-def compare_array(quantity, got, want, dtype):
-    """(worst error as a fraction of the allowed error, Mismatch or None)."""
-    atol, rtol, kind = tolerance(dtype, quantity)
-    got = np.asarray(got, np.float64)
-    want = np.asarray(want, np.float64)
-    if got.shape != want.shape:
-        return np.inf, Mismatch(quantity, (), np.nan, np.nan, 0.0, atol, rtol, f"shape {got.shape} vs {want.shape}")
-    if want.size == 0:
-        return 0.0, None
-    nan_g, nan_w = np.isnan(got), np.isnan(want)
-    bad_nan = nan_g != nan_w
-    inf_w = np.isinf(want) | np.isinf(got)
-    bad_inf = inf_w & ~nan_w & ~nan_g & (got != want)
-    finite = ~(nan_g | nan_w | inf_w)
-    if kind == "parameter":
-        scale = float(np.max(np.abs(want[finite]), initial=0.0))
-        allowed = np.full(want.shape, atol + rtol * scale)
-    else:
-        allowed = atol + rtol * np.abs(np.where(finite, want, 0.0))
-    with np.errstate(invalid="ignore"):  # inf − inf where not finite, masked out here
-        diff = np.where(finite, np.abs(got - want), 0.0)
-    ratio = diff / allowed
-    ratio = np.where(bad_nan | bad_inf, np.inf, ratio)
-    at = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
-    worst = float(ratio[at])
-    if worst <= 1.0:
-        return worst, None
-    return worst, Mismatch(quantity, tuple(int(i) for i in at), float(got[at]), float(want[at]),
-                           float(allowed[at]), atol, rtol, kind)
-
-
-def compare_results(got, want, dtype):
-    """Compare two results of the same op (ForwardResult or GradientResult).
-    Returns (worst ratio, [Mismatch]); names and order must agree too."""
-    if tuple(got.names) != tuple(want.names):
-        return np.inf, [Mismatch("entries", (), np.nan, np.nan, 0.0, 0.0, 0.0,
-                                 f"entries {got.names} vs reference {want.names}")]
-    worst, mismatches = 0.0, []
-    for name in want.names:
-        ratio, mismatch = compare_array(name, getattr(got, name), getattr(want, name), dtype)
-        worst = max(worst, ratio)
-        if mismatch:
-            mismatches.append(mismatch)
-    return worst, mismatches
-
+from .. import api
+from ..results import ForwardResult, GradientResult
+from .cases import _repr_descriptor, op_info, op_name
+from .compare import Mismatch, compare_results
 
 class ReferenceMismatch(AssertionError):
     """A candidate's result differs from the float64 reference (or the candidate raised).
@@ -141,8 +45,6 @@ class ReferenceMismatch(AssertionError):
 
 
 def _op_of(case, op):
-    from .strategies import op_info, op_name
-
     if op is None:
         return op_name(case.cell, False), False
     cell, gradients = op_info(op)
@@ -153,18 +55,12 @@ def _op_of(case, op):
 
 def _public(op, backend):
     """The rnngrad function ``op`` bound to a backend name."""
-    import functools
-
-    from . import api
-
     return functools.partial(getattr(api, op), backend=backend)
 
 
 def _named(result, want, op):
     """The candidate's result as a ForwardResult/GradientResult: as returned when it names its
     entries, else a sequence taken in MPSGraph's order (the reference's entry names)."""
-    from .results import ForwardResult, GradientResult
-
     if hasattr(result, "names") and hasattr(result, "as_dict"):
         return result
     entries = [np.asarray(e) for e in result]
@@ -190,8 +86,6 @@ def run_candidate(case, op, candidate, *, forward=None):
     cell_output_fwd) come from ``forward`` (a backend name or a callable with the forward op's
     signature); by default from the candidate's own backend when it is a name, else from the
     reference."""
-    from .strategies import op_info, op_name
-
     cell, gradients = op_info(op)
     fn = _public(op, candidate) if isinstance(candidate, str) else candidate
     if not gradients:
@@ -206,15 +100,13 @@ def run_candidate(case, op, candidate, *, forward=None):
 
 def reference_result(case, op):
     """The float64 reference's result for the case's inputs (already rounded to its dtype)."""
-    from .strategies import op_info
-
     gradients = op_info(op)[1]
     reference = case.astype(np.float64)
     return reference.gradients(backend="reference") if gradients else reference.forward(backend="reference")
 
 
 def check_case(case, backend, gradients: bool, *, forward_backend=None, forward=None):
-    """Run one :class:`~rnngrad.cases.Case` through ``backend`` (a backend name, or a callable
+    """Run one :class:`~rnngrad.testing.cases.Case` through ``backend`` (a backend name, or a callable
     with the signature of the rnngrad function) and through the float64 reference on the same
     dtype-rounded inputs. Returns (worst ratio to the allowed error, [Mismatch]).
 
@@ -224,8 +116,6 @@ def check_case(case, backend, gradients: bool, *, forward_backend=None, forward=
     fed by the reference forward. The reference's gradient op is fed by the reference forward,
     so a wrong z_state shows up as a gradient mismatch. Exceptions of the candidate propagate.
     """
-    from .strategies import op_name
-
     dtype = case.dtype
     op = op_name(case.cell, gradients)
     got = run_candidate(case, op, backend, forward=forward if forward is not None else forward_backend)
@@ -256,8 +146,6 @@ def _array_source(a):
 def case_source(case) -> str:
     """Python that rebuilds ``case`` exactly (with ``np``, ``rg``, ``Case``, ``nan`` and ``inf``
     in scope), empty arrays and non-finite values included."""
-    from .cases import _repr_descriptor
-
     lines = ["Case(", f"    cell={case.cell!r},", f"    descriptor={_repr_descriptor(case.descriptor)},",
              "    inputs={"]
     lines += [f"        {k!r}: {_array_source(v)}," for k, v in case.inputs.items()]
@@ -283,7 +171,7 @@ def reproduction(case, op, candidate=None, *, forward=None) -> str:
         setup = f"candidate = ...  # {hint}, with the signature of rnngrad.{op}\n"
     extra = f", forward={forward!r}" if isinstance(forward, str) else (", forward=...  # your forward" if forward else "")
     return ("import numpy as np\nimport rnngrad as rg\nfrom numpy import nan, inf\n"
-            "from rnngrad.cases import Case\nfrom rnngrad.testing import assert_matches_reference\n\n"
+            "from rnngrad.testing import Case, assert_matches_reference\n\n"
             f"{setup}case = {_case_repr(case)}\n"
             f"assert_matches_reference({target}, case, {op!r}{extra})\n")
 
@@ -298,7 +186,7 @@ def assert_matches_reference(candidate, case, op=None, *, forward=None, label=No
 
     candidate: a backend name or a callable with the signature of ``rnngrad.<op>``, returning a
         result in MPSGraph's order (a sequence of arrays, or an rnngrad result object).
-    case: a :class:`rnngrad.cases.Case` (from :mod:`rnngrad.strategies` or ``random_case``).
+    case: a :class:`rnngrad.testing.cases.Case` (from :mod:`rnngrad.testing.strategies` or ``random_case``).
     op: the op name, e.g. ``"lstm_gradients"``; default the case's forward op.
     forward: for gradient ops, what makes z_state (see :func:`run_candidate`).
     label: a name for the problem in the message (the regression's name).
@@ -337,8 +225,8 @@ def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
     forward: for gradient ops, what makes z_state / output_fwd / cell_output_fwd: a backend name
         or a callable with the forward op's signature; default as :func:`run_candidate`.
     dtypes, values, max_size, boundary, max_elements, descriptor, optional: passed to
-        :func:`rnngrad.strategies.cases`.
-    regressions: check the named regression set (:data:`rnngrad.strategies.REGRESSIONS`) first.
+        :func:`rnngrad.testing.strategies.cases`.
+    regressions: check the named regression set (:data:`rnngrad.testing.strategies.REGRESSIONS`) first.
     progress: called with the number of problems checked so far, after each one.
 
     The regression problems fail fast without shrinking; a random problem that fails is shrunk by
@@ -348,7 +236,7 @@ def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
     """
     from . import strategies
 
-    strategies.op_info(op)
+    op_info(op)
     count = 0
 
     def tick():
@@ -399,22 +287,5 @@ def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
     return count
 
 
-# -- golden vectors -----------------------------------------------------------------------------
-
-def load_vectors(directory, *, verify_hashes=True):
-    """The golden vectors in ``directory`` (see :func:`rnngrad.vectors.load_vectors`)."""
-    from .vectors import load_vectors as load
-
-    return load(directory, verify_hashes=verify_hashes)
-
-
-def check_vectors(candidate, vectors, *, op=None, forward=None):
-    """Check a candidate against golden vectors (see :func:`rnngrad.vectors.check_vectors`)."""
-    from .vectors import check_vectors as check
-
-    return check(candidate, vectors, op=op, forward=forward)
-
-
-__all__ = ["TOLERANCES", "KINDS", "tolerance", "Mismatch", "compare_array", "compare_results",
-           "check_case", "run_candidate", "reference_result", "reproduction", "case_source", "ReferenceMismatch",
-           "assert_matches_reference", "check_backend", "load_vectors", "check_vectors"]
+__all__ = ["check_case", "run_candidate", "reference_result", "reproduction", "case_source",
+           "ReferenceMismatch", "assert_matches_reference", "check_backend"]

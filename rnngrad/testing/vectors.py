@@ -42,8 +42,14 @@ from typing import Optional
 
 import numpy as np
 
-from .cases import CELLS, Case, random_case
-from .descriptors import DESCRIPTORS, Activation
+from .. import __version__
+from ..api import _GRADIENT_ORDER
+from ..descriptors import DESCRIPTORS, Activation
+from ..results import ForwardResult, GradientResult
+from .cases import CELLS, Case, op_name, random_case
+from .check import ReferenceMismatch, _named, _public, _training_outputs, reproduction
+from .compare import KINDS, TOLERANCES, compare_results
+from .strategies import REGRESSIONS, _poison, _saturate, regression_case
 
 FORMAT = "rnngrad-golden-vectors"
 VERSION = 1
@@ -60,7 +66,6 @@ CAMEL = {
     "state": "state", "cell": "cell",
 }
 SNAKE = {v: k for k, v in CAMEL.items()}
-_FORWARD_OPS = {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
 
@@ -101,8 +106,6 @@ def suite_cases(suite="core", *, seed=0, dtype=np.float32) -> list:
     descriptors take every value of every option. full: core, plus ten option problems per cell,
     the boundary sizes (N, H ∈ {31, 32, 33}), saturating values and NaN/Inf in one batch row.
     """
-    from .strategies import REGRESSIONS, _poison, _saturate, regression_case
-
     if suite not in SUITES:
         raise ValueError(f"suite: expected one of {SUITES}, got {suite!r}")
     cases = []
@@ -183,8 +186,6 @@ def _case_arrays(case: Case) -> dict:
 
 
 def _tolerance_json() -> dict:
-    from .testing import KINDS, TOLERANCES
-
     table = {}
     for (dtype, kind), (atol, rtol) in TOLERANCES.items():
         table.setdefault(dtype, {})[kind] = {"atol": atol, "rtol": rtol}
@@ -206,8 +207,6 @@ def _tolerance_json() -> dict:
 def export_vectors(directory, suite="core", *, seed=0, dtype=np.float32, progress=None) -> dict:
     """Write a suite's vectors and manifest into ``directory`` (created if needed); return the
     manifest. ``progress(i, total, name)`` is called after each case."""
-    from . import __version__
-
     dtype = np.dtype(dtype)
     os.makedirs(directory, exist_ok=True)
     cases = suite_cases(suite, seed=seed, dtype=dtype)
@@ -223,8 +222,8 @@ def export_vectors(directory, suite="core", *, seed=0, dtype=np.float32, progres
             "sha256": hashlib.sha256(data).hexdigest(),
             "bytes": len(data),
             "cell": case.cell,
-            "op": _FORWARD_OPS[case.cell] + "_gradients",
-            "ops": [_FORWARD_OPS[case.cell], _FORWARD_OPS[case.cell] + "_gradients"],
+            "op": op_name(case.cell, True),
+            "ops": [op_name(case.cell, False), op_name(case.cell, True)],
             "class": cls,
             "descriptor": _descriptor_json(case.descriptor),
             "shapes": {"T": case.T, "N": int(case.inputs["source"].shape[1]), "H": case.H, "D": D,
@@ -263,7 +262,7 @@ def export_vectors(directory, suite="core", *, seed=0, dtype=np.float32, progres
 
 @dataclasses.dataclass
 class GoldenVector:
-    """One case read back: ``case`` (a :class:`rnngrad.cases.Case`), the stored training forward
+    """One case read back: ``case`` (a :class:`rnngrad.testing.cases.Case`), the stored training forward
     (``z_state``, ``output_fwd``, ``cell_output_fwd``) and the expected results by rnngrad name
     (``expected_forward``, ``expected_gradients``, float64, in MPSGraph's order)."""
 
@@ -311,8 +310,6 @@ def load_vectors(directory, *, verify_hashes=True) -> list:
         case = Case(cell, descriptor, inputs, source_gradient=arrays["sourceGradient"],
                     state_gradient=arrays.get("stateGradient"), cell_gradient=arrays.get("cellGradient"))
         forward_names = [n for n in ("state", "cell", "zState") if f"expected.{n}" in arrays]
-        from .api import _GRADIENT_ORDER
-
         gradient_names = [n for n in _GRADIENT_ORDER[cell] if f"expected.gradient.{CAMEL[n]}" in arrays]
         vectors.append(GoldenVector(
             name=entry["name"], file=file, cell=cell, ops=tuple(entry["ops"]), bug_class=entry.get("class", ""),
@@ -326,8 +323,6 @@ def load_vectors(directory, *, verify_hashes=True) -> list:
 
 def _resolve(candidate, op):
     """The callable for ``op`` from a backend name, a {op: callable} mapping, or None."""
-    from .testing import _public
-
     if isinstance(candidate, str):
         return _public(op, candidate)
     if isinstance(candidate, dict):
@@ -346,10 +341,6 @@ def check_vectors(candidate, vectors, *, op=None, forward=None) -> int:
         name or a callable with the forward op's signature. Default: the candidate's own backend
         when it is a name, else the stored zState / outputFwd / cellOutputFwd.
     """
-    from .results import ForwardResult, GradientResult
-    from .testing import (ReferenceMismatch, _named, _public, _training_outputs, compare_results,
-                          reproduction)
-
     if isinstance(vectors, (str, os.PathLike)):
         vectors = load_vectors(vectors)
     if callable(candidate) and not isinstance(candidate, str):

@@ -3,7 +3,7 @@
 Use them to fuzz any RNN implementation against rnngrad's float64 reference::
 
     from hypothesis import given, settings
-    import rnngrad.strategies as rs
+    import rnngrad.testing.strategies as rs
     from rnngrad.testing import assert_matches_reference
 
     @settings(max_examples=200, deadline=None)
@@ -12,7 +12,7 @@ Use them to fuzz any RNN implementation against rnngrad's float64 reference::
         assert_matches_reference(my_lstm_gradients, case, "lstm_gradients")
 
 or let :func:`rnngrad.testing.check_backend` do all of it. Every strategy draws a
-:class:`rnngrad.cases.Case`: the cell, every descriptor option, each optional input present or
+:class:`rnngrad.testing.cases.Case`: the cell, every descriptor option, each optional input present or
 absent, the sizes (small by default, with the boundary sizes T ∈ {0, 1}, N ∈ {0, 1, 31, 32, 33},
 H and I ∈ {1, 31, 32, 33} drawn now and then, all under one global cap on the number of
 elements), the dtype, the values and, for LSTM, both forms of ``cell_gradient``. Every knob is
@@ -40,23 +40,14 @@ import dataclasses
 
 import numpy as np
 
-from .cases import CELLS, Case, random_case
-from .descriptors import DESCRIPTORS, Activation
+from .cases import CELLS, OPS, Case, op_info, op_name, random_case
+from ..descriptors import DESCRIPTORS, Activation
 
 try:
     from hypothesis import strategies as st
 except ImportError:  # the regression set works without hypothesis
     st = None
 
-#: op name -> (cell, gradients)
-OPS = {
-    "single_gate_rnn": ("single_gate", False),
-    "single_gate_rnn_gradients": ("single_gate", True),
-    "gru": ("gru", False),
-    "gru_gradients": ("gru", True),
-    "lstm": ("lstm", False),
-    "lstm_gradients": ("lstm", True),
-}
 
 #: sizes drawn now and then, per dimension: the degenerate ones and those around a SIMD width of 32
 BOUNDARY_SIZES = {"T": (0, 1), "N": (0, 1, 31, 32, 33), "I": (1, 31, 32, 33), "H": (1, 31, 32, 33)}
@@ -87,22 +78,9 @@ _ACTIVATION_CHOICES = {
 }
 
 
-def op_info(op: str) -> tuple:
-    """(cell, gradients) of an op name such as ``"lstm_gradients"``."""
-    if op not in OPS:
-        raise ValueError(f"op: expected one of {tuple(OPS)}, got {op!r}")
-    return OPS[op]
-
-
-def op_name(cell: str, gradients: bool) -> str:
-    """The rnngrad function name of a cell's forward or gradient op."""
-    return {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}[cell] + (
-        "_gradients" if gradients else "")
-
-
 def _require_hypothesis():
     if st is None:
-        raise ImportError("rnngrad.strategies needs hypothesis (pip install hypothesis)")
+        raise ImportError("rnngrad.testing.strategies needs hypothesis (pip install hypothesis)")
 
 
 def _fixed_or(draw, value, default_strategy):
@@ -148,7 +126,7 @@ def _elements(T, N, I, H, D, G, Z):
 def cases(op=None, *, cells=None, T=None, N=None, I=None, H=None, max_size=4,
           boundary=True, max_elements=6000, dtypes=("float32",), values="contractive",
           descriptor=None, optional=None, cell_gradient_form=None, zero_source_gradient=None):
-    """A strategy of complete problems (:class:`rnngrad.cases.Case`).
+    """A strategy of complete problems (:class:`rnngrad.testing.cases.Case`).
 
     op: an op name (``"gru_gradients"``) fixes the cell; or ``cells``, a tuple of cells to draw
         from (default all three).

@@ -1,0 +1,35 @@
+"""A toolkit for testing RNN implementations against MPSGraph's semantics.
+
+Everything here checks a *candidate* (an rnngrad backend name, or any callable with the signature
+of an rnngrad function) against the float64 reference:
+
+- :mod:`rnngrad.testing.compare`: the one tolerance table (``TOLERANCES``, :func:`tolerance`)
+  and the comparison of two results (:func:`compare_array`, :func:`compare_results`);
+- :mod:`rnngrad.testing.cases`: a complete problem (:class:`Case`: cell, descriptor, inputs and
+  upstream gradients) and :func:`random_case`;
+- :mod:`rnngrad.testing.check`: :func:`assert_matches_reference` for one problem,
+  :func:`check_backend` to fuzz a candidate (regression set, then hypothesis), with a runnable
+  reproduction of the first, shrunk mismatch;
+- :mod:`rnngrad.testing.strategies`: hypothesis strategies of problems, descriptors and ops, and
+  the named regression set (needs ``hypothesis`` for the strategies);
+- :mod:`rnngrad.testing.vectors`: golden vectors (``rnngrad export-vectors``), read and checked
+  without hypothesis (:func:`load_vectors`, :func:`check_vectors`);
+- :mod:`rnngrad.testing.gradcheck`: central finite differences of a case's loss, in float64;
+- :mod:`rnngrad.testing.mutants`: copies of the reference with one planted fault each, to show
+  that a check can fail.
+
+Dependencies run one way: compare ← cases ← check ← vectors; strategies ← check (only inside
+:func:`check_backend`, which needs hypothesis) and ← vectors.
+"""
+
+from .cases import Case, random_case, random_descriptor
+from .check import (ReferenceMismatch, assert_matches_reference, case_source, check_backend,
+                    check_case, reference_result, reproduction, run_candidate)
+from .compare import KINDS, TOLERANCES, Mismatch, compare_array, compare_results, tolerance
+from .vectors import check_vectors, load_vectors
+
+__all__ = ["TOLERANCES", "KINDS", "tolerance", "Mismatch", "compare_array", "compare_results",
+           "Case", "random_case", "random_descriptor",
+           "check_case", "run_candidate", "reference_result", "reproduction", "case_source",
+           "ReferenceMismatch", "assert_matches_reference", "check_backend", "load_vectors",
+           "check_vectors"]
