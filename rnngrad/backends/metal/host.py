@@ -1,11 +1,16 @@
 """The Metal backends: host code that runs the kernels of ``kernels/`` through metalcompute's API.
 
-Two backends share this code and differ only in the device they are given:
+Three backends share this code and differ only in the device they are given:
 
 - ``"metal"``: a real Apple GPU through ``metalcompute`` (macOS on Apple silicon); chosen by
   ``backend=None`` when available.
-- ``"metal-emulated"``: the same kernels and host code on the CPU execution harness
-  :mod:`rnngrad.backends.metal.harness.cpu` (any machine with a C++ compiler); used only when asked for.
+- ``"metal-emulated"``: the same kernels and host code on the CPU target of the harness,
+  :mod:`rnngrad.backends.metal.harness.cpu` (any machine with a C++ compiler); only when asked for.
+- ``"metal-cuda"``: the same kernels and host code on an NVIDIA GPU through the harness's CUDA
+  target, :mod:`rnngrad.backends.metal.harness.cuda` (CuPy); only when asked for. It takes arrays
+  already in GPU memory (CuPy arrays, CUDA tensors: anything with ``__cuda_array_interface__``)
+  and returns CuPy arrays on the GPU for them, with no copy through the host; NumPy inputs are
+  copied to the GPU once per call and the results come back as NumPy arrays.
 
 Each op is a fixed, small number of dispatches whatever T is (contract and kernel files for the
 math):
@@ -32,6 +37,7 @@ threadgroup size), use :func:`emulated_device`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 
 import numpy as np
@@ -45,6 +51,8 @@ F32 = np.float32
 
 
 def _f32(a):
+    if hasattr(a, "__cuda_array_interface__"):
+        return a.astype(F32)
     return np.ascontiguousarray(a, dtype=F32)
 
 
@@ -81,8 +89,17 @@ class MetalHost:
             self._functions[name] = self._functions["__library__"].function(name)
         return self._functions[name]
 
+    @property
+    def xp(self):
+        """The array module of the device's buffers: NumPy, or CuPy on the CUDA target."""
+        return getattr(self.device, "array_module", np)
+
     def buffer(self, array):
         """A device buffer holding a copy of ``array`` (float32 unless it is a params struct)."""
+        if hasattr(array, "__cuda_array_interface__"):  # already on the GPU: copied there
+            xp = self.xp
+            array = xp.ascontiguousarray(array, dtype=F32)
+            return self.device.buffer(array if array.size else xp.zeros(1, F32))
         array = np.ascontiguousarray(array)
         if array.dtype.names is None:
             array = array.astype(F32, copy=False)
@@ -104,10 +121,34 @@ class MetalHost:
             raise ValueError(f"{kernel}: expected buffers {names}, got {tuple(buffers)}")
         handles.append(self.function(kernel)(int(count), *(buffers[n] for n in names)))
 
-    @staticmethod
-    def read(buf, shape):
+    def read(self, buf, shape):
+        """The first prod(shape) floats of a buffer the op made: a NumPy copy, or on the CUDA
+        target a CuPy view (the buffer is the op's own)."""
         n = int(np.prod(shape))
-        return np.frombuffer(buf, F32, count=n).reshape(shape).copy()
+        if self.xp is np:
+            return np.frombuffer(buf, F32, count=n).reshape(shape).copy()
+        return buf.view(self.xp.float32)[:n].reshape(shape)
+
+    def finish(self, handles):
+        """Wait for the op's dispatches; a device that can report a failed one (the harness
+        targets) raises its error here."""
+        finish = getattr(self.device, "finish", None)
+        if finish is not None:
+            finish(handles)
+        else:
+            del handles[:]  # metalcompute waits when a handle is deleted
+
+    def to_caller(self, problem, out):
+        """Results where the inputs were: GPU inputs get GPU arrays, host inputs NumPy arrays."""
+        for field in dataclasses.fields(out):
+            value = getattr(out, field.name)
+            if value is None:
+                continue
+            if problem.on_gpu and isinstance(value, np.ndarray):
+                setattr(out, field.name, self.xp.asarray(value))
+            elif not problem.on_gpu and not isinstance(value, np.ndarray):
+                setattr(out, field.name, value.get())
+        return out
 
     def gemm(self, handles, A, B, C, *, batch, M, P, K, a_batch=0, a_row=0, a_k=0, b_batch=0,
              b_k=0, b_col=0, block=None, b_block=0, bias=None):
@@ -172,8 +213,9 @@ class MetalHost:
         wants_c = cell == "lstm" and (desc.training or desc.produce_cell)
         if T == 0 or N == 0:
             empty = np.zeros((T, N, DH), F32)
-            return ForwardArrays(empty, empty.copy() if wants_c else None,
-                                 np.zeros((T, N, D * Z * H), F32) if desc.training else None)
+            return self.to_caller(problem, ForwardArrays(
+                empty, empty.copy() if wants_c else None,
+                np.zeros((T, N, D * Z * H), F32) if desc.training else None))
         with self._lock:
             handles = []
             source = self.buffer(problem.source)
@@ -210,13 +252,13 @@ class MetalHost:
                 self.launch("lstm_forward", count, handles, p=p, x=x, bias=x_bias, Rt=Rt, h0=h0,
                             c0=self.buffer(c0), mask=mask, peephole=self.buffer(peephole), h=h,
                             c=c, zs=zs)
-            del handles[:]  # waits for the GPU
+            self.finish(handles)
             out = ForwardArrays(self.read(h, (T, N, DH)))
             if wants_c:
                 out.c = self.read(c, (T, N, DH))
             if desc.training:
                 out.z_state = self.read(zs, (T, N, D * Z * H))
-            return out
+            return self.to_caller(problem, out)
 
     # -- gradients ----------------------------------------------------------------------------
     def gradients(self, problem) -> GradientArrays:
@@ -224,7 +266,7 @@ class MetalHost:
         cell, desc = problem.cell, problem.descriptor
         DH, GH, DGH = D * H, G * H, D * G * H
         if T == 0 or N == 0:
-            return self._trivial_gradients(problem)
+            return self.to_caller(problem, self._trivial_gradients(problem))
         with self._lock:
             handles = []
             h0, mask = self._common(problem)
@@ -301,8 +343,9 @@ class MetalHost:
                 self.gemm(handles, ones, prow, db2, batch=D, M=1, P=H, K=N, b_batch=N * H, b_k=H,
                           b_col=1)
                 bufs["secondary_bias"] = (db2, (DH,))
-            del handles[:]  # waits for the GPU
-            return GradientArrays(**{k: self.read(b, shape) for k, (b, shape) in bufs.items()})
+            self.finish(handles)
+            out = GradientArrays(**{k: self.read(b, shape) for k, (b, shape) in bufs.items()})
+            return self.to_caller(problem, out)
 
     @staticmethod
     def _trivial_gradients(problem):
@@ -376,8 +419,30 @@ def _probe_emulated():
     return None
 
 
+def _cuda_device():
+    from .harness import cuda
+
+    return cuda.Device()
+
+
+def _probe_cuda():
+    try:
+        from .harness import cuda
+    except ImportError as exc:
+        return f"the harness's CUDA target does not import ({exc})"
+    reason = cuda.available()
+    if reason:
+        return reason
+    try:
+        CUDA_HOST.function("strided_gemm")  # compiles the library once: NVRTC must work
+    except Exception as exc:
+        return f"the Metal kernels do not compile for this GPU ({type(exc).__name__}: {exc})"
+    return None
+
+
 HOST = MetalHost(_metal_device, "metal")
 EMULATED_HOST = MetalHost(_emulator_device, "metal-emulated")
+CUDA_HOST = MetalHost(_cuda_device, "metal-cuda")
 
 BACKEND = registry.Backend(
     name="metal",
@@ -396,17 +461,40 @@ EMULATED_BACKEND = registry.Backend(
 )
 
 
-@contextlib.contextmanager
-def emulated_device(**options):
-    """Run ``"metal-emulated"`` on ``rnngrad.backends.metal.harness.cpu.Device(**options)`` inside the block
-    (for example ``schedule="adversarial", seed=3, max_threads_per_threadgroup=64``); yields the
-    device, whose ``trace`` lists the dispatches."""
-    from .harness import cpu as emulator
+CUDA_BACKEND = registry.Backend(
+    name="metal-cuda",
+    dtypes=(np.dtype(F32),),
+    implementations=CUDA_HOST.implementations(),
+    probe=_probe_cuda,
+    summary="the Metal kernels on an NVIDIA GPU through the harness's CUDA target (float32)",
+    gpu=True,
+)
 
-    previous = EMULATED_HOST._device, EMULATED_HOST._functions
-    device = emulator.Device(**options)
-    EMULATED_HOST.use(device)
+
+@contextlib.contextmanager
+def _running_on(host, device):
+    previous = host._device, host._functions
+    host.use(device)
     try:
         yield device
     finally:
-        EMULATED_HOST._device, EMULATED_HOST._functions = previous
+        host._device, host._functions = previous
+
+
+def emulated_device(**options):
+    """Run ``"metal-emulated"`` on ``rnngrad.backends.metal.harness.cpu.Device(**options)`` inside
+    the block (for example ``schedule="adversarial", seed=3, max_threads_per_threadgroup=64``);
+    yields the device, whose ``trace`` lists the dispatches."""
+    from .harness import cpu as emulator
+
+    return _running_on(EMULATED_HOST, emulator.Device(**options))
+
+
+def cuda_device(**options):
+    """Run ``"metal-cuda"`` on ``rnngrad.backends.metal.harness.cuda.Device(**options)`` inside
+    the block (for example ``fast_math=True``, ``check_each_dispatch=True``,
+    ``max_threads_per_threadgroup=64``); yields the device, whose ``trace`` lists the dispatches
+    with their GPU times."""
+    from .harness import cuda
+
+    return _running_on(CUDA_HOST, cuda.Device(**options))

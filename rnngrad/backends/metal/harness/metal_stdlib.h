@@ -236,6 +236,7 @@ template <class T, int N> inline vec<bool, N> operator!(const vec<T, N>& a) {
     typedef __emu::packed_vec<T, 2> packed_##NAME##2;                                          \
     typedef __emu::packed_vec<T, 3> packed_##NAME##3;                                          \
     typedef __emu::packed_vec<T, 4> packed_##NAME##4;
+namespace metal {
 EMU_VEC_TYPES(float, float)
 EMU_VEC_TYPES(half, half)
 EMU_VEC_TYPES(int, int)
@@ -247,15 +248,36 @@ EMU_VEC_TYPES(uchar, uchar)
 EMU_VEC_TYPES(long, long)
 EMU_VEC_TYPES(ulong, ulong)
 EMU_VEC_TYPES(bool, bool)
+}  // namespace metal
 
-static_assert(sizeof(float3) == 16 && alignof(float3) == 16, "MSL float3 is 16 bytes");
-static_assert(sizeof(packed_float3) == 12 && alignof(packed_float3) == 4, "packed_float3");
-static_assert(sizeof(half4) == 8 && sizeof(half) == 2, "MSL half4 is 8 bytes");
+// MSL also names the vector types outside metal::. A target whose compiler has vector types of
+// its own at global scope (CUDA's float4 ...) defines EMU_VECTORS_IN_NAMESPACE and resolves the
+// names in the translated program instead.
+#ifndef EMU_VECTORS_IN_NAMESPACE
+#define EMU_VEC_USING(NAME)                                                                    \
+    using metal::NAME##2; using metal::NAME##3; using metal::NAME##4;                           \
+    using metal::packed_##NAME##2; using metal::packed_##NAME##3; using metal::packed_##NAME##4;
+EMU_VEC_USING(float)
+EMU_VEC_USING(half)
+EMU_VEC_USING(int)
+EMU_VEC_USING(uint)
+EMU_VEC_USING(short)
+EMU_VEC_USING(ushort)
+EMU_VEC_USING(char)
+EMU_VEC_USING(uchar)
+EMU_VEC_USING(long)
+EMU_VEC_USING(ulong)
+EMU_VEC_USING(bool)
+#endif
+
+
+static_assert(sizeof(metal::float3) == 16 && alignof(metal::float3) == 16, "MSL float3 is 16 bytes");
+static_assert(sizeof(metal::packed_float3) == 12 && alignof(metal::packed_float3) == 4, "packed_float3");
+static_assert(sizeof(metal::half4) == 8 && sizeof(half) == 2, "MSL half4 is 8 bytes");
 
 // ----------------------------------------------------------------------------- math
 namespace metal {
 
-using __emu::vec;
 template <class T, int N> using vec = __emu::vec<T, N>;
 
 #define EMU_MAP1(NAME)                                                                         \
@@ -280,11 +302,11 @@ template <class T, int N> using vec = __emu::vec<T, N>;
 
 #define EMU_FLOAT1(NAME, BUILTIN)                                                              \
     inline float NAME(float x) { return BUILTIN(x); }                                          \
-    inline half NAME(half x) { return (half)BUILTIN((float)x); }                               \
+    inline half NAME(half x) { return (half)(BUILTIN((float)x)); }                             \
     EMU_MAP1(NAME)
 #define EMU_FLOAT2(NAME, BUILTIN)                                                              \
     inline float NAME(float x, float y) { return BUILTIN(x, y); }                              \
-    inline half NAME(half x, half y) { return (half)BUILTIN((float)x, (float)y); }             \
+    inline half NAME(half x, half y) { return (half)(BUILTIN((float)x, (float)y)); }           \
     EMU_MAP2(NAME)
 
 // The float functions, declared for metal::, metal::fast:: and metal::precise:: with M, the
@@ -544,9 +566,6 @@ inline void simdgroup_multiply(thread simdgroup_matrix<T, R, C>& d, const thread
 // Scalar and vector types are visible with and without metal::, as in MSL.
 namespace metal {
 using ::uint; using ::ushort; using ::uchar; using ::ulong; using ::half;
-using ::float2; using ::float3; using ::float4; using ::half2; using ::half3; using ::half4;
-using ::int2; using ::int3; using ::int4; using ::uint2; using ::uint3; using ::uint4;
-using ::packed_float2; using ::packed_float3; using ::packed_float4;
 }
 
 
