@@ -54,7 +54,7 @@ def step(name, cmd, out: Path, timeout=900):
 
 
 def sanitizer_errors(text: str):
-    m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    m = re.search(r"ERROR SUMMARY: (\d+) error", text) or re.search(r"RACECHECK SUMMARY: (\d+) hazard", text)
     return int(m.group(1)) if m else None
 
 
@@ -183,9 +183,8 @@ def main(argv=None) -> int:
         summary.append(("rnngrad verify --backend metal-cuda", "passed" if code == 0 else f"FAILED (exit {code})"))
     if "sanitizer" not in args.skip:
         for tool in TOOLS:
-            code, text = step(f"sanitizer {tool}", ["compute-sanitizer", "--tool", tool,
-                                                    *(["--track-unused-memory", "no"] if tool == "initcheck" else []),
-                                                    py, "verification/gpu_sanitize.py"], out)
+            code, text = step(f"sanitizer {tool}", ["compute-sanitizer", "--tool", tool, py,
+                                                    "verification/gpu_sanitize.py"], out)
             summary.append((f"compute-sanitizer {tool}, every cell", f"{sanitizer_errors(text)} errors, exit {code}"))
         from gpu_sanitize import DEFECTS  # noqa: E402
         for defect in DEFECTS:
@@ -219,5 +218,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
     raise SystemExit(main())
