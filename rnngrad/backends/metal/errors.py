@@ -22,7 +22,9 @@ class IncompleteDispatch(RuntimeError):
         steps: ``(s_begin, s_end)``, the processing steps the dispatch ran, or None for a
             kernel that runs no steps (strided_gemm).
         missing: the threadgroups that left no completion mark, as a tuple of indices (empty
-            when only the device's report or a wrong mark failed the check).
+            when only the device's report or a wrong mark failed the check). When no
+            threadgroup left one, the grid's size is unknown to the host and this is every
+            slot of the status buffer, ``range(ceil(count / 32))``.
         reported: what the device reported about the run (``handle.error``), or None.
     """
 

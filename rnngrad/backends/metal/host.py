@@ -181,14 +181,17 @@ class _Runs:
         if not problems:
             return
         size = ", ".join(f"{k}={v}" for k, v in self.sizes.items() if v is not None)
-        where = (f"processing steps [{span[0]}, {span[1]}) of T={self.sizes['T']}"
-                 if span is not None else f"count {count}")
+        if span is not None:
+            where = f"processing steps [{span[0]}, {span[1]}) of T={self.sizes['T']}, "
+            hint = (f" A long sequence runs in shorter dispatches with a smaller work budget "
+                    f"({BUDGET_ENV}; now {self.host.budget()}).")
+        else:
+            where, hint = "", ""
         raise IncompleteDispatch(
             f"{self.op}: kernel {kernel} did not finish on the device (dispatch {number} of the "
-            f"op, {where}; problem {size}): " + "; ".join(problems) + ". No result is returned: "
-            f"the outputs may be partly written. A GPU fault or the system's watchdog stops a "
-            f"dispatch; a long sequence runs in shorter dispatches with a smaller "
-            f"{BUDGET_ENV} (now {self.host.budget()}).",
+            f"op, counting from 0; {where}{count} threads; problem {size}): "
+            + "; ".join(problems) + ". No result is returned: the outputs may be partly "
+            "written, as when a GPU fault or the system's watchdog stops a dispatch." + hint,
             kernel=kernel, op=self.op, sizes=self.sizes, dispatch=number, steps=span,
             missing=missing, reported=reported)
 
