@@ -19,6 +19,17 @@
 // Fast math is forced by metalcompute, so NaN is never trusted to propagate by itself: every
 // activation and derivative tests for NaN on the bits (the compiler may fold isnan(x) to false
 // under fast math) and returns the NaN (contract section 4).
+//
+// Completion marks. metalcompute never checks a command buffer's status, so a dispatch that
+// faults or that the GPU watchdog stops leaves its outputs partly written and says nothing. Every
+// kernel therefore takes a status buffer as its last binding, one uint2 per threadgroup of the
+// grid (the host zeroes ceil(count / 32) of them, enough for any threadgroup size metalcompute
+// picks), and thread 0 of each threadgroup writes {RG_DONE | steps, threads per threadgroup}
+// after a threadgroup_barrier that every thread of the threadgroup reaches only once its own
+// work is done. The host checks that each of the ceil(count / threads per threadgroup)
+// threadgroups left that mark, with the step count it asked for (rnngrad/backends/metal/host.py).
+// One 8-byte store per threadgroup, no atomics. A threadgroup that owns no row marks before
+// its (uniform) early return: it has nothing to do in any step.
 
 #include <metal_stdlib>
 using namespace metal;
@@ -49,6 +60,9 @@ struct RecurrenceParams {
     uint gate1;            //   gru: z, r, o
     uint gate2;
     uint gate3;
+    uint s_begin;          // processing steps [s_begin, s_end) run by this dispatch: the forward
+    uint s_end;            //   runs them upward, the backward downward; the state carries over
+                           //   between dispatches in the output buffers (h, c; dhn, dcn, prow)
 };
 
 // Scalars of strided_gemm; mirrored by rnngrad.backends.metal.library.GEMM_PARAMS.
@@ -118,9 +132,13 @@ inline float rg_derivative(uint kind, float x) {
     return rg_isnan(x) ? x : d;
 }
 
-// The block of rows [x, y) that threadgroup tgid of `groups` owns. The host never knows the
-// threadgroup size, so only the kernel can split the rows among the threadgroups.
-inline uint2 rg_rows(uint rows, uint groups, uint tgid) {
+// The block of rows [x, y) that threadgroup tgid owns. The host never knows the threadgroup
+// size, so only the kernel can split the rows among the threadgroups. The split is over the
+// ceil(count / tpg) threadgroups of metalcompute's grid, computed from count rather than read
+// from [[threadgroups_per_grid]], so that it is the same split the completion check expects
+// (a threadgroup beyond it owns no row).
+inline uint2 rg_rows(uint rows, uint count, uint tpg, uint tgid) {
+    uint groups = (count + tpg - 1) / tpg;
     uint per = (rows + groups - 1) / groups;
     uint begin = min(tgid * per, rows);
     uint end = min(begin + per, rows);
@@ -150,4 +168,17 @@ inline uint rg_gate(constant RecurrenceParams& p, uint k) {
 // Activation of gate k (in the cell's canonical order), or the cell activation for k = 4.
 inline uint rg_act(constant RecurrenceParams& p, uint k) {
     return k == 0 ? p.act0 : (k == 1 ? p.act1 : (k == 2 ? p.act2 : (k == 3 ? p.act3 : p.act4)));
+}
+
+// The value of a completion mark: the flag keeps a zeroed status entry from reading as done.
+inline uint rg_done(uint steps) {
+    return 0x80000000u | steps;
+}
+
+// Thread 0 marks threadgroup tgid done with `steps` steps. Call it where every thread of the
+// threadgroup has finished its work: after a threadgroup_barrier that follows the last of it.
+inline void rg_mark(device uint2* status, uint tgid, uint lid, uint tpg, uint steps) {
+    if (lid == 0) {
+        status[tgid] = uint2(rg_done(steps), tpg);
+    }
 }

@@ -13,8 +13,10 @@
 //
 // Kernel versions
 //   v1 strided_gemm: one thread per element of C, a sequential loop over K summed in chunks
-//      of 64 (a partial sum per chunk, then the chunk totals), no threadgroup memory, no
-//      barrier. Correct for any shape and any threadgroup size; not tiled.
+//      of 64 (a partial sum per chunk, then the chunk totals), no threadgroup memory. One
+//      barrier, at the very end, before the completion mark (common.metal): padded threads
+//      (gid >= count) skip the work but not the barrier. Correct for any shape and any
+//      threadgroup size; not tiled.
 //
 // Buffers of strided_gemm
 //   index  type                       name    layout
@@ -23,35 +25,42 @@
 //   2      device const float*        B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
 //   3      device const float*        bias    [P] (read only when p.has_bias)
 //   4      device float*              C       [batch, M, P]
+//   5      device uint2*              status  [ceil(count/32)] completion marks (steps: K)
 
 kernel void strided_gemm(constant GemmParams& p [[buffer(0)]],
                          device const float* A [[buffer(1)]],
                          device const float* B [[buffer(2)]],
                          device const float* bias [[buffer(3)]],
                          device float* C [[buffer(4)]],
-                         uint gid [[thread_position_in_grid]]) {
-    if (gid >= p.count) {
-        return;  // the grid is padded to whole threadgroups; no barrier follows
-    }
-    uint j = gid % p.P;
-    uint rest = gid / p.P;
-    uint i = rest % p.M;
-    uint b = rest / p.M;
-    device const float* a = A + b * p.a_batch + i * p.a_row;
-    device const float* bb = B + b * p.b_batch + j * p.b_col + (i / p.block) * p.b_block;
-    // Chunked summation keeps a T·N-row reduction accurate in float32.
-    float total = 0.0f;
-    float chunk = 0.0f;
-    for (uint k = 0; k < p.K; ++k) {
-        chunk += a[k * p.a_k] * bb[k * p.b_k];
-        if ((k & 63u) == 63u) {
-            total += chunk;
-            chunk = 0.0f;
+                         device uint2* status [[buffer(5)]],
+                         uint gid [[thread_position_in_grid]],
+                         uint lid [[thread_position_in_threadgroup]],
+                         uint tgid [[threadgroup_position_in_grid]],
+                         uint tpg [[threads_per_threadgroup]]) {
+    if (gid < p.count) {  // the grid is padded to whole threadgroups
+        uint j = gid % p.P;
+        uint rest = gid / p.P;
+        uint i = rest % p.M;
+        uint b = rest / p.M;
+        device const float* a = A + b * p.a_batch + i * p.a_row;
+        device const float* bb = B + b * p.b_batch + j * p.b_col + (i / p.block) * p.b_block;
+        // Chunked summation keeps a T·N-row reduction accurate in float32.
+        float total = 0.0f;
+        float chunk = 0.0f;
+        for (uint k = 0; k < p.K; ++k) {
+            chunk += a[k * p.a_k] * bb[k * p.b_k];
+            if ((k & 63u) == 63u) {
+                total += chunk;
+                chunk = 0.0f;
+            }
         }
+        total += chunk;
+        if (p.has_bias != 0) {
+            total += bias[j];
+        }
+        C[gid] = total;
     }
-    total += chunk;
-    if (p.has_bias != 0) {
-        total += bias[j];
-    }
-    C[gid] = total;
+    // Every thread of the threadgroup has stored its element (or had none to store).
+    threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.K);
 }

@@ -15,12 +15,13 @@
 // dq over time (prow) for the secondary-bias gradient.
 //
 // Kernel versions
-//   v1 gru_backward: rows (d, n) in contiguous blocks per threadgroup, a loop over the steps in
-//      reverse, three phases per step separated by two device-memory barriers: A (element-wise
+//   v1 gru_backward: rows (d, n) in contiguous blocks per threadgroup, a loop down the
+//      dispatch's processing steps [p.s_begin, p.s_end) (all T unless the host splits a long
+//      sequence), three phases per step separated by two device-memory barriers: A (element-wise
 //      da_z, da_o, and with reset_after da_r, dq), B (without reset_after: g[j] = Σ_k da_o,k
 //      R_o[k,j] and da_r), C (dh_next[j], a dot product of length 3H over lhs). dh_next lives in
 //      the init-state gradient buffer and g in a scratch buffer; only the thread owning
-//      (row, j) touches either.
+//      (row, j) touches either. dh_next and prow carry over to the next dispatch.
 //
 // Buffers of gru_backward (count = D·N·H)
 //   index  type                            name  layout
@@ -37,6 +38,7 @@
 //   10     device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
 //   11     device float*                   work  [D·N,H] scratch: g
 //   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
+//   13     device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
 kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
                          device const float* R [[buffer(1)]],
@@ -51,20 +53,22 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
                          device float* dhn [[buffer(10)]],
                          device float* work [[buffer(11)]],
                          device float* prow [[buffer(12)]],
+                         device uint2* status [[buffer(13)]],
                          uint lid [[thread_position_in_threadgroup]],
                          uint tgid [[threadgroup_position_in_grid]],
-                         uint tpg [[threads_per_threadgroup]],
-                         uint groups [[threadgroups_per_grid]]) {
+                         uint tpg [[threads_per_threadgroup]]) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
     uint B = p.reset_after != 0 ? 1u : 3u;
-    uint2 rows = rg_rows(p.D * N, groups, tgid);
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
     uint elems = (rows.y - rows.x) * H;
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
-    for (uint step = p.T; step > 0; --step) {
+    uint step = p.s_end;
+    for (; step > p.s_begin; --step) {
         uint s = step - 1;
         // Phase A: element-wise gate gradients.
         for (uint e = lid; e < elems; e += tpg) {
@@ -162,4 +166,7 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
             dhn[own] = next + acc * m;
         }
     }
+    // Every thread of the threadgroup has finished its last step.
+    threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.s_end - step);
 }

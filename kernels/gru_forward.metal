@@ -1,4 +1,4 @@
-// gru_forward.metal: GRU, the whole sequence in one dispatch (contract 2.2).
+// gru_forward.metal: GRU, a range of steps per dispatch (contract 2.2).
 //
 //   a_z = x'_z[t] + (h[t−1] ⊙ m) R_zᵀ        z = f_update(a_z)
 //   a_r = x'_r[t] + (h[t−1] ⊙ m) R_rᵀ        r = f_reset(a_r)
@@ -9,8 +9,9 @@
 //
 // Kernel versions
 //   v1 gru_forward: rows (d, n) of both directions split in contiguous blocks across
-//      threadgroups; each threadgroup loops over the T steps. Phase 1: the thread owning
-//      (row, j) computes a_z, a_r (and with reset_after q, a_o and h: the whole step) from dot
+//      threadgroups; each threadgroup loops over the dispatch's processing steps
+//      [p.s_begin, p.s_end) (all T unless the host splits a long sequence). Phase 1: the thread
+//      owning (row, j) computes a_z, a_r (and with reset_after q, a_o and h: the whole step) from dot
 //      products of length H. Phase 2 (without reset_after): a_o needs r of every unit, read back
 //      from z_state after a device-memory barrier. Two barriers per step; z_state doubles as
 //      the staging buffer, so it is always bound, training or not. R comes transposed, so the
@@ -27,6 +28,7 @@
 //   6      device const float*             b2    [D·H] secondary bias (zeros when absent)
 //   7      device float*                   h     [T,N,D·H] output time
 //   8      device float*                   zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
+//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
 kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
                         device const float* x [[buffer(1)]],
@@ -37,19 +39,21 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
                         device const float* b2 [[buffer(6)]],
                         device float* h [[buffer(7)]],
                         device float* zs [[buffer(8)]],
+                        device uint2* status [[buffer(9)]],
                         uint lid [[thread_position_in_threadgroup]],
                         uint tgid [[threadgroup_position_in_grid]],
-                        uint tpg [[threads_per_threadgroup]],
-                        uint groups [[threadgroups_per_grid]]) {
+                        uint tpg [[threads_per_threadgroup]]) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
-    uint2 rows = rg_rows(p.D * N, groups, tgid);
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
     uint work = (rows.y - rows.x) * H;
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
-    for (uint s = 0; s < p.T; ++s) {
+    uint s = p.s_begin;
+    for (; s < p.s_end; ++s) {
         // Phase 1: a_z, a_r (and with reset_after the whole step).
         for (uint e = lid; e < work; e += tpg) {
             uint row = rows.x + e / H, j = e % H;
@@ -111,4 +115,6 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
         // h[t] must be complete before any thread of the block reads it as h[t−1].
         threadgroup_barrier(mem_flags::mem_device);
     }
+    // Every thread has passed the barrier that ends the last step.
+    rg_mark(status, tgid, lid, tpg, s - p.s_begin);
 }

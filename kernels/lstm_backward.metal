@@ -11,11 +11,13 @@
 // strided_gemm afterwards: no float atomics).
 //
 // Kernel versions
-//   v1 lstm_backward: rows (d, n) in contiguous blocks per threadgroup, a loop over the steps in
-//      reverse; phase A (the element-wise cell chain of unit j: all four da, dc_next, the
+//   v1 lstm_backward: rows (d, n) in contiguous blocks per threadgroup, a loop down the
+//      dispatch's processing steps [p.s_begin, p.s_end) (all T unless the host splits a long
+//      sequence); phase A (the element-wise cell chain of unit j: all four da, dc_next, the
 //      peephole partials) and phase B (dh_next[j] = m_j Σ_q dA_q R[q,j], a dot product of length
 //      4H) separated by one device-memory barrier per step. dh_next and dc_next live in the
-//      init-state and init-cell gradient buffers; only the thread owning (row, j) touches them.
+//      init-state and init-cell gradient buffers; only the thread owning (row, j) touches them;
+//      they and prow carry over to the next dispatch.
 //
 // Buffers of lstm_backward (count = D·N·H)
 //   index  type                            name      layout
@@ -34,6 +36,7 @@
 //   12     device float*                   dhn       [N,D·H] in: state_gradient (or zeros); out: init_state gradient
 //   13     device float*                   dcn       [N,D·H] in: final cell_gradient (or zeros); out: init_cell gradient
 //   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
+//   15     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
 
 kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
                           device const float* R [[buffer(1)]],
@@ -50,17 +53,19 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
                           device float* dhn [[buffer(12)]],
                           device float* dcn [[buffer(13)]],
                           device float* prow [[buffer(14)]],
+                          device uint2* status [[buffer(15)]],
                           uint lid [[thread_position_in_threadgroup]],
                           uint tgid [[threadgroup_position_in_grid]],
-                          uint tpg [[threads_per_threadgroup]],
-                          uint groups [[threadgroups_per_grid]]) {
+                          uint tpg [[threads_per_threadgroup]]) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
-    uint2 rows = rg_rows(p.D * N, groups, tgid);
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
     uint work = (rows.y - rows.x) * H;
-    for (uint step = p.T; step > 0; --step) {
+    uint step = p.s_end;
+    for (; step > p.s_begin; --step) {
         uint s = step - 1;
         // Phase A: the cell chain of every owned (row, j).
         for (uint e = lid; e < work; e += tpg) {
@@ -126,4 +131,7 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
             dhn[own] = acc * mask[rg_mask_step(p, s) + own];
         }
     }
+    // Every thread of the threadgroup has finished its last step.
+    threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.s_end - step);
 }

@@ -1,12 +1,13 @@
-// lstm_forward.metal: LSTM, the whole sequence in one dispatch (contract 2.2).
+// lstm_forward.metal: LSTM, a range of steps per dispatch (contract 2.2).
 //
 //   a_k = x'_k[t] + (h[t−1] ⊙ m) R_kᵀ + p_k ⊙ c[t−1]      k in i, f, z, o (gate blocks gate0..3)
 //   c[t] = f ⊙ c[t−1] + i ⊙ z        h[t] = o ⊙ g(c[t])     z_state[t] = [a_i, a_f, a_z, a_o]
 //
 // Kernel versions
 //   v1 lstm_forward: rows (d, n) of both directions split in contiguous blocks across
-//      threadgroups; each threadgroup loops over the T steps; the thread that owns (row, j)
-//      computes the four gate dot products of length H for unit j and the whole cell update
+//      threadgroups; each threadgroup loops over the dispatch's processing steps
+//      [p.s_begin, p.s_end) (all T unless the host splits a long sequence); the thread that
+//      owns (row, j) computes the four gate dot products of length H for unit j and the whole cell update
 //      (c[t−1] of unit j is its own). h[t−1] is read back from the output buffer after a
 //      device-memory threadgroup barrier. R comes transposed, so the lanes of a SIMD-group
 //      (consecutive j) read consecutive addresses. One barrier per step.
@@ -24,6 +25,7 @@
 //   8      device float*                   h         [T,N,D·H] output time
 //   9      device float*                   c         [T,N,D·H] output time
 //   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
+//   11     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
 
 kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
                          device const float* x [[buffer(1)]],
@@ -36,17 +38,19 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
                          device float* h [[buffer(8)]],
                          device float* c [[buffer(9)]],
                          device float* zs [[buffer(10)]],
+                         device uint2* status [[buffer(11)]],
                          uint lid [[thread_position_in_threadgroup]],
                          uint tgid [[threadgroup_position_in_grid]],
-                         uint tpg [[threads_per_threadgroup]],
-                         uint groups [[threadgroups_per_grid]]) {
+                         uint tpg [[threads_per_threadgroup]]) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
-    uint2 rows = rg_rows(p.D * N, groups, tgid);
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
     uint work = (rows.y - rows.x) * H;
-    for (uint s = 0; s < p.T; ++s) {
+    uint s = p.s_begin;
+    for (; s < p.s_end; ++s) {
         for (uint e = lid; e < work; e += tpg) {
             uint row = rows.x + e / H, j = e % H;
             uint d = row / N, n = row % N;
@@ -82,4 +86,6 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
         // h[t] must be complete before any thread of the block reads it as h[t−1].
         threadgroup_barrier(mem_flags::mem_device);
     }
+    // Every thread has passed the barrier that ends the last step.
+    rg_mark(status, tgid, lid, tpg, s - p.s_begin);
 }

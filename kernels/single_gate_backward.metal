@@ -8,11 +8,12 @@
 // reduces them to dR, dW, db after this dispatch.
 //
 // Kernel versions
-//   v1 single_gate_backward: rows (d, n) in contiguous blocks per threadgroup, a loop over the
-//      steps in reverse; phase A (element-wise da) and phase B (dh_next[j] = m_j Σ_k da_k R[k,j],
+//   v1 single_gate_backward: rows (d, n) in contiguous blocks per threadgroup, a loop down the
+//      dispatch's processing steps [p.s_begin, p.s_end) (all T unless the host splits a long
+//      sequence); phase A (element-wise da) and phase B (dh_next[j] = m_j Σ_k da_k R[k,j],
 //      a dot product per (row, j)) separated by one device-memory barrier per step. dh_next
 //      lives in the init-state-gradient buffer: the thread that owns (row, j) is the only one
-//      that reads or writes it, in every step.
+//      that reads or writes it, in every step, and carries it to the next dispatch.
 //
 // Buffers of single_gate_backward (count = D·N·H)
 //   index  type                            name  layout
@@ -25,6 +26,7 @@
 //   6      device float*                   dx    [T,N,D·H] da, input time
 //   7      device float*                   rhs   [T,N,D·H] h[t−1] ⊙ m, input time
 //   8      device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
+//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
 kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
                                  device const float* R [[buffer(1)]],
@@ -35,17 +37,19 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
                                  device float* dx [[buffer(6)]],
                                  device float* rhs [[buffer(7)]],
                                  device float* dhn [[buffer(8)]],
+                                 device uint2* status [[buffer(9)]],
                                  uint lid [[thread_position_in_threadgroup]],
                                  uint tgid [[threadgroup_position_in_grid]],
-                                 uint tpg [[threads_per_threadgroup]],
-                                 uint groups [[threadgroups_per_grid]]) {
+                                 uint tpg [[threads_per_threadgroup]]) {
     uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint2 rows = rg_rows(p.D * N, groups, tgid);
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
     uint work = (rows.y - rows.x) * H;
-    for (uint step = p.T; step > 0; --step) {
+    uint step = p.s_end;
+    for (; step > p.s_begin; --step) {
         uint s = step - 1;
         // Phase A: da for every owned (row, j).
         for (uint e = lid; e < work; e += tpg) {
@@ -76,4 +80,7 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
             dhn[n * DH + d * H + j] = acc * mask[rg_mask_step(p, s) + n * DH + d * H + j];
         }
     }
+    // Every thread of the threadgroup has finished its last step.
+    threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.s_end - step);
 }

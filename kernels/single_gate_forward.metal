@@ -1,11 +1,12 @@
-// single_gate_forward.metal: singleGateRNN, the whole sequence in one dispatch (contract 2.2).
+// single_gate_forward.metal: singleGateRNN, a range of steps per dispatch (contract 2.2).
 //
 //   a[t] = x'[t] + (h[t−1] ⊙ m) Rᵀ        h[t] = f(a[t])        z_state[t] = a[t]
 //
 // Kernel versions
 //   v1 single_gate_forward: rows (d, n) of both directions split in contiguous blocks across
-//      threadgroups; each threadgroup loops over the T steps, its threads striding over
-//      (row, j) with one dot product of length H each (the activation fused after it);
+//      threadgroups; each threadgroup loops over the dispatch's processing steps
+//      [p.s_begin, p.s_end) (all T unless the host splits a long sequence), its threads
+//      striding over (row, j) with one dot product of length H each (the activation fused after it);
 //      h[t−1] is read back from the output buffer after a device-memory threadgroup barrier,
 //      so H is not limited by threadgroup memory. R comes transposed, so the lanes of a
 //      SIMD-group (consecutive j) read consecutive addresses. One barrier per step.
@@ -20,6 +21,7 @@
 //   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
 //   6      device float*                   h     [T,N,D·H] output time
 //   7      device float*                   zs    [T,N,D·H] output time (written when p.training)
+//   8      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
 kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
                                 device const float* x [[buffer(1)]],
@@ -29,17 +31,19 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
                                 device const float* mask [[buffer(5)]],
                                 device float* h [[buffer(6)]],
                                 device float* zs [[buffer(7)]],
+                                device uint2* status [[buffer(8)]],
                                 uint lid [[thread_position_in_threadgroup]],
                                 uint tgid [[threadgroup_position_in_grid]],
-                                uint tpg [[threads_per_threadgroup]],
-                                uint groups [[threadgroups_per_grid]]) {
+                                uint tpg [[threads_per_threadgroup]]) {
     uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint2 rows = rg_rows(p.D * N, groups, tgid);
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
     uint work = (rows.y - rows.x) * H;
-    for (uint s = 0; s < p.T; ++s) {
+    uint s = p.s_begin;
+    for (; s < p.s_end; ++s) {
         for (uint e = lid; e < work; e += tpg) {
             uint row = rows.x + e / H, j = e % H;
             uint d = row / N, n = row % N;
@@ -62,4 +66,6 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
         // h[t] must be complete before any thread of the block reads it as h[t−1].
         threadgroup_barrier(mem_flags::mem_device);
     }
+    // Every thread has passed the barrier that ends the last step.
+    rg_mark(status, tgid, lid, tpg, s - p.s_begin);
 }

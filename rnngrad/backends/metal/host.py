@@ -12,13 +12,13 @@ Three backends share this code and differ only in the device they are given:
   and returns CuPy arrays on the GPU for them, with no copy through the host; NumPy inputs are
   copied to the GPU once per call and the results come back as NumPy arrays.
 
-Each op is a fixed, small number of dispatches whatever T is (contract and kernel files for the
-math):
+Each op is a small number of dispatches (contract and kernel files for the math):
 
 ==========================  =======================================================================
 forward                     [strided_gemm: x' = source·Wᵀ + b, when input_weight is given]
-                            <cell>_forward: the whole sequence, both directions, one dispatch
-gradients                   <cell>_backward: the whole BPTT recurrence, both directions
+                            <cell>_forward: the sequence, both directions, in as few dispatches
+                            as the work budget allows (one unless T is long: see below)
+gradients                   <cell>_backward: the BPTT recurrence, both directions, split alike
                             strided_gemm: dR = Σ lhsᵀ rhs over T·N rows, batched over directions
                             [strided_gemm ×2: d_source = dA·W, dW = dAᵀ·source, with input_weight]
                             [strided_gemm: db = Σ dA, with bias]
@@ -30,6 +30,35 @@ bound as zeros (init states, bias, secondary bias) or ones (mask); flags in the 
 cover the inputs whose absence is not a neutral value (peephole, per-step cell gradient).
 T = 0 and N = 0 are answered on the host (contract section 4): there is nothing to dispatch.
 
+Completion checks. metalcompute 0.2.9 never checks a command buffer's status, so a dispatch
+that faults or that the GPU watchdog stops would return partial outputs silently. Every kernel
+marks, in a status buffer the host binds last, that each of its threadgroups reached its end and
+with how many steps (common.metal). The host runs an op's dispatches one at a time, in order,
+and checks each one's marks (and the handle's ``error``, where the device reports one) before it
+opens the next; a missing or wrong mark raises :class:`~rnngrad.backends.metal.IncompleteDispatch`
+naming the kernel, the op, the problem size, the dispatch and the threadgroups, and nothing is
+returned. Cost: one 8-byte store per threadgroup, one barrier at the end of the kernels that had
+none there, a status buffer of ``8·ceil(count/32)`` bytes per dispatch, and one wait per dispatch.
+
+Dispatch budget. The recurrence kernels run a range of processing steps ``[s_begin, s_end)``;
+the state crosses from one dispatch to the next in the buffers the kernels write anyway (h and c
+forward; dh, dc and the per-row partial sums backward). The host estimates the work of one step
+as ``units = max(D·N·H, 1024) · max(G·H, 32)``: threads times the multiply-adds of each thread's
+recurrent dot product, where fewer than one full threadgroup of threads, or fewer than 32
+multiply-adds, take no less time per step. A dispatch gets ``max(1, budget // units)`` steps, so
+an op makes ``ceil(T / max(1, budget // units))`` recurrence dispatches: one while
+``T · units <= budget``, then one more for every further ``budget // units`` steps (linear in T).
+The default budget, :data:`DISPATCH_BUDGET` = 2**34 units, is about 0.4 s of v1 at an assumed
+4·10**10 multiply-adds per second on one GPU core (an estimate, not a measurement: a quarter of an
+M1 core's peak, since v1 makes three loads per multiply-add; more cores only shorten it), where
+public reports put the watchdog at a few seconds. Every default ``rnngrad bench`` shape stays in
+one dispatch (the largest, LSTM 200x64x512x512, is 1.3·10**10 units; bidirectional, two).
+Override it with the environment variable
+``RNNGRAD_METAL_DISPATCH_BUDGET`` (read at every op) or the host's ``dispatch_budget`` attribute
+(``HOST.dispatch_budget = 2**30``; ``None`` restores the variable or the default). Splitting
+gives bitwise the same results. strided_gemm is never split: its threads run in parallel, each
+a loop of K multiply-adds (K = T·N for the weight gradients).
+
 To run the emulated backend on a particular harness device (an adversarial schedule, a forced
 threadgroup size), use :func:`emulated_device`.
 """
@@ -38,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 
 import numpy as np
@@ -46,14 +76,135 @@ from ... import registry
 from ...descriptors import Activation
 from ...problem import ForwardArrays, GradientArrays
 from . import library
+from .errors import IncompleteDispatch, ranges
 
 F32 = np.float32
+
+#: default work budget of one recurrence dispatch, in units (see the module docstring)
+DISPATCH_BUDGET = 2 ** 34
+#: environment variable that overrides :data:`DISPATCH_BUDGET`
+BUDGET_ENV = "RNNGRAD_METAL_DISPATCH_BUDGET"
 
 
 def _f32(a):
     if hasattr(a, "__cuda_array_interface__"):
         return a.astype(F32)
     return np.ascontiguousarray(a, dtype=F32)
+
+
+def step_units(problem) -> int:
+    """Estimated work of one processing step of a recurrence kernel (module docstring)."""
+    threads = problem.D * problem.N * problem.H
+    return max(threads, 1024) * max(problem.G * problem.H, 32)
+
+
+def step_ranges(T: int, units: int, budget: int) -> list:
+    """[(s_begin, s_end)]: T processing steps in dispatches of at most ``budget`` units each
+    (at least one step per dispatch)."""
+    per = max(1, budget // max(units, 1))
+    return [(s, min(s + per, T)) for s in range(0, T, per)]
+
+
+class _Runs:
+    """The dispatches of one op, run one at a time, in order, each checked when waited on.
+
+    Waiting on a run before opening the next keeps one run of this process in flight, so
+    metalcompute's completion handler (which walks its table of runs without a lock) is not
+    scanning while Python inserts the next run, except during the handler's own last moments;
+    and a failed dispatch stops the op before any later one is opened. Used as a context
+    manager: leaving it waits on the last run, and checks it unless an error is on its way.
+    """
+
+    def __init__(self, host: "MetalHost", op: str, problem):
+        self.host = host
+        self.op = op
+        self.sizes = dict(T=problem.T, N=problem.N,
+                          I=problem.I if problem.input_weight is not None else None,
+                          H=problem.H, D=problem.D)
+        self.count = 0  # dispatches opened
+        self._pending = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        self.wait(check=kind is None)
+        return False
+
+    def launch(self, kernel, count, buffers, steps, span):
+        self.wait()
+        # One uint2 mark per threadgroup, zeroed here: enough for threadgroups of 32 or more.
+        marks = -(-count // library.MIN_THREADGROUP)
+        status = self.host.device.buffer(np.zeros(2 * marks, np.uint32))
+        handle = self.host.function(kernel)(count, *buffers, status)
+        self._pending = (handle, dict(kernel=kernel, count=count, status=status, marks=marks,
+                                      steps=steps, span=span, number=self.count))
+        self.count += 1
+
+    def wait(self, check=True):
+        """Wait on the run in flight (if any), drop it, and check its completion marks."""
+        if self._pending is None:
+            return
+        handle, run = self._pending
+        self._pending = None
+        # What the run reported: the harness's runs have completed by now (calls there are
+        # synchronous); metalcompute 0.2.9's handles report nothing.
+        reported = getattr(handle, "error", None)
+        finish = getattr(self.host.device, "finish", None)
+        if finish is not None:  # the CUDA target: waits, and raises naming a kernel that faulted
+            finish([handle])
+        del handle  # the last reference: metalcompute waits for the command buffer here
+        if check:
+            self._check(reported=reported, **run)
+
+    def _check(self, kernel, count, status, marks, steps, span, number, reported):
+        words = self.host.words(status, 2 * marks).reshape(marks, 2)
+        done = (words[:, 0] & library.DONE) != 0
+        problems, missing = [], ()
+        if reported:
+            problems.append(f"the device reported: {reported}")
+        if not done.any():
+            missing = tuple(range(marks))
+            problems.append("expected a completion mark from every threadgroup, got none "
+                            "(no threadgroup finished)")
+        else:
+            sizes = sorted(set(int(v) for v in words[done, 1]))
+            if len(sizes) != 1 or sizes[0] < library.MIN_THREADGROUP:
+                problems.append(f"expected one threadgroup size of at least "
+                                f"{library.MIN_THREADGROUP} in the marks, got {sizes}")
+            else:
+                groups = -(-count // sizes[0])
+                missing = tuple(int(g) for g in np.flatnonzero(~done[:groups]))
+                if missing:
+                    problems.append(f"expected a completion mark from each of the {groups} "
+                                    f"threadgroups (of {sizes[0]} threads), got none from "
+                                    f"threadgroup(s) {ranges(missing)}")
+                ran = words[:groups, 0] & ~np.uint32(library.DONE)
+                wrong = np.flatnonzero(done[:groups] & (ran != steps))
+                if wrong.size:
+                    problems.append(f"expected marks of {steps} steps, got "
+                                    f"{sorted(set(int(v) for v in ran[wrong]))} from "
+                                    f"threadgroup(s) {ranges(wrong)}")
+                extra = np.flatnonzero(done[groups:]) + groups
+                if extra.size:
+                    problems.append(f"expected no mark past threadgroup {groups - 1}, got marks "
+                                    f"from {ranges(extra)}")
+        if not problems:
+            return
+        size = ", ".join(f"{k}={v}" for k, v in self.sizes.items() if v is not None)
+        if span is not None:
+            where = f"processing steps [{span[0]}, {span[1]}) of T={self.sizes['T']}, "
+            hint = (f" A long sequence runs in shorter dispatches with a smaller work budget "
+                    f"({BUDGET_ENV}; now {self.host.budget()}).")
+        else:
+            where, hint = "", ""
+        raise IncompleteDispatch(
+            f"{self.op}: kernel {kernel} did not finish on the device (dispatch {number} of the "
+            f"op, counting from 0; {where}{count} threads; problem {size}): "
+            + "; ".join(problems) + ". No result is returned: the outputs may be partly "
+            "written, as when a GPU fault or the system's watchdog stops a dispatch." + hint,
+            kernel=kernel, op=self.op, sizes=self.sizes, dispatch=number, steps=span,
+            missing=missing, reported=reported)
 
 
 class MetalHost:
@@ -69,13 +220,40 @@ class MetalHost:
         self._device = None
         self._functions = {}
         self._lock = threading.Lock()
+        self._device_lock = threading.Lock()
+        #: work budget of one recurrence dispatch in units; None: $RNNGRAD_METAL_DISPATCH_BUDGET,
+        #: else DISPATCH_BUDGET (module docstring)
+        self.dispatch_budget = None
 
     # -- device and kernels -------------------------------------------------------------------
     @property
     def device(self):
+        """The one device of this host, made on first use (one per process: metalcompute keeps
+        every device's runs in one table)."""
         if self._device is None:
-            self._device = self._factory()
+            with self._device_lock:
+                if self._device is None:
+                    self._device = self._factory()
         return self._device
+
+    def budget(self) -> int:
+        """The work budget of one recurrence dispatch, in units."""
+        if self.dispatch_budget is not None:
+            value, source = self.dispatch_budget, "dispatch_budget"
+        else:
+            value, source = os.environ.get(BUDGET_ENV, "").strip() or DISPATCH_BUDGET, BUDGET_ENV
+        try:
+            budget = int(str(value).replace("_", ""), 0)
+        except ValueError:
+            budget = 0
+        if budget < 1:
+            raise ValueError(f"{source}: expected a positive integer (work units per dispatch), "
+                             f"got {value!r}")
+        return budget
+
+    def step_ranges(self, problem) -> list:
+        """[(s_begin, s_end)] of the recurrence dispatches of ``problem``, in processing order."""
+        return step_ranges(problem.T, step_units(problem), self.budget())
 
     def use(self, device):
         """Run on ``device`` from now on (its kernels are compiled again on first use)."""
@@ -113,13 +291,19 @@ class MetalHost:
         """A float32 device buffer of ``n`` elements (at least one)."""
         return self.device.buffer(4 * max(int(n), 1))
 
-    def launch(self, kernel, count, handles, **buffers):
-        """Dispatch ``kernel`` over ``count`` threads, binding ``buffers`` by the names of its
-        buffer table (``library.BUFFERS``)."""
-        names = library.BUFFERS[kernel]
+    def launch(self, kernel, count, runs, *, steps, span=None, **buffers):
+        """Dispatch ``kernel`` over ``count`` threads on ``runs`` (the op's :class:`_Runs`),
+        binding ``buffers`` by the names of its buffer table (``library.BUFFERS``; the status
+        buffer is bound here). ``steps``: what each threadgroup's completion mark must say;
+        ``span``: the processing steps ``(s_begin, s_end)`` of a recurrence dispatch."""
+        names = library.BUFFERS[kernel][:-1]  # the last is the status buffer
         if set(names) != set(buffers):
             raise ValueError(f"{kernel}: expected buffers {names}, got {tuple(buffers)}")
-        handles.append(self.function(kernel)(int(count), *(buffers[n] for n in names)))
+        runs.launch(kernel, int(count), [buffers[n] for n in names], steps, span)
+
+    def runs(self, op, problem) -> _Runs:
+        """The dispatches of one op (a context manager; see :class:`_Runs`)."""
+        return _Runs(self, op, problem)
 
     def read(self, buf, shape):
         """The first prod(shape) floats of a buffer the op made: a NumPy copy, or on the CUDA
@@ -129,14 +313,11 @@ class MetalHost:
             return np.frombuffer(buf, F32, count=n).reshape(shape).copy()
         return buf.view(self.xp.float32)[:n].reshape(shape)
 
-    def finish(self, handles):
-        """Wait for the op's dispatches; a device that can report a failed one (the harness
-        targets) raises its error here."""
-        finish = getattr(self.device, "finish", None)
-        if finish is not None:
-            finish(handles)
-        else:
-            del handles[:]  # metalcompute waits when a handle is deleted
+    def words(self, buf, n):
+        """The first ``n`` uint32 words of a buffer, as a NumPy copy (from the GPU too)."""
+        if self.xp is np:
+            return np.frombuffer(buf, np.uint32, count=n).copy()
+        return buf.view(self.xp.uint32)[:n].get()
 
     def to_caller(self, problem, out):
         """Results where the inputs were: GPU inputs get GPU arrays, host inputs NumPy arrays."""
@@ -162,13 +343,14 @@ class MetalHost:
             params[key] = value
         if count == 0:
             return
-        self.launch("strided_gemm", count, handles, p=self.buffer(params), A=A, B=B,
+        self.launch("strided_gemm", count, handles, steps=K, p=self.buffer(params), A=A, B=B,
                     bias=bias if bias is not None else self.empty(1), C=C)
 
     # -- parameters ---------------------------------------------------------------------------
     @staticmethod
-    def recurrence_params(problem, count):
-        """The RecurrenceParams struct of one call."""
+    def recurrence_params(problem, count, span=None):
+        """The RecurrenceParams struct of one dispatch running processing steps ``span`` =
+        ``(s_begin, s_end)`` (default all T)."""
         desc, cell = problem.descriptor, problem.cell
         p = np.zeros(1, library.RECURRENCE_PARAMS)
         acts = [Activation.NONE] * 5
@@ -190,6 +372,7 @@ class MetalHost:
         values = dict(count=count, T=problem.T, N=problem.N, H=problem.H, D=problem.D,
                       G=problem.G, Z=problem.Z, reverse=int(desc.reverse and problem.D == 1),
                       training=int(desc.training), mask_per_step=int(problem.mask_per_step))
+        values["s_begin"], values["s_end"] = span if span is not None else (0, problem.T)
         for key, value in values.items():
             p[key] = value
         for k in range(5):
@@ -216,8 +399,7 @@ class MetalHost:
             return self.to_caller(problem, ForwardArrays(
                 empty, empty.copy() if wants_c else None,
                 np.zeros((T, N, D * Z * H), F32) if desc.training else None))
-        with self._lock:
-            handles = []
+        with self._lock, self.runs(f"{cell}_forward", problem) as handles:
             source = self.buffer(problem.source)
             if problem.input_weight is not None:
                 I = problem.I
@@ -234,25 +416,30 @@ class MetalHost:
             h0, mask = self._common(problem)
             Rt = self.buffer(problem.recurrent_weight.transpose(0, 2, 1))  # [D,H,GH]
             count = D * N * H
-            p = self.buffer(self.recurrence_params(problem, count))
             h = self.empty(T * N * DH)
             keeps_z = desc.training or cell == "gru"  # GRU stages a_r in z_state
             zs = self.empty(T * N * D * Z * H) if keeps_z else self.empty(1)
             if cell == "single_gate":
-                self.launch("single_gate_forward", count, handles, p=p, x=x, bias=x_bias, Rt=Rt,
-                            h0=h0, mask=mask, h=h, zs=zs)
+                kernel, buffers = "single_gate_forward", dict(x=x, bias=x_bias, Rt=Rt, h0=h0,
+                                                              mask=mask, h=h, zs=zs)
             elif cell == "gru":
                 b2 = problem.secondary_bias if problem.secondary_bias is not None else np.zeros(DH, F32)
-                self.launch("gru_forward", count, handles, p=p, x=x, bias=x_bias, Rt=Rt, h0=h0,
-                            mask=mask, b2=self.buffer(b2), h=h, zs=zs)
+                kernel, buffers = "gru_forward", dict(x=x, bias=x_bias, Rt=Rt, h0=h0, mask=mask,
+                                                      b2=self.buffer(b2), h=h, zs=zs)
             else:
                 c0 = problem.init_cell if problem.init_cell is not None else np.zeros((N, DH), F32)
                 peephole = problem.peephole if problem.peephole is not None else np.zeros((D, 4 * H), F32)
                 c = self.empty(T * N * DH)
-                self.launch("lstm_forward", count, handles, p=p, x=x, bias=x_bias, Rt=Rt, h0=h0,
-                            c0=self.buffer(c0), mask=mask, peephole=self.buffer(peephole), h=h,
-                            c=c, zs=zs)
-            self.finish(handles)
+                kernel, buffers = "lstm_forward", dict(x=x, bias=x_bias, Rt=Rt, h0=h0,
+                                                       c0=self.buffer(c0), mask=mask,
+                                                       peephole=self.buffer(peephole), h=h, c=c,
+                                                       zs=zs)
+            # Steps upward; each dispatch starts from the h (and c) the previous one wrote.
+            for span in self.step_ranges(problem):
+                p = self.buffer(self.recurrence_params(problem, count, span))
+                self.launch(kernel, count, handles, steps=span[1] - span[0], span=span, p=p,
+                            **buffers)
+            handles.wait()  # waits for the GPU and checks the last dispatch
             out = ForwardArrays(self.read(h, (T, N, DH)))
             if wants_c:
                 out.c = self.read(c, (T, N, DH))
@@ -267,12 +454,10 @@ class MetalHost:
         DH, GH, DGH = D * H, G * H, D * G * H
         if T == 0 or N == 0:
             return self.to_caller(problem, self._trivial_gradients(problem))
-        with self._lock:
-            handles = []
+        with self._lock, self.runs(f"{cell}_gradients", problem) as handles:
             h0, mask = self._common(problem)
             R = self.buffer(problem.recurrent_weight)  # [D,GH,H]
             count = D * N * H
-            p = self.buffer(self.recurrence_params(problem, count))
             dy = self.buffer(problem.source_gradient)
             zs = self.buffer(problem.z_state)
             sg = problem.state_gradient if problem.state_gradient is not None else np.zeros((N, DH), F32)
@@ -285,14 +470,15 @@ class MetalHost:
             rhs = self.empty(T * N * D * rhs_blocks * H)
             prow = None
             if cell == "single_gate":
-                self.launch("single_gate_backward", count, handles, p=p, R=R, h0=h0, mask=mask,
-                            dy=dy, zs=zs, dx=dx, rhs=rhs, dhn=dhn)
+                kernel, buffers = "single_gate_backward", dict(R=R, h0=h0, mask=mask, dy=dy,
+                                                               zs=zs, dx=dx, rhs=rhs, dhn=dhn)
             elif cell == "gru":
                 lhs = self.empty(T * N * DGH)
                 prow = self.buffer(np.zeros((D * N, H), F32))
-                self.launch("gru_backward", count, handles, p=p, R=R, h0=h0, mask=mask, dy=dy,
-                            zs=zs, hfwd=self.buffer(problem.output_fwd), dx=dx, lhs=lhs, rhs=rhs,
-                            dhn=dhn, work=self.empty(D * N * H), prow=prow)
+                kernel, buffers = "gru_backward", dict(R=R, h0=h0, mask=mask, dy=dy, zs=zs,
+                                                       hfwd=self.buffer(problem.output_fwd),
+                                                       dx=dx, lhs=lhs, rhs=rhs, dhn=dhn,
+                                                       work=self.empty(D * N * H), prow=prow)
             else:
                 c0 = problem.init_cell if problem.init_cell is not None else np.zeros((N, DH), F32)
                 peephole = problem.peephole if problem.peephole is not None else np.zeros((D, 4 * H), F32)
@@ -300,11 +486,16 @@ class MetalHost:
                 dc_final = cg if (cg is not None and cg.ndim == 2) else np.zeros((N, DH), F32)
                 dcn = self.buffer(dc_final)
                 prow = self.buffer(np.zeros((D * N, 4 * H), F32))
-                self.launch("lstm_backward", count, handles, p=p, R=R, h0=h0, c0=self.buffer(c0),
-                            mask=mask, peephole=self.buffer(peephole), dy=dy, zs=zs,
-                            cfwd=self.buffer(problem.cell_output_fwd),
-                            cg=self.buffer(cg) if problem.cell_gradient_per_step else self.empty(1),
-                            dx=dx, rhs=rhs, dhn=dhn, dcn=dcn, prow=prow)
+                kernel, buffers = "lstm_backward", dict(
+                    R=R, h0=h0, c0=self.buffer(c0), mask=mask, peephole=self.buffer(peephole),
+                    dy=dy, zs=zs, cfwd=self.buffer(problem.cell_output_fwd),
+                    cg=self.buffer(cg) if problem.cell_gradient_per_step else self.empty(1),
+                    dx=dx, rhs=rhs, dhn=dhn, dcn=dcn, prow=prow)
+            # Steps downward; dh (dc) and the per-row partial sums carry over in dhn (dcn), prow.
+            for span in reversed(self.step_ranges(problem)):
+                p = self.buffer(self.recurrence_params(problem, count, span))
+                self.launch(kernel, count, handles, steps=span[1] - span[0], span=span, p=p,
+                            **buffers)
             rows = T * N
             dR = self.empty(D * GH * H)
             self.gemm(handles, lhs, rhs, dR, batch=D, M=GH, P=H, K=rows, a_batch=GH, a_row=1,
@@ -343,7 +534,7 @@ class MetalHost:
                 self.gemm(handles, ones, prow, db2, batch=D, M=1, P=H, K=N, b_batch=N * H, b_k=H,
                           b_col=1)
                 bufs["secondary_bias"] = (db2, (DH,))
-            self.finish(handles)
+            handles.wait()  # waits for the GPU and checks the last dispatch
             out = GradientArrays(**{k: self.read(b, shape) for k, (b, shape) in bufs.items()})
             return self.to_caller(problem, out)
 

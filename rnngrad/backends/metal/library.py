@@ -40,6 +40,7 @@ RECURRENCE_PARAMS = _struct((
     "count", "T", "N", "H", "D", "G", "Z", "reverse", "training", "mask_per_step",
     "has_peephole", "cell_gradient_per_step", "reset_after", "flip_z",
     "act0", "act1", "act2", "act3", "act4", "gate0", "gate1", "gate2", "gate3",
+    "s_begin", "s_end",
 ))
 
 #: mirror of ``struct GemmParams`` in common.metal
@@ -49,17 +50,25 @@ GEMM_PARAMS = _struct((
 ))
 
 #: the buffers of every kernel, in ``[[buffer(i)]]`` order; the launcher binds them by these names
+#: (every kernel's last buffer, ``status``, is the completion marks the launcher itself binds)
 BUFFERS = {
-    "strided_gemm": ("p", "A", "B", "bias", "C"),
-    "single_gate_forward": ("p", "x", "bias", "Rt", "h0", "mask", "h", "zs"),
-    "single_gate_backward": ("p", "R", "h0", "mask", "dy", "zs", "dx", "rhs", "dhn"),
-    "gru_forward": ("p", "x", "bias", "Rt", "h0", "mask", "b2", "h", "zs"),
+    "strided_gemm": ("p", "A", "B", "bias", "C", "status"),
+    "single_gate_forward": ("p", "x", "bias", "Rt", "h0", "mask", "h", "zs", "status"),
+    "single_gate_backward": ("p", "R", "h0", "mask", "dy", "zs", "dx", "rhs", "dhn", "status"),
+    "gru_forward": ("p", "x", "bias", "Rt", "h0", "mask", "b2", "h", "zs", "status"),
     "gru_backward": ("p", "R", "h0", "mask", "dy", "zs", "hfwd", "dx", "lhs", "rhs",
-                     "dhn", "work", "prow"),
-    "lstm_forward": ("p", "x", "bias", "Rt", "h0", "c0", "mask", "peephole", "h", "c", "zs"),
+                     "dhn", "work", "prow", "status"),
+    "lstm_forward": ("p", "x", "bias", "Rt", "h0", "c0", "mask", "peephole", "h", "c", "zs",
+                     "status"),
     "lstm_backward": ("p", "R", "h0", "c0", "mask", "peephole", "dy", "zs", "cfwd", "cg",
-                      "dx", "rhs", "dhn", "dcn", "prow"),
+                      "dx", "rhs", "dhn", "dcn", "prow", "status"),
 }
+
+#: flag of a completion mark's first word (``rg_done`` in common.metal): a zeroed entry is not done
+DONE = 0x80000000
+#: the smallest threadgroup metalcompute makes (one SIMD-group): status buffers hold
+#: ``ceil(count / MIN_THREADGROUP)`` marks, enough for any threadgroup size
+MIN_THREADGROUP = 32
 
 
 def kernel_dir() -> Path:

@@ -43,6 +43,25 @@ What it checks
       installed only during a dispatch and jump back to it (``siglongjmp``) from an alternate
       signal stack; memory the kernel wrote before the fault stays written.
 
+Failures it can inject
+    A real GPU can stop a dispatch part-way: a fault, or the system's watchdog stopping a
+    command buffer that ran too long. metalcompute 0.2.9 never looks at a command buffer's
+    status, so the caller then gets whatever the kernel had written. Two options make the harness
+    do the same to one dispatch, chosen by its number on this device (0 for the first call since
+    the device was made; ``dev.trace.clear()`` does not reset it):
+
+    - ``Device(stop=(i, k))``: dispatch ``i`` runs only threadgroups ``0 .. k-1`` of its grid
+      (all of them when it has no more than k); the others never run, and nothing is
+      reported, as on a Mac. (The kernel sees
+      ``[[threadgroups_per_grid]]`` = k: a kernel that splits its work by that builtin would
+      spread it over the threadgroups that run, so the stop would go unseen in its outputs.)
+    - ``Device(timeout=i)``: dispatch ``i``'s handle reports the error the watchdog gives a
+      command buffer it stopped (``handle.error``, a string; ``None`` otherwise), as a
+      metalcompute that checked the status would. Give both options the same ``i`` for a
+      timeout that also cut the work short, as a real one does.
+
+    ``Dispatch.injected`` in the trace says what was done to a dispatch.
+
 What it cannot check
     Apple's compiler may reject code that C++ accepts (and the reverse for rare MSL syntax:
     swizzles beyond two or three components, template kernels, ``[[threadgroup(i)]]``
@@ -56,8 +75,9 @@ What it cannot check
 
 Dispatch trace
     ``Device.trace`` is a list with one ``Dispatch`` per call, in call order: ``kernel`` (name),
-    ``count``, ``threadgroup_size``, ``threadgroups``, ``threadgroup_memory`` (bytes declared),
-    ``path`` (``"loop"`` or ``"fibers"``) and ``seconds``. Clear it with ``dev.trace.clear()``.
+    ``count``, ``threadgroup_size``, ``threadgroups`` (of the grid), ``threadgroup_memory`` (bytes
+    declared), ``path`` (``"loop"`` or ``"fibers"``), ``seconds`` and ``injected`` (an injected
+    failure, or ``""``). Clear it with ``dev.trace.clear()``.
 """
 
 from __future__ import annotations
@@ -110,6 +130,7 @@ class Dispatch(NamedTuple):
     threadgroup_memory: int
     path: str
     seconds: float
+    injected: str = ""  # "stopped after k of n threadgroups", "reported a timeout", both, or ""
 
 
 class _Launch(ctypes.Structure):
@@ -123,6 +144,10 @@ class _Outcome(ctypes.Structure):
                 ("tg_memory", ctypes.c_uint), ("tg_failed", ctypes.c_uint),
                 ("msg", ctypes.c_char * 2048)]
 
+
+#: what a command buffer stopped by the GPU watchdog reports (MTLCommandBuffer.error on macOS)
+TIMEOUT_ERROR = ("Execution of the command buffer was aborted due to an error during execution. "
+                 "Caused GPU Timeout Error (00000002:kIOGPUCommandBufferCallbackErrorTimeout)")
 
 _SIGNALS = {11: "SIGSEGV (invalid memory access)", 7: "SIGBUS (invalid memory access)",
             8: "SIGFPE (arithmetic trap, e.g. integer division by zero)",
@@ -164,10 +189,15 @@ def _guarded(nbytes: int, exact: bool = True) -> Buffer:
 
 
 class RunHandle:
-    """Returned by a call; deleting it waits for completion (here the call already completed)."""
+    """Returned by a call; deleting it waits for completion (here the call already completed).
 
-    def __init__(self, function: "Function"):
+    ``error``: ``None``, or what the run reported when it failed (only with ``Device(timeout=...)``;
+    metalcompute 0.2.9's handles have no such attribute).
+    """
+
+    def __init__(self, function: "Function", error: str | None = None):
         self.function = function
+        self.error = error
 
     def __repr__(self) -> str:
         return f"metalcompute.RunHandle({self.function.name})"
@@ -185,10 +215,14 @@ class Device:
         guard_pages: end every buffer exactly at a guard page, so any access past its end
             faults (default). False lays buffers out as Metal does (whole 16 KiB pages), so
             overruns within the last page pass silently, as they would on a Mac.
+        stop: ``(i, k)``: dispatch number ``i`` runs only its first ``k`` threadgroups and
+            reports nothing (see "Failures it can inject" in the module docstring).
+        timeout: ``i``: dispatch number ``i``'s handle reports a GPU timeout.
     """
 
     def __init__(self, device_index: int = -1, *, schedule: str = "lanes", seed: int = 0,
-                 max_threads_per_threadgroup: int = 1024, guard_pages: bool = True):
+                 max_threads_per_threadgroup: int = 1024, guard_pages: bool = True,
+                 stop: tuple[int, int] | None = None, timeout: int | None = None):
         if device_index not in (-1, 0):
             raise error(f"Device not found: index {device_index}, expected -1 or 0 (one device)")
         if schedule not in SCHEDULES:
@@ -196,11 +230,19 @@ class Device:
         if not (32 <= max_threads_per_threadgroup <= 1024 and max_threads_per_threadgroup % 32 == 0):
             raise error("max_threads_per_threadgroup: expected a multiple of 32 in [32, 1024], "
                         f"got {max_threads_per_threadgroup}")
+        if stop is not None and not (isinstance(stop, tuple) and len(stop) == 2
+                                     and all(isinstance(v, int) and v >= 0 for v in stop)):
+            raise error(f"stop: expected (dispatch number, threadgroups that run), two ints >= 0, "
+                        f"got {stop!r}")
+        if timeout is not None and not (isinstance(timeout, int) and timeout >= 0):
+            raise error(f"timeout: expected a dispatch number, an int >= 0, got {timeout!r}")
         self.deviceName = _DEVICE_NAME
         self.schedule = schedule
         self.seed = int(seed)
         self.max_threads_per_threadgroup = max_threads_per_threadgroup
         self.guard_pages = bool(guard_pages)
+        self.stop = stop
+        self.timeout = timeout
         self.trace: list[Dispatch] = []
         self._dispatches = 0
 
@@ -281,9 +323,19 @@ class Function:
         for i, b in enumerate(bound):
             launch.bufs[i] = b._mc_addr
         launch.count, launch.tg_size = count, tg
-        launch.n_tg = -(-count // tg)
+        grid = -(-count // tg)
+        number = device._dispatches
+        injected = []
+        launch.n_tg = grid
+        if device.stop is not None and device.stop[0] == number and device.stop[1] < grid:
+            launch.n_tg = device.stop[1]
+            injected.append(f"stopped after {launch.n_tg} of {grid} threadgroups")
+        reported = None
+        if device.timeout == number:
+            reported = TIMEOUT_ERROR
+            injected.append("reported a timeout")
         launch.schedule = SCHEDULES[device.schedule]
-        launch.seed = (device.seed * 1_000_003 + device._dispatches) & (2 ** 64 - 1)
+        launch.seed = (device.seed * 1_000_003 + number) & (2 ** 64 - 1)
         device._dispatches += 1
         outcome = _Outcome()
         start = time.perf_counter()
@@ -291,11 +343,11 @@ class Function:
             code = self._dispatch(ctypes.byref(launch), ctypes.byref(outcome))
         seconds = time.perf_counter() - start
         path = "fibers" if self._info.needs_fibers else "loop"
-        device.trace.append(Dispatch(self.name, count, tg, launch.n_tg, outcome.tg_memory, path,
-                                     seconds))
+        device.trace.append(Dispatch(self.name, count, tg, grid, outcome.tg_memory, path,
+                                     seconds, ", ".join(injected)))
         if code:
             raise error(self._describe(outcome, count, tg, bound))
-        return RunHandle(self)
+        return RunHandle(self, reported)
 
     def _describe(self, outcome: _Outcome, count: int, tg: int, bound) -> str:
         head = f"kernel '{self.name}' (count {count}, threadgroup size {tg}): "

@@ -1,0 +1,189 @@
+"""No silently wrong result from the Metal path: every kernel's completion marks, checked by the
+host after each dispatch, turn a dispatch that stopped part-way (some threadgroups never ran)
+or that reported a GPU timeout into rnngrad.backends.metal.IncompleteDispatch, naming the
+kernel, the op, the problem size and the dispatch; the op then returns nothing. The failures
+are injected by the CPU harness (``Device(stop=..., timeout=...)``), at every dispatch of every
+op of every cell, with threadgroups of 32 threads so that every recurrence dispatch has
+several (a strided_gemm of at most 32 elements has one: "part-way" then means it never started).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rnngrad.backends.metal import IncompleteDispatch, library
+from rnngrad.backends.metal.harness import cpu as metalcompute
+from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
+from rnngrad.testing.cases import CELLS, random_case, random_descriptor
+
+pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
+                                reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
+
+BACKEND = "metal-emulated"
+ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
+                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
+SMALL_GROUPS = dict(max_threads_per_threadgroup=32)
+KERNELS = set(library.BUFFERS)
+
+
+def _case(cell, bidirectional=True, T=3):
+    """D·N·H = 2·3·6 = 36 recurrence threads: two threadgroups of 32, three rows each."""
+    rng = np.random.default_rng(len(cell) + 10 * bidirectional)
+    desc = random_descriptor(rng, cell, bidirectional=bidirectional, training=True)
+    return random_case(rng, cell, descriptor=desc, T=T, N=3, H=6, I=4, dtype=np.float32,
+                       optional=ALL_OPTIONAL, cell_gradient_form="per_step")
+
+
+def _dispatches(case):
+    """[(kernel, op, threadgroups)] of the gradients call (a training forward, then the gradient
+    op), fault-free."""
+    with emulated_device(**SMALL_GROUPS) as dev:
+        case.training_forward(backend=BACKEND)
+        forward = len(dev.trace)
+        dev.trace.clear()
+        case.gradients(backend=BACKEND)
+    ops = [f"{case.cell}_forward"] * forward + [f"{case.cell}_gradients"] * (len(dev.trace) - forward)
+    return [(d.kernel, op, d.threadgroups) for d, op in zip(dev.trace, ops)]
+
+
+#: failure -> device options for dispatch i of a grid of g threadgroups. "Part-way": the first
+#: half of the threadgroups run (none when there is only one).
+FAILURES = {
+    "stopped part-way": lambda i, g: dict(stop=(i, g // 2)),
+    "never started": lambda i, g: dict(stop=(i, 0)),
+    "timed out": lambda i, g: dict(timeout=i),
+    "timed out part-way": lambda i, g: dict(stop=(i, g // 2), timeout=i),
+}
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("failure", FAILURES)
+def test_every_dispatch_of_every_op_raises_on_an_injected_failure(cell, failure):
+    case = _case(cell)
+    dispatches = _dispatches(case)
+    assert {k for k, _, _ in dispatches} == {"strided_gemm", f"{cell}_forward", f"{cell}_backward"}
+    assert all(groups >= 2 for k, _, groups in dispatches if k != "strided_gemm"), dispatches
+    size = "T=3, N=3, I=4, H=6, D=2"
+    first = {}  # op -> index of its first dispatch
+    for i, (_, op, _) in enumerate(dispatches):
+        first.setdefault(op, i)
+    for i, (kernel, op, groups) in enumerate(dispatches):
+        with emulated_device(**SMALL_GROUPS, **FAILURES[failure](i, groups)) as dev:
+            with pytest.raises(IncompleteDispatch) as info:
+                case.gradients(backend=BACKEND)
+        err, message = info.value, str(info.value)
+        assert isinstance(err, RuntimeError)
+        assert (err.kernel, err.op, err.dispatch) == (kernel, op, i - first[op]), message
+        assert f"{op}: kernel {kernel} did not finish" in message
+        assert size in message and err.sizes == dict(T=3, N=3, I=4, H=6, D=2)
+        assert "No result is returned" in message
+        # The op stopped at the failed dispatch: nothing after it was opened.
+        assert len(dev.trace) == i + 1 and dev.trace[-1].injected
+        if kernel != "strided_gemm":
+            assert err.steps == (0, 3) and "processing steps [0, 3) of T=3" in message
+        else:
+            assert err.steps is None
+        if "timed out" in failure:
+            assert err.reported == metalcompute.TIMEOUT_ERROR
+            assert "Caused GPU Timeout Error" in message
+        else:
+            assert err.reported is None
+        ran = groups // 2 if "part-way" in failure else (0 if failure == "never started" else groups)
+        if ran == 0:
+            assert "no threadgroup finished" in message
+        elif ran < groups:
+            assert err.missing == tuple(range(ran, groups))
+            assert f"got none from threadgroup(s) {ran}" in message
+        else:
+            assert err.missing == ()
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_fault_free_runs_and_injections_elsewhere_change_nothing(cell):
+    """A failure injected past the op's last dispatch, or a stop that keeps every threadgroup,
+    leaves the results bitwise as they are without injection."""
+    case = _case(cell)
+    with emulated_device(**SMALL_GROUPS):
+        want = case.gradients(backend=BACKEND)
+    n = len(_dispatches(case)) + 10
+    for options in (dict(stop=(n, 0), timeout=n), dict(stop=(2, 10 ** 6))):
+        with emulated_device(**SMALL_GROUPS, **options):
+            got = case.gradients(backend=BACKEND)
+        assert got.names == want.names
+        assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
+
+
+def test_a_failed_chunk_of_a_split_sequence_is_named_by_its_steps(monkeypatch):
+    """T = 7 in dispatches of 3 steps: [0, 3), [3, 6), [6, 7) forward, the reverse backward."""
+    case = _case("lstm", T=7)
+    monkeypatch.setattr(EMULATED_HOST, "dispatch_budget", 3 * 1024 * 32)  # units: 1024·max(24, 32)
+    with emulated_device(**SMALL_GROUPS) as dev:
+        case.gradients(backend=BACKEND)
+    kernels = [d.kernel for d in dev.trace]
+    forward = [i for i, k in enumerate(kernels) if k == "lstm_forward"]
+    backward = [i for i, k in enumerate(kernels) if k == "lstm_backward"]
+    assert len(forward) == len(backward) == 3
+    for index, steps in ((forward[1], (3, 6)), (backward[0], (6, 7)), (backward[2], (0, 3))):
+        with emulated_device(**SMALL_GROUPS, stop=(index, 1)):
+            with pytest.raises(IncompleteDispatch) as info:
+                case.gradients(backend=BACKEND)
+        assert info.value.steps == steps
+        assert f"processing steps [{steps[0]}, {steps[1]}) of T=7" in str(info.value)
+        assert "RNNGRAD_METAL_DISPATCH_BUDGET" in str(info.value)
+
+
+# -- at the level of metalcompute's API ---------------------------------------------------------
+
+def _gemm_call(dev, count=100):
+    """C[1,count,1] = A·B with K = 3 through strided_gemm; (C, status, handle)."""
+    fn = dev.kernel(library.source()).function("strided_gemm")
+    params = np.zeros(1, library.GEMM_PARAMS)
+    for key, value in dict(count=count, batch=1, M=count, P=1, K=3, a_row=3, a_k=1, b_k=1,
+                           b_col=1, block=count).items():
+        params[key] = value
+    A = dev.buffer(np.ones(3 * count, np.float32))
+    B = dev.buffer(np.ones(3, np.float32))
+    C = dev.buffer(4 * count)
+    status = dev.buffer(np.zeros(2 * -(-count // 32), np.uint32))
+    handle = fn(count, dev.buffer(params.view(np.uint8)), A, B, dev.buffer(4), C, status)
+    out = np.frombuffer(C, np.float32).copy()
+    marks = np.frombuffer(status, np.uint32).reshape(-1, 2).copy()
+    return out, marks, handle
+
+
+def test_a_stopped_dispatch_leaves_partial_output_that_only_the_marks_reveal():
+    """What the host guards against: the call returns normally with some outputs unwritten."""
+    out, marks, handle = _gemm_call(metalcompute.Device(**SMALL_GROUPS))
+    assert (out == 3).all() and handle.error is None
+    assert (marks[:, 0] == library.DONE | 3).all() and (marks[:, 1] == 32).all()
+
+    dev = metalcompute.Device(**SMALL_GROUPS, stop=(0, 2))
+    out, marks, handle = _gemm_call(dev)
+    assert handle.error is None  # nothing reported, as with metalcompute on a Mac
+    assert (out[:64] == 3).all() and (out[64:] == 0).all()
+    assert (marks[:2, 0] == library.DONE | 3).all() and (marks[2:] == 0).all()
+    assert dev.trace[-1].threadgroups == 4
+    assert dev.trace[-1].injected == "stopped after 2 of 4 threadgroups"
+
+    dev = metalcompute.Device(timeout=0)
+    out, marks, handle = _gemm_call(dev)
+    assert handle.error == metalcompute.TIMEOUT_ERROR and dev.trace[-1].injected == "reported a timeout"
+    assert _gemm_call(dev)[2].error is None  # only the dispatch chosen
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(stop=3), "stop: expected (dispatch number, threadgroups that run)"),
+    (dict(stop=(0, -1)), "got (0, -1)"),
+    (dict(timeout=-2), "timeout: expected a dispatch number, an int >= 0, got -2"),
+    (dict(timeout="0"), "got '0'"),
+])
+def test_injection_options_say_what_was_expected(options, message):
+    with pytest.raises(metalcompute.error, match=message.replace("(", r"\(").replace(")", r"\)")):
+        metalcompute.Device(**options)
+
+
+def test_marks_cover_every_kernel_and_sit_in_the_last_binding():
+    for kernel, names in library.BUFFERS.items():
+        assert names[-1] == "status", kernel
+    assert KERNELS == {"strided_gemm"} | {f"{c}_{p}" for c in CELLS for p in ("forward", "backward")}
