@@ -40,11 +40,16 @@ def cpu_backends() -> tuple:
 def device_of(named: dict) -> torch.device:
     """The one device of the tensors in ``named`` ({argument: tensor or None}); a ``ValueError``
     naming each argument's device when they differ."""
-    devices = {name: t.device for name, t in named.items() if t is not None}
-    if len(set(devices.values())) > 1:
-        listing = ", ".join(f"{k} on {v}" for k, v in devices.items())
-        raise ValueError(f"tensors: expected every tensor on one device, got {listing}")
-    return next(iter(devices.values()))
+    device = None
+    for t in named.values():
+        if t is None:
+            continue
+        if device is None:
+            device = t.device
+        elif t.device != device:
+            listing = ", ".join(f"{k} on {v.device}" for k, v in named.items() if v is not None)
+            raise ValueError(f"tensors: expected every tensor on one device, got {listing}")
+    return device
 
 
 def backend_for(device: torch.device, backend):
@@ -88,6 +93,28 @@ def to_array(t, device: torch.device):
     import cupy  # the metal-cuda backend takes and returns CuPy arrays
 
     return cupy.from_dlpack(t)
+
+
+def to_arrays(named: dict, device: torch.device) -> dict:
+    """{argument: the backend's view of the tensor} for the tensors of ``named`` that are
+    not None (see :func:`to_array`)."""
+    if device.type == "cpu":
+        return {k: t.detach().numpy() for k, t in named.items() if t is not None}
+    return {k: to_array(t, device) for k, t in named.items() if t is not None}
+
+
+def namespace(a, device: torch.device):
+    """The array module of the backend's arrays on ``device``: NumPy, or CuPy."""
+    if device.type == "cpu":
+        return np
+    import cupy
+
+    return cupy
+
+
+def torch_dtype(dtype) -> torch.dtype:
+    return {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+            np.dtype(np.float64): torch.float64}[np.dtype(dtype)]
 
 
 def to_tensor(a, device: torch.device) -> torch.Tensor:

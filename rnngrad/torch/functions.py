@@ -85,28 +85,44 @@ class LSTMOutput(NamedTuple):
     final_cell: torch.Tensor
 
 
-def _final(seq: torch.Tensor, initial: Optional[torch.Tensor], D: int) -> torch.Tensor:
-    """Each direction's last state [N,D·H] of ``seq`` [T,N,D·H] (contract 2.1: processing order
-    unidirectional, aligned bidirectional), a tensor of its own; the initial one when T = 0."""
+def _final(seq, initial, D: int, device):
+    """Each direction's last state [N,D·H] of ``seq`` [T,N,D·H] (the backend's array; contract
+    2.1: processing order unidirectional, aligned bidirectional) as a tensor of its own; the
+    initial state (a tensor or None: zeros) when T = 0."""
     T, N, DH = seq.shape
     if T == 0:
         if initial is None:
-            return seq.new_zeros((N, DH))
-        return initial.detach().reshape(N, DH).to(seq.dtype, copy=True)
+            return torch.zeros((N, DH), dtype=_device.torch_dtype(seq.dtype), device=device)
+        return initial.detach().reshape(N, DH).clone()
     if D == 1:
-        return seq[-1].clone()  # [N,H]
-    H = DH // 2
-    return torch.cat([seq[-1, :, :H], seq[0, :, H:]], dim=-1)  # [N,2H]
+        last = seq[-1].copy()  # [N,H]
+    else:
+        H = DH // 2
+        last = _device.namespace(seq, device).concatenate([seq[-1, :, :H], seq[0, :, H:]], axis=-1)
+    return _device.to_tensor(last, device)  # [N,DH]
+
+
+@functools.lru_cache(maxsize=None)
+def _default_descriptor(cell):
+    return _DESCRIPTORS[cell]()
 
 
 def _descriptor(cell, descriptor):
     cls = _DESCRIPTORS[cell]
     if descriptor is None:
-        return cls()
+        return _default_descriptor(cell)
     if not isinstance(descriptor, cls):
         raise TypeError(f"descriptor: expected an rnngrad.{cls.__name__} (or None for the "
                         f"defaults), got {type(descriptor).__name__}")
     return descriptor
+
+
+@functools.lru_cache(maxsize=256)
+def _with_outputs(descriptor, training: bool):
+    """``descriptor`` asking for z_state (``training``) and, for the LSTM, the cell (cached:
+    a descriptor checks every field when made, 20 µs)."""
+    extra = {"produce_cell": True} if isinstance(descriptor, rnngrad.LSTMDescriptor) else {}
+    return dataclasses.replace(descriptor, training=training, **extra)
 
 
 def _run_forward(cell, descriptor, backend, given: dict, training: bool):
@@ -114,17 +130,15 @@ def _run_forward(cell, descriptor, backend, given: dict, training: bool):
     ({argument: tensor or None}); with ``training``, z_state is kept."""
     device = _device.device_of(given)
     name = _device.backend_for(device, backend)
-    arrays = {k: _device.to_array(v, device) for k, v in given.items() if v is not None}
-    desc = dataclasses.replace(descriptor, training=training,
-                               **({"produce_cell": True} if cell == "lstm" else {}))
-    result = _FORWARD[cell](**arrays, descriptor=desc, backend=name)
+    arrays = _device.to_arrays(given, device)
+    result = _FORWARD[cell](**arrays, descriptor=_with_outputs(descriptor, training), backend=name)
     D = 2 if descriptor.bidirectional else 1
-    h = _device.to_tensor(result.state, device)  # [T,N,DH]
-    h_n = _final(h, given["init_state"], D)  # [N,DH]
+    h = _device.to_tensor(result[0], device)  # [T,N,DH]
+    h_n = _final(result[0], given["init_state"], D, device)  # [N,DH]
     if cell != "lstm":
         return RNNOutput(h, h_n), result, device
-    c = _device.to_tensor(result.cell, device)  # [T,N,DH]
-    return LSTMOutput(h, c, h_n, _final(c, given["init_cell"], D)), result, device
+    c = _device.to_tensor(result[1], device)  # [T,N,DH]
+    return LSTMOutput(h, c, h_n, _final(result[1], given["init_cell"], D, device)), result, device
 
 
 def _first_order_only(backward):
@@ -164,49 +178,48 @@ def _make_function(cell: str, class_name: str):
     lstm = cell == "lstm"
 
     def forward(ctx, descriptor, backend, *tensors):
-        given = dict(zip(names, tensors))
-        outputs, result, device = _run_forward(cell, descriptor, backend, given, training=True)
+        outputs, result, device = _run_forward(cell, descriptor, backend,
+                                               dict(zip(names, tensors)), training=True)
         ctx.set_materialize_grads(False)
         ctx.cell_descriptor, ctx.backend, ctx.device = descriptor, backend, device
-        ctx.z_state = result.z_state
+        ctx.z_state = result[-1]
         # inputs and the outputs the gradient op reads, with PyTorch's check that none was
         # modified in place before the backward
-        ctx.save_for_backward(*tensors, outputs.state, outputs.cell if lstm else None)
+        ctx.save_for_backward(*tensors, outputs[0], outputs[1] if lstm else None)
         return tuple(outputs)
 
     @_first_order_only
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
-        given = dict(zip(names, saved[:len(names)]))
-        h, c = saved[len(names):]
-        needs = dict(zip(names, ctx.needs_input_grad[_LEADING:]))
+        needs = ctx.needs_input_grad[_LEADING:]
         desc, device = ctx.cell_descriptor, ctx.device
-        D = 2 if desc.bidirectional else 1
+        h, c = saved[-2:]
         if lstm:
             gh, gc, ghn, gcn = grads
         else:
             (gh, ghn), gc, gcn = grads, None, None
         if gh is None:
             gh = torch.zeros_like(h)  # [T,N,DH] the op needs a source gradient
-        args = {k: v for k, v in given.items()
-                if v is not None and (k not in _ONLY_FOR_GRADIENT or needs[k])}
-        upstream = {"source_gradient": gh, "state_gradient": ghn}
+        given = {"source_gradient": gh, "state_gradient": ghn}
+        for name, t, need in zip(names, saved, needs):
+            if t is not None and (need or name not in _ONLY_FOR_GRADIENT):
+                given[name] = t
         if cell == "gru":
-            upstream["output_fwd"] = h
-        if lstm:
-            upstream["cell_output_fwd"] = c
-            upstream["cell_gradient"] = _cell_gradient(gc, gcn, D, h.shape[0])
-        arrays = {k: _device.to_array(v, device) for k, v in {**args, **upstream}.items()}
-        out = _GRADIENTS[cell](z_state=ctx.z_state, **arrays, descriptor=desc,
-                               backend=_device.backend_for(device, ctx.backend))
-        grads_in = []
-        for name in names:
-            g = getattr(out, name, None) if name != "mask" else None
-            if g is None or not needs[name]:
-                grads_in.append(None)
-                continue
-            grads_in.append(_device.to_tensor(g, device).reshape(given[name].shape))
-        return (None,) * _LEADING + tuple(grads_in)
+            given["output_fwd"] = h
+        elif lstm:
+            given["cell_output_fwd"] = c
+            given["cell_gradient"] = _cell_gradient(
+                gc, gcn, 2 if desc.bidirectional else 1, h.shape[0])
+        out = _GRADIENTS[cell](z_state=ctx.z_state, **_device.to_arrays(given, device),
+                               descriptor=desc, backend=_device.backend_for(device, ctx.backend))
+        out = out.as_dict()
+        grads_in = [None] * (_LEADING + len(names))
+        for i, (name, t, need) in enumerate(zip(names, saved, needs)):
+            g = out.get(name) if need else None
+            if g is not None:
+                g = _device.to_tensor(g, device)
+                grads_in[_LEADING + i] = g if g.shape == t.shape else g.reshape(t.shape)
+        return tuple(grads_in)
 
     doc = (f"rnngrad's {cell} forward op in the forward, its gradient op in the backward. "
            f"``{class_name}.apply(descriptor, backend, {', '.join(names)})`` with the "
@@ -235,17 +248,23 @@ def _check_tensors(given: dict, dtype_of: str = "source"):
 
 def apply(cell: str, given: dict, descriptor, backend):
     """The op of ``cell`` on ``given`` ({argument: tensor or None}, every name of
-    ``INPUTS[cell]``): through the autograd function when a gradient can be asked for, else the
+    ``INPUTS[cell]`` in that order): through the autograd function when a gradient can be asked for, else the
     forward op alone (no z_state kept)."""
     _check_tensors(given)
     descriptor = _descriptor(cell, descriptor)
     mask = given.get("mask")
     if mask is not None and mask.dtype != given["source"].dtype:
         given["mask"] = mask.to(given["source"].dtype)  # a bool or integer mask, as 0/1
-    if torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for k, t in given.items() if k != "mask"):
-        out = _FUNCTIONS[cell].apply(descriptor, backend, *(given[k] for k in INPUTS[cell]))
-        return LSTMOutput(*out) if cell == "lstm" else RNNOutput(*out)
+    return run(cell, given, descriptor, backend)
+
+
+def run(cell: str, given: dict, descriptor, backend):
+    """:func:`apply` without its checks, for callers that made them (the layers)."""
+    if torch.is_grad_enabled():
+        for name, t in given.items():
+            if t is not None and t.requires_grad and name != "mask":
+                out = _FUNCTIONS[cell].apply(descriptor, backend, *given.values())
+                return LSTMOutput(*out) if cell == "lstm" else RNNOutput(*out)
     return _run_forward(cell, descriptor, backend, given, training=False)[0]
 
 

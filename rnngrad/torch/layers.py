@@ -102,6 +102,10 @@ class _RNNBase(nn.Module):
         D, G, H = self.num_directions, _GATES[self.cell], hidden_size
         factory = {"device": device, "dtype": dtype}
         self._flat_weights_names = []
+        #: per layer: {parameter kind: [name of each direction's]}
+        self._layer_names = [{kind: [kind + sfx for sfx in self._suffixes(k)]
+                              for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh",
+                                           "peephole")} for k in range(num_layers)]
         for k in range(num_layers):
             layer_input = input_size if k == 0 else D * H
             for suffix in self._suffixes(k):
@@ -174,9 +178,9 @@ class _RNNBase(nn.Module):
         module's parameters by differentiable tensor operations (autograd takes each gradient
         back to its parameter): input_weight, recurrent_weight, bias, secondary_bias (GRU),
         peephole (LSTM)."""
-        D, H = self.num_directions, self.hidden_size
-        sfx = self._suffixes(k)
-        get = lambda name: [getattr(self, name + s) for s in sfx]  # noqa: E731
+        D, H, params = self.num_directions, self.hidden_size, self._parameters
+        names = self._layer_names[k]
+        get = lambda kind: [params[n] for n in names[kind]]  # noqa: E731
         one = lambda ts: ts[0] if D == 1 else torch.cat(ts)  # noqa: E731 no copy for one
         out = {"input_weight": one(get("weight_ih")),  # [DGH,I]
                "recurrent_weight": get("weight_hh")[0] if D == 1 else torch.stack(get("weight_hh"))}
@@ -242,7 +246,7 @@ class _RNNBase(nn.Module):
         if input.dim() not in (2, 3):
             raise ValueError(f"input: expected a 3-D (batched) or 2-D (unbatched) tensor, got "
                              f"shape {tuple(input.shape)}")
-        weight = self.weight_ih_l0
+        weight = self._parameters["weight_ih_l0"]
         if input.dtype != weight.dtype:
             raise TypeError(f"input: expected dtype {weight.dtype} (the parameters'), got "
                             f"{input.dtype}")
@@ -258,14 +262,15 @@ class _RNNBase(nn.Module):
         m = self._mask(mask, T, batched, input.dtype)
         D, H = self.num_directions, self.hidden_size
         finals_h, finals_c = [], []
+        inputs = functions.INPUTS[self.cell]
         for k in range(self.num_layers):
-            given = {"source": x, **self.op_parameters(k), "mask": m}
+            given = dict.fromkeys(inputs)
+            given.update(self.op_parameters(k), source=x, mask=m)
             if h0 is not None:
                 given["init_state"] = _sided(h0[k * D:(k + 1) * D])
             if c0 is not None:
                 given["init_cell"] = _sided(c0[k * D:(k + 1) * D])
-            out = functions.apply(self.cell, {n: given.get(n) for n in functions.INPUTS[self.cell]},
-                                  self.descriptor, self.backend)
+            out = functions.run(self.cell, given, self.descriptor, self.backend)
             x = out.state  # [T,N,DH]
             if self.dropout and self.training and k < self.num_layers - 1:
                 x = F.dropout(x, self.dropout, training=True)
@@ -325,8 +330,10 @@ def _sided(a):
 
 def _stacked(finals, D, H, batched):
     """The layers' final states [N,D·H] → PyTorch's h_n [L·D,N,H] ([L·D,H] unbatched)."""
-    parts = [f.view(f.shape[0], D, H).transpose(0, 1) for f in finals]  # [D,N,H] each
-    h_n = parts[0] if len(parts) == 1 and D == 1 else torch.cat(parts)  # [LD,N,H]
+    if len(finals) == 1 and D == 1:
+        h_n = finals[0].unsqueeze(0)  # [1,N,H]
+    else:
+        h_n = torch.cat([f.view(f.shape[0], D, H).transpose(0, 1) for f in finals])  # [LD,N,H]
     return h_n if batched else h_n.squeeze(1)
 
 
