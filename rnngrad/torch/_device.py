@@ -23,6 +23,7 @@ from rnngrad import registry
 CUDA_BACKEND = "metal-cuda"
 
 _FLOATS = (torch.float16, torch.float32, torch.float64)
+_NUMPY = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
 
 
 def _cuda_reason() -> str:
@@ -103,6 +104,19 @@ def to_arrays(named: dict, device: torch.device) -> dict:
     return {k: to_array(t, device) for k, t in named.items() if t is not None}
 
 
+def placeholder(shape, dtype: torch.dtype, device: torch.device):
+    """A zero tensor of ``shape`` whose values are never read: on the CPU, NumPy's zeros
+    (calloc: pages the op never touches cost nothing)."""
+    if device.type == "cpu":
+        return torch.from_numpy(np.zeros(shape, dtype=_NUMPY[dtype]))
+    return torch.zeros(shape, dtype=dtype, device=device)
+
+
+def transposed_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """aᵀ b for a [K,M], b [K,N] (a weight gradient: flat(dA)ᵀ flat(source))."""
+    return a.t().mm(b)
+
+
 def namespace(a, device: torch.device):
     """The array module of the backend's arrays on ``device``: NumPy, or CuPy."""
     if device.type == "cpu":
@@ -118,7 +132,9 @@ def torch_dtype(dtype) -> torch.dtype:
 
 
 def to_tensor(a, device: torch.device) -> torch.Tensor:
-    """A tensor sharing the memory of the backend's result ``a``."""
+    """A tensor sharing the memory of the backend's result ``a`` (a tensor stays itself)."""
+    if isinstance(a, torch.Tensor):
+        return a
     if device.type == "cpu":
         if not a.flags.writeable or any(s < 0 for s in a.strides):
             a = np.array(a)  # torch.from_numpy takes neither (a backend's read-only view)

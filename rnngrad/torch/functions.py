@@ -210,9 +210,25 @@ def _make_function(cell: str, class_name: str):
             given["cell_output_fwd"] = c
             given["cell_gradient"] = _cell_gradient(
                 gc, gcn, 2 if desc.bidirectional else 1, h.shape[0])
-        out = _GRADIENTS[cell](z_state=ctx.z_state, **_device.to_arrays(given, device),
-                               descriptor=desc, backend=_device.backend_for(device, ctx.backend))
+        source, weight = given["source"], given.get("input_weight")
+        skip_source = weight is not None and not needs[0]
+        if skip_source:
+            # the source needs no gradient: the op runs without the input weight, so that it
+            # skips d_source = dA W; its "source gradient" is then dA, the gradient of the
+            # projected input, and the weight's gradient is dAᵀ source here. The op does not
+            # read the source then, only its shape (z_state holds the projection).
+            del given["input_weight"]
+            given["source"] = _device.placeholder(
+                (source.shape[0], source.shape[1], weight.shape[0]), source.dtype, device)
+        arrays = _device.to_arrays(given, device)
+        out = _GRADIENTS[cell](z_state=ctx.z_state, **arrays, descriptor=desc,
+                               backend=_device.backend_for(device, ctx.backend))
         out = out.as_dict()
+        if skip_source:
+            dA = _device.to_tensor(out.pop("source"), device)  # [T,N,DGH]
+            if needs[2]:
+                out["input_weight"] = _device.transposed_product(
+                    dA.reshape(-1, weight.shape[0]), source.detach().reshape(-1, weight.shape[1]))
         grads_in = [None] * (_LEADING + len(names))
         for i, (name, t, need) in enumerate(zip(names, saved, needs)):
             g = out.get(name) if need else None
