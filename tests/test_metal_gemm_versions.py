@@ -5,8 +5,9 @@ v2 (strided_gemm_tiled) is called directly through the harness's metalcompute AP
 with a float64 NumPy product: tails in M, P and K around the 8×8 and 32×32 tiles, batches with
 strides, a bias, GRU's row blocks reading other parts of B, adversarial schedules and forced
 threadgroups of 64 and 32 threads, a long K against v1. Mutants of the kernel (a missing
-barrier, no zero padding) must fail the same checks. The rule picks each version where it
-says, and its overrides work.
+barrier, no zero padding) must fail the same checks. Then the whole "metal-emulated" backend
+with v2 forced matches the reference for every cell and option, the rule picks each version
+where it says, and a stopped v2 dispatch raises IncompleteDispatch.
 """
 
 from __future__ import annotations
@@ -18,16 +19,21 @@ import re
 import numpy as np
 import pytest
 
-from rnngrad.backends.metal import library, versions
+from rnngrad.backends.metal import IncompleteDispatch, library, versions
 from rnngrad.backends.metal.harness import cpu as metalcompute
-from rnngrad.backends.metal.host import EMULATED_BACKEND
-from rnngrad.testing import compare_array
+from rnngrad.backends.metal.host import EMULATED_BACKEND, emulated_device
+from rnngrad.testing import check_case, compare_array
+from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
 
+BACKEND = "metal-emulated"
 SIDES = (1, 7, 8, 9, 31, 33, 65)
 HARSH = dict(schedule="adversarial", seed=7, max_threads_per_threadgroup=64)
+ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
+                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
+NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
 TILED = versions.GEMM_KERNELS["v2"]
 
 
@@ -318,3 +324,86 @@ def test_the_tile_count_mirrors_the_kernel():
     assert re.search(r"//\s+v2 strided_gemm_tiled: ", text)
     assert versions.gemm_tiles(batch=2, M=99, P=33, block=33, b_block=0) == 2 * 4 * 2
     assert versions.gemm_tiles(batch=2, M=99, P=33, block=33, b_block=5) == 2 * 3 * 2 * 2
+
+
+# -- the backend with v2 ----------------------------------------------------------------------------
+
+def _descriptors(cell):
+    rng = np.random.default_rng(len(cell))
+    extra = [dict(reset_after=False), dict(reset_after=True)] if cell == "gru" else [{}]
+    return [random_descriptor(rng, cell, bidirectional=bi, reverse=rev, training=True, **more)
+            for more in extra for bi, rev in ((True, False), (False, True))]
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_backend_with_v2_forced_matches_the_reference(cell):
+    """Every product of the forward and gradient ops through strided_gemm_tiled, under an
+    adversarial schedule with 64-thread threadgroups, for each direction mode (and GRU's
+    reset_after), with every optional input and with none."""
+    n = 0
+    for i, desc in enumerate(_descriptors(cell)):
+        for optional in (ALL_OPTIONAL, NO_OPTIONAL):
+            rng = np.random.default_rng(100 * i + len(optional) + (optional is ALL_OPTIONAL))
+            case = random_case(rng, cell, descriptor=desc, T=3, N=3, H=9, I=5, dtype=np.float32,
+                               optional=optional, cell_gradient_form="per_step" if i % 2 else "final")
+            with versions.forced("v2"), emulated_device(**dict(HARSH, seed=i)) as dev:
+                for gradients in (False, True):
+                    ratio, mismatches = check_case(case, BACKEND, gradients)
+                    assert not mismatches, (
+                        f"v2 {'gradients' if gradients else 'forward'}:\n"
+                        + "\n".join(map(str, mismatches[:5])) + f"\nreproduce with:\n{case!r}")
+            products = [d.kernel for d in dev.trace if "gemm" in d.kernel]
+            assert products and set(products) == {TILED}, products
+            n += len(products)
+    assert n >= 12
+
+
+def test_backend_auto_rule_runs_both_versions(caplog):
+    """An LSTM whose input-side products reach 2**20 multiply-adds: the rule tiles those and
+    keeps the smaller dR and the one-row reductions on v1; the result matches, and each
+    choice is logged with its reason."""
+    rng = np.random.default_rng(8)
+    desc = random_descriptor(rng, "lstm", bidirectional=False, training=True)
+    case = random_case(rng, "lstm", descriptor=desc, T=16, N=8, H=32, I=64, dtype=np.float32,
+                       optional=dict(ALL_OPTIONAL, mask=False))
+    with caplog.at_level("DEBUG", logger="rnngrad.backends.metal"), emulated_device() as dev:
+        ratio, mismatches = check_case(case, BACKEND, True)
+    assert not mismatches, "\n".join(map(str, mismatches[:5]))
+    # T·N = 128 rows, G·H = 128: x' and d_source and dW are 2**20 multiply-adds, dR 2**19.
+    assert [d.kernel for d in dev.trace] == [
+        TILED, "lstm_forward",                  # x' = source·Wᵀ + b
+        "lstm_backward", "strided_gemm",        # dR
+        TILED, TILED,                           # d_source, dW
+        "strided_gemm", "strided_gemm"]         # db, dpeephole: one-row reductions
+    logged = [r.getMessage() for r in caplog.records if r.name == "rnngrad.backends.metal"]
+    assert len(logged) == 6
+    assert logged[0] == ("metal-emulated: v2 strided_gemm_tiled: batch=1, M=128, P=128, K=64: "
+                         "auto, batch·M·P·K = 1048576 >= 1048576 and M, P, K >= 8: tiled")
+    assert "v1 strided_gemm: batch=1, M=1, P=128, K=128: auto, M=1 < 8" in logged[4]
+
+
+def test_backend_refuses_an_unknown_setting(monkeypatch):
+    case = random_case(3, "gru", T=2, N=2, H=2, I=2, dtype=np.float32,
+                       optional=dict(input_weight=True))
+    monkeypatch.setenv(versions.GEMM_ENV, "fast")
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, auto, got 'fast'"):
+        case.forward(backend=BACKEND)
+
+
+def test_a_stopped_tiled_dispatch_raises():
+    """The completion marks of v2: a dispatch whose later threadgroups never ran is named."""
+    rng = np.random.default_rng(2)
+    desc = random_descriptor(rng, "gru", bidirectional=True, training=True)
+    case = random_case(rng, "gru", descriptor=desc, T=4, N=5, H=9, I=6, dtype=np.float32,
+                       optional=ALL_OPTIONAL)
+    with versions.forced("v2"):
+        with emulated_device(max_threads_per_threadgroup=32) as dev:
+            case.training_forward(backend=BACKEND)
+        first = dev.trace[0]
+        assert first.kernel == TILED and first.threadgroups >= 2
+        with emulated_device(max_threads_per_threadgroup=32, stop=(0, 1)):
+            with pytest.raises(IncompleteDispatch) as info:
+                case.training_forward(backend=BACKEND)
+    assert info.value.kernel == TILED and info.value.dispatch == 0
+    assert info.value.missing == tuple(range(1, first.threadgroups))
+    assert f"kernel {TILED} did not finish" in str(info.value)
