@@ -65,11 +65,11 @@ struct RecurrenceParams {
                            //   between dispatches in the output buffers (h, c; dhn, dcn, prow)
 };
 
-// Scalars of strided_gemm; mirrored by rnngrad.backends.metal.library.GEMM_PARAMS.
+// Scalars of strided_gemm and strided_gemm_tiled; mirrored by rnngrad.backends.metal.library.GEMM_PARAMS.
 // C[b,i,j] = Σ_k A[b·a_batch + i·a_row + k·a_k] · B[b·b_batch + k·b_k + j·b_col + (i / block)·b_block]
 //            (+ bias[j] when has_bias); C is contiguous [batch, M, P].
 struct GemmParams {
-    uint count;            // batch·M·P
+    uint count;            // threads the host dispatched: batch·M·P (strided_gemm), 128 per tile (strided_gemm_tiled)
     uint batch;
     uint M;
     uint P;

@@ -1,7 +1,7 @@
-// gemm.metal: the one matrix-product kernel of rnngrad, for everything that is not sequential.
+// gemm.metal: the matrix-product kernels of rnngrad, for everything that is not sequential.
 //
-// Every product the ops need outside the recurrence is a strided, batched C = A·B with one
-// thread per element of C (GemmParams in common.metal gives the strides):
+// Every product the ops need outside the recurrence is a strided, batched C = A·B (+ bias)
+// (GemmParams in common.metal gives the strides):
 //   input projection      x'[T·N, D·G·H] = source[T·N, I] · input_weightᵀ + bias
 //   source gradient       d_source[T·N, I] = dA[T·N, D·G·H] · input_weight
 //   input weight gradient dW[D·G·H, I] = dAᵀ · source                  (a reduction over T·N rows)
@@ -11,12 +11,25 @@
 //   peephole / secondary-bias gradients: 1ᵀ · per-row partial sums the recurrence wrote
 // The reductions run after the recurrence as separate passes: MSL 2.3 has no float atomics.
 //
-// Kernel versions
+// Kernel versions (the host picks one per product: rnngrad/backends/metal/versions.py)
 //   v1 strided_gemm: one thread per element of C, a sequential loop over K summed in chunks
 //      of 64 (a partial sum per chunk, then the chunk totals), no threadgroup memory. One
 //      barrier, at the very end, before the completion mark (common.metal): padded threads
 //      (gid >= count) skip the work but not the barrier. Correct for any shape and any
 //      threadgroup size; not tiled.
+//   v2 strided_gemm_tiled: one threadgroup per 32×32 tile of C (at most 128 threads: four
+//      SIMD-groups, each one 16×16 quarter as 2×2 simdgroup_matrix<float,8,8> accumulators);
+//      K walked in chunks of 32, the A and B chunks staged in threadgroup memory (zero where
+//      a row, column or k lies past the edge) by every thread, two barriers per chunk. The
+//      sum of every 4 chunks (128 k) goes through threadgroup memory into running totals
+//      held 8 per lane, one float add per element (as v1 sums per 64). The tile is written
+//      from threadgroup memory, with the bias, by every thread. With fewer than four
+//      SIMD-groups the quarters are done in rounds, each walking K again.
+//      Tiles never straddle a block of p.block rows when p.b_block != 0 (the GRU o-gate rows
+//      read another B). 13,824 bytes of threadgroup memory; 2·ceil(K/32) + 2 barriers per tile
+//      with four SIMD-groups. Correct for any shape (tails in M, P and K) and any threadgroup
+//      size of whole SIMD-groups up to 128; the host sizes the grid at 128 threads per tile
+//      and the kernel splits the tiles over the threadgroups it gets (rg_rows).
 //
 // Buffers of strided_gemm
 //   index  type                       name    layout
@@ -61,6 +74,169 @@ kernel void strided_gemm(constant GemmParams& p [[buffer(0)]],
         C[gid] = total;
     }
     // Every thread of the threadgroup has stored its element (or had none to store).
+    threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.K);
+}
+
+// Tile shape of strided_gemm_tiled; mirrored by rnngrad.backends.metal.versions (TILE, THREADS),
+// where the host counts the tiles to size the grid.
+enum GemmTile : uint {
+    GT_TILE = 32,           // rows and columns of C per tile, and k per staged chunk
+    GT_LD = GT_TILE + 4,    // row pitch of the staged tiles (padded against bank conflicts)
+    GT_THREADS = 128,       // four SIMD-groups; the kernel's threadgroup limit
+    GT_QUARTERS = 4,        // 16×16 quarters of a tile, one per SIMD-group and round
+    GT_GROUP = 4,           // staged chunks summed before they join the running total
+    GT_PER_LANE = 8,        // elements of a 16×16 quarter per lane of its SIMD-group
+};
+
+// Buffers of strided_gemm_tiled (count = GT_THREADS · tiles: versions.py counts the tiles)
+//   index  type                       name    layout
+//   0      constant GemmParams&       p       scalars (p.count: the threads dispatched)
+//   1      device const float*        A       strided by p.a_batch, p.a_row, p.a_k
+//   2      device const float*        B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
+//   3      device const float*        bias    [P] (read only when p.has_bias)
+//   4      device float*              C       [batch, M, P]
+//   5      device uint2*              status  [ceil(count/32)] completion marks (steps: K)
+
+[[max_total_threads_per_threadgroup(128)]]
+kernel void strided_gemm_tiled(constant GemmParams& p [[buffer(0)]],
+                               device const float* A [[buffer(1)]],
+                               device const float* B [[buffer(2)]],
+                               device const float* bias [[buffer(3)]],
+                               device float* C [[buffer(4)]],
+                               device uint2* status [[buffer(5)]],
+                               uint lid [[thread_position_in_threadgroup]],
+                               uint tgid [[threadgroup_position_in_grid]],
+                               uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float As[GT_TILE * GT_LD];  // [i][k] chunk of A rows of the tile
+    threadgroup float Bs[GT_TILE * GT_LD];  // [k][j] chunk of B columns of the tile
+    threadgroup float Cs[GT_TILE * GT_LD];  // [i][j] partial sums, then the finished tile
+
+    // Rows of C that read one B: a block when B moves with the row block, else all M.
+    uint span = p.b_block != 0 ? max(p.block, 1u) : max(p.M, 1u);
+    uint blocks = (p.M + span - 1) / span;
+    uint tiles_m = (span + GT_TILE - 1) / GT_TILE;  // per block
+    uint tiles_n = (p.P + GT_TILE - 1) / GT_TILE;
+    uint tiles = p.batch * blocks * tiles_m * tiles_n;
+    uint2 mine = rg_rows(tiles, p.count, tpg, tgid);
+
+    // Whole SIMD-groups take quarters (metalcompute's threadgroups are whole SIMD-groups; the
+    // lanes of a partial one would only stage and store).
+    uint sg = lid / 32;
+    uint n_sg = tpg / 32;
+    uint rounds = n_sg == 0 ? 0 : (GT_QUARTERS + n_sg - 1) / n_sg;
+    uint lane = lid % 32;
+    uint chunks = (p.K + GT_TILE - 1) / GT_TILE;
+
+    for (uint t = mine.x; t < mine.y; ++t) {
+        uint tn = t % tiles_n;
+        uint rest = t / tiles_n;
+        uint tm = rest % tiles_m;
+        rest /= tiles_m;
+        uint blk = rest % blocks;
+        uint b = rest / blocks;
+        uint row0 = blk * span + tm * GT_TILE;
+        uint row_end = min(min(blk * span + span, p.M), row0 + GT_TILE);
+        if (row0 >= row_end) {
+            continue;  // past the last (short) block: the same for every thread
+        }
+        uint rows = row_end - row0;
+        uint col0 = tn * GT_TILE;
+        uint cols = min(p.P - col0, (uint)GT_TILE);
+        device const float* a = A + b * p.a_batch + row0 * p.a_row;
+        device const float* bb = B + b * p.b_batch + col0 * p.b_col + blk * p.b_block;
+
+        for (uint turn = 0; turn < rounds; ++turn) {
+            uint q = sg + turn * n_sg;
+            bool active = sg < n_sg && q < GT_QUARTERS;  // the same in all lanes of a SIMD-group
+            uint qr = (q / 2) * 16;
+            uint qc = (q % 2) * 16;
+            simdgroup_float8x8 part[2][2];
+            for (uint x = 0; x < 2; ++x) {
+                for (uint y = 0; y < 2; ++y) {
+                    part[x][y] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+                }
+            }
+            // The running total of the quarter, 8 elements per lane: element lane + 32·m is
+            // row (lane + 32·m) / 16, column (lane + 32·m) % 16 of the quarter.
+            float total[GT_PER_LANE];
+            for (uint m = 0; m < GT_PER_LANE; ++m) {
+                total[m] = 0.0f;
+            }
+            for (uint c = 0; c < chunks; ++c) {
+                uint k0 = c * GT_TILE;
+                uint kn = min(p.K - k0, (uint)GT_TILE);
+                // Stage A[rows, k0 + 0..31] and B[k0 + 0..31, cols], zero past the edges.
+                // Consecutive threads take consecutive addresses of whichever index is unit
+                // stride in device memory.
+                for (uint e = lid; e < GT_TILE * GT_TILE; e += tpg) {
+                    uint r = p.a_k == 1 ? e / GT_TILE : e % GT_TILE;
+                    uint k = p.a_k == 1 ? e % GT_TILE : e / GT_TILE;
+                    As[r * GT_LD + k] = (r < rows && k < kn) ? a[r * p.a_row + (k0 + k) * p.a_k] : 0.0f;
+                }
+                for (uint e = lid; e < GT_TILE * GT_TILE; e += tpg) {
+                    uint j = p.b_col == 1 ? e % GT_TILE : e / GT_TILE;
+                    uint k = p.b_col == 1 ? e / GT_TILE : e % GT_TILE;
+                    Bs[k * GT_LD + j] = (j < cols && k < kn) ? bb[(k0 + k) * p.b_k + j * p.b_col] : 0.0f;
+                }
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+                if (active) {
+                    for (uint kk = 0; kk < GT_TILE; kk += 8) {
+                        simdgroup_float8x8 fa[2];
+                        simdgroup_float8x8 fb[2];
+                        for (uint x = 0; x < 2; ++x) {
+                            simdgroup_load(fa[x], &As[(qr + 8 * x) * GT_LD + kk], GT_LD);
+                            simdgroup_load(fb[x], &Bs[kk * GT_LD + qc + 8 * x], GT_LD);
+                        }
+                        for (uint x = 0; x < 2; ++x) {
+                            for (uint y = 0; y < 2; ++y) {
+                                simdgroup_multiply_accumulate(part[x][y], fa[x], fb[y], part[x][y]);
+                            }
+                        }
+                    }
+                    // The sum of GT_GROUP chunks joins the running total, which keeps a long
+                    // reduction over T·N rows accurate in float32. It goes through the quarter's
+                    // own part of Cs and one float add per element: adding matrices with a
+                    // multiply by the identity would turn an infinity or NaN of one element
+                    // into NaN in the seven others of its column (0·inf).
+                    if (c % GT_GROUP == GT_GROUP - 1 || c + 1 == chunks) {
+                        for (uint x = 0; x < 2; ++x) {
+                            for (uint y = 0; y < 2; ++y) {
+                                simdgroup_store(part[x][y], &Cs[(qr + 8 * x) * GT_LD + qc + 8 * y], GT_LD);
+                                part[x][y] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+                            }
+                        }
+                        simdgroup_barrier(mem_flags::mem_threadgroup);  // stores seen by every lane
+                        for (uint m = 0; m < GT_PER_LANE; ++m) {
+                            uint e = lane + 32 * m;
+                            total[m] += Cs[(qr + e / 16) * GT_LD + qc + e % 16];
+                        }
+                        simdgroup_barrier(mem_flags::mem_threadgroup);  // read before stored again
+                    }
+                }
+                // Every SIMD-group is done with this chunk before the next is staged.
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+            }
+            if (active) {  // each lane stores the elements only it has read
+                for (uint m = 0; m < GT_PER_LANE; ++m) {
+                    uint e = lane + 32 * m;
+                    Cs[(qr + e / 16) * GT_LD + qc + e % 16] = total[m];
+                }
+            }
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        device float* out = C + (b * p.M + row0) * p.P + col0;
+        for (uint e = lid; e < GT_TILE * GT_TILE; e += tpg) {
+            uint r = e / GT_TILE;
+            uint j = e % GT_TILE;
+            if (r < rows && j < cols) {
+                out[r * p.P + j] = Cs[r * GT_LD + j] + (p.has_bias != 0 ? bias[col0 + j] : 0.0f);
+            }
+        }
+        // Cs is read before the next tile's quarters are stored (K = 0 has no chunk barriers).
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    // Every thread of the threadgroup has stored its elements (or had none to store).
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.K);
 }

@@ -332,18 +332,27 @@ class MetalHost:
         return out
 
     def gemm(self, handles, A, B, C, *, batch, M, P, K, a_batch=0, a_row=0, a_k=0, b_batch=0,
-             b_k=0, b_col=0, block=None, b_block=0, bias=None):
-        """C[batch,M,P] = strided A·B (+ bias); see GemmParams in common.metal."""
+             b_k=0, b_col=0, block=None, b_block=0, bias=None, product=""):
+        """C[batch,M,P] = strided A·B (+ bias); see GemmParams in common.metal. The kernel
+        version is :func:`rnngrad.backends.metal.versions.gemm`'s choice for the shape
+        (``product`` names it in the reason, logged at DEBUG level)."""
+        import logging
+
+        from . import versions
+
+        if batch * M * P == 0:
+            return
+        block = block or max(M, 1)
+        choice = versions.gemm(batch=batch, M=M, P=P, K=K, product=product)
+        count = versions.gemm_threads(choice, batch=batch, M=M, P=P, block=block, b_block=b_block)
+        logging.getLogger(__package__).debug("%s: %s", self.name, choice)
         params = np.zeros(1, library.GEMM_PARAMS)
-        count = batch * M * P
         values = dict(count=count, batch=batch, M=M, P=P, K=K, a_batch=a_batch, a_row=a_row,
                       a_k=a_k, b_batch=b_batch, b_k=b_k, b_col=b_col,
-                      block=block or max(M, 1), b_block=b_block, has_bias=int(bias is not None))
+                      block=block, b_block=b_block, has_bias=int(bias is not None))
         for key, value in values.items():
             params[key] = value
-        if count == 0:
-            return
-        self.launch("strided_gemm", count, handles, steps=K, p=self.buffer(params), A=A, B=B,
+        self.launch(choice.kernel, count, handles, steps=K, p=self.buffer(params), A=A, B=B,
                     bias=bias if bias is not None else self.empty(1), C=C)
 
     # -- parameters ---------------------------------------------------------------------------

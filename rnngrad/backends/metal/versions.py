@@ -1,0 +1,132 @@
+"""Which kernel version runs each Metal dispatch, and why: the one place the host chooses.
+
+Today one family has two versions, the matrix products outside the recurrence
+(``kernels/gemm.metal``; shapes as ``GemmParams`` in ``kernels/common.metal``: C[batch, M, P] =
+A·B over K):
+
+- ``v1`` ``strided_gemm``: one thread per element of C, each a loop over K.
+- ``v2`` ``strided_gemm_tiled``: one threadgroup of up to :data:`THREADS` threads per
+  :data:`TILE`×:data:`TILE` tile of C, K staged through threadgroup memory in chunks of
+  :data:`TILE`, multiplied with ``simdgroup_matrix`` 8×8 tiles.
+
+The rule (``auto``): **v2 when M, P and K are each at least 8 and batch·M·P·K is at least**
+:data:`TILED_MIN_WORK` **(2**20 multiply-adds), else v1.** Below 8 in M or P a tile is mostly
+padding: the 1-row reductions (bias, peephole and secondary-bias gradients, M = 1) stay one
+thread per output, each summing its column over K. Below 8 in K the staged chunk is mostly
+zeros. Below 2**20 multiply-adds the dispatch costs more than the product either way, and v1
+makes fewer threads wait on barriers. The threshold is an estimate, not a measurement on Apple
+hardware.
+
+Override it with the environment variable ``RNNGRAD_METAL_GEMM`` = ``v1`` | ``v2`` | ``auto``
+(read at every product) or the module setting :data:`GEMM` (``versions.GEMM = "v2"``; ``None``
+defers to the variable), which wins over the variable; :func:`forced` sets it inside a block.
+Both versions compute every shape (any strides, batch, GRU's ``block``/``b_block``) within
+the float32 tolerance.
+
+The choice is visible: :func:`gemm` returns a :class:`Choice` (version, kernel, reason) for a
+shape, the dispatch runs that kernel (the harness's ``Device.trace`` names it, as do
+:class:`~rnngrad.backends.metal.IncompleteDispatch` messages), and the host logs each choice at
+DEBUG level on the logger ``rnngrad.backends.metal``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+
+#: environment variable that overrides the rule: v1, v2 or auto
+GEMM_ENV = "RNNGRAD_METAL_GEMM"
+#: module setting that overrides the rule and the variable: "v1", "v2", "auto" or None
+GEMM = None
+#: the versions of the matrix product: version -> kernel
+GEMM_KERNELS = {"v1": "strided_gemm", "v2": "strided_gemm_tiled"}
+#: rows and columns of a v2 tile of C, and k per staged chunk (GT_TILE in gemm.metal)
+TILE = 32
+#: threads the host dispatches per v2 tile: the kernel's threadgroup limit (GT_THREADS)
+THREADS = 128
+#: the smallest batch·M·P·K that the rule gives to v2
+TILED_MIN_WORK = 2 ** 20
+#: the smallest M, P and K that the rule gives to v2: one 8×8 simdgroup_matrix
+TILED_MIN_SIDE = 8
+
+_SETTINGS = ("v1", "v2", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The version that runs one product: ``version`` ("v1", "v2"), ``kernel`` (its name in
+    ``kernels/``) and ``reason`` (a sentence)."""
+    version: str
+    kernel: str
+    reason: str
+
+    def __str__(self):
+        return f"{self.version} {self.kernel}: {self.reason}"
+
+
+def gemm_setting() -> tuple:
+    """(setting, where it came from): :data:`GEMM`, else ``$RNNGRAD_METAL_GEMM``, else auto."""
+    if GEMM is not None:
+        value, source = GEMM, "rnngrad.backends.metal.versions.GEMM"
+    else:
+        value, source = os.environ.get(GEMM_ENV, "").strip() or "auto", GEMM_ENV
+    setting = str(value).strip().lower()
+    if setting not in _SETTINGS:
+        raise ValueError(f"{source}: expected one of {', '.join(_SETTINGS)}, got {value!r}")
+    return setting, source
+
+
+def gemm(*, batch: int, M: int, P: int, K: int, product: str = "") -> Choice:
+    """The version that runs C[batch, M, P] = A·B over K, and why. ``product`` names it in the
+    reason (for example "input weight gradient")."""
+    setting, source = gemm_setting()
+    shape = f"batch={batch}, M={M}, P={P}, K={K}"
+    what = f"{product} ({shape})" if product else shape
+    if setting != "auto":
+        return Choice(setting, GEMM_KERNELS[setting], f"{what}: forced by {source}={setting}")
+    work = batch * M * P * K
+    side = min(M, P, K)
+    if side < TILED_MIN_SIDE:
+        name = "M" if M == side else ("P" if P == side else "K")
+        kind = " (a reduction to one row)" if M == 1 else ""
+        why = (f"{name}={side} < {TILED_MIN_SIDE}{kind}: a {TILE}x{TILE} tile would be mostly "
+               f"padding")
+        return Choice("v1", GEMM_KERNELS["v1"], f"{what}: auto, {why}")
+    if work < TILED_MIN_WORK:
+        return Choice("v1", GEMM_KERNELS["v1"],
+                      f"{what}: auto, batch·M·P·K = {work} < {TILED_MIN_WORK}: too small to tile")
+    return Choice("v2", GEMM_KERNELS["v2"],
+                  f"{what}: auto, batch·M·P·K = {work} >= {TILED_MIN_WORK} and M, P, K >= "
+                  f"{TILED_MIN_SIDE}: tiled")
+
+
+def gemm_tiles(*, batch: int, M: int, P: int, block: int, b_block: int) -> int:
+    """The v2 tiles of C[batch, M, P]. With ``b_block`` != 0 the rows of C come in blocks of
+    ``block`` that read different parts of B, and no tile straddles two (strided_gemm_tiled
+    counts them the same way)."""
+    span = max(block, 1) if b_block else max(M, 1)
+    blocks = -(-M // span)
+    return batch * blocks * -(-span // TILE) * -(-P // TILE)
+
+
+def gemm_threads(choice: Choice, *, batch: int, M: int, P: int, block: int, b_block: int) -> int:
+    """The threads to dispatch for ``choice``: one per element of C for v1, :data:`THREADS`
+    per tile for v2 (each kernel splits its work over the threadgroups it gets)."""
+    if choice.version == "v1":
+        return batch * M * P
+    return THREADS * gemm_tiles(batch=batch, M=M, P=P, block=block, b_block=b_block)
+
+
+@contextlib.contextmanager
+def forced(version: str | None):
+    """Set :data:`GEMM` to ``version`` inside the block (``with versions.forced("v2"): ...``)."""
+    global GEMM
+    if version is not None and str(version).strip().lower() not in _SETTINGS:
+        raise ValueError(f"forced: expected one of {', '.join(_SETTINGS)} or None, "
+                         f"got {version!r}")
+    previous, GEMM = GEMM, version
+    try:
+        yield
+    finally:
+        GEMM = previous

@@ -1,0 +1,409 @@
+"""The matrix-product versions of the Metal path (kernels/gemm.metal) and the host's choice
+between them (rnngrad.backends.metal.versions), on the CPU harness.
+
+v2 (strided_gemm_tiled) is called directly through the harness's metalcompute API and compared
+with a float64 NumPy product: tails in M, P and K around the 8×8 and 32×32 tiles, batches with
+strides, a bias, GRU's row blocks reading other parts of B, adversarial schedules and forced
+threadgroups of 64 and 32 threads, a long K against v1. Mutants of the kernel (a missing
+barrier, no zero padding) must fail the same checks. Then the whole "metal-emulated" backend
+with v2 forced matches the reference for every cell and option, the rule picks each version
+where it says, and a stopped v2 dispatch raises IncompleteDispatch.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import re
+
+import numpy as np
+import pytest
+
+from rnngrad.backends.metal import IncompleteDispatch, library, versions
+from rnngrad.backends.metal.harness import cpu as metalcompute
+from rnngrad.backends.metal.host import EMULATED_BACKEND, emulated_device
+from rnngrad.testing import check_case, compare_array
+from rnngrad.testing.cases import CELLS, random_case, random_descriptor
+
+pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
+                                reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
+
+BACKEND = "metal-emulated"
+SIDES = (1, 7, 8, 9, 31, 33, 65)
+HARSH = dict(schedule="adversarial", seed=7, max_threads_per_threadgroup=64)
+ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
+                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
+NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
+TILED = versions.GEMM_KERNELS["v2"]
+
+
+@pytest.fixture(autouse=True)
+def _auto_rule(monkeypatch):
+    """Every test starts from the rule, whatever the environment says."""
+    monkeypatch.delenv(versions.GEMM_ENV, raising=False)
+    monkeypatch.setattr(versions, "GEMM", None)
+
+
+# -- calling a kernel directly ------------------------------------------------------------------
+
+class Product:
+    """C[batch, M, P] = A·B (+ bias) as GemmParams describes it, with random strided operands
+    and its float64 value."""
+
+    def __init__(self, rng, batch, M, P, K, *, a_t=False, b_t=False, pad=0, bias=False,
+                 block=None, b_block=0, b_blocks=1, shared_b=False):
+        self.batch, self.M, self.P, self.K = batch, M, P, K
+        self.block, self.b_block = block or max(M, 1), b_block
+        # A: batch matrices [M, K] (a_t: stored [K, M]) with `pad` extra floats per row.
+        a_rows, a_cols = (K, M) if a_t else (M, K)
+        a_row_len = a_cols + pad
+        self.a_batch = a_rows * a_row_len + pad
+        self.a_row, self.a_k = (1, a_row_len) if a_t else (a_row_len, 1)
+        # B: per batch, b_blocks blocks of [K, P] (b_t: stored [P, K]) b_block floats apart.
+        b_rows, b_cols = (P, K) if b_t else (K, P)
+        b_row_len = b_cols + pad
+        block_len = b_rows * b_row_len
+        if b_blocks > 1:
+            assert b_block >= block_len
+        self.b_batch = 0 if shared_b else (b_blocks - 1) * b_block + block_len + pad
+        self.b_k, self.b_col = (1, b_row_len) if b_t else (b_row_len, 1)
+        self.A = rng.standard_normal(max(batch * self.a_batch, 1)).astype(np.float32)
+        b_size = (b_blocks - 1) * b_block + block_len + (0 if shared_b else (batch - 1) * self.b_batch)
+        self.B = rng.standard_normal(max(b_size, 1)).astype(np.float32)
+        self.bias = rng.standard_normal(P).astype(np.float32) if bias else None
+
+    def params(self, count):
+        p = np.zeros(1, library.GEMM_PARAMS)
+        for key in ("batch", "M", "P", "K", "a_batch", "a_row", "a_k", "b_batch", "b_k", "b_col",
+                    "block", "b_block"):
+            p[key] = getattr(self, key)
+        p["count"], p["has_bias"] = count, int(self.bias is not None)
+        return p
+
+    def want(self, elementwise=False):
+        """The float64 product, gathered by GemmParams' index formula; ``elementwise``: as a sum
+        of the K products of each element (no BLAS, so NaN and infinity follow IEEE exactly)."""
+        A, B = self.A.astype(np.float64), self.B.astype(np.float64)
+        i, k = np.arange(self.M)[:, None], np.arange(self.K)[None, :]
+        kk, j = np.arange(self.K)[:, None], np.arange(self.P)[None, :]
+        C = np.empty((self.batch, self.M, self.P))
+        for b in range(self.batch):
+            a = A[b * self.a_batch + i * self.a_row + k * self.a_k]  # [M,K]
+            for first in range(0, self.M, self.block):
+                rows = slice(first, min(first + self.block, self.M))
+                bb = B[b * self.b_batch + kk * self.b_k + j * self.b_col
+                       + (first // self.block) * self.b_block]  # [K,P]
+                if elementwise:
+                    with np.errstate(invalid="ignore"):  # 0·inf is NaN, as it should be
+                        C[b, rows] = (a[rows][:, :, None] * bb[None]).sum(axis=1)
+                else:
+                    C[b, rows] = a[rows] @ bb
+        return C + self.bias if self.bias is not None else C
+
+
+@functools.lru_cache(maxsize=None)
+def _function(dev, source, kernel):
+    return dev.kernel(source).function(kernel)
+
+
+def run(dev, product, version="v2", source=None):
+    """Run one version of the product on ``dev``; (C, completion marks)."""
+    choice = versions.Choice(version, versions.GEMM_KERNELS[version], "test")
+    count = versions.gemm_threads(choice, batch=product.batch, M=product.M, P=product.P,
+                                  block=product.block, b_block=product.b_block)
+    fn = _function(dev, source or library.source(), choice.kernel)
+    n = product.batch * product.M * product.P
+    C = dev.buffer(np.full(max(n, 1), np.nan, np.float32))  # an element never written stays NaN
+    status = dev.buffer(np.zeros(2 * -(-count // library.MIN_THREADGROUP), np.uint32))
+    bias = product.bias if product.bias is not None else np.zeros(1, np.float32)
+    fn(count, dev.buffer(product.params(count).view(np.uint8)), dev.buffer(product.A),
+       dev.buffer(product.B), dev.buffer(bias), C, status)
+    out = np.frombuffer(C, np.float32, count=n).reshape(product.batch, product.M, product.P).copy()
+    marks = np.frombuffer(status, np.uint32).reshape(-1, 2).copy()
+    return out, marks
+
+
+def assert_product(dev, product, version="v2", quantity="input_weight"):
+    """The version's C equals the float64 product within the float32 tolerance of ``quantity``
+    (a parameter gradient: relative to the largest magnitude), and every threadgroup marked."""
+    got, marks = run(dev, product, version)
+    ratio, mismatch = compare_array(quantity, got, product.want(), np.float32)
+    shape = f"batch={product.batch} M={product.M} P={product.P} K={product.K}"
+    assert mismatch is None, f"{version} {shape}: {mismatch}"
+    groups = dev.trace[-1].threadgroups
+    assert (marks[:groups, 0] == library.DONE | product.K).all(), f"{version} {shape}: marks {marks}"
+    assert (marks[groups:] == 0).all()
+    return ratio
+
+
+# -- v2 against float64 ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("device", [dict(), HARSH, dict(schedule="reverse", max_threads_per_threadgroup=32)],
+                         ids=["default", "adversarial-64", "reverse-32"])
+def test_tiled_every_tail_of_m_p_k(device):
+    """Every (M, P, K) of SIDES, row-major operands, half of them with a bias."""
+    dev = metalcompute.Device(**device)
+    rng = np.random.default_rng(len(device))
+    for M, P, K in itertools.product(SIDES, SIDES, SIDES):
+        assert_product(dev, Product(rng, 1, M, P, K, bias=bool((M + P + K) % 2)))
+    assert {d.kernel for d in dev.trace} == {TILED}
+    assert dev.trace[-1].threadgroup_size == device.get("max_threads_per_threadgroup", versions.THREADS)
+    assert dev.trace[-1].threadgroup_memory <= 32 * 1024
+
+
+@pytest.mark.parametrize("device", [HARSH, dict(schedule="adversarial", seed=3),
+                                    dict(schedule="reverse", max_threads_per_threadgroup=32),
+                                    dict(schedule="adversarial", seed=11, max_threads_per_threadgroup=96)],
+                         ids=["adversarial-64", "adversarial-128", "reverse-32", "adversarial-96"])
+def test_tiled_strides_batches_and_bias_under_harsh_schedules(device):
+    """Transposed and padded operands, batches (B shared or not), bias, on random tails."""
+    dev = metalcompute.Device(**device)
+    rng = np.random.default_rng(sum(map(ord, repr(device))))
+    for _ in range(12):
+        M, P, K = (int(v) for v in rng.choice(SIDES, 3))
+        product = Product(rng, int(rng.integers(1, 4)), M, P, K, a_t=bool(rng.integers(2)),
+                          b_t=bool(rng.integers(2)), pad=int(rng.integers(0, 3)),
+                          bias=bool(rng.integers(2)), shared_b=bool(rng.integers(2)))
+        assert_product(dev, product)
+    assert dev.trace[-1].threadgroup_size == min(device.get("max_threads_per_threadgroup", 128), 128)
+
+
+@pytest.mark.parametrize("H", [1, 7, 9, 33])
+def test_tiled_gru_row_blocks_read_their_own_b(H):
+    """dR of GRU without reset_after, laid out as MetalHost.gradients does: per direction d,
+    C[3H, H] = dA[:, d]ᵀ · rhs[:, d] with rows [kH, (k+1)H) of C reading block k of rhs
+    (b_block = H floats apart), so a tile must not straddle two blocks."""
+    rng = np.random.default_rng(H)
+    D, K = 2, 37  # K = T·N rows
+    product = Product(rng, D, 3 * H, H, K, block=H, b_block=H)
+    product.a_batch, product.a_row, product.a_k = 3 * H, 1, D * 3 * H  # dA [T·N, D·3H]
+    product.b_batch, product.b_k, product.b_col = 3 * H, D * 3 * H, 1  # rhs [T·N, D, 3, H]
+    product.A = rng.standard_normal(K * D * 3 * H).astype(np.float32)
+    product.B = rng.standard_normal(K * D * 3 * H).astype(np.float32)
+    want = product.want()
+    for device in (dict(), HARSH):
+        dev = metalcompute.Device(**device)
+        assert_product(dev, product, quantity="recurrent_weight")
+        assert_product(dev, product, version="v1", quantity="recurrent_weight")
+    # The blocks matter: reading block 0 for every row would be far off.
+    product.b_block = 0
+    if H > 1:
+        assert compare_array("recurrent_weight", product.want(), want, np.float32)[1] is not None
+
+
+def test_long_k_reduction_is_as_accurate_as_v1():
+    """A weight-gradient-like reduction over K = 13000 rows (dAᵀ·source; operands with a mean,
+    so partial sums grow): both versions within the parameter tolerance of the float64
+    product, v2 no worse than twice v1's error, and both far better than one running sum."""
+    rng = np.random.default_rng(21)
+    M, P, K = 40, 33, 13000
+    product = Product(rng, 1, M, P, K, a_t=True)
+    product.A = (rng.standard_normal(product.A.size) + 0.5).astype(np.float32)
+    product.B = (rng.standard_normal(product.B.size) + 0.5).astype(np.float32)
+    want = product.want()
+    scale = np.abs(want).max()
+    dev = metalcompute.Device()
+    errors = {}
+    for version in ("v1", "v2"):
+        assert_product(dev, product, version, quantity="input_weight")
+        errors[version] = np.abs(run(dev, product, version)[0] - want).max() / scale
+    A = product.A[:K * M].reshape(K, M)
+    B = product.B[:K * P].reshape(K, P)
+    running = np.zeros((M, P), np.float32)
+    for k in range(K):  # one float32 running sum per element, in order
+        running += np.outer(A[k], B[k])
+    naive = np.abs(running - want).max() / scale
+    assert errors["v2"] <= 2 * errors["v1"], errors
+    assert max(errors.values()) < naive / 3, (errors, naive)
+
+
+def test_tiled_nan_and_infinity_stay_where_the_product_puts_them():
+    """A NaN in A[i, k] makes row i of C NaN, an infinity in B[k, j] makes column j infinite
+    (NaN where A[·, k] is 0); no other element of the same 8×8 fragment may change. Both
+    versions, with K long enough that partial sums are carried between chunks."""
+    rng = np.random.default_rng(4)
+    for version, device in (("v2", dict()), ("v2", HARSH), ("v1", dict())):
+        dev = metalcompute.Device(**device)
+        product = Product(rng, 1, 20, 19, 300)
+        A = product.A[:20 * 300].reshape(20, 300)
+        B = product.B[:300 * 19].reshape(300, 19)
+        A[3, 17] = np.nan
+        A[5:9, 250] = 0.0
+        B[250, 6] = -np.inf
+        B[131, 11] = np.inf
+        want = product.want(elementwise=True)
+        assert np.isnan(want).sum() == 19 + 4 and np.isinf(want).sum() == 2 * 20 - 2 - 4
+        got, _ = run(dev, product, version)
+        ratio, mismatch = compare_array("input_weight", got, want, np.float32)
+        assert mismatch is None, f"{version} {device}: {mismatch}"
+
+
+# -- the checks can fail --------------------------------------------------------------------------
+
+def _mutant(*edits):
+    """The library source with (old, new) edits made in strided_gemm_tiled."""
+    src = library.source()
+    start = src.index("kernel void strided_gemm_tiled")
+    head, body = src[:start], src[start:]
+    for old, new in edits:
+        assert old in body, old
+        body = body.replace(old, new, 1)
+    return head + body
+
+
+MUTANTS = {
+    # No barrier after a chunk's multiply: the next chunk is staged over one still being read.
+    "missing barrier": [("threadgroup_barrier(mem_flags::mem_threadgroup);\n            }\n",
+                         "\n            }\n")],
+    # Edges left unstaged: stale chunks and the NaN-poisoned threadgroup memory get multiplied.
+    "no zero padding": [
+        ("As[r * GT_LD + k] = (r < rows && k < kn) ? a[r * p.a_row + (k0 + k) * p.a_k] : 0.0f;",
+         "if (r < rows && k < kn) As[r * GT_LD + k] = a[r * p.a_row + (k0 + k) * p.a_k];"),
+        ("Bs[k * GT_LD + j] = (j < cols && k < kn) ? bb[(k0 + k) * p.b_k + j * p.b_col] : 0.0f;",
+         "if (j < cols && k < kn) Bs[k * GT_LD + j] = bb[(k0 + k) * p.b_k + j * p.b_col];")],
+    # Threadgroup size assumed to be 128: with fewer threads, quarters are never done.
+    "assumes 128 threads": [("uint n_sg = tpg / 32;", "uint n_sg = 4;")],
+}
+
+
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_mutants_of_the_tiled_kernel_fail(mutant):
+    source = _mutant(*MUTANTS[mutant])
+    rng = np.random.default_rng(1)
+    product = Product(rng, 2, 33, 31, 65, bias=True)
+    dev = metalcompute.Device(**HARSH)
+    got, _ = run(dev, product, source=source)
+    ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
+    assert mismatch is not None, f"mutant '{mutant}' passed (worst ratio {ratio})"
+    assert_product(dev, product)  # the real kernel passes on the same device
+
+
+# -- the rule and its overrides -------------------------------------------------------------------
+
+def test_the_rule():
+    big = dict(batch=1, M=12800, P=2048, K=512)
+    assert versions.gemm(**big).version == "v2"
+    assert "tiled" in versions.gemm(**big).reason
+    for shape, why in [(dict(batch=1, M=1, P=2048, K=12800), "M=1 < 8 (a reduction to one row)"),
+                       (dict(batch=2, M=1, P=512, K=64), "M=1 < 8"),
+                       (dict(batch=1, M=12800, P=2048, K=2), "K=2 < 8"),
+                       (dict(batch=1, M=64, P=64, K=64), "262144 < 1048576")]:
+        choice = versions.gemm(**shape)
+        assert (choice.version, choice.kernel) == ("v1", "strided_gemm"), choice
+        assert why in choice.reason, choice
+    edge = dict(batch=1, M=8, P=8, K=versions.TILED_MIN_WORK // 64)
+    assert versions.gemm(**edge).version == "v2"
+    assert versions.gemm(**dict(edge, K=edge["K"] - 1)).version == "v1"
+    assert "input weight gradient (batch=1" in str(versions.gemm(**big, product="input weight gradient"))
+
+
+def test_overrides_and_their_errors(monkeypatch):
+    small = dict(batch=1, M=1, P=3, K=2)
+    monkeypatch.setenv(versions.GEMM_ENV, "v2")
+    choice = versions.gemm(**small)
+    assert choice.version == "v2" and "forced by RNNGRAD_METAL_GEMM=v2" in choice.reason
+    with versions.forced("v1"):  # the module setting wins over the variable
+        choice = versions.gemm(batch=1, M=4096, P=4096, K=4096)
+        assert choice.version == "v1" and "versions.GEMM=v1" in choice.reason
+    assert versions.GEMM is None
+    monkeypatch.setenv(versions.GEMM_ENV, " AUTO ")
+    assert versions.gemm(**small).version == "v1"
+    monkeypatch.setenv(versions.GEMM_ENV, "v3")
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, auto, got 'v3'"):
+        versions.gemm(**small)
+    with pytest.raises(ValueError, match="forced: expected one of v1, v2, auto or None, got 'tiled'"):
+        with versions.forced("tiled"):
+            pass
+
+
+def test_the_tile_count_mirrors_the_kernel():
+    text = library.read("gemm.metal")
+    enum = dict(re.findall(r"\b(GT_\w+)\s*=\s*(\d+)", text))
+    assert int(enum["GT_TILE"]) == versions.TILE and int(enum["GT_THREADS"]) == versions.THREADS
+    assert f"[[max_total_threads_per_threadgroup({versions.THREADS})]]" in text
+    assert re.search(r"//\s+v2 strided_gemm_tiled: ", text)
+    assert versions.gemm_tiles(batch=2, M=99, P=33, block=33, b_block=0) == 2 * 4 * 2
+    assert versions.gemm_tiles(batch=2, M=99, P=33, block=33, b_block=5) == 2 * 3 * 2 * 2
+
+
+# -- the backend with v2 ----------------------------------------------------------------------------
+
+def _descriptors(cell):
+    rng = np.random.default_rng(len(cell))
+    extra = [dict(reset_after=False), dict(reset_after=True)] if cell == "gru" else [{}]
+    return [random_descriptor(rng, cell, bidirectional=bi, reverse=rev, training=True, **more)
+            for more in extra for bi, rev in ((True, False), (False, True))]
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_backend_with_v2_forced_matches_the_reference(cell):
+    """Every product of the forward and gradient ops through strided_gemm_tiled, under an
+    adversarial schedule with 64-thread threadgroups, for each direction mode (and GRU's
+    reset_after), with every optional input and with none."""
+    n = 0
+    for i, desc in enumerate(_descriptors(cell)):
+        for optional in (ALL_OPTIONAL, NO_OPTIONAL):
+            rng = np.random.default_rng(100 * i + len(optional) + (optional is ALL_OPTIONAL))
+            case = random_case(rng, cell, descriptor=desc, T=3, N=3, H=9, I=5, dtype=np.float32,
+                               optional=optional, cell_gradient_form="per_step" if i % 2 else "final")
+            with versions.forced("v2"), emulated_device(**dict(HARSH, seed=i)) as dev:
+                for gradients in (False, True):
+                    ratio, mismatches = check_case(case, BACKEND, gradients)
+                    assert not mismatches, (
+                        f"v2 {'gradients' if gradients else 'forward'}:\n"
+                        + "\n".join(map(str, mismatches[:5])) + f"\nreproduce with:\n{case!r}")
+            products = [d.kernel for d in dev.trace if "gemm" in d.kernel]
+            assert products and set(products) == {TILED}, products
+            n += len(products)
+    assert n >= 12
+
+
+def test_backend_auto_rule_runs_both_versions(caplog):
+    """An LSTM whose input-side products reach 2**20 multiply-adds: the rule tiles those and
+    keeps the smaller dR and the one-row reductions on v1; the result matches, and each
+    choice is logged with its reason."""
+    rng = np.random.default_rng(8)
+    desc = random_descriptor(rng, "lstm", bidirectional=False, training=True)
+    case = random_case(rng, "lstm", descriptor=desc, T=16, N=8, H=32, I=64, dtype=np.float32,
+                       optional=dict(ALL_OPTIONAL, mask=False))
+    with caplog.at_level("DEBUG", logger="rnngrad.backends.metal"), emulated_device() as dev:
+        ratio, mismatches = check_case(case, BACKEND, True)
+    assert not mismatches, "\n".join(map(str, mismatches[:5]))
+    # T·N = 128 rows, G·H = 128: x' and d_source and dW are 2**20 multiply-adds, dR 2**19.
+    assert [d.kernel for d in dev.trace] == [
+        TILED, "lstm_forward",                  # x' = source·Wᵀ + b
+        "lstm_backward", "strided_gemm",        # dR
+        TILED, TILED,                           # d_source, dW
+        "strided_gemm", "strided_gemm"]         # db, dpeephole: one-row reductions
+    logged = [r.getMessage() for r in caplog.records if r.name == "rnngrad.backends.metal"]
+    assert len(logged) == 6
+    assert logged[0] == ("metal-emulated: v2 strided_gemm_tiled: batch=1, M=128, P=128, K=64: "
+                         "auto, batch·M·P·K = 1048576 >= 1048576 and M, P, K >= 8: tiled")
+    assert "v1 strided_gemm: batch=1, M=1, P=128, K=128: auto, M=1 < 8" in logged[4]
+
+
+def test_backend_refuses_an_unknown_setting(monkeypatch):
+    case = random_case(3, "gru", T=2, N=2, H=2, I=2, dtype=np.float32,
+                       optional=dict(input_weight=True))
+    monkeypatch.setenv(versions.GEMM_ENV, "fast")
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, auto, got 'fast'"):
+        case.forward(backend=BACKEND)
+
+
+def test_a_stopped_tiled_dispatch_raises():
+    """The completion marks of v2: a dispatch whose later threadgroups never ran is named."""
+    rng = np.random.default_rng(2)
+    desc = random_descriptor(rng, "gru", bidirectional=True, training=True)
+    case = random_case(rng, "gru", descriptor=desc, T=4, N=5, H=9, I=6, dtype=np.float32,
+                       optional=ALL_OPTIONAL)
+    with versions.forced("v2"):
+        with emulated_device(max_threads_per_threadgroup=32) as dev:
+            case.training_forward(backend=BACKEND)
+        first = dev.trace[0]
+        assert first.kernel == TILED and first.threadgroups >= 2
+        with emulated_device(max_threads_per_threadgroup=32, stop=(0, 1)):
+            with pytest.raises(IncompleteDispatch) as info:
+                case.training_forward(backend=BACKEND)
+    assert info.value.kernel == TILED and info.value.dispatch == 0
+    assert info.value.missing == tuple(range(1, first.threadgroups))
+    assert f"kernel {TILED} did not finish" in str(info.value)
