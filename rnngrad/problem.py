@@ -75,6 +75,11 @@ class Problem:
         return name + ("_gradients" if self.gradients else "")
 
     @property
+    def on_gpu(self) -> bool:
+        """Whether the inputs are in GPU memory (CuPy arrays)."""
+        return hasattr(self.source, "__cuda_array_interface__")
+
+    @property
     def mask_per_step(self) -> bool:
         return self.mask is not None and self.mask.ndim == 3
 

@@ -22,13 +22,15 @@ KINDS = ("forward", "gradients")
 @dataclasses.dataclass
 class Backend:
     """name; dtypes it computes in; implementations keyed by (cell, kind); probe() returns
-    None when usable here, else the reason it is not."""
+    None when usable here, else the reason it is not; ``gpu``: it takes arrays in CUDA GPU memory
+    (and host arrays too), and returns results where its inputs were."""
 
     name: str
     dtypes: tuple
     implementations: dict
     probe: Callable[[], Optional[str]] = lambda: None
     summary: str = ""
+    gpu: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,8 @@ _SPECS = (
     _Spec("reference", "rnngrad.backends.reference", "BACKEND", True, ""),
     _Spec("metal-emulated", "rnngrad.backends.metal.host", "EMULATED_BACKEND", False,
           "needs a C++ compiler (apt-get install g++)"),
+    _Spec("metal-cuda", "rnngrad.backends.metal.host", "CUDA_BACKEND", False,
+          "needs an NVIDIA GPU and CuPy (pip install 'rnngrad[cuda]')"),
 )
 
 _loaded: dict = {}
@@ -116,10 +120,20 @@ def get(name: str) -> Backend:
     raise ValueError(f"backend: unknown backend {name!r}; available: {available_backends()}")
 
 
-def resolve(name, cell: str, kind: str, dtype) -> tuple:
+def _gpu_backends() -> str:
+    rows = [(spec.name, _load(spec)) for spec in _SPECS]
+    return "; ".join(f"{n!r} ({'available' if b is not None else reason})"
+                     for n, (b, reason) in rows if b is not None and b.gpu or b is None and "GPU" in reason)
+
+
+def resolve(name, cell: str, kind: str, dtype, on_gpu: bool = False) -> tuple:
     """(backend name, implementation) for a call; ``name=None`` picks the fastest available
-    automatic backend that implements (cell, kind) in ``dtype``."""
+    automatic backend that implements (cell, kind) in ``dtype``. ``on_gpu``: the inputs are in
+    GPU memory, which only a backend with ``gpu`` takes (and never by ``name=None``)."""
     dtype = np.dtype(dtype)
+    if on_gpu and name is None:
+        raise ValueError(f"backend: the inputs are in GPU memory and backend=None picks only host "
+                         f"backends; name a GPU backend: {_gpu_backends() or 'none known'}")
     if name is None:
         for spec in _SPECS:
             backend, _ = _load(spec)
@@ -137,4 +151,8 @@ def resolve(name, cell: str, kind: str, dtype) -> tuple:
         )
     if (cell, kind) not in backend.implementations:
         raise ValueError(f"backend: {name!r} does not implement {cell} {kind}")
+    if on_gpu and not backend.gpu:
+        raise TypeError(f"backend {name!r} computes on the host, got inputs in GPU memory; use a GPU "
+                        f"backend ({_gpu_backends() or 'none known'}) or copy the inputs to the host "
+                        f"(for example cupy.asnumpy)")
     return backend.name, backend.implementations[(cell, kind)]

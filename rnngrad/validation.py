@@ -52,10 +52,33 @@ def _common_dtype(given: dict) -> np.dtype:
     return dtypes.pop() if dtypes else _FLOAT64
 
 
+def on_gpu(value) -> bool:
+    """Whether ``value`` lives in CUDA device memory (a CuPy array, a CUDA tensor, anything with
+    ``__cuda_array_interface__``)."""
+    return hasattr(value, "__cuda_array_interface__")
+
+
+def array_module(array):
+    """NumPy, or CuPy for an array already on the GPU."""
+    if type(array) is np.ndarray or not on_gpu(array):
+        return np
+    import cupy
+
+    return cupy
+
+
 def _as_array(name, value, dtype) -> np.ndarray:
-    """A C-contiguous array of ``value`` (``value`` itself when it is one)."""
+    """A C-contiguous array of ``value`` (``value`` itself when it is one); a CuPy array, on the
+    GPU still, for an input in GPU memory."""
     if type(value) is np.ndarray and value.flags.c_contiguous:
         return value
+    if on_gpu(value):
+        try:
+            import cupy
+        except ImportError as exc:
+            raise TypeError(f"{name}: got an array in GPU memory ({type(value).__name__}) and CuPy "
+                            f"does not import ({exc}); pip install 'rnngrad[cuda]'") from None
+        return cupy.ascontiguousarray(cupy.asarray(value))
     try:
         array = np.asarray(value, dtype=dtype) if not hasattr(value, "dtype") else np.asarray(value)
     except (ValueError, TypeError) as exc:
@@ -111,6 +134,12 @@ def _build(cell, descriptor, given: dict, gradients: bool):
         if given.get(name) is None:
             raise TypeError(f"{name}: expected an array, got None (it is required)")
     present = {k: v for k, v in given.items() if v is not None}
+    places = {k: on_gpu(v) for k, v in present.items() if hasattr(v, "shape")}
+    if len(set(places.values())) > 1:
+        listing = ", ".join(f"{k} on the {'GPU' if g else 'host'}" for k, g in places.items())
+        raise TypeError(f"all array inputs must be on one device, got {listing}")
+    if any(places.values()):  # CUDA tensors and other GPU arrays as CuPy views, no copy
+        present = {k: _as_array(k, v, None) if places.get(k) else v for k, v in present.items()}
     dtype = _common_dtype(present)
     arrays = {k: _as_array(k, v, dtype) for k, v in present.items()}
     check = _Checker(cell, descriptor, arrays)
@@ -209,7 +238,8 @@ def _build(cell, descriptor, given: dict, gradients: bool):
     problem = Problem(
         cell=cell, gradients=gradients, descriptor=descriptor, dtype=dtype,
         T=T, N=N, I=I, H=H, G=G, D=D, Z=Z,
-        **{k: v if v.flags.c_contiguous else np.ascontiguousarray(v) for k, v in arrays.items()},
+        **{k: v if v.flags.c_contiguous else array_module(v).ascontiguousarray(v)
+           for k, v in arrays.items()},
     )
     return problem, original
 
@@ -225,7 +255,7 @@ def _mask(m, T, N, H, D, check) -> np.ndarray:
         )
     target = (T, N, D * H) if m.ndim == 3 else (N, D * H)
     try:
-        return np.broadcast_to(m, target)
+        return array_module(m).broadcast_to(m, target)
     except ValueError:
         raise ValueError(
             f"mask: expected a shape broadcastable to {_shape(target)} for {check.context(H)}, "

@@ -1,11 +1,16 @@
 """The Metal backends: host code that runs the kernels of ``kernels/`` through metalcompute's API.
 
-Two backends share this code and differ only in the device they are given:
+Three backends share this code and differ only in the device they are given:
 
 - ``"metal"``: a real Apple GPU through ``metalcompute`` (macOS on Apple silicon); chosen by
   ``backend=None`` when available.
-- ``"metal-emulated"``: the same kernels and host code on the CPU execution harness
-  :mod:`rnngrad.backends.metal.harness.cpu` (any machine with a C++ compiler); used only when asked for.
+- ``"metal-emulated"``: the same kernels and host code on the CPU target of the harness,
+  :mod:`rnngrad.backends.metal.harness.cpu` (any machine with a C++ compiler); only when asked for.
+- ``"metal-cuda"``: the same kernels and host code on an NVIDIA GPU through the harness's CUDA
+  target, :mod:`rnngrad.backends.metal.harness.cuda` (CuPy); only when asked for. It takes arrays
+  already in GPU memory (CuPy arrays, CUDA tensors: anything with ``__cuda_array_interface__``)
+  and returns CuPy arrays on the GPU for them, with no copy through the host; NumPy inputs are
+  copied to the GPU once per call and the results come back as NumPy arrays.
 
 Each op is a small number of dispatches (contract and kernel files for the math):
 
@@ -61,6 +66,7 @@ threadgroup size), use :func:`emulated_device`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 
@@ -81,6 +87,8 @@ BUDGET_ENV = "RNNGRAD_METAL_DISPATCH_BUDGET"
 
 
 def _f32(a):
+    if hasattr(a, "__cuda_array_interface__"):
+        return a.astype(F32)
     return np.ascontiguousarray(a, dtype=F32)
 
 
@@ -142,12 +150,15 @@ class _Runs:
         # What the run reported: the harness's runs have completed by now (calls there are
         # synchronous); metalcompute 0.2.9's handles report nothing.
         reported = getattr(handle, "error", None)
+        finish = getattr(self.host.device, "finish", None)
+        if finish is not None:  # the CUDA target: waits, and raises naming a kernel that faulted
+            finish([handle])
         del handle  # the last reference: metalcompute waits for the command buffer here
         if check:
             self._check(reported=reported, **run)
 
     def _check(self, kernel, count, status, marks, steps, span, number, reported):
-        words = np.frombuffer(status, np.uint32, count=2 * marks).reshape(marks, 2).copy()
+        words = self.host.words(status, 2 * marks).reshape(marks, 2)
         done = (words[:, 0] & library.DONE) != 0
         problems, missing = [], ()
         if reported:
@@ -256,8 +267,17 @@ class MetalHost:
             self._functions[name] = self._functions["__library__"].function(name)
         return self._functions[name]
 
+    @property
+    def xp(self):
+        """The array module of the device's buffers: NumPy, or CuPy on the CUDA target."""
+        return getattr(self.device, "array_module", np)
+
     def buffer(self, array):
         """A device buffer holding a copy of ``array`` (float32 unless it is a params struct)."""
+        if hasattr(array, "__cuda_array_interface__"):  # already on the GPU: copied there
+            xp = self.xp
+            array = xp.ascontiguousarray(array, dtype=F32)
+            return self.device.buffer(array if array.size else xp.zeros(1, F32))
         array = np.ascontiguousarray(array)
         if array.dtype.names is None:
             array = array.astype(F32, copy=False)
@@ -285,10 +305,31 @@ class MetalHost:
         """The dispatches of one op (a context manager; see :class:`_Runs`)."""
         return _Runs(self, op, problem)
 
-    @staticmethod
-    def read(buf, shape):
+    def read(self, buf, shape):
+        """The first prod(shape) floats of a buffer the op made: a NumPy copy, or on the CUDA
+        target a CuPy view (the buffer is the op's own)."""
         n = int(np.prod(shape))
-        return np.frombuffer(buf, F32, count=n).reshape(shape).copy()
+        if self.xp is np:
+            return np.frombuffer(buf, F32, count=n).reshape(shape).copy()
+        return buf.view(self.xp.float32)[:n].reshape(shape)
+
+    def words(self, buf, n):
+        """The first ``n`` uint32 words of a buffer, as a NumPy copy (from the GPU too)."""
+        if self.xp is np:
+            return np.frombuffer(buf, np.uint32, count=n).copy()
+        return buf.view(self.xp.uint32)[:n].get()
+
+    def to_caller(self, problem, out):
+        """Results where the inputs were: GPU inputs get GPU arrays, host inputs NumPy arrays."""
+        for field in dataclasses.fields(out):
+            value = getattr(out, field.name)
+            if value is None:
+                continue
+            if problem.on_gpu and isinstance(value, np.ndarray):
+                setattr(out, field.name, self.xp.asarray(value))
+            elif not problem.on_gpu and not isinstance(value, np.ndarray):
+                setattr(out, field.name, value.get())
+        return out
 
     def gemm(self, handles, A, B, C, *, batch, M, P, K, a_batch=0, a_row=0, a_k=0, b_batch=0,
              b_k=0, b_col=0, block=None, b_block=0, bias=None):
@@ -355,8 +396,9 @@ class MetalHost:
         wants_c = cell == "lstm" and (desc.training or desc.produce_cell)
         if T == 0 or N == 0:
             empty = np.zeros((T, N, DH), F32)
-            return ForwardArrays(empty, empty.copy() if wants_c else None,
-                                 np.zeros((T, N, D * Z * H), F32) if desc.training else None)
+            return self.to_caller(problem, ForwardArrays(
+                empty, empty.copy() if wants_c else None,
+                np.zeros((T, N, D * Z * H), F32) if desc.training else None))
         with self._lock, self.runs(f"{cell}_forward", problem) as handles:
             source = self.buffer(problem.source)
             if problem.input_weight is not None:
@@ -403,7 +445,7 @@ class MetalHost:
                 out.c = self.read(c, (T, N, DH))
             if desc.training:
                 out.z_state = self.read(zs, (T, N, D * Z * H))
-            return out
+            return self.to_caller(problem, out)
 
     # -- gradients ----------------------------------------------------------------------------
     def gradients(self, problem) -> GradientArrays:
@@ -411,7 +453,7 @@ class MetalHost:
         cell, desc = problem.cell, problem.descriptor
         DH, GH, DGH = D * H, G * H, D * G * H
         if T == 0 or N == 0:
-            return self._trivial_gradients(problem)
+            return self.to_caller(problem, self._trivial_gradients(problem))
         with self._lock, self.runs(f"{cell}_gradients", problem) as handles:
             h0, mask = self._common(problem)
             R = self.buffer(problem.recurrent_weight)  # [D,GH,H]
@@ -493,7 +535,8 @@ class MetalHost:
                           b_col=1)
                 bufs["secondary_bias"] = (db2, (DH,))
             handles.wait()  # waits for the GPU and checks the last dispatch
-            return GradientArrays(**{k: self.read(b, shape) for k, (b, shape) in bufs.items()})
+            out = GradientArrays(**{k: self.read(b, shape) for k, (b, shape) in bufs.items()})
+            return self.to_caller(problem, out)
 
     @staticmethod
     def _trivial_gradients(problem):
@@ -567,8 +610,30 @@ def _probe_emulated():
     return None
 
 
+def _cuda_device():
+    from .harness import cuda
+
+    return cuda.Device()
+
+
+def _probe_cuda():
+    try:
+        from .harness import cuda
+    except ImportError as exc:
+        return f"the harness's CUDA target does not import ({exc})"
+    reason = cuda.available()
+    if reason:
+        return reason
+    try:
+        CUDA_HOST.function("strided_gemm")  # compiles the library once: NVRTC must work
+    except Exception as exc:
+        return f"the Metal kernels do not compile for this GPU ({type(exc).__name__}: {exc})"
+    return None
+
+
 HOST = MetalHost(_metal_device, "metal")
 EMULATED_HOST = MetalHost(_emulator_device, "metal-emulated")
+CUDA_HOST = MetalHost(_cuda_device, "metal-cuda")
 
 BACKEND = registry.Backend(
     name="metal",
@@ -587,17 +652,40 @@ EMULATED_BACKEND = registry.Backend(
 )
 
 
-@contextlib.contextmanager
-def emulated_device(**options):
-    """Run ``"metal-emulated"`` on ``rnngrad.backends.metal.harness.cpu.Device(**options)`` inside the block
-    (for example ``schedule="adversarial", seed=3, max_threads_per_threadgroup=64``); yields the
-    device, whose ``trace`` lists the dispatches."""
-    from .harness import cpu as emulator
+CUDA_BACKEND = registry.Backend(
+    name="metal-cuda",
+    dtypes=(np.dtype(F32),),
+    implementations=CUDA_HOST.implementations(),
+    probe=_probe_cuda,
+    summary="the Metal kernels on an NVIDIA GPU through the harness's CUDA target (float32)",
+    gpu=True,
+)
 
-    previous = EMULATED_HOST._device, EMULATED_HOST._functions
-    device = emulator.Device(**options)
-    EMULATED_HOST.use(device)
+
+@contextlib.contextmanager
+def _running_on(host, device):
+    previous = host._device, host._functions
+    host.use(device)
     try:
         yield device
     finally:
-        EMULATED_HOST._device, EMULATED_HOST._functions = previous
+        host._device, host._functions = previous
+
+
+def emulated_device(**options):
+    """Run ``"metal-emulated"`` on ``rnngrad.backends.metal.harness.cpu.Device(**options)`` inside
+    the block (for example ``schedule="adversarial", seed=3, max_threads_per_threadgroup=64``);
+    yields the device, whose ``trace`` lists the dispatches."""
+    from .harness import cpu as emulator
+
+    return _running_on(EMULATED_HOST, emulator.Device(**options))
+
+
+def cuda_device(**options):
+    """Run ``"metal-cuda"`` on ``rnngrad.backends.metal.harness.cuda.Device(**options)`` inside
+    the block (for example ``fast_math=True``, ``check_each_dispatch=True``,
+    ``max_threads_per_threadgroup=64``); yields the device, whose ``trace`` lists the dispatches
+    with their GPU times."""
+    from .harness import cuda
+
+    return _running_on(CUDA_HOST, cuda.Device(**options))

@@ -1,36 +1,26 @@
 // A stand-in for Metal's <metal_stdlib> that lets unchanged MSL compute kernels compile as
-// C++17 and run on the CPU execution harness (rnngrad.backends.metal.harness.cpu).
+// C++17 for every target of the harness (rnngrad.backends.metal.harness): the CPU (g++) and CUDA
+// (NVRTC). Each target supplies two headers found on its include path: "target.h" (address-space
+// keywords, the scalar math builtins behind EMU_M / EMU_M_FAST, half, fixed-width integers) and
+// "target_sync.h" (barriers, SIMD collectives, atomics, threadgroup memory).
 //
-// Covered: address-space keywords; scalar and vector types with MSL sizes and alignment
-// (float3 is 16 bytes, packed_float3 is 12); swizzles of two and three components;
-// metal::, metal::fast:: and metal::precise:: math; relational and geometric functions;
-// as_type; relaxed atomics on atomic_int / atomic_uint; threadgroup_barrier,
-// simdgroup_barrier and the simd_* collectives (exact: every lane waits for the others);
-// simdgroup_matrix load / store / multiply / multiply_accumulate.
+// Shared here: scalar and vector types with MSL sizes and alignment (float3 is 16 bytes,
+// packed_float3 is 12); swizzles of two and three components; metal::, metal::fast:: and
+// metal::precise:: math (metal:: is fast:: when EMU_FAST_MATH is defined, as metalcompute compiles);
+// relational and geometric functions; as_type; simdgroup_matrix load / store / multiply /
+// multiply_accumulate (emulated per lane: every lane holds the whole 8x8 tile, which is exact
+// when all 32 lanes make the same call, as Metal requires).
 //
 // Differences from Apple's compiler that a kernel can notice: math is IEEE single precision
-// (no fast-math approximations: fast::tanh does not return NaN for large inputs here); half is
-// _Float16; simd_sum adds lanes in lane order; simdgroup_matrix is emulated per lane (every
-// lane holds the whole 8x8 tile), which is exact when all 32 lanes make the same call, as Metal
-// requires. C++ accepts some code that Apple's compiler rejects.
+// unless the target maps fast:: to approximations (the CPU target never does: fast::tanh does not
+// return NaN for large inputs there); simd_sum adds lanes in the target's order. C++ accepts
+// some code that Apple's compiler rejects.
 #pragma once
 
-#include "emulator_abi.h"
+#include "target.h"
 
-#define kernel
-#define device
-#define constant const
-#define thread
-#define threadgroup
-#define METAL_FUNC inline __attribute__((always_inline))
 #define __METAL_VERSION__ 230
 #define __HAVE_SIMDGROUP_MATRIX__ 1
-#ifndef INFINITY
-#define INFINITY __builtin_inff()
-#endif
-#ifndef NAN
-#define NAN __builtin_nanf("")
-#endif
 #define MAXFLOAT 3.402823466e+38f
 #define FLT_MAX 3.402823466e+38f
 #define FLT_MIN 1.175494351e-38f
@@ -45,20 +35,6 @@ typedef unsigned char uchar;
 typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;
-typedef _Float16 half;
-typedef __SIZE_TYPE__ size_t;
-typedef __PTRDIFF_TYPE__ ptrdiff_t;
-typedef signed char int8_t;
-typedef unsigned char uint8_t;
-typedef short int16_t;
-typedef unsigned short uint16_t;
-typedef int int32_t;
-typedef unsigned int uint32_t;
-typedef long int64_t;
-typedef unsigned long uint64_t;
-
-constexpr half operator"" h(long double v) { return (half)v; }
-constexpr half operator"" h(unsigned long long v) { return (half)v; }
 
 // ----------------------------------------------------------------------------- vectors
 namespace __emu {
@@ -260,6 +236,7 @@ template <class T, int N> inline vec<bool, N> operator!(const vec<T, N>& a) {
     typedef __emu::packed_vec<T, 2> packed_##NAME##2;                                          \
     typedef __emu::packed_vec<T, 3> packed_##NAME##3;                                          \
     typedef __emu::packed_vec<T, 4> packed_##NAME##4;
+namespace metal {
 EMU_VEC_TYPES(float, float)
 EMU_VEC_TYPES(half, half)
 EMU_VEC_TYPES(int, int)
@@ -271,15 +248,36 @@ EMU_VEC_TYPES(uchar, uchar)
 EMU_VEC_TYPES(long, long)
 EMU_VEC_TYPES(ulong, ulong)
 EMU_VEC_TYPES(bool, bool)
+}  // namespace metal
 
-static_assert(sizeof(float3) == 16 && alignof(float3) == 16, "MSL float3 is 16 bytes");
-static_assert(sizeof(packed_float3) == 12 && alignof(packed_float3) == 4, "packed_float3");
-static_assert(sizeof(half4) == 8 && sizeof(half) == 2, "MSL half4 is 8 bytes");
+// MSL also names the vector types outside metal::. A target whose compiler has vector types of
+// its own at global scope (CUDA's float4 ...) defines EMU_VECTORS_IN_NAMESPACE and resolves the
+// names in the translated program instead.
+#ifndef EMU_VECTORS_IN_NAMESPACE
+#define EMU_VEC_USING(NAME)                                                                    \
+    using metal::NAME##2; using metal::NAME##3; using metal::NAME##4;                           \
+    using metal::packed_##NAME##2; using metal::packed_##NAME##3; using metal::packed_##NAME##4;
+EMU_VEC_USING(float)
+EMU_VEC_USING(half)
+EMU_VEC_USING(int)
+EMU_VEC_USING(uint)
+EMU_VEC_USING(short)
+EMU_VEC_USING(ushort)
+EMU_VEC_USING(char)
+EMU_VEC_USING(uchar)
+EMU_VEC_USING(long)
+EMU_VEC_USING(ulong)
+EMU_VEC_USING(bool)
+#endif
+
+
+static_assert(sizeof(metal::float3) == 16 && alignof(metal::float3) == 16, "MSL float3 is 16 bytes");
+static_assert(sizeof(metal::packed_float3) == 12 && alignof(metal::packed_float3) == 4, "packed_float3");
+static_assert(sizeof(metal::half4) == 8 && sizeof(half) == 2, "MSL half4 is 8 bytes");
 
 // ----------------------------------------------------------------------------- math
 namespace metal {
 
-using __emu::vec;
 template <class T, int N> using vec = __emu::vec<T, N>;
 
 #define EMU_MAP1(NAME)                                                                         \
@@ -304,69 +302,74 @@ template <class T, int N> using vec = __emu::vec<T, N>;
 
 #define EMU_FLOAT1(NAME, BUILTIN)                                                              \
     inline float NAME(float x) { return BUILTIN(x); }                                          \
-    inline half NAME(half x) { return (half)BUILTIN((float)x); }                               \
+    inline half NAME(half x) { return (half)(BUILTIN((float)x)); }                             \
     EMU_MAP1(NAME)
 #define EMU_FLOAT2(NAME, BUILTIN)                                                              \
     inline float NAME(float x, float y) { return BUILTIN(x, y); }                              \
-    inline half NAME(half x, half y) { return (half)BUILTIN((float)x, (float)y); }             \
+    inline half NAME(half x, half y) { return (half)(BUILTIN((float)x, (float)y)); }           \
     EMU_MAP2(NAME)
 
-// The float functions, declared once for metal::, metal::fast:: and metal::precise::.
-#define EMU_FLOAT_FUNCTIONS                                                                    \
-    EMU_FLOAT1(exp, __builtin_expf)                                                            \
-    EMU_FLOAT1(exp2, __builtin_exp2f)                                                          \
-    EMU_FLOAT1(log, __builtin_logf)                                                            \
-    EMU_FLOAT1(log2, __builtin_log2f)                                                          \
-    EMU_FLOAT1(log10, __builtin_log10f)                                                        \
-    EMU_FLOAT1(sqrt, __builtin_sqrtf)                                                          \
-    EMU_FLOAT1(sin, __builtin_sinf)                                                            \
-    EMU_FLOAT1(cos, __builtin_cosf)                                                            \
-    EMU_FLOAT1(tan, __builtin_tanf)                                                            \
-    EMU_FLOAT1(asin, __builtin_asinf)                                                          \
-    EMU_FLOAT1(acos, __builtin_acosf)                                                          \
-    EMU_FLOAT1(atan, __builtin_atanf)                                                          \
-    EMU_FLOAT1(sinh, __builtin_sinhf)                                                          \
-    EMU_FLOAT1(cosh, __builtin_coshf)                                                          \
-    EMU_FLOAT1(tanh, __builtin_tanhf)                                                          \
-    EMU_FLOAT1(asinh, __builtin_asinhf)                                                        \
-    EMU_FLOAT1(acosh, __builtin_acoshf)                                                        \
-    EMU_FLOAT1(atanh, __builtin_atanhf)                                                        \
-    EMU_FLOAT1(floor, __builtin_floorf)                                                        \
-    EMU_FLOAT1(ceil, __builtin_ceilf)                                                          \
-    EMU_FLOAT1(round, __builtin_roundf)                                                        \
-    EMU_FLOAT1(rint, __builtin_rintf)                                                          \
-    EMU_FLOAT1(trunc, __builtin_truncf)                                                        \
-    EMU_FLOAT1(fabs, __builtin_fabsf)                                                          \
-    EMU_FLOAT1(rsqrt, 1.0f / __builtin_sqrtf)                                                  \
+// The float functions, declared for metal::, metal::fast:: and metal::precise:: with M, the
+// target's mapping of a libm name to its precise (EMU_M) or fast (EMU_M_FAST) implementation.
+#define EMU_FLOAT_FUNCTIONS(M)                                                                   \
+    EMU_FLOAT1(exp, M(expf))                                                            \
+    EMU_FLOAT1(exp2, M(exp2f))                                                          \
+    EMU_FLOAT1(log, M(logf))                                                            \
+    EMU_FLOAT1(log2, M(log2f))                                                          \
+    EMU_FLOAT1(log10, M(log10f))                                                        \
+    EMU_FLOAT1(sqrt, M(sqrtf))                                                          \
+    EMU_FLOAT1(sin, M(sinf))                                                            \
+    EMU_FLOAT1(cos, M(cosf))                                                            \
+    EMU_FLOAT1(tan, M(tanf))                                                            \
+    EMU_FLOAT1(asin, M(asinf))                                                          \
+    EMU_FLOAT1(acos, M(acosf))                                                          \
+    EMU_FLOAT1(atan, M(atanf))                                                          \
+    EMU_FLOAT1(sinh, M(sinhf))                                                          \
+    EMU_FLOAT1(cosh, M(coshf))                                                          \
+    EMU_FLOAT1(tanh, M(tanhf))                                                          \
+    EMU_FLOAT1(asinh, M(asinhf))                                                        \
+    EMU_FLOAT1(acosh, M(acoshf))                                                        \
+    EMU_FLOAT1(atanh, M(atanhf))                                                        \
+    EMU_FLOAT1(floor, M(floorf))                                                        \
+    EMU_FLOAT1(ceil, M(ceilf))                                                          \
+    EMU_FLOAT1(round, M(roundf))                                                        \
+    EMU_FLOAT1(rint, M(rintf))                                                          \
+    EMU_FLOAT1(trunc, M(truncf))                                                        \
+    EMU_FLOAT1(fabs, M(fabsf))                                                          \
+    EMU_FLOAT1(rsqrt, 1.0f / M(sqrtf))                                                  \
     EMU_FLOAT1(exp10, ::__emu_exp10f)                                                          \
     EMU_FLOAT1(fract, ::__emu_fractf)                                                          \
-    EMU_FLOAT2(pow, __builtin_powf)                                                            \
-    EMU_FLOAT2(powr, __builtin_powf)                                                           \
-    EMU_FLOAT2(atan2, __builtin_atan2f)                                                        \
-    EMU_FLOAT2(fmod, __builtin_fmodf)                                                          \
-    EMU_FLOAT2(fmin, __builtin_fminf)                                                          \
-    EMU_FLOAT2(fmax, __builtin_fmaxf)                                                          \
-    EMU_FLOAT2(copysign, __builtin_copysignf)                                                  \
-    EMU_FLOAT2(fdim, __builtin_fdimf)                                                          \
+    EMU_FLOAT2(pow, M(powf))                                                            \
+    EMU_FLOAT2(powr, M(powf))                                                           \
+    EMU_FLOAT2(atan2, M(atan2f))                                                        \
+    EMU_FLOAT2(fmod, M(fmodf))                                                          \
+    EMU_FLOAT2(fmin, M(fminf))                                                          \
+    EMU_FLOAT2(fmax, M(fmaxf))                                                          \
+    EMU_FLOAT2(copysign, M(copysignf))                                                  \
+    EMU_FLOAT2(fdim, M(fdimf))                                                          \
     EMU_FLOAT2(divide, ::__emu_dividef)                                                        \
-    inline float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }            \
-    inline half fma(half a, half b, half c) { return (half)__builtin_fmaf(a, b, c); }          \
+    inline float fma(float a, float b, float c) { return M(fmaf)(a, b, c); }            \
+    inline half fma(half a, half b, half c) { return (half)M(fmaf)(a, b, c); }          \
     EMU_MAP3(fma)                                                                              \
-    inline float sincos(float x, thread float& c) { c = __builtin_cosf(x); return __builtin_sinf(x); }
+    inline float sincos(float x, thread float& c) { c = M(cosf)(x); return M(sinf)(x); }
 
 }  // namespace metal
 
-inline float __emu_exp10f(float x) { return __builtin_powf(10.0f, x); }
+inline float __emu_exp10f(float x) { return EMU_M(powf)(10.0f, x); }
 inline float __emu_fractf(float x) {
-    float f = x - __builtin_floorf(x);
+    float f = x - EMU_M(floorf)(x);
     return f < 0x1.fffffep-1f ? f : 0x1.fffffep-1f;
 }
 inline float __emu_dividef(float x, float y) { return x / y; }
 
 namespace metal {
-EMU_FLOAT_FUNCTIONS
-namespace fast { using metal::vec; EMU_FLOAT_FUNCTIONS }
-namespace precise { using metal::vec; EMU_FLOAT_FUNCTIONS }
+#ifdef EMU_FAST_MATH
+EMU_FLOAT_FUNCTIONS(EMU_M_FAST)
+#else
+EMU_FLOAT_FUNCTIONS(EMU_M)
+#endif
+namespace fast { using metal::vec; EMU_FLOAT_FUNCTIONS(EMU_M_FAST) }
+namespace precise { using metal::vec; EMU_FLOAT_FUNCTIONS(EMU_M) }
 
 // min / max return the other operand when one is NaN, as Metal's do (fast and precise).
 #define EMU_MINMAX(T)                                                                          \
@@ -381,10 +384,10 @@ EMU_MINMAX(char)
 EMU_MINMAX(uchar)
 EMU_MINMAX(long)
 EMU_MINMAX(ulong)
-inline float min(float a, float b) { return __builtin_fminf(a, b); }
-inline float max(float a, float b) { return __builtin_fmaxf(a, b); }
-inline half min(half a, half b) { return (half)__builtin_fminf(a, b); }
-inline half max(half a, half b) { return (half)__builtin_fmaxf(a, b); }
+inline float min(float a, float b) { return EMU_M(fminf)(a, b); }
+inline float max(float a, float b) { return EMU_M(fmaxf)(a, b); }
+inline half min(half a, half b) { return (half)EMU_M(fminf)(a, b); }
+inline half max(half a, half b) { return (half)EMU_M(fmaxf)(a, b); }
 inline float clamp(float x, float lo, float hi) { return min(max(x, lo), hi); }
 inline half clamp(half x, half lo, half hi) { return min(max(x, lo), hi); }
 EMU_MAP2(min)
@@ -398,8 +401,8 @@ inline long abs(long x) { return x < 0 ? -x : x; }
 inline short abs(short x) { return x < 0 ? -x : x; }
 inline char abs(char x) { return x < 0 ? -x : x; }
 inline uint abs(uint x) { return x; }
-inline float abs(float x) { return __builtin_fabsf(x); }
-inline half abs(half x) { return (half)__builtin_fabsf(x); }
+inline float abs(float x) { return EMU_M(fabsf)(x); }
+inline half abs(half x) { return (half)EMU_M(fabsf)(x); }
 EMU_MAP1(abs)
 namespace fast { using metal::abs; }
 namespace precise { using metal::abs; }
@@ -423,14 +426,14 @@ inline half mad(half a, half b, half c) { return a * b + c; }
 EMU_MAP3(mad)
 
 // Relational functions.
-inline bool isnan(float x) { return __builtin_isnan(x); }
-inline bool isnan(half x) { return __builtin_isnan((float)x); }
-inline bool isinf(float x) { return __builtin_isinf(x); }
-inline bool isinf(half x) { return __builtin_isinf((float)x); }
-inline bool isfinite(float x) { return __builtin_isfinite(x); }
-inline bool isfinite(half x) { return __builtin_isfinite((float)x); }
-inline bool signbit(float x) { return __builtin_signbit(x); }
-inline bool isnormal(float x) { return __builtin_isnormal(x); }
+inline bool isnan(float x) { return EMU_ISNAN(x); }
+inline bool isnan(half x) { return EMU_ISNAN((float)x); }
+inline bool isinf(float x) { return EMU_ISINF(x); }
+inline bool isinf(half x) { return EMU_ISINF((float)x); }
+inline bool isfinite(float x) { return EMU_ISFINITE(x); }
+inline bool isfinite(half x) { return EMU_ISFINITE((float)x); }
+inline bool signbit(float x) { return EMU_SIGNBIT(x); }
+inline bool isnormal(float x) { return EMU_ISNORMAL(x); }
 #define EMU_PRED(NAME)                                                                         \
     template <class T, int N> inline vec<bool, N> NAME(const vec<T, N>& a) {                   \
         vec<bool, N> r; for (int i = 0; i < N; ++i) r[i] = NAME(a[i]); return r;               \
@@ -475,10 +478,10 @@ namespace fast { using metal::dot; using metal::length; using metal::normalize; 
 namespace precise { using metal::dot; using metal::length; using metal::normalize; using metal::distance; }
 
 // Integer functions.
-inline uint popcount(uint x) { return (uint)__builtin_popcount(x); }
-inline uint clz(uint x) { return x ? (uint)__builtin_clz(x) : 32u; }
-inline uint ctz(uint x) { return x ? (uint)__builtin_ctz(x) : 32u; }
-inline int popcount(int x) { return __builtin_popcount((uint)x); }
+inline uint popcount(uint x) { return (uint)EMU_POPCOUNT(x); }
+inline uint clz(uint x) { return x ? (uint)EMU_CLZ(x) : 32u; }
+inline uint ctz(uint x) { return x ? (uint)EMU_CTZ(x) : 32u; }
+inline int popcount(int x) { return EMU_POPCOUNT((uint)x); }
 inline uint mulhi(uint a, uint b) { return (uint)(((ulong)a * b) >> 32); }
 inline int mulhi(int a, int b) { return (int)(((long)a * b) >> 32); }
 inline uint reverse_bits(uint x) {
@@ -491,141 +494,17 @@ inline uint rotate(uint v, uint i) { i &= 31; return i ? (v << i) | (v >> (32 - 
 // Bit reinterpretation.
 template <class To, class From> inline To as_type(const From& x) {
     static_assert(sizeof(To) == sizeof(From), "as_type: types of different sizes");
-    return __builtin_bit_cast(To, x);
+    return EMU_BIT_CAST(To, x);
 }
 
-// ----------------------------------------------------------------------------- atomics (relaxed)
-enum memory_order { memory_order_relaxed = 0 };
-template <class T> struct _atomic { volatile T value; };
-typedef _atomic<int> atomic_int;
-typedef _atomic<uint> atomic_uint;
-template <class T> using atomic = _atomic<T>;
-template <class T, class U> inline void atomic_store_explicit(volatile _atomic<T>* a, U v, memory_order) { __atomic_store_n(&a->value, (T)v, __ATOMIC_RELAXED); }
-template <class T> inline T atomic_load_explicit(const volatile _atomic<T>* a, memory_order) { return __atomic_load_n(&a->value, __ATOMIC_RELAXED); }
-template <class T, class U> inline T atomic_exchange_explicit(volatile _atomic<T>* a, U v, memory_order) { return __atomic_exchange_n(&a->value, (T)v, __ATOMIC_RELAXED); }
-template <class T, class U> inline T atomic_fetch_add_explicit(volatile _atomic<T>* a, U v, memory_order) { return __atomic_fetch_add(&a->value, (T)v, __ATOMIC_RELAXED); }
-template <class T, class U> inline T atomic_fetch_sub_explicit(volatile _atomic<T>* a, U v, memory_order) { return __atomic_fetch_sub(&a->value, (T)v, __ATOMIC_RELAXED); }
-template <class T, class U> inline T atomic_fetch_and_explicit(volatile _atomic<T>* a, U v, memory_order) { return __atomic_fetch_and(&a->value, (T)v, __ATOMIC_RELAXED); }
-template <class T, class U> inline T atomic_fetch_or_explicit(volatile _atomic<T>* a, U v, memory_order) { return __atomic_fetch_or(&a->value, (T)v, __ATOMIC_RELAXED); }
-template <class T, class U> inline T atomic_fetch_xor_explicit(volatile _atomic<T>* a, U v, memory_order) { return __atomic_fetch_xor(&a->value, (T)v, __ATOMIC_RELAXED); }
-template <class T, class U> inline T atomic_fetch_min_explicit(volatile _atomic<T>* a, U v, memory_order) { T o = a->value; if ((T)v < o) a->value = (T)v; return o; }
-template <class T, class U> inline T atomic_fetch_max_explicit(volatile _atomic<T>* a, U v, memory_order) { T o = a->value; if ((T)v > o) a->value = (T)v; return o; }
-template <class T, class U> inline bool atomic_compare_exchange_weak_explicit(volatile _atomic<T>* a, T* expected, U desired, memory_order, memory_order) {
-    return __atomic_compare_exchange_n(&a->value, expected, (T)desired, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
-}
 
-// ----------------------------------------------------------------------------- synchronisation
 enum class mem_flags : int { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4, mem_threadgroup_imageblock = 8 };
 inline mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags((int)a | (int)b); }
+}  // namespace metal
 
-inline void __emu_threadgroup_barrier_at(int line, mem_flags = mem_flags::mem_none) { ::__emu_barrier(line, 0); }
-inline void __emu_simdgroup_barrier_at(int line, mem_flags = mem_flags::mem_none) { ::__emu_simd_gather(line, 1, nullptr, 0); }
+#include "target_sync.h"
 
-enum __emu_op {
-    op_sum = 2, op_product, op_max, op_min, op_and, op_or, op_xor, op_broadcast, op_broadcast_first,
-    op_shuffle, op_shuffle_up, op_shuffle_down, op_shuffle_xor, op_rotate_up, op_rotate_down,
-    op_prefix_inclusive_sum, op_prefix_exclusive_sum, op_prefix_inclusive_product,
-    op_prefix_exclusive_product, op_all, op_any, op_ballot, op_is_first
-};
-
-// All 32 lanes' values of a collective, in lane order.
-template <class T> struct __emu_lanes {
-    const char* base;
-    const T& operator[](uint lane) const { return *(const T*)(base + lane * 64); }
-};
-template <class T> inline __emu_lanes<T> __emu_gather(int line, int op, const T& x) {
-    static_assert(sizeof(T) <= 64, "simd collective on a value larger than 64 bytes");
-    return __emu_lanes<T>{::__emu_simd_gather(line, op, &x, sizeof(T))};
-}
-inline uint __emu_lane() { return ::__emu_cur->lane; }
-
-template <class T> inline T __emu_simd_sum(int line, T x) {
-    auto g = __emu_gather(line, op_sum, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s += g[i]; return s;
-}
-template <class T> inline T __emu_simd_product(int line, T x) {
-    auto g = __emu_gather(line, op_product, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s *= g[i]; return s;
-}
-template <class T> inline T __emu_simd_max(int line, T x) {
-    auto g = __emu_gather(line, op_max, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s = max(s, g[i]); return s;
-}
-template <class T> inline T __emu_simd_min(int line, T x) {
-    auto g = __emu_gather(line, op_min, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s = min(s, g[i]); return s;
-}
-template <class T> inline T __emu_simd_and(int line, T x) {
-    auto g = __emu_gather(line, op_and, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s &= g[i]; return s;
-}
-template <class T> inline T __emu_simd_or(int line, T x) {
-    auto g = __emu_gather(line, op_or, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s |= g[i]; return s;
-}
-template <class T> inline T __emu_simd_xor(int line, T x) {
-    auto g = __emu_gather(line, op_xor, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s ^= g[i]; return s;
-}
-template <class T> inline T __emu_simd_broadcast(int line, T x, ushort lane) {
-    auto g = __emu_gather(line, op_broadcast, x); return g[lane & 31];
-}
-template <class T> inline T __emu_simd_broadcast_first(int line, T x) {
-    auto g = __emu_gather(line, op_broadcast_first, x); return g[0];
-}
-template <class T> inline T __emu_simd_shuffle(int line, T x, ushort lane) {
-    auto g = __emu_gather(line, op_shuffle, x); return lane < 32 ? g[lane] : x;
-}
-template <class T> inline T __emu_simd_shuffle_up(int line, T x, ushort d) {
-    auto g = __emu_gather(line, op_shuffle_up, x); uint l = __emu_lane(); return l >= d ? g[l - d] : x;
-}
-template <class T> inline T __emu_simd_shuffle_down(int line, T x, ushort d) {
-    auto g = __emu_gather(line, op_shuffle_down, x); uint l = __emu_lane(); return l + d < 32 ? g[l + d] : x;
-}
-template <class T> inline T __emu_simd_shuffle_xor(int line, T x, ushort m) {
-    auto g = __emu_gather(line, op_shuffle_xor, x); uint l = __emu_lane() ^ m; return l < 32 ? g[l] : x;
-}
-template <class T> inline T __emu_simd_shuffle_rotate_up(int line, T x, ushort d) {
-    auto g = __emu_gather(line, op_rotate_up, x); return g[(__emu_lane() + 32 - (d & 31)) & 31];
-}
-template <class T> inline T __emu_simd_shuffle_rotate_down(int line, T x, ushort d) {
-    auto g = __emu_gather(line, op_rotate_down, x); return g[(__emu_lane() + d) & 31];
-}
-template <class T> inline T __emu_simd_prefix_inclusive_sum(int line, T x) {
-    auto g = __emu_gather(line, op_prefix_inclusive_sum, x); T s = g[0];
-    for (uint i = 1; i <= __emu_lane(); ++i) s += g[i];
-    return s;
-}
-template <class T> inline T __emu_simd_prefix_exclusive_sum(int line, T x) {
-    auto g = __emu_gather(line, op_prefix_exclusive_sum, x); T s = T(0);
-    for (uint i = 0; i < __emu_lane(); ++i) s += g[i];
-    return s;
-}
-template <class T> inline T __emu_simd_prefix_inclusive_product(int line, T x) {
-    auto g = __emu_gather(line, op_prefix_inclusive_product, x); T s = g[0];
-    for (uint i = 1; i <= __emu_lane(); ++i) s *= g[i];
-    return s;
-}
-template <class T> inline T __emu_simd_prefix_exclusive_product(int line, T x) {
-    auto g = __emu_gather(line, op_prefix_exclusive_product, x); T s = T(1);
-    for (uint i = 0; i < __emu_lane(); ++i) s *= g[i];
-    return s;
-}
-inline bool __emu_simd_all(int line, bool x) {
-    auto g = __emu_gather(line, op_all, x); for (uint i = 0; i < 32; ++i) if (!g[i]) return false; return true;
-}
-inline bool __emu_simd_any(int line, bool x) {
-    auto g = __emu_gather(line, op_any, x); for (uint i = 0; i < 32; ++i) if (g[i]) return true; return false;
-}
-struct simd_vote {
-    typedef ulong vote_t;
-    vote_t v;
-    explicit operator vote_t() const { return v; }
-    bool all() const { return v == 0xffffffffull; }
-    bool any() const { return v != 0; }
-};
-inline simd_vote __emu_simd_ballot(int line, bool x) {
-    auto g = __emu_gather(line, op_ballot, x); ulong m = 0;
-    for (uint i = 0; i < 32; ++i) if (g[i]) m |= 1ull << i;
-    return simd_vote{m};
-}
-inline bool __emu_simd_is_first(int line) {
-    auto g = __emu_gather(line, op_is_first, true); (void)g; return __emu_lane() == 0;
-}
-
+namespace metal {
 // ----------------------------------------------------------------------------- simdgroup_matrix
 // Emulated per lane: each lane holds the whole tile. Exact when all 32 lanes make the same call
 // with the same arguments, which Metal requires.
@@ -687,37 +566,8 @@ inline void simdgroup_multiply(thread simdgroup_matrix<T, R, C>& d, const thread
 // Scalar and vector types are visible with and without metal::, as in MSL.
 namespace metal {
 using ::uint; using ::ushort; using ::uchar; using ::ulong; using ::half;
-using ::float2; using ::float3; using ::float4; using ::half2; using ::half3; using ::half4;
-using ::int2; using ::int3; using ::int4; using ::uint2; using ::uint3; using ::uint4;
-using ::packed_float2; using ::packed_float3; using ::packed_float4;
 }
 
-// Calls that synchronise carry their source line, for error messages.
-#define threadgroup_barrier(...) __emu_threadgroup_barrier_at(__LINE__, __VA_ARGS__)
-#define simdgroup_barrier(...) __emu_simdgroup_barrier_at(__LINE__, __VA_ARGS__)
-#define simd_sum(...) __emu_simd_sum(__LINE__, __VA_ARGS__)
-#define simd_product(...) __emu_simd_product(__LINE__, __VA_ARGS__)
-#define simd_max(...) __emu_simd_max(__LINE__, __VA_ARGS__)
-#define simd_min(...) __emu_simd_min(__LINE__, __VA_ARGS__)
-#define simd_and(...) __emu_simd_and(__LINE__, __VA_ARGS__)
-#define simd_or(...) __emu_simd_or(__LINE__, __VA_ARGS__)
-#define simd_xor(...) __emu_simd_xor(__LINE__, __VA_ARGS__)
-#define simd_broadcast(...) __emu_simd_broadcast(__LINE__, __VA_ARGS__)
-#define simd_broadcast_first(...) __emu_simd_broadcast_first(__LINE__, __VA_ARGS__)
-#define simd_shuffle(...) __emu_simd_shuffle(__LINE__, __VA_ARGS__)
-#define simd_shuffle_up(...) __emu_simd_shuffle_up(__LINE__, __VA_ARGS__)
-#define simd_shuffle_down(...) __emu_simd_shuffle_down(__LINE__, __VA_ARGS__)
-#define simd_shuffle_xor(...) __emu_simd_shuffle_xor(__LINE__, __VA_ARGS__)
-#define simd_shuffle_rotate_up(...) __emu_simd_shuffle_rotate_up(__LINE__, __VA_ARGS__)
-#define simd_shuffle_rotate_down(...) __emu_simd_shuffle_rotate_down(__LINE__, __VA_ARGS__)
-#define simd_prefix_inclusive_sum(...) __emu_simd_prefix_inclusive_sum(__LINE__, __VA_ARGS__)
-#define simd_prefix_exclusive_sum(...) __emu_simd_prefix_exclusive_sum(__LINE__, __VA_ARGS__)
-#define simd_prefix_inclusive_product(...) __emu_simd_prefix_inclusive_product(__LINE__, __VA_ARGS__)
-#define simd_prefix_exclusive_product(...) __emu_simd_prefix_exclusive_product(__LINE__, __VA_ARGS__)
-#define simd_all(...) __emu_simd_all(__LINE__, __VA_ARGS__)
-#define simd_any(...) __emu_simd_any(__LINE__, __VA_ARGS__)
-#define simd_ballot(...) __emu_simd_ballot(__LINE__, __VA_ARGS__)
-#define simd_is_first() __emu_simd_is_first(__LINE__)
 
 // ----------------------------------------------------------------------------- launcher support
 namespace __emu {
@@ -740,6 +590,4 @@ template <class T> inline T builtin(unsigned v, bool size) { return builtin_of<T
 template <class T> struct strip_ref { typedef T type; };
 template <class T> struct strip_ref<T&> { typedef T type; };
 
-// Threadgroup arrays declared in a kernel body are rewritten to references into the arena.
-template <class T> inline T& tg_array() { return *(T*)::__emu_tg_alloc(sizeof(T), alignof(T)); }
 }  // namespace __emu

@@ -92,12 +92,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import dispatch
 from . import _loader
 
 __all__ = ["Device", "Kernel", "Function", "Buffer", "RunHandle", "Dispatch", "error", "get_devices"]
 
 SCHEDULES = {"lanes": 0, "reverse": 1, "adversarial": 2}
-_MAX_BUFFERS = 31
+_MAX_BUFFERS = dispatch.MAX_BUFFERS
 _PAGE = mmap.PAGESIZE
 _METAL_PAGE = 16384
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -305,24 +306,17 @@ class Function:
 
     def threadgroup_size(self) -> int:
         """metalcompute's rule: 32 x floor(min(1024, kernel limit, device limit) / 32)."""
-        limit = min(1024, self.max_total_threads_per_threadgroup,
-                    self.kernel.device.max_threads_per_threadgroup)
-        return 32 * (limit // 32)
+        return dispatch.threadgroup_size(self.max_total_threads_per_threadgroup,
+                                         self.kernel.device.max_threads_per_threadgroup)
 
     def __call__(self, count, *buffers) -> RunHandle:
         device = self.kernel.device
-        count = operator.index(count)
-        if not 0 <= count < 2 ** 32:
-            raise error(f"kernel '{self.name}': count must be in [0, 2**32), got {count}")
-        if len(buffers) > _MAX_BUFFERS:
-            raise error(f"kernel '{self.name}': at most {_MAX_BUFFERS} buffers, got {len(buffers)}")
-        if len(buffers) < self._info.n_buffers:
-            raise error(f"kernel '{self.name}' reads [[buffer({self._info.n_buffers - 1})]] but "
-                        f"the call passed {len(buffers)} buffer(s); buffers bind in call order")
         tg = self.threadgroup_size()
-        if tg == 0:
-            raise error(f"kernel '{self.name}': max_total_threads_per_threadgroup("
-                        f"{self.max_total_threads_per_threadgroup}) is below the SIMD width 32")
+        try:
+            count = dispatch.check_call(self.name, count, len(buffers), self._info.n_buffers, tg,
+                                        self.max_total_threads_per_threadgroup)
+        except ValueError as exc:
+            raise error(str(exc)) from None
         bound = [b if isinstance(b, Buffer) and hasattr(b, "_mc_addr") else device.buffer(b)
                  for b in buffers]
         launch = _Launch()

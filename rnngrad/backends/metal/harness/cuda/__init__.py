@@ -1,0 +1,317 @@
+"""Run unchanged Metal Shading Language kernels on an NVIDIA GPU, behind metalcompute's Python API.
+
+The CUDA target of the harness: the same ``.metal`` source as on a Mac, translated to CUDA C++
+(:mod:`._build`) against the shared stand-in ``<metal_stdlib>`` and compiled with NVRTC through
+CuPy. It presents the CPU target's API, so the Metal host code drives it unchanged::
+
+    from rnngrad.backends.metal.harness import cuda as metalcompute
+
+    dev = metalcompute.Device()
+    fn = dev.kernel(source).function("name")      # compiles (NVRTC, cached); raises metalcompute.error
+    out = dev.buffer(4 * n)                       # GPU memory: a CuPy uint8 array
+    handle = fn(n, dev.buffer(x), params, out)    # non-Buffer arguments are copied for this call
+    dev.finish([handle])                          # waits, and raises error if the kernel faulted
+
+Dispatch follows metalcompute: a 1-D grid of ``count`` threads padded to whole threadgroups
+(threads with ``gid >= count`` run); threadgroup size ``32 × ⌊min(1024,
+max_total_threads_per_threadgroup, the compiled kernel's limit) / 32⌋`` (registers can lower
+it, as on a Mac); buffers bound to ``[[buffer(i)]]`` in call order. A threadgroup is a CUDA
+block, a SIMD-group a warp, threadgroup memory ``__shared__``. Apple's limits hold here too: at
+most 32 KiB of threadgroup memory (an error above it, though the GPU has more), SIMD width 32.
+Nothing may rely on threadgroups running together: a kernel that waits for another threadgroup
+may hang here as on a Mac.
+
+Calls are asynchronous on one CUDA stream, in order. A fault inside a kernel (an illegal
+address) surfaces when the device waits: :meth:`Device.finish` raises :class:`error` naming the
+kernel, and the device refuses every later call, since the CUDA context is then unusable.
+``Device(check_each_dispatch=True)`` waits after every dispatch instead, so that a fault is
+attributed to exactly one kernel. New buffers are filled with 0xFF bytes (NaN as float32), so a
+result the kernels never wrote shows; ``poison=False`` leaves them uninitialised, for
+compute-sanitizer's initcheck.
+
+``Device(fast_math=True)`` compiles as metalcompute does on a Mac (fast math on): metal:: math is
+fast:: (hardware approximations), denormals are flushed, division and square root approximate.
+Apple's compiler and its fast math remain the Mac's to check.
+
+``Device.trace`` lists one ``Dispatch`` per call (kernel, count, threadgroup size and count,
+threadgroup memory, path ``"cuda"``, and ``seconds``, the kernel's GPU time from CUDA events,
+read when first asked for).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .. import dispatch, translate
+from . import _build
+
+__all__ = ["Device", "Kernel", "Function", "Buffer", "RunHandle", "Dispatch", "error", "get_devices",
+           "available"]
+
+
+class error(Exception):
+    """A compile error, unknown function, bad call, or a kernel that faulted on the GPU."""
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def available():
+    """None when CuPy imports and sees a CUDA device, else the reason it does not."""
+    try:
+        cp = _cupy()
+    except ImportError as exc:
+        return f"CuPy does not import ({exc}); pip install 'rnngrad[cuda]'"
+    try:
+        n = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no driver, no device
+        return f"CuPy imports but finds no CUDA device ({type(exc).__name__}: {exc})"
+    if n == 0:
+        return "CuPy imports but finds no CUDA device"
+    return None
+
+
+def get_devices() -> tuple:
+    """The CUDA devices, as metalcompute describes devices (name, memory, transfer rate, unified)."""
+    cp = _cupy()
+    out = []
+    for i in range(cp.cuda.runtime.getDeviceCount()):
+        props = cp.cuda.runtime.getDeviceProperties(i)
+        out.append((props["name"].decode(), props["totalGlobalMem"], 0, False))
+    return tuple(out)
+
+
+class Dispatch:
+    """One kernel call, as recorded in ``Device.trace``."""
+
+    __slots__ = ("kernel", "count", "threadgroup_size", "threadgroups", "threadgroup_memory",
+                 "path", "_events", "_seconds")
+
+    def __init__(self, kernel, count, tg, n_tg, tg_memory, events):
+        self.kernel, self.count, self.threadgroup_size = kernel, count, tg
+        self.threadgroups, self.threadgroup_memory, self.path = n_tg, tg_memory, "cuda"
+        self._events, self._seconds = events, None
+
+    @property
+    def seconds(self) -> float:
+        if self._seconds is None:
+            if self._events is None:
+                self._seconds = 0.0
+            else:
+                start, end = self._events
+                end.synchronize()
+                self._seconds = _cupy().cuda.get_elapsed_time(start, end) / 1e3
+        return self._seconds
+
+    def __repr__(self):
+        return (f"Dispatch({self.kernel!r}, count={self.count}, threadgroup_size="
+                f"{self.threadgroup_size}, threadgroups={self.threadgroups})")
+
+
+class RunHandle:
+    """Returned by a call; :meth:`Device.finish` waits for it and reports a fault."""
+
+    def __init__(self, function: "Function", event, dispatch_record):
+        self.function, self.event, self.dispatch = function, event, dispatch_record
+
+    def __repr__(self) -> str:
+        return f"metalcompute.RunHandle({self.function.name})"
+
+
+class Device:
+    """One CUDA GPU behind metalcompute's API.
+
+    Args:
+        device_index: -1 (the current CUDA device) or a CUDA device index.
+        fast_math: compile as metalcompute does on a Mac (see the module docstring).
+        check_each_dispatch: wait after every dispatch, so a fault names exactly its kernel.
+        poison: fill new buffers with 0xFF (NaN as float32); False leaves them uninitialised.
+        max_threads_per_threadgroup: cap on the threadgroup size, a multiple of 32 in [32, 1024].
+    """
+
+    array_module = property(lambda self: _cupy())
+
+    def __init__(self, device_index: int = -1, *, fast_math: bool = False,
+                 check_each_dispatch: bool = False, poison: bool = True,
+                 max_threads_per_threadgroup: int = 1024):
+        reason = available()
+        if reason:
+            raise error(reason)
+        cp = _cupy()
+        count = cp.cuda.runtime.getDeviceCount()
+        if not (device_index == -1 or 0 <= device_index < count):
+            raise error(f"Device not found: index {device_index}, expected -1 or 0..{count - 1}")
+        if not (32 <= max_threads_per_threadgroup <= 1024 and max_threads_per_threadgroup % 32 == 0):
+            raise error("max_threads_per_threadgroup: expected a multiple of 32 in [32, 1024], "
+                        f"got {max_threads_per_threadgroup}")
+        self._cuda = cp.cuda.Device(cp.cuda.runtime.getDevice() if device_index == -1 else device_index)
+        with self._cuda:
+            props = cp.cuda.runtime.getDeviceProperties(self._cuda.id)
+            self.stream = cp.cuda.Stream(non_blocking=True)
+        self.deviceName = props["name"].decode()
+        self.fast_math = bool(fast_math)
+        self.check_each_dispatch = bool(check_each_dispatch)
+        self.poison = bool(poison)
+        self.max_threads_per_threadgroup = max_threads_per_threadgroup
+        self.trace: list = []
+        self.broken = None  # why the CUDA context is unusable, once a kernel faulted
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"metalcompute.Device({self.deviceName}, CUDA device {self._cuda.id})"
+
+    def kernel(self, source: str) -> "Kernel":
+        """Compile an MSL source string (NVRTC; CuPy caches the binary)."""
+        return Kernel(self, source)
+
+    def buffer(self, data):
+        """A new GPU buffer (a CuPy uint8 array): ``data`` is a size in bytes, or an object to copy
+        (a NumPy array or buffer-protocol object, a CuPy array, or anything with
+        ``__cuda_array_interface__``)."""
+        cp = _cupy()
+        self._check_usable()
+        with self._cuda, self.stream:
+            if isinstance(data, (int, np.integer)):
+                if data < 0:
+                    raise error(f"buffer: expected a size >= 0 bytes, got {data}")
+                buf = cp.empty(max(int(data), 1), cp.uint8)[:int(data)]
+                if self.poison:
+                    buf.fill(0xFF)
+                return buf
+            if hasattr(data, "__cuda_array_interface__") or isinstance(data, cp.ndarray):
+                src = cp.ascontiguousarray(cp.asarray(data))
+                return src.reshape(-1).view(cp.uint8).copy()
+            try:
+                host = np.frombuffer(memoryview(data).cast("B"), np.uint8)
+            except TypeError as exc:
+                raise error(f"buffer: expected a size in bytes or a buffer-protocol object, got "
+                            f"{type(data).__name__}") from exc
+            return cp.asarray(host)
+
+    def wrap(self, array):
+        """The bytes of a C-contiguous GPU array, without a copy (for inputs a kernel only reads)."""
+        cp = _cupy()
+        a = cp.asarray(array)
+        if not a.flags.c_contiguous:
+            a = cp.ascontiguousarray(a)
+        return a.reshape(-1).view(cp.uint8)
+
+    def finish(self, handles) -> None:
+        """Wait for the calls in ``handles``, in order, and empty the list; raise :class:`error`
+        naming the kernel if one faulted."""
+        try:
+            for handle in handles:
+                self._wait(handle)
+        finally:
+            del handles[:]
+
+    def synchronize(self) -> None:
+        self._check_usable()
+        try:
+            self.stream.synchronize()
+        except Exception as exc:
+            raise self._fault("a kernel of this device", exc) from None
+
+    def _wait(self, handle) -> None:
+        self._check_usable()
+        try:
+            handle.event.synchronize()
+        except Exception as exc:
+            raise self._fault(f"kernel '{handle.function.name}' (count {handle.dispatch.count}, "
+                              f"threadgroup size {handle.dispatch.threadgroup_size})", exc) from None
+
+    def _fault(self, what, exc) -> error:
+        self.broken = f"{what} failed on the GPU: {exc}"
+        return error(f"{self.broken}. The CUDA context is now unusable: no later call on this "
+                     f"device can run; restart the Python process")
+
+    def _check_usable(self):
+        if self.broken:
+            raise error(f"this CUDA device is unusable since {self.broken}; restart the Python process")
+
+
+class Kernel:
+    """A compiled source; ``function(name)`` picks one of its kernels."""
+
+    def __init__(self, device: Device, source: str):
+        if not isinstance(source, str):
+            raise error(f"kernel: expected the MSL source as str, got {type(source).__name__}")
+        cp = _cupy()
+        self.device = device
+        try:
+            unit, kernels = _build.translate_source(source)
+        except translate.CompileError as exc:
+            raise error(str(exc)) from None
+        try:
+            with device._cuda:
+                self._module = cp.RawModule(code=unit, options=_build.options(device.fast_math))
+                self._module.compile()
+        except cp.cuda.compiler.CompileException as exc:
+            raise error(f"NVRTC failed to compile the translated MSL:\n{exc}") from None
+        self._kernels = {k.name: k for k in kernels}
+
+    def function(self, name: str) -> "Function":
+        if name not in self._kernels:
+            raise error(f"Function not found: no kernel named {name!r} in the source; kernels: "
+                        f"{sorted(self._kernels) or 'none'}")
+        return Function(self, self._kernels[name])
+
+
+class Function:
+    """One kernel; call it as ``fn(count, *buffers)``."""
+
+    def __init__(self, kernel: Kernel, info):
+        cp = _cupy()
+        self.kernel = kernel
+        self.name = info.name
+        self._info = info
+        with kernel.device._cuda:
+            self._raw = kernel._module.get_function(_build.LAUNCHER_PREFIX + info.name)
+            limit = kernel._module.get_global(_build.LIMIT_PREFIX + info.name)
+            self.max_total_threads_per_threadgroup = int(
+                cp.ndarray((1,), cp.uint32, limit).get()[0])
+            self.threadgroup_memory = int(self._raw.attributes["shared_size_bytes"])
+            self.registers = int(self._raw.attributes["num_regs"])
+            self._compiled_limit = int(self._raw.attributes["max_threads_per_block"])
+
+    def threadgroup_size(self) -> int:
+        """metalcompute's rule: 32 x floor(min(1024, kernel limit, device limit, the compiled
+        kernel's limit) / 32)."""
+        return dispatch.threadgroup_size(self.max_total_threads_per_threadgroup,
+                                         self.kernel.device.max_threads_per_threadgroup,
+                                         self._compiled_limit)
+
+    def __call__(self, count, *buffers) -> RunHandle:
+        cp = _cupy()
+        device = self.kernel.device
+        device._check_usable()
+        tg = self.threadgroup_size()
+        try:
+            count = dispatch.check_call(self.name, count, len(buffers), self._info.n_buffers, tg,
+                                        self.max_total_threads_per_threadgroup)
+            dispatch.check_threadgroup_memory(self.name, self.threadgroup_memory)
+        except ValueError as exc:
+            raise error(str(exc)) from None
+        bound = [b if isinstance(b, cp.ndarray) else device.buffer(b) for b in buffers]
+        n_tg = -(-count // tg)
+        with device._cuda, device.stream:
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record(device.stream)
+            if n_tg:
+                try:
+                    self._raw((n_tg,), (tg,), tuple(bound[:self._info.n_buffers]))
+                except Exception as exc:  # a launch the driver refuses (resources)
+                    raise error(f"kernel '{self.name}' (count {count}, threadgroup size {tg}): "
+                                f"launch failed: {exc}") from None
+            end.record(device.stream)
+        record = Dispatch(self.name, count, tg, n_tg, self.threadgroup_memory, (start, end))
+        device.trace.append(record)
+        handle = RunHandle(self, end, record)
+        if device.check_each_dispatch:
+            device._wait(handle)
+        return handle

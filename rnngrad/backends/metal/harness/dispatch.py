@@ -1,0 +1,43 @@
+"""metalcompute's dispatch rule and call checks, shared by every harness target.
+
+A call ``fn(count, *buffers)`` runs a 1-D grid of ``count`` threads padded to whole threadgroups
+of ``threadgroup_size(...)`` threads; buffers bind to ``[[buffer(i)]]`` in call order.
+"""
+
+from __future__ import annotations
+
+import operator
+
+MAX_BUFFERS = 31
+SIMD_WIDTH = 32
+#: Apple's limit on threadgroup memory per threadgroup, enforced on every target
+THREADGROUP_MEMORY = 32768
+
+
+def threadgroup_size(*limits: int) -> int:
+    """metalcompute's rule: 32 × ⌊min(1024, limits...) / 32⌋ (the kernel's
+    max_total_threads_per_threadgroup, the device's or the compiled kernel's limit)."""
+    return SIMD_WIDTH * (min(1024, *limits) // SIMD_WIDTH)
+
+
+def check_call(kernel: str, count, n_given: int, n_needed: int, tg: int, kernel_limit: int) -> int:
+    """The call's thread count, after the checks metalcompute's callers rely on; a ValueError
+    naming the kernel otherwise."""
+    count = operator.index(count)
+    if not 0 <= count < 2 ** 32:
+        raise ValueError(f"kernel '{kernel}': count must be in [0, 2**32), got {count}")
+    if n_given > MAX_BUFFERS:
+        raise ValueError(f"kernel '{kernel}': at most {MAX_BUFFERS} buffers, got {n_given}")
+    if n_given < n_needed:
+        raise ValueError(f"kernel '{kernel}' reads [[buffer({n_needed - 1})]] but the call passed "
+                         f"{n_given} buffer(s); buffers bind in call order")
+    if tg == 0:
+        raise ValueError(f"kernel '{kernel}': max_total_threads_per_threadgroup({kernel_limit}) is "
+                         f"below the SIMD width {SIMD_WIDTH}")
+    return count
+
+
+def check_threadgroup_memory(kernel: str, nbytes: int) -> None:
+    if nbytes > THREADGROUP_MEMORY:
+        raise ValueError(f"kernel '{kernel}' declares {nbytes} bytes of threadgroup memory; Apple "
+                         f"GPUs allow {THREADGROUP_MEMORY} per threadgroup")

@@ -1,0 +1,175 @@
+"""The Metal kernels on an NVIDIA GPU (backend "metal-cuda", the harness's CUDA target).
+
+Marked ``gpu``: they skip, with the reason, where CuPy or a CUDA device is missing, and run
+alone with ``python -m pytest -m gpu``. Results are compared with the float64 reference through
+the one tolerance table.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import rnngrad as rg
+from rnngrad.backends.metal.harness import cuda as metalcompute
+from rnngrad.testing import check_backend, check_case
+from rnngrad.testing.cases import CELLS, random_case, random_descriptor
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(metalcompute.available() is not None,
+                                 reason=f"needs an NVIDIA GPU with CuPy: {metalcompute.available()}")]
+
+from test_harness_cpu import ELEMENTWISE, GEMM, PARAMS, REDUCE  # noqa: E402  (after the skip)
+
+OPS = ("single_gate_rnn", "single_gate_rnn_gradients", "gru", "gru_gradients", "lstm",
+       "lstm_gradients")
+
+
+@pytest.fixture(scope="module")
+def dev():
+    return metalcompute.Device(check_each_dispatch=True)
+
+
+def test_elementwise_kernel_matches_numpy(dev):
+    import cupy as cp
+
+    n = 1000
+    x = np.random.default_rng(1).standard_normal(n).astype(np.float32) * 4
+    y = dev.buffer(4 * n)
+    dev.finish([dev.kernel(ELEMENTWISE).function("gate")(n, dev.buffer(x), y,
+                                                          np.array([(n, 0.5)], PARAMS))])
+    v = x.astype(np.float64) * 0.5
+    want = (1 / (1 + np.exp(-v))) * np.tanh(v) + np.clip(v, -1, 1)
+    np.testing.assert_allclose(cp.asnumpy(y.view(cp.float32)), want, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("cap", [1024, 64])
+def test_block_sum_and_simdgroup_gemm_match_numpy(dev, cap):
+    import cupy as cp
+
+    d = metalcompute.Device(max_threads_per_threadgroup=cap, check_each_dispatch=True)
+    x = np.random.default_rng(2).standard_normal(5000).astype(np.float32)
+    fn = d.kernel(REDUCE).function("block_sum")
+    tg = fn.threadgroup_size()
+    out = d.buffer(4 * (-(-5000 // tg)))
+    d.finish([fn(5000, x, out, np.array([5000], np.uint32))])
+    sums = cp.asnumpy(out.view(cp.float32))
+    want = np.add.reduceat(x.astype(np.float64), np.arange(0, 5000, tg))
+    np.testing.assert_allclose(sums, want, rtol=1e-5, atol=1e-4)
+    M, N, K = 37, 29, 19
+    A = np.random.default_rng(3).standard_normal((M, K)).astype(np.float32)
+    B = np.random.default_rng(4).standard_normal((K, N)).astype(np.float32)
+    C = d.buffer(4 * M * N)
+    blocks = -(-M // 16) * -(-N // 16)
+    g = d.kernel(GEMM).function("gemm")
+    d.finish([g(blocks * g.threadgroup_size(), A, B, C, np.array([M, N, K], np.uint32))])
+    np.testing.assert_allclose(cp.asnumpy(C.view(cp.float32)).reshape(M, N), A.astype(np.float64) @ B,
+                               rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("sizes", [dict(N=1, H=1), dict(N=31, H=32), dict(N=33, H=33),
+                                   dict(N=32, H=31), dict(N=40, H=40)])  # the last: > 1024 threads
+def test_every_cell_at_boundary_sizes_matches_the_reference(cell, sizes):
+    rng = np.random.default_rng(sum(sizes.values()))
+    for trial in range(3):
+        desc = random_descriptor(rng, cell)
+        case = random_case(rng, cell, T=3, I=5, descriptor=desc, dtype=np.float32, **sizes)
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "metal-cuda", gradients)
+            assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_property_check_backend(op):
+    """The regression set, then hypothesis over every descriptor option and optional input."""
+    check_backend("metal-cuda", op, max_examples=60, dtypes=("float32",))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_gpu_inputs_give_gpu_results_equal_to_host_inputs(cell):
+    import cupy as cp
+
+    case = random_case(7, cell, T=4, N=3, I=5, H=6, dtype=np.float32)
+    case.descriptor = __import__("dataclasses").replace(case.descriptor, training=True)
+    host = case.forward(backend="metal-cuda")
+    gpu_inputs = {k: cp.asarray(v) for k, v in case.inputs.items()}
+    fn = getattr(rg, {"single_gate": "single_gate_rnn"}.get(cell, cell))
+    gpu = fn(**gpu_inputs, descriptor=case.descriptor, backend="metal-cuda")
+    for a, b in zip(gpu, host):
+        assert isinstance(a, cp.ndarray) and isinstance(b, np.ndarray)
+        assert np.array_equal(cp.asnumpy(a), b)
+    with pytest.raises(ValueError, match="GPU memory and backend=None picks only host"):
+        fn(**gpu_inputs, descriptor=case.descriptor)
+    with pytest.raises(TypeError, match="'reference' computes on the host"):
+        fn(**gpu_inputs, descriptor=case.descriptor, backend="reference")
+
+
+def test_torch_cuda_tensors_are_read_in_place():
+    torch = pytest.importorskip("torch")
+    case = random_case(9, "lstm", T=3, N=2, I=4, H=5, dtype=np.float32)
+    inputs = {k: torch.as_tensor(v, device="cuda") for k, v in case.inputs.items()}
+    got = rg.lstm(**inputs, descriptor=case.descriptor, backend="metal-cuda")
+    want = case.forward(backend="reference")
+    import cupy as cp
+
+    np.testing.assert_allclose(cp.asnumpy(got.state), want.state, rtol=2e-4, atol=5e-5)
+
+
+def test_dispatches_per_op_match_the_cpu_harness_and_do_not_grow_with_T():
+    from rnngrad.backends.metal.host import cuda_device, emulated_device
+
+    counts = {}
+    for T in (3, 9):
+        case = random_case(11, "gru", T=T, N=2, I=3, H=4, dtype=np.float32,
+                           descriptor=rg.GRUDescriptor(training=True, bidirectional=True))
+        for name, ctx in (("cuda", cuda_device), ("cpu", emulated_device)):
+            with ctx() as d:
+                backend = "metal-cuda" if name == "cuda" else "metal-emulated"
+                case.gradients(backend)
+                counts[(name, T)] = [x.kernel for x in d.trace]
+    assert counts[("cuda", 3)] == counts[("cpu", 3)] == counts[("cuda", 9)]
+
+
+def test_too_much_threadgroup_memory_is_refused(dev):
+    fn = dev.kernel("""#include <metal_stdlib>
+using namespace metal;
+kernel void big(device float* y [[buffer(0)]], uint lid [[thread_position_in_threadgroup]]) {
+    threadgroup float t[8193];
+    t[lid] = 1.0f;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[lid] = t[(lid + 1) % 32];
+}
+""").function("big")
+    with pytest.raises(metalcompute.error, match="declares 32772 bytes of threadgroup memory; Apple GPUs allow 32768"):
+        fn(32, dev.buffer(4 * 32))
+
+
+FAULT = """
+import numpy as np
+from rnngrad.backends.metal.harness import cuda as metalcompute
+dev = metalcompute.Device()
+fn = dev.kernel('''#include <metal_stdlib>
+using namespace metal;
+kernel void wild(device float* y [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
+    y[gid * 1000000u] = 1.0f;
+}''').function("wild")
+try:
+    dev.finish([fn(4096, dev.buffer(16))])
+except metalcompute.error as exc:
+    print("FIRST:", exc)
+try:
+    dev.buffer(4)
+except metalcompute.error as exc:
+    print("LATER:", exc)
+"""
+
+
+def test_a_kernel_fault_names_the_kernel_and_the_device_refuses_later_calls():
+    done = subprocess.run([sys.executable, "-c", FAULT], capture_output=True, text=True, timeout=300)
+    assert "FIRST: kernel 'wild'" in done.stdout, done.stdout + done.stderr
+    assert "CUDA context is now unusable" in done.stdout
+    assert "LATER: this CUDA device is unusable" in done.stdout

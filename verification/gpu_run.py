@@ -1,0 +1,226 @@
+"""Everything the GPU machine is needed for, in one call, with a short table last.
+
+    python verification/gpu_run.py [--out DIR] [--quick]
+
+1. the environment (GPU, CUDA, CuPy, PyTorch);
+2. the GPU property tests: ``python -m pytest -m gpu``;
+3. ``rnngrad verify --backend metal-cuda`` (and with fast math, to show which rows survive it);
+4. compute-sanitizer memcheck, racecheck, synccheck and initcheck over one run of every cell
+   (``verification/gpu_sanitize.py``), then over each planted defect kernel;
+5. the bench: metal-cuda beside PyTorch's cuDNN ``nn.RNN``/``nn.GRU``/``nn.LSTM``, forward +
+   backward, float32, TF32 off, at the four default shapes: kernel time (rnngrad: CUDA events
+   around its dispatches; cuDNN: its kernels' device time from torch.profiler) and end-to-end
+   time of one call with the inputs already on the GPU; dispatches per op; time per step.
+
+Each step's full output goes to DIR (default ``$OUT`` or ``gpu-results``); a step that fails does
+not stop the others; the exit status is 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SHAPES = ((100, 32, 256, 256), (50, 1, 64, 64), (200, 64, 512, 512), (1000, 8, 128, 128))
+TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+#: each tool's options: racecheck reports every hazard (its default analysis mode summarises)
+TOOL_OPTIONS = {"racecheck": ("--racecheck-report", "hazard")}
+
+
+def _env():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    env.setdefault("NUMBA_CACHE_DIR", "/tmp/rnngrad-numba")  # no numba warm-up on this machine
+    return env
+
+
+def step(name, cmd, out: Path, timeout=900):
+    start = time.time()
+    print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
+        text, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as exc:
+        text, code = f"{exc.stdout or ''}{exc.stderr or ''}\nTIMEOUT after {timeout} s", 124
+    (out / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.log").write_text(text)
+    tail = "\n".join(text.strip().splitlines()[-12:])
+    print(tail, flush=True)
+    print(f"--- {name}: exit {code}, {time.time() - start:.0f} s", flush=True)
+    return code, text
+
+
+def sanitizer_errors(text: str):
+    m = re.search(r"ERROR SUMMARY: (\d+) error", text) or re.search(r"RACECHECK SUMMARY: .*\((\d+) error", text)
+    return int(m.group(1)) if m else None
+
+
+def bench(out: Path, quick: bool):
+    """rnngrad metal-cuda against cuDNN; returns rows."""
+    import cupy as cp
+    import numpy as np
+    import torch
+
+    import rnngrad as rg
+    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.convert import torch as rgt
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+    shapes = SHAPES[:2] if quick else SHAPES
+    for T, N, I, H in shapes:
+        for mode, cls in (("RNN_TANH", torch.nn.RNN), ("GRU", torch.nn.GRU), ("LSTM", torch.nn.LSTM)):
+            torch.manual_seed(0)
+            module = cls(I, H).cuda()
+            layer = rgt.from_module(module.cpu())
+            module = module.cuda()
+            x = torch.randn(T, N, I, device="cuda")
+            gy = torch.randn(T, N, H, device="cuda")
+            # cuDNN: wall (CUDA events) and kernel time (profiler)
+            def torch_step():
+                module.zero_grad(set_to_none=True)
+                xi = x.detach().requires_grad_()
+                y = module(xi)[0]
+                y.backward(gy)
+            for _ in range(3):
+                torch_step()
+            torch.cuda.synchronize()
+            reps = 20 if T * N * H < 10 ** 7 else 5
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(reps):
+                torch_step()
+            e1.record()
+            torch.cuda.synchronize()
+            torch_wall = e0.elapsed_time(e1) / reps
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                torch_step()
+                torch.cuda.synchronize()
+            torch_kernel = sum(e.device_time_total for e in prof.key_averages()) / 1e3  # ms
+            # rnngrad: arguments on the GPU
+            args = layer.arguments(x.cpu().numpy())
+            cell = layer.cell
+            gpu_args = {k: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in args.items()}
+            fwd = getattr(rg, {"single_gate": "single_gate_rnn"}.get(cell, cell))
+            grad = getattr(rg, {"single_gate": "single_gate_rnn"}.get(cell, cell) + "_gradients")
+            desc = __import__("dataclasses").replace(layer.descriptor, training=True)
+            gyc = cp.asarray(gy.cpu().numpy())
+
+            def rnngrad_step():
+                res = fwd(**gpu_args, descriptor=desc, backend="metal-cuda")
+                extra = {"output_fwd": res.state} if cell == "gru" else (
+                    {"cell_output_fwd": res.cell} if cell == "lstm" else {})
+                src = gpu_args["source"]
+                kw = {k: v for k, v in gpu_args.items() if k not in ("source", "recurrent_weight")}
+                return grad(src, gpu_args["recurrent_weight"], gyc, res.z_state, **extra, **kw,
+                            descriptor=desc, backend="metal-cuda")
+            with cuda_device() as dev:
+                for _ in range(2):
+                    rnngrad_step()
+                cp.cuda.Device().synchronize()
+                dev.trace.clear()
+                rnngrad_step()
+                cp.cuda.Device().synchronize()
+                per_kernel = {}
+                for d in dev.trace:
+                    per_kernel[d.kernel] = per_kernel.get(d.kernel, 0.0) + d.seconds * 1e3
+                kernel_ms = sum(per_kernel.values())
+                dispatches = len(dev.trace)
+                start = time.perf_counter()
+                for _ in range(reps):
+                    rnngrad_step()
+                cp.cuda.Device().synchronize()
+                wall_ms = (time.perf_counter() - start) * 1e3 / reps
+            G = {"RNN_TANH": 1, "GRU": 3, "LSTM": 4}[mode]
+            flops = 6 * T * N * (I + H) * G * H
+            row = dict(cell=mode, shape=f"{T}x{N}x{I}x{H}", rnngrad_kernel_ms=kernel_ms,
+                       rnngrad_wall_ms=wall_ms, cudnn_kernel_ms=torch_kernel, cudnn_wall_ms=torch_wall,
+                       dispatches=dispatches, per_kernel_ms=per_kernel,
+                       us_per_step={k: v * 1e3 / T for k, v in per_kernel.items() if "backward" in k or "forward" in k},
+                       gflops=flops / kernel_ms / 1e6)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    (out / "bench.json").write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
+    parser.add_argument("--quick", action="store_true", help="fewer examples and shapes")
+    parser.add_argument("--skip", nargs="*", default=(), choices=("tests", "verify", "sanitizer", "bench"))
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    py = sys.executable
+    summary = []
+
+    code, text = step("environment", [py, "-c", (
+        "import cupy, torch, numpy; from rnngrad.backends.metal.harness import cuda; "
+        "print('GPU', cuda.get_devices()); print('cupy', cupy.__version__, 'torch', torch.__version__, "
+        "'cuDNN', torch.backends.cudnn.version(), 'CUDA', cupy.cuda.runtime.runtimeGetVersion())")], out)
+    summary.append(("environment", "ok" if code == 0 else f"exit {code}"))
+    code, text = step("compile", [py, "-c", (
+        "from rnngrad.backends.metal.host import CUDA_HOST as h; from rnngrad.backends.metal import library;"
+        "[print(k, 'regs', h.function(k).registers, 'tg', h.function(k).threadgroup_size(), 'smem', "
+        "h.function(k).threadgroup_memory) for k in library.BUFFERS]")], out)
+    summary.append(("NVRTC compile of kernels/", "ok" if code == 0 else f"FAILED (exit {code})"))
+    if code != 0:
+        print("\n".join(f"{a:40s} {b}" for a, b in summary))
+        return 1
+    if "tests" not in args.skip:
+        code, text = step("pytest -m gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                                            "tests/test_metal_cuda.py"], out)
+        last = [l for l in text.splitlines() if re.search(r"\d+ (passed|failed)", l)]
+        summary.append(("pytest -m gpu", last[-1] if last else f"exit {code}"))
+    if "verify" not in args.skip:
+        code, text = step("rnngrad verify --backend metal-cuda",
+                          [py, "-m", "rnngrad", "verify", "--backend", "metal-cuda"], out)
+        summary.append(("rnngrad verify --backend metal-cuda", "passed" if code == 0 else f"FAILED (exit {code})"))
+    if "sanitizer" not in args.skip:
+        for tool in TOOLS:
+            code, text = step(f"sanitizer {tool}", ["compute-sanitizer", "--tool", tool,
+                                                    *TOOL_OPTIONS.get(tool, ()), py,
+                                                    "verification/gpu_sanitize.py"], out)
+            summary.append((f"compute-sanitizer {tool}, every cell", f"{sanitizer_errors(text)} errors, exit {code}"))
+        from gpu_sanitize import DEFECTS  # noqa: E402
+        for defect in DEFECTS:
+            caught = []
+            for tool in TOOLS:
+                code, text = step(f"defect {defect} {tool}", ["compute-sanitizer", "--tool", tool,
+                                                              *TOOL_OPTIONS.get(tool, ()), py,
+                                                              "verification/gpu_sanitize.py", "--defect", defect], out)
+                n = sanitizer_errors(text)
+                if n:
+                    caught.append(f"{tool}({n})")
+            summary.append((f"defect {defect}", "caught by " + ", ".join(caught) if caught else "caught by none"))
+    if "bench" not in args.skip:
+        try:
+            rows = bench(out, args.quick)
+            print("\n| cell | T×N×I×H | rnngrad kernel ms | cuDNN kernel ms | ratio | rnngrad e2e ms | cuDNN wall ms | dispatches |")
+            print("|---|---|---|---|---|---|---|---|")
+            for r in rows:
+                print(f"| {r['cell']} | {r['shape']} | {r['rnngrad_kernel_ms']:.3f} | {r['cudnn_kernel_ms']:.3f} | "
+                      f"{r['rnngrad_kernel_ms'] / r['cudnn_kernel_ms']:.1f} | {r['rnngrad_wall_ms']:.3f} | "
+                      f"{r['cudnn_wall_ms']:.3f} | {r['dispatches']} |")
+            summary.append(("bench", f"{len(rows)} rows, bench.json"))
+        except Exception as exc:  # report and go on to the summary
+            import traceback
+
+            traceback.print_exc()
+            summary.append(("bench", f"FAILED: {type(exc).__name__}: {exc}"))
+    print("\n=== summary")
+    for a, b in summary:
+        print(f"{a:45s} {b}")
+    return 1 if any("FAIL" in b for _, b in summary) else 0
+
+
+if __name__ == "__main__":
+    sys.path[:0] = [str(Path(__file__).resolve().parent), str(ROOT)]
+    raise SystemExit(main())
