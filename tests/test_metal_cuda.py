@@ -173,3 +173,48 @@ def test_a_kernel_fault_names_the_kernel_and_the_device_refuses_later_calls():
     assert "FIRST: kernel 'wild'" in done.stdout, done.stdout + done.stderr
     assert "CUDA context is now unusable" in done.stdout
     assert "LATER: this CUDA device is unusable" in done.stdout
+
+
+SIMDGROUP = """#include <metal_stdlib>
+using namespace metal;
+// out = (Aᵀ·B + I)ᵀ per SIMD-group, for every transposed / plain load and store.
+kernel void tiles(const device float* A [[buffer(0)]], const device float* B [[buffer(1)]],
+                  device float* out [[buffer(2)]], uint sg [[simdgroup_index_in_threadgroup]],
+                  uint tg [[threadgroup_position_in_grid]], uint n_sg [[simdgroups_per_threadgroup]]) {
+    const uint t = tg * n_sg + sg;
+    simdgroup_float8x8 a, b, c(1.0f), d;
+    simdgroup_load(a, A + 64 * t, 8, ulong2(0, 0), true);
+    simdgroup_load(b, B + 64 * t, 8);
+    simdgroup_multiply_accumulate(d, a, b, c);
+    simdgroup_multiply(c, d, a);
+    simdgroup_store(d, out + 128 * t, 8, ulong2(0, 0), true);
+    simdgroup_store(c, out + 128 * t + 64, 8);
+}
+"""
+
+
+def test_simdgroup_matrix_distributed_over_the_warp_equals_the_cpu_harness():
+    """The CUDA target holds two elements of a tile per lane (Apple's layout); the CPU
+    harness holds the whole tile per lane. Same results, loads and stores transposed or not."""
+    import cupy as cp
+
+    from rnngrad.backends.metal.harness import cpu
+
+    tiles = 8  # SIMD-groups: 2 threadgroups of 4 at a forced size of 128
+    A = np.random.default_rng(5).standard_normal(64 * tiles).astype(np.float32)
+    B = np.random.default_rng(6).standard_normal(64 * tiles).astype(np.float32)
+    results = []
+    for target in (metalcompute, cpu):
+        d = target.Device(max_threads_per_threadgroup=128)
+        out = d.buffer(4 * 128 * tiles)
+        handle = d.kernel(SIMDGROUP).function("tiles")(32 * tiles, A, B, out)
+        if hasattr(d, "finish"):
+            d.finish([handle])
+        results.append(cp.asnumpy(out.view(cp.float32)) if target is metalcompute
+                       else np.frombuffer(out, np.float32).copy())
+    a = A.reshape(tiles, 8, 8).astype(np.float64).transpose(0, 2, 1)
+    b = B.reshape(tiles, 8, 8).astype(np.float64)
+    d_ = a @ b + np.eye(8)
+    want = np.concatenate([d_.transpose(0, 2, 1).reshape(tiles, 64), (d_ @ a).reshape(tiles, 64)], 1)
+    for got in results:
+        np.testing.assert_allclose(got.reshape(tiles, 128), want, rtol=1e-5, atol=1e-5)

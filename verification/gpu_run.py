@@ -60,6 +60,49 @@ def sanitizer_errors(text: str):
     return int(m.group(1)) if m else None
 
 
+def ceilings():
+    """(bytes/s of a large device-to-device copy, counting read + write; float32 FLOP/s of a
+    large cuBLAS product without TF32), measured here, as METHOD.md asks."""
+    import cupy as cp
+
+    n = 1 << 28  # 1 GiB of float32
+    a = cp.ones(n, cp.float32)
+    b = cp.empty_like(a)
+    m = 8192
+    x = cp.random.default_rng(0).standard_normal((m, m), dtype=cp.float32)
+    y = cp.random.default_rng(1).standard_normal((m, m), dtype=cp.float32)
+    def best(fn, reps=5):
+        fn()
+        times = []
+        for _ in range(reps):
+            start, end = cp.cuda.Event(), cp.cuda.Event()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+        return min(times)
+    bandwidth = 2 * 4 * n / best(lambda: b.__setitem__(Ellipsis, a))
+    rate = 2 * m ** 3 / best(lambda: x @ y)
+    return bandwidth, rate
+
+
+def kernel_work(kernel, cell, T, N, I, H):
+    """(FLOPs, fewest bytes) of one op's dispatches of ``kernel`` (D = 1, with an input weight,
+    training): each input read once, each output written once, R read once."""
+    G = {"single_gate": 1, "gru": 3, "lstm": 4}[cell]
+    Z = 4 if cell == "gru" else G  # the GRU of the bench has reset_after: q in z_state
+    rows, GH = T * N, G * H
+    cells = 2 if cell == "lstm" else 1  # h (and c) per step
+    if kernel.endswith("_forward"):
+        return 2 * rows * GH * H, 4 * (rows * GH + rows * H * cells + rows * Z * H + GH * H)
+    if kernel.endswith("_backward"):
+        return 2 * rows * GH * H, 4 * (rows * H * (1 + cells) + rows * Z * H + rows * GH + rows * H + GH * H)
+    # strided_gemm: projection, dR, d_source, dW
+    flops = 2 * rows * (I * GH + GH * H + GH * I + GH * I)
+    return flops, 4 * (rows * I * 2 + rows * GH * 4 + rows * H + GH * (I + H) * 2)
+
+
 def bench(out: Path, quick: bool):
     """rnngrad metal-cuda against cuDNN; returns rows."""
     import cupy as cp
@@ -137,12 +180,16 @@ def bench(out: Path, quick: bool):
                     rnngrad_step()
                 cp.cuda.Device().synchronize()
                 wall_ms = (time.perf_counter() - start) * 1e3 / reps
+            shares = {}
+            for k, ms in per_kernel.items():
+                f, nbytes = kernel_work(k, cell, T, N, I, H)
+                shares[k] = dict(us_per_step=ms * 1e3 / T, flop_fraction=f / (ms / 1e3) / CEILINGS[1],
+                                 bandwidth_fraction=nbytes / (ms / 1e3) / CEILINGS[0])
             G = {"RNN_TANH": 1, "GRU": 3, "LSTM": 4}[mode]
             flops = 6 * T * N * (I + H) * G * H
             row = dict(cell=mode, shape=f"{T}x{N}x{I}x{H}", rnngrad_kernel_ms=kernel_ms,
                        rnngrad_wall_ms=wall_ms, cudnn_kernel_ms=torch_kernel, cudnn_wall_ms=torch_wall,
-                       dispatches=dispatches, per_kernel_ms=per_kernel,
-                       us_per_step={k: v * 1e3 / T for k, v in per_kernel.items() if "backward" in k or "forward" in k},
+                       dispatches=dispatches, per_kernel_ms=per_kernel, per_kernel=shares,
                        gflops=flops / kernel_ms / 1e6)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -150,12 +197,51 @@ def bench(out: Path, quick: bool):
     return rows
 
 
+def fast_math_check() -> int:
+    """Every cell, forward and gradients, under metalcompute's fast math: the worst error as a
+    fraction of the float32 tolerance, per kind of quantity (the rows of the tolerance table)."""
+    import numpy as np
+
+    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.testing import check_case
+    from rnngrad.testing.cases import CELLS, random_case, random_descriptor
+    from rnngrad.testing.compare import KINDS
+
+    worst = {}
+    failed = {}
+    with cuda_device(fast_math=True):
+        rng = np.random.default_rng(0)
+        for cell in CELLS:
+            for _ in range(20):
+                case = random_case(rng, cell, T=6, N=5, I=7, H=9, descriptor=random_descriptor(rng, cell),
+                                   dtype=np.float32)
+                for gradients in (False, True):
+                    ratio, mismatches = check_case(case, "metal-cuda", gradients)
+                    key = (cell, "gradients" if gradients else "forward")
+                    worst[key] = max(worst.get(key, 0.0), ratio)
+                    for m in mismatches:
+                        failed.setdefault(KINDS.get(m.quantity, m.quantity), set()).add(m.quantity)
+    for (cell, op), r in sorted(worst.items()):
+        print(f"{cell:12s} {op:10s} worst error {r:8.2f} × the float32 tolerance")
+    kinds = ("output", "state", "parameter")
+    print("rows that survive fast math: " + ", ".join(k for k in kinds if k not in failed)
+          + "; exceeded: " + (", ".join(f"{k} ({', '.join(sorted(v))})" for k, v in failed.items()) or "none"))
+    return 0
+
+
+CEILINGS = (3.0e12, 5.0e13)  # replaced by measured values before the bench
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
     parser.add_argument("--quick", action="store_true", help="fewer examples and shapes")
-    parser.add_argument("--skip", nargs="*", default=(), choices=("tests", "verify", "sanitizer", "bench"))
+    parser.add_argument("--skip", nargs="*", default=(),
+                        choices=("tests", "verify", "sanitizer", "fast-math", "bench"))
+    parser.add_argument("--fast-math-check", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.fast_math_check:
+        return fast_math_check()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
@@ -200,8 +286,19 @@ def main(argv=None) -> int:
                 if n:
                     caught.append(f"{tool}({n})")
             summary.append((f"defect {defect}", "caught by " + ", ".join(caught) if caught else "caught by none"))
+    if "fast-math" not in args.skip:
+        code, text = step("fast math", [py, "verification/gpu_run.py", "--fast-math-check"], out)
+        summary.append(("fast math (metalcompute's compile mode)", text.strip().splitlines()[-1] if text.strip() else f"exit {code}"))
     if "bench" not in args.skip:
+        code, text = step("rnngrad bench --backends metal-cuda",
+                          [py, "-m", "rnngrad", "bench", "--backends", "metal-cuda", "--passes", "3",
+                           "--json", str(out / "rnngrad-bench.json")], out)
+        summary.append(("rnngrad bench --backends metal-cuda", "ok" if code == 0 else f"FAILED (exit {code})"))
         try:
+            global CEILINGS
+            CEILINGS = ceilings()
+            print(f"\nceilings: copy {CEILINGS[0] / 1e12:.2f} TB/s (read + write), float32 product "
+                  f"{CEILINGS[1] / 1e12:.1f} TFLOP/s (no TF32)")
             rows = bench(out, args.quick)
             print("\n| cell | T×N×I×H | rnngrad kernel ms | cuDNN kernel ms | ratio | rnngrad e2e ms | cuDNN wall ms | dispatches |")
             print("|---|---|---|---|---|---|---|---|")
@@ -209,6 +306,12 @@ def main(argv=None) -> int:
                 print(f"| {r['cell']} | {r['shape']} | {r['rnngrad_kernel_ms']:.3f} | {r['cudnn_kernel_ms']:.3f} | "
                       f"{r['rnngrad_kernel_ms'] / r['cudnn_kernel_ms']:.1f} | {r['rnngrad_wall_ms']:.3f} | "
                       f"{r['cudnn_wall_ms']:.3f} | {r['dispatches']} |")
+            print("\n| cell | T×N×I×H | kernel | µs/step | % FLOP rate | % bandwidth |")
+            print("|---|---|---|---|---|---|")
+            for r in rows:
+                for k, v in r["per_kernel"].items():
+                    print(f"| {r['cell']} | {r['shape']} | {k} | {v['us_per_step']:.1f} | "
+                          f"{100 * v['flop_fraction']:.1f} | {100 * v['bandwidth_fraction']:.1f} |")
             summary.append(("bench", f"{len(rows)} rows, bench.json"))
         except Exception as exc:  # report and go on to the summary
             import traceback

@@ -10,12 +10,14 @@ runs for a stable median). It exits at the end of stdin. Between windows
 it waits on stdin, idle, so that ``rnngrad bench`` keeps every implementation's process
 alive and lets them take turns within a fraction of a second of each other.
 
-Request fields: impl ("numba", "reference", "torch" or "gemm"), cell, T, N, I, H, dtype,
-threads. An rnngrad implementation times the training forward plus the gradient op
-through the public functions; "torch" times nn.RNN / nn.GRU / nn.LSTM forward + backward with
-PyTorch's semantics mapped onto the contract (LSTM gates [i,f,g,o] = [i,f,z,o]; GRU
-reset_gate_first, reset_after with secondary_bias = b_hn; RNN tanh); "gemm" measures NumPy's
-GEMM rate on a [T·N, H] × [H, 4H] product.
+Request fields: impl ("numba", "reference", "metal-cuda", "torch" or "gemm"), cell, T, N, I, H,
+dtype, threads, device ("cpu", default, or "cuda"). An rnngrad implementation times the
+training forward plus the gradient op through the public functions; "torch" times nn.RNN /
+nn.GRU / nn.LSTM forward + backward with PyTorch's semantics mapped onto the contract (LSTM gates
+[i,f,g,o] = [i,f,z,o]; GRU reset_gate_first, reset_after with secondary_bias = b_hn; RNN tanh);
+"gemm" measures the GEMM rate on a [T·N, H] × [H, 4H] product (NumPy's, or cuBLAS's through CuPy
+on "cuda"). On "cuda" the inputs are already in GPU memory, PyTorch runs cuDNN with TF32 off,
+and every timed run ends with the device synchronised: the time of one call as a user sees it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,21 @@ def _rnngrad(req):
     b = np.zeros(G * H, dt)
     dh = np.ones((T, N, H), dt)
     backend = req["impl"]
+    if req.get("device") == "cuda":
+        import cupy as cp
+
+        x, W, R, b, dh = (cp.asarray(a) for a in (x, W, R, b, dh))
+        run = _rnngrad_run(rg, cell, x, W, R, b, dh, backend, cp.zeros(H, dt))
+        sync = cp.cuda.Device().synchronize
+
+        def synced():
+            run()
+            sync()
+        return synced
+    return _rnngrad_run(rg, cell, x, W, R, b, dh, backend, np.zeros(H, dt))
+
+
+def _rnngrad_run(rg, cell, x, W, R, b, dh, backend, b2):
     if cell == "lstm":
         d = rg.LSTMDescriptor(training=True)
 
@@ -49,7 +66,6 @@ def _rnngrad(req):
             rg.lstm_gradients(x, R, dh, z, c, input_weight=W, bias=b, descriptor=d, backend=backend)
     elif cell == "gru":
         d = rg.GRUDescriptor(training=True, reset_gate_first=True, reset_after=True)
-        b2 = np.zeros(H, dt)
 
         def run():
             h, z = rg.gru(x, R, W, b, secondary_bias=b2, descriptor=d, backend=backend)
@@ -71,15 +87,21 @@ def _torch(req):
     torch.set_num_threads(req["threads"])
     T, N, I, H, cell = req["T"], req["N"], req["I"], req["H"], req["cell"]
     dt = getattr(torch, req["dtype"])
+    device = req.get("device", "cpu")
+    if device == "cuda":  # strict float32: cuDNN and cuBLAS without TF32
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     module = {"lstm": torch.nn.LSTM, "gru": torch.nn.GRU,
               "single_gate": lambda i, h, **kw: torch.nn.RNN(i, h, nonlinearity="tanh", **kw)}[cell]
-    m = module(I, H, dtype=dt)
-    x = torch.randn(T, N, I, dtype=dt, requires_grad=True)
-    dh = torch.ones(T, N, H, dtype=dt)
+    m = module(I, H, dtype=dt, device=device)
+    x = torch.randn(T, N, I, dtype=dt, requires_grad=True, device=device)
+    dh = torch.ones(T, N, H, dtype=dt, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def run():
         y, _ = m(x)
         y.backward(dh)
+        sync()
     return run
 
 
@@ -88,8 +110,19 @@ def _gemm(req):
 
     dt = np.dtype(req["dtype"])
     M, K, C = max(req["T"] * req["N"], 2048), max(req["H"], 512), max(4 * req["H"], 2048)
-    a, b = np.ones((M, K), dt), np.ones((K, C), dt)
     req["flops"] = 2.0 * M * K * C
+    if req.get("device") == "cuda":
+        import cupy as cp
+
+        rng = cp.random.default_rng(0)
+        a, b = rng.standard_normal((M, K), dtype=dt), rng.standard_normal((K, C), dtype=dt)
+        sync = cp.cuda.Device().synchronize
+
+        def product():
+            a @ b
+            sync()
+        return product
+    a, b = np.ones((M, K), dt), np.ones((K, C), dt)
     return lambda: a @ b
 
 

@@ -1,4 +1,7 @@
-"""``rnngrad bench``: rnngrad's backends against PyTorch's CPU modules, each in its own process.
+"""``rnngrad bench``: rnngrad's backends against PyTorch's modules, each in its own process.
+
+On the CPU, PyTorch's CPU modules; with a GPU backend (``--backends metal-cuda``), PyTorch's
+cuDNN modules on the same GPU (TF32 off), the inputs already on the GPU, every run synchronised.
 
 For every cell and shape, each implementation runs in a process of its own
 (``rnngrad.bench.worker``), started once and kept alive, and the processes take turns, one
@@ -152,6 +155,29 @@ class Worker:
         self.close()
 
 
+def _device(backends) -> str:
+    """"cuda" when every backend asked for runs on the GPU, "cpu" when none does."""
+    from .. import registry
+
+    gpu = {}
+    for name in backends:
+        try:
+            gpu[name] = registry.get(name).gpu
+        except ValueError:  # unknown or unavailable here: its worker says so
+            gpu[name] = False
+    if len(set(gpu.values())) > 1:
+        listing = ", ".join(f"{n} ({'GPU' if g else 'CPU'})" for n, g in gpu.items())
+        raise SystemExit(f"rnngrad bench: --backends: expected backends of one device, got {listing}; "
+                         f"time the GPU and the CPU backends in separate runs")
+    return "cuda" if gpu and all(gpu.values()) else "cpu"
+
+
+def _gpu_name() -> str:
+    import cupy as cp
+
+    return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
+
+
 def run(args) -> int:
     from .. import machine
 
@@ -163,9 +189,11 @@ def run(args) -> int:
         except ImportError:
             have_torch = False
     shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes]
+    device = _device(args.backends)
     impls = list(args.backends) + (["torch"] if have_torch else [])
     env = _env(args.threads)
-    print("\n".join(machine.blas_report()))
+    print("\n".join(machine.blas_report()) if device == "cpu" else
+          f"device: {_gpu_name()} (CUDA); PyTorch runs cuDNN there, TF32 off")
     if env.get("OPENBLAS_CORETYPE"):
         print(f"workers run with OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}")
     points = [(cell, shape) for shape in shapes for cell in args.cells]
@@ -183,7 +211,7 @@ def run(args) -> int:
 
     big = max(shapes, key=lambda s: s[0] * s[1] * s[3])
     with Worker(dict(impl="gemm", cell="lstm", T=big[0], N=big[1], I=big[2], H=big[3],
-                     dtype=args.dtype, threads=args.threads), env) as gemm_worker:
+                     dtype=args.dtype, threads=args.threads, device=device), env) as gemm_worker:
         for cell, shape in points:
             T, N, I, H = shape
             name = f"{CELL_NAMES[cell]} {'x'.join(map(str, shape))}"
@@ -192,7 +220,7 @@ def run(args) -> int:
                 for impl in impls:  # one at a time: each first call has the cores to itself
                     workers[impl] = stack.enter_context(Worker(
                         dict(impl=impl, cell=cell, T=T, N=N, I=I, H=H, dtype=args.dtype,
-                             threads=args.threads), env))
+                             threads=args.threads, device=device), env))
                     firsts[(cell, shape, impl)] = workers[impl].first
                     progress(f"{name} {impl}: first call {workers[impl].first:.2f} s")
                 for p in range(args.passes):

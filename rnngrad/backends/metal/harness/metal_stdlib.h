@@ -507,7 +507,9 @@ inline mem_flags operator|(mem_flags a, mem_flags b) { return mem_flags((int)a |
 namespace metal {
 // ----------------------------------------------------------------------------- simdgroup_matrix
 // Emulated per lane: each lane holds the whole tile. Exact when all 32 lanes make the same call
-// with the same arguments, which Metal requires.
+// with the same arguments, which Metal requires. A target whose SIMD-groups really run together
+// (CUDA) defines EMU_TARGET_SIMDGROUP_MATRIX in target_sync.h and distributes the tile instead.
+#ifndef EMU_TARGET_SIMDGROUP_MATRIX
 template <class T, int R, int C> struct simdgroup_matrix {
     T m[R][C];
     simdgroup_matrix() = default;
@@ -560,6 +562,7 @@ inline void simdgroup_multiply(thread simdgroup_matrix<T, R, C>& d, const thread
                                const thread simdgroup_matrix<T, K, C>& b) {
     simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<T, R, C>(T(0)));
 }
+#endif  // EMU_TARGET_SIMDGROUP_MATRIX
 
 }  // namespace metal
 

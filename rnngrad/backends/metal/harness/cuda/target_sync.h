@@ -96,4 +96,68 @@ struct simd_vote {
 inline simd_vote simd_ballot(bool x) { return simd_vote{(ulong)__ballot_sync(0xffffffffu, x)}; }
 inline bool simd_is_first() { return __emu_lane() == (uint)(__ffs(__activemask()) - 1); }
 
+// ----------------------------------------------------------------------------- simdgroup_matrix
+// Distributed over the warp as on Apple GPUs: lane l holds row l/4, columns 2(l%4) and
+// 2(l%4)+1 of the 8x8 tile. A product fetches its operands' rows and columns by shuffles
+// (24 per lane) instead of every lane computing the whole tile.
+#define EMU_TARGET_SIMDGROUP_MATRIX 1
+template <class T, int R, int C> struct simdgroup_matrix {
+    static_assert(R == 8 && C == 8, "simdgroup_matrix: the CUDA target supports 8x8 tiles");
+    T v[2];
+    simdgroup_matrix() = default;
+    explicit simdgroup_matrix(T diagonal) {
+        const uint r = __emu_lane() >> 2, c = (__emu_lane() & 3u) << 1;
+        v[0] = r == c ? diagonal : T(0);
+        v[1] = r == c + 1 ? diagonal : T(0);
+    }
+};
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+
+template <class T, int R, int C> inline simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T v) {
+    simdgroup_matrix<T, R, C> m;
+    m.v[0] = v;
+    m.v[1] = v;
+    return m;
+}
+template <class T, int R, int C, class U>
+inline void simdgroup_load(thread simdgroup_matrix<T, R, C>& d, const U* src, ulong elements_per_row = C,
+                           ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
+    const U* base = src + matrix_origin.y * elements_per_row + matrix_origin.x;
+    const uint r = __emu_lane() >> 2, c = (__emu_lane() & 3u) << 1;
+    for (uint s = 0; s < 2; ++s)
+        d.v[s] = T(transpose_matrix ? base[(c + s) * elements_per_row + r] : base[r * elements_per_row + c + s]);
+}
+template <class T, int R, int C, class U>
+inline void simdgroup_store(const thread simdgroup_matrix<T, R, C>& a, U* dst, ulong elements_per_row = C,
+                            ulong2 matrix_origin = ulong2(0), bool transpose_matrix = false) {
+    U* base = dst + matrix_origin.y * elements_per_row + matrix_origin.x;
+    const uint r = __emu_lane() >> 2, c = (__emu_lane() & 3u) << 1;
+    for (uint s = 0; s < 2; ++s) {
+        if (transpose_matrix) base[(c + s) * elements_per_row + r] = U(a.v[s]);
+        else base[r * elements_per_row + c + s] = U(a.v[s]);
+    }
+}
+template <class T, int R, int K, int C>
+inline void simdgroup_multiply_accumulate(thread simdgroup_matrix<T, R, C>& d, const thread simdgroup_matrix<T, R, K>& a,
+                                          const thread simdgroup_matrix<T, K, C>& b, const thread simdgroup_matrix<T, R, C>& c) {
+    const uint lane = __emu_lane(), r = lane >> 2, q = lane & 3u;
+    T s0 = c.v[0], s1 = c.v[1];
+    for (uint kk = 0; kk < 4; ++kk) {  // a(r, 2kk) and a(r, 2kk+1) live in lane 4r + kk
+        const T a0 = __emu_shfl(a.v[0], 4u * r + kk), a1 = __emu_shfl(a.v[1], 4u * r + kk);
+        // b(2kk, ·) lives in lanes 8kk + q, b(2kk+1, ·) in lanes 8kk + 4 + q: this lane's columns
+        const T b00 = __emu_shfl(b.v[0], 8u * kk + q), b01 = __emu_shfl(b.v[1], 8u * kk + q);
+        const T b10 = __emu_shfl(b.v[0], 8u * kk + 4u + q), b11 = __emu_shfl(b.v[1], 8u * kk + 4u + q);
+        s0 = s0 + a0 * b00 + a1 * b10;
+        s1 = s1 + a0 * b01 + a1 * b11;
+    }
+    d.v[0] = s0;
+    d.v[1] = s1;
+}
+template <class T, int R, int K, int C>
+inline void simdgroup_multiply(thread simdgroup_matrix<T, R, C>& d, const thread simdgroup_matrix<T, R, K>& a,
+                               const thread simdgroup_matrix<T, K, C>& b) {
+    simdgroup_multiply_accumulate(d, a, b, make_filled_simdgroup_matrix<T, R, C>(T(0)));
+}
+
 }  // namespace metal
