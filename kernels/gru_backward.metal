@@ -67,8 +67,7 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
     }
     uint elems = (rows.y - rows.x) * H;
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
-    uint step = p.s_end;
-    for (; step > p.s_begin; --step) {
+    for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
         // Phase A: element-wise gate gradients.
         for (uint e = lid; e < elems; e += tpg) {
@@ -168,5 +167,5 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
     }
     // Every thread of the threadgroup has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
-    rg_mark(status, tgid, lid, tpg, p.s_end - step);
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

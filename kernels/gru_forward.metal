@@ -52,8 +52,7 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
     }
     uint work = (rows.y - rows.x) * H;
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
-    uint s = p.s_begin;
-    for (; s < p.s_end; ++s) {
+    for (uint s = p.s_begin; s < p.s_end; ++s) {
         // Phase 1: a_z, a_r (and with reset_after the whole step).
         for (uint e = lid; e < work; e += tpg) {
             uint row = rows.x + e / H, j = e % H;
@@ -116,5 +115,5 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
         threadgroup_barrier(mem_flags::mem_device);
     }
     // Every thread has passed the barrier that ends the last step.
-    rg_mark(status, tgid, lid, tpg, s - p.s_begin);
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

@@ -48,8 +48,7 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
         return;  // the whole threadgroup owns no row
     }
     uint work = (rows.y - rows.x) * H;
-    uint step = p.s_end;
-    for (; step > p.s_begin; --step) {
+    for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
         // Phase A: da for every owned (row, j).
         for (uint e = lid; e < work; e += tpg) {
@@ -82,5 +81,5 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
     }
     // Every thread of the threadgroup has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
-    rg_mark(status, tgid, lid, tpg, p.s_end - step);
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

@@ -42,8 +42,7 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
         return;  // the whole threadgroup owns no row
     }
     uint work = (rows.y - rows.x) * H;
-    uint s = p.s_begin;
-    for (; s < p.s_end; ++s) {
+    for (uint s = p.s_begin; s < p.s_end; ++s) {
         for (uint e = lid; e < work; e += tpg) {
             uint row = rows.x + e / H, j = e % H;
             uint d = row / N, n = row % N;
@@ -67,5 +66,5 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
         threadgroup_barrier(mem_flags::mem_device);
     }
     // Every thread has passed the barrier that ends the last step.
-    rg_mark(status, tgid, lid, tpg, s - p.s_begin);
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

@@ -14,6 +14,7 @@ import pytest
 
 from rnngrad.backends.metal import IncompleteDispatch, library
 from rnngrad.backends.metal.harness import cpu as metalcompute
+from rnngrad.backends.metal import host as metal_host
 from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
@@ -133,6 +134,35 @@ def test_a_failed_chunk_of_a_split_sequence_is_named_by_its_steps(monkeypatch):
         assert "RNNGRAD_METAL_DISPATCH_BUDGET" in str(info.value)
 
 
+class _FinishingDevice(metalcompute.Device):
+    """A harness device that, like the CUDA target, waits on several runs itself (finish)."""
+
+    def finish(self, handles):
+        del handles[:]
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_a_device_with_finish_gets_the_op_back_to_back_and_the_first_failure_named(cell):
+    """With device.finish (the CUDA target's API) the host opens every dispatch of the op before
+    it checks the marks, in order: a failed dispatch is still the one named."""
+    case = _case(cell)
+    dispatches = _dispatches(case)
+    forward = sum(op.endswith("_forward") for _, op, _ in dispatches)
+    for i, (kernel, op, groups) in enumerate(dispatches):
+        device = _FinishingDevice(**SMALL_GROUPS, stop=(i, groups // 2))
+        with metal_host._running_on(EMULATED_HOST, device), pytest.raises(IncompleteDispatch) as info:
+            case.gradients(backend=BACKEND)
+        assert (info.value.kernel, info.value.op) == (kernel, op)
+        # The op that failed ran to its last dispatch; the gradient op never started after a
+        # failed forward.
+        assert len(device.trace) == (forward if i < forward else len(dispatches))
+    with metal_host._running_on(EMULATED_HOST, _FinishingDevice(**SMALL_GROUPS)) as device:
+        got = case.gradients(backend=BACKEND)
+    with emulated_device(**SMALL_GROUPS):
+        want = case.gradients(backend=BACKEND)
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
+
+
 # -- at the level of metalcompute's API ---------------------------------------------------------
 
 def _gemm_call(dev, count=100):
@@ -188,3 +218,49 @@ def test_marks_cover_every_kernel_and_sit_in_the_last_binding():
         assert names[-1] == "status", kernel
     assert KERNELS == {"strided_gemm", "strided_gemm_tiled"} | {f"{c}_{p}" for c in CELLS
                                                                for p in ("forward", "backward")}
+
+
+# -- on the harness's CUDA target ----------------------------------------------------------------
+
+def _cuda_unavailable():
+    try:
+        from rnngrad.backends.metal.harness import cuda
+    except ImportError as exc:
+        return str(exc)
+    return cuda.available()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_unavailable() is not None,
+                    reason=f"needs an NVIDIA GPU with CuPy: {_cuda_unavailable()}")
+@pytest.mark.parametrize("cell", CELLS)
+def test_cuda_target_dispatch_launched_with_half_its_grid_raises(cell, monkeypatch):
+    """The CUDA target has no injection option: dispatch i launches only the first half of its
+    grid's threadgroups (none when it has one) by wrapping the compiled kernel for that call."""
+    from rnngrad.backends.metal.harness import cuda
+    from rnngrad.backends.metal.host import cuda_device
+
+    case = _case(cell)
+    with cuda_device() as dev:
+        case.gradients(backend="metal-cuda")
+    kernels = [d.kernel for d in dev.trace]
+    call = cuda.Function.__call__
+    for i, kernel in enumerate(kernels):
+        calls = [0]
+
+        def stopped(self, *args):
+            raw = self._raw
+            if calls[0] == i:
+                self._raw = lambda grid, block, bound: (None if grid[0] < 2 else
+                                                        raw((grid[0] // 2,), block, bound))
+            calls[0] += 1
+            try:
+                return call(self, *args)
+            finally:
+                self._raw = raw
+
+        monkeypatch.setattr(cuda.Function, "__call__", stopped)
+        with cuda_device(), pytest.raises(IncompleteDispatch) as info:
+            case.gradients(backend="metal-cuda")
+        monkeypatch.setattr(cuda.Function, "__call__", call)
+        assert info.value.kernel == kernel, (i, str(info.value))

@@ -33,12 +33,15 @@ T = 0 and N = 0 are answered on the host (contract section 4): there is nothing 
 Completion checks. metalcompute 0.2.9 never checks a command buffer's status, so a dispatch
 that faults or that the GPU watchdog stops would return partial outputs silently. Every kernel
 marks, in a status buffer the host binds last, that each of its threadgroups reached its end and
-with how many steps (common.metal). The host runs an op's dispatches one at a time, in order,
-and checks each one's marks (and the handle's ``error``, where the device reports one) before it
-opens the next; a missing or wrong mark raises :class:`~rnngrad.backends.metal.IncompleteDispatch`
-naming the kernel, the op, the problem size, the dispatch and the threadgroups, and nothing is
-returned. Cost: one 8-byte store per threadgroup, one barrier at the end of the kernels that had
-none there, a status buffer of ``8·ceil(count/32)`` bytes per dispatch, and one wait per dispatch.
+with how many steps (common.metal). On metalcompute the host runs an op's dispatches one at a
+time, in order, and checks each one's marks (and the handle's ``error``, where the device reports
+one) before it opens the next; the CUDA target runs them back to back and the marks are checked
+in order at the end. A missing or wrong mark raises
+:class:`~rnngrad.backends.metal.IncompleteDispatch` naming the kernel, the op, the problem size,
+the dispatch and the threadgroups, and nothing is returned. Cost: one 8-byte store per
+threadgroup, one barrier at the end of the kernels that had none there, a status buffer of
+``8·ceil(count/32)`` bytes per dispatch, its read-back and check (about 15 µs each on the CPU
+harness and on the CUDA target), and on metalcompute one wait per dispatch.
 
 Dispatch budget. The recurrence kernels run a range of processing steps ``[s_begin, s_end)``;
 the state crosses from one dispatch to the next in the buffers the kernels write anyway (h and c
@@ -53,9 +56,9 @@ The default budget, :data:`DISPATCH_BUDGET` = 2**34 units, is about 0.4 s of v1 
 M1 core's peak, since v1 makes three loads per multiply-add; more cores only shorten it), where
 public reports put the watchdog at a few seconds. Every default ``rnngrad bench`` shape stays in
 one dispatch (the largest, LSTM 200x64x512x512, is 1.3·10**10 units; bidirectional, two).
-Override it with the environment variable
-``RNNGRAD_METAL_DISPATCH_BUDGET`` (read at every op) or the host's ``dispatch_budget`` attribute
-(``HOST.dispatch_budget = 2**30``; ``None`` restores the variable or the default). Splitting
+Override it with the environment variable ``RNNGRAD_METAL_DISPATCH_BUDGET`` (read at every op)
+or the host's ``dispatch_budget`` attribute (``HOST.dispatch_budget = 2**30``; ``None`` restores
+the variable or the default). The budget applies to every device, the CUDA target too. Splitting
 gives bitwise the same results. strided_gemm is never split: its threads run in parallel, each
 a loop of K multiply-adds (K = T·N for the weight gradients).
 
@@ -106,13 +109,18 @@ def step_ranges(T: int, units: int, budget: int) -> list:
 
 
 class _Runs:
-    """The dispatches of one op, run one at a time, in order, each checked when waited on.
+    """The dispatches of one op, each checked for its completion marks once waited on.
 
-    Waiting on a run before opening the next keeps one run of this process in flight, so
-    metalcompute's completion handler (which walks its table of runs without a lock) is not
-    scanning while Python inserts the next run, except during the handler's own last moments;
-    and a failed dispatch stops the op before any later one is opened. Used as a context
-    manager: leaving it waits on the last run, and checks it unless an error is on its way.
+    On metalcompute (and the CPU harness, whose calls are synchronous anyway) the runs go one at
+    a time, in order: each is waited on, dropped and checked before the next is opened. That
+    keeps one run of this process in flight, so metalcompute's completion handler (which walks
+    its table of runs without a lock) is not scanning while Python inserts the next run, except
+    during the handler's own last moments; and a failed dispatch stops the op before any later
+    one is opened. A device that waits on several runs itself and reports a kernel that faulted
+    (``device.finish``: the CUDA target) gets the op's dispatches back to back, and the marks
+    are checked in order once it has finished them all: no host wait between dispatches there.
+    Used as a context manager: leaving it waits on what is in flight, and checks it unless an
+    error is on its way.
     """
 
     def __init__(self, host: "MetalHost", op: str, problem):
@@ -122,7 +130,8 @@ class _Runs:
                           I=problem.I if problem.input_weight is not None else None,
                           H=problem.H, D=problem.D)
         self.count = 0  # dispatches opened
-        self._pending = None
+        self._pending = []  # [(handle, run)] not yet waited on
+        self._finish = getattr(host.device, "finish", None)
 
     def __enter__(self):
         return self
@@ -132,30 +141,35 @@ class _Runs:
         return False
 
     def launch(self, kernel, count, buffers, steps, span):
-        self.wait()
+        if self._finish is None:
+            self.wait()
         # One uint2 mark per threadgroup, zeroed here: enough for threadgroups of 32 or more.
         marks = -(-count // library.MIN_THREADGROUP)
         status = self.host.device.buffer(np.zeros(2 * marks, np.uint32))
         handle = self.host.function(kernel)(count, *buffers, status)
-        self._pending = (handle, dict(kernel=kernel, count=count, status=status, marks=marks,
-                                      steps=steps, span=span, number=self.count))
+        self._pending.append((handle, dict(kernel=kernel, count=count, status=status,
+                                           marks=marks, steps=steps, span=span,
+                                           number=self.count)))
         self.count += 1
 
     def wait(self, check=True):
-        """Wait on the run in flight (if any), drop it, and check its completion marks."""
-        if self._pending is None:
+        """Wait on the runs in flight (if any), drop them, and check their completion marks in
+        order."""
+        pending, self._pending = self._pending, []
+        if not pending:
             return
-        handle, run = self._pending
-        self._pending = None
-        # What the run reported: the harness's runs have completed by now (calls there are
+        # What each run reported: the harness's runs have completed by now (calls there are
         # synchronous); metalcompute 0.2.9's handles report nothing.
-        reported = getattr(handle, "error", None)
-        finish = getattr(self.host.device, "finish", None)
-        if finish is not None:  # the CUDA target: waits, and raises naming a kernel that faulted
-            finish([handle])
-        del handle  # the last reference: metalcompute waits for the command buffer here
+        reported = [getattr(handle, "error", None) for handle, _ in pending]
+        handles = [handle for handle, _ in pending]
+        runs = [run for _, run in pending]
+        del pending
+        if self._finish is not None:  # waits, and raises naming a kernel that faulted
+            self._finish(handles)
+        del handles[:]  # the last references: metalcompute waits for the command buffer here
         if check:
-            self._check(reported=reported, **run)
+            for run, said in zip(runs, reported):
+                self._check(reported=said, **run)
 
     def _check(self, kernel, count, status, marks, steps, span, number, reported):
         words = self.host.words(status, 2 * marks).reshape(marks, 2)
