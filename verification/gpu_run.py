@@ -34,17 +34,17 @@ TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 TOOL_OPTIONS = {"racecheck": ("--racecheck-report", "hazard")}
 
 
-def _env():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+def _env(extra=None):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(extra or {}))
     env.setdefault("NUMBA_CACHE_DIR", "/tmp/rnngrad-numba")  # no numba warm-up on this machine
     return env
 
 
-def step(name, cmd, out: Path, timeout=900):
+def step(name, cmd, out: Path, timeout=900, env=None):
     start = time.time()
     print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=ROOT)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(env), cwd=ROOT)
         text, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:
         text, code = f"{exc.stdout or ''}{exc.stderr or ''}\nTIMEOUT after {timeout} s", 124
@@ -261,8 +261,7 @@ def main(argv=None) -> int:
         print("\n".join(f"{a:40s} {b}" for a, b in summary))
         return 1
     if "tests" not in args.skip:
-        code, text = step("pytest -m gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
-                                            "tests/test_metal_cuda.py"], out)
+        code, text = step("pytest -m gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], out)
         last = [l for l in text.splitlines() if re.search(r"\d+ (passed|failed)", l)]
         summary.append(("pytest -m gpu", last[-1] if last else f"exit {code}"))
     if "verify" not in args.skip:
@@ -270,11 +269,14 @@ def main(argv=None) -> int:
                           [py, "-m", "rnngrad", "verify", "--backend", "metal-cuda"], out)
         summary.append(("rnngrad verify --backend metal-cuda", "passed" if code == 0 else f"FAILED (exit {code})"))
     if "sanitizer" not in args.skip:
-        for tool in TOOLS:
-            code, text = step(f"sanitizer {tool}", ["compute-sanitizer", "--tool", tool,
-                                                    *TOOL_OPTIONS.get(tool, ()), py,
-                                                    "verification/gpu_sanitize.py"], out)
-            summary.append((f"compute-sanitizer {tool}, every cell", f"{sanitizer_errors(text)} errors, exit {code}"))
+        for gemm in ("auto", "v2"):  # the GEMM versions the rule picks, then the tiled one everywhere
+            for tool in TOOLS:
+                code, text = step(f"sanitizer {tool} gemm {gemm}", ["compute-sanitizer", "--tool", tool,
+                                                                    *TOOL_OPTIONS.get(tool, ()), py,
+                                                                    "verification/gpu_sanitize.py"],
+                                  out, env={"RNNGRAD_METAL_GEMM": gemm})
+                summary.append((f"compute-sanitizer {tool}, every cell, GEMM {gemm}",
+                                f"{sanitizer_errors(text)} errors, exit {code}"))
         from gpu_sanitize import DEFECTS  # noqa: E402
         for defect in DEFECTS:
             caught = []
