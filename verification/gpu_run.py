@@ -98,7 +98,7 @@ def kernel_work(kernel, cell, T, N, I, H):
         return 2 * rows * GH * H, 4 * (rows * GH + rows * H * cells + rows * Z * H + GH * H)
     if kernel.endswith("_backward"):
         return 2 * rows * GH * H, 4 * (rows * H * (1 + cells) + rows * Z * H + rows * GH + rows * H + GH * H)
-    # strided_gemm: projection, dR, d_source, dW
+    # the GEMMs, every version: projection, dR, d_source, dW
     flops = 2 * rows * (I * GH + GH * H + GH * I + GH * I)
     return flops, 4 * (rows * I * 2 + rows * GH * 4 + rows * H + GH * (I + H) * 2)
 
@@ -163,16 +163,22 @@ def bench(out: Path, quick: bool):
                 kw = {k: v for k, v in gpu_args.items() if k not in ("source", "recurrent_weight")}
                 return grad(src, gpu_args["recurrent_weight"], gyc, res.z_state, **extra, **kw,
                             descriptor=desc, backend="metal-cuda")
+            gemm_v1_ms = None
             with cuda_device() as dev:
-                for _ in range(2):
+                for gemm in ("v1", "auto"):  # the untiled GEMM alone, then the version rule
+                    os.environ["RNNGRAD_METAL_GEMM"] = gemm
+                    for _ in range(2):
+                        rnngrad_step()
+                    cp.cuda.Device().synchronize()
+                    dev.trace.clear()
                     rnngrad_step()
-                cp.cuda.Device().synchronize()
-                dev.trace.clear()
-                rnngrad_step()
-                cp.cuda.Device().synchronize()
-                per_kernel = {}
-                for d in dev.trace:
-                    per_kernel[d.kernel] = per_kernel.get(d.kernel, 0.0) + d.seconds * 1e3
+                    cp.cuda.Device().synchronize()
+                    per_kernel = {}
+                    for d in dev.trace:
+                        name = "GEMMs" if d.kernel.startswith("strided_gemm") else d.kernel
+                        per_kernel[name] = per_kernel.get(name, 0.0) + d.seconds * 1e3
+                    gemm_v1_ms = per_kernel.get("GEMMs") if gemm == "v1" else gemm_v1_ms
+                    versions = sorted({d.kernel for d in dev.trace if d.kernel.startswith("strided_gemm")})
                 kernel_ms = sum(per_kernel.values())
                 dispatches = len(dev.trace)
                 start = time.perf_counter()
@@ -190,6 +196,7 @@ def bench(out: Path, quick: bool):
             row = dict(cell=mode, shape=f"{T}x{N}x{I}x{H}", rnngrad_kernel_ms=kernel_ms,
                        rnngrad_wall_ms=wall_ms, cudnn_kernel_ms=torch_kernel, cudnn_wall_ms=torch_wall,
                        dispatches=dispatches, per_kernel_ms=per_kernel, per_kernel=shares,
+                       gemm_v1_ms=gemm_v1_ms, gemm_kernels=versions,
                        gflops=flops / kernel_ms / 1e6)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -308,6 +315,11 @@ def main(argv=None) -> int:
                 print(f"| {r['cell']} | {r['shape']} | {r['rnngrad_kernel_ms']:.3f} | {r['cudnn_kernel_ms']:.3f} | "
                       f"{r['rnngrad_kernel_ms'] / r['cudnn_kernel_ms']:.1f} | {r['rnngrad_wall_ms']:.3f} | "
                       f"{r['cudnn_wall_ms']:.3f} | {r['dispatches']} |")
+            print("\n| cell | T×N×I×H | GEMMs v1 ms | GEMMs by the rule ms | kernels |")
+            print("|---|---|---|---|---|")
+            for r in rows:
+                print(f"| {r['cell']} | {r['shape']} | {r['gemm_v1_ms']:.3f} | {r['per_kernel_ms']['GEMMs']:.3f} | "
+                      f"{', '.join(r['gemm_kernels'])} |")
             print("\n| cell | T×N×I×H | kernel | µs/step | % FLOP rate | % bandwidth |")
             print("|---|---|---|---|---|---|")
             for r in rows:
