@@ -92,3 +92,14 @@ def test_the_checker_and_the_golden_vectors_depend_one_way():
 def test_every_backend_lives_under_rnngrad_backends():
     for spec in registry._SPECS:
         assert spec.module.startswith("rnngrad.backends."), spec
+
+
+def test_every_verification_module_imports():
+    """The scripts of verification/ import what they use from where it lives now."""
+    import importlib
+
+    folder = ROOT.parent / "verification"
+    names = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__main__")
+    assert "check_finite_differences" in names
+    for name in names:
+        importlib.import_module(f"verification.{name}")

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from rnngrad import gradcheck
+from rnngrad.testing import gradcheck
 from rnngrad.testing.cases import random_case
 from rnngrad.descriptors import Activation, GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 from verification.common import FINITE_DIFFERENCE_TOLERANCE, Comparison, Tally, progress, report
