@@ -291,9 +291,11 @@ def test_the_rule():
         choice = versions.gemm(**shape)
         assert (choice.version, choice.kernel) == ("v1", "strided_gemm"), choice
         assert why in choice.reason, choice
-    edge = dict(batch=1, M=8, P=8, K=versions.TILED_MIN_WORK // 64)
-    assert versions.gemm(**edge).version == "v2"
-    assert versions.gemm(**dict(edge, K=edge["K"] - 1)).version == "v1"
+    edge = dict(batch=1, M=32 * 16, P=32 * 8, K=versions.TILED_MIN_WORK // (32 * 16 * 32 * 8))
+    assert versions.gemm(**edge).version == "v2"  # 128 tiles, 2**20 multiply-adds
+    assert versions.gemm(**dict(edge, P=32 * 8 - 1)).version == "v1"
+    few = versions.gemm(batch=1, M=512, P=128, K=8000)  # dR of 1000x8x128x128: 64 tiles
+    assert few.version == "v1" and "64 tiles of C < 128" in few.reason, few
     assert "input weight gradient (batch=1" in str(versions.gemm(**big, product="input weight gradient"))
 
 
@@ -358,10 +360,12 @@ def test_backend_with_v2_forced_matches_the_reference(cell):
     assert n >= 12
 
 
-def test_backend_auto_rule_runs_both_versions(caplog):
+def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch):
     """An LSTM whose input-side products reach 2**20 multiply-adds: the rule tiles those and
     keeps the smaller dR and the one-row reductions on v1; the result matches, and each
-    choice is logged with its reason."""
+    choice is logged with its reason. (The tile-count condition is lowered to 1 so that a
+    shape the CPU harness runs quickly reaches v2.)"""
+    monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
     rng = np.random.default_rng(8)
     desc = random_descriptor(rng, "lstm", bidirectional=False, training=True)
     case = random_case(rng, "lstm", descriptor=desc, T=16, N=8, H=32, I=64, dtype=np.float32,
@@ -378,7 +382,7 @@ def test_backend_auto_rule_runs_both_versions(caplog):
     logged = [r.getMessage() for r in caplog.records if r.name == "rnngrad.backends.metal"]
     assert len(logged) == 6
     assert logged[0] == ("metal-emulated: v2 strided_gemm_tiled: batch=1, M=128, P=128, K=64: "
-                         "auto, batch·M·P·K = 1048576 >= 1048576 and M, P, K >= 8: tiled")
+                         "auto, batch·M·P·K = 1048576 >= 1048576, M, P, K >= 8 and 16 tiles: tiled")
     assert "v1 strided_gemm: batch=1, M=1, P=128, K=128: auto, M=1 < 8" in logged[4]
 
 
