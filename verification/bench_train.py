@@ -90,21 +90,26 @@ def _step(req):
 
 
 def _replace_ops_by_their_results(cell, run):
-    """Make rnngrad's ops, as ``rnngrad.torch`` calls them, return what they returned in one
-    run of ``run`` at once: what is left of a layer step is the glue."""
-    from rnngrad.torch import functions
+    """Make rnngrad's ops, as ``rnngrad.torch`` calls them, and the weight-gradient product it
+    computes itself when the source needs no gradient (dAᵀ source, compute taken off the op),
+    return what they returned in one run of ``run`` at once: what is left of a layer step is
+    the glue."""
+    from rnngrad.torch import _device, functions
 
     results = {}
-    for table, kind in ((functions._FORWARD, "forward"), (functions._GRADIENTS, "gradients")):
-        op = table[cell]
+    slots = ((functions._FORWARD, cell, "forward"), (functions._GRADIENTS, cell, "gradients"),
+             (vars(_device), "transposed_product", "product"))
+    for table, key, kind in slots:
+        op = table[key]
 
         def spy(*args, _op=op, _kind=kind, **kwargs):
             results[_kind] = _op(*args, **kwargs)
             return results[_kind]
-        table[cell] = spy
+        table[key] = spy
     run()
-    functions._FORWARD[cell] = lambda *args, **kwargs: results["forward"]
-    functions._GRADIENTS[cell] = lambda *args, **kwargs: results["gradients"]
+    for table, key, kind in slots:
+        if kind in results:
+            table[key] = lambda *args, _kind=kind, **kwargs: results[_kind]
 
 
 def worker_main(request_json):
