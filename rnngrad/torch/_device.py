@@ -136,7 +136,10 @@ def to_tensor(a, device: torch.device) -> torch.Tensor:
     if isinstance(a, torch.Tensor):
         return a
     if device.type == "cpu":
-        if not a.flags.writeable or any(s < 0 for s in a.strides):
-            a = np.array(a)  # torch.from_numpy takes neither (a backend's read-only view)
-        return torch.from_numpy(a)
+        if a.flags.writeable:
+            try:
+                return torch.from_numpy(a)
+            except ValueError:  # negative strides, which torch.from_numpy refuses
+                pass
+        return torch.from_numpy(np.array(a))  # a copy: read-only (a backend's view) or flipped
     return torch.from_dlpack(a)

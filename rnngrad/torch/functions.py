@@ -26,8 +26,11 @@ one; no output's gradient is materialised as zeros unless the op needs it (``sou
 
 In the backward, the bias and secondary bias are handed to the gradient op only when their
 gradients are wanted (the op reads neither: z_state holds the pre-activations), so their
-gradients are not computed otherwise; every other gradient comes out of the op's one pass.
-The gradient op is not itself differentiable: a backward with ``create_graph=True`` (a gradient
+gradients are not computed otherwise. When the source needs no gradient (a model's first
+layer), the gradient op runs without the input weight, which skips d_source = dA·W (a sixth of
+a step's FLOPs at I = H), and the weight's gradient is dAᵀ·source by PyTorch; the other
+gradients come out of the op's one pass. Outputs share the backend's result arrays (CPU). The
+gradient op is not itself differentiable: a backward with ``create_graph=True`` (a gradient
 of a gradient, Hessians) raises a ``RuntimeError`` that says so.
 """
 
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 
@@ -233,8 +236,9 @@ def _make_function(cell: str, class_name: str):
         for i, (name, t, need) in enumerate(zip(names, saved, needs)):
             g = out.get(name) if need else None
             if g is not None:
-                g = _device.to_tensor(g, device)
-                grads_in[_LEADING + i] = g if g.shape == t.shape else g.reshape(t.shape)
+                if g.shape != t.shape:
+                    g = g.reshape(tuple(t.shape))  # bias [1,1,DGH] → [DGH], before wrapping
+                grads_in[_LEADING + i] = _device.to_tensor(g, device)
         return tuple(grads_in)
 
     doc = (f"rnngrad's {cell} forward op in the forward, its gradient op in the backward. "

@@ -180,12 +180,16 @@ class _RNNBase(nn.Module):
         peephole (LSTM)."""
         D, H, params = self.num_directions, self.hidden_size, self._parameters
         names = self._layer_names[k]
-        get = lambda kind: [params[n] for n in names[kind]]  # noqa: E731
-        one = lambda ts: ts[0] if D == 1 else torch.cat(ts)  # noqa: E731 no copy for one
-        out = {"input_weight": one(get("weight_ih")),  # [DGH,I]
-               "recurrent_weight": get("weight_hh")[0] if D == 1 else torch.stack(get("weight_hh"))}
+        if D == 1:  # the parameters themselves, no copy
+            out = {"input_weight": params[names["weight_ih"][0]],  # [GH,I]
+                   "recurrent_weight": params[names["weight_hh"][0]]}  # [GH,H]
+        else:
+            out = {"input_weight": torch.cat([params[n] for n in names["weight_ih"]]),  # [2GH,I]
+                   "recurrent_weight": torch.stack([params[n] for n in names["weight_hh"]])}
         if self.bias:
-            b_ih, b_hh = get("bias_ih"), get("bias_hh")
+            b_ih = [params[n] for n in names["bias_ih"]]
+            b_hh = [params[n] for n in names["bias_hh"]]
+            one = (lambda ts: ts[0]) if D == 1 else torch.cat
             if self._secondary():  # r, z: summed; candidate: b_in here, b_hn the secondary bias
                 out["bias"] = one([torch.cat([i[:2 * H] + h[:2 * H], i[2 * H:]])
                                    for i, h in zip(b_ih, b_hh)])  # [D3H]
@@ -193,12 +197,12 @@ class _RNNBase(nn.Module):
             else:
                 out["bias"] = one([i + h for i, h in zip(b_ih, b_hh)])  # [DGH]
         if self._has_peephole():
-            p = get("peephole")
+            p = [params[n] for n in names["peephole"]]
             out["peephole"] = p[0] if D == 1 else torch.stack(p)  # [4H] or [2,4H]
         return out
 
     # -- the call -----------------------------------------------------------------------------
-    def _initial(self, hx, N, batched, dtype, device):
+    def _initial(self, hx, N, batched, dtype):
         """(h_0, c_0) as [L·D,N,H] tensors or None."""
         lstm = self.cell == "lstm"
         if hx is None:
@@ -225,7 +229,7 @@ class _RNNBase(nn.Module):
             out.append(t if batched else t.unsqueeze(1))
         return out[0], out[1] if lstm else None
 
-    def _mask(self, mask, T, batched, dtype):
+    def _mask(self, mask, batched, dtype):
         if mask is None:
             return None
         if not isinstance(mask, torch.Tensor):
@@ -257,9 +261,9 @@ class _RNNBase(nn.Module):
         x = input if batched else input.unsqueeze(1)  # [T,N,I] or [N,T,I]
         if batched and self.batch_first:
             x = x.transpose(0, 1)  # [T,N,I], a view: rnngrad makes it contiguous once
-        T, N = x.shape[:2]
-        h0, c0 = self._initial(hx, N, batched, input.dtype, input.device)
-        m = self._mask(mask, T, batched, input.dtype)
+        N = x.shape[1]
+        h0, c0 = self._initial(hx, N, batched, input.dtype)
+        m = self._mask(mask, batched, input.dtype)
         D, H = self.num_directions, self.hidden_size
         finals_h, finals_c = [], []
         inputs = functions.INPUTS[self.cell]

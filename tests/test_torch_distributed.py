@@ -1,0 +1,94 @@
+"""Training beyond one process is PyTorch's own: two ``torch.distributed`` processes (gloo, on
+the loopback address) with ``DistributedDataParallel`` around an ``rnngrad.torch.LSTM``, each
+on half of a batch, end with the parameter gradients of one process on the whole batch."""
+
+import os
+
+import numpy as np
+import pytest
+
+from rnngrad.testing import compare_array
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import rnngrad.torch as rt  # noqa: E402
+
+WORLD = 2
+T, N, I, H = 6, 4, 3, 5
+#: seconds the two processes may take, start-up included
+TIMEOUT = 120
+
+QUANTITY = {"weight_ih": "input_weight", "weight_hh": "recurrent_weight", "bias_ih": "bias",
+            "bias_hh": "bias", "head.weight": "input_weight", "head.bias": "bias"}
+
+
+class Model(torch.nn.Module):
+    """A bidirectional two-layer rnngrad LSTM and a linear head on its last output."""
+
+    def __init__(self):
+        super().__init__()
+        self.lstm = rt.LSTM(I, H, num_layers=2, bidirectional=True, batch_first=True,
+                            dtype=torch.float64, backend="reference")
+        self.head = torch.nn.Linear(2 * H, 1, dtype=torch.float64)
+
+    def forward(self, x):
+        output, _ = self.lstm(x)
+        return self.head(output[:, -1])
+
+
+def _setup():
+    torch.manual_seed(0)
+    model = Model()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(N, T, I, generator=g, dtype=torch.float64)
+    y = torch.randn(N, 1, generator=g, dtype=torch.float64)
+    return model, x, y
+
+
+def _gradients(model) -> dict:
+    return {k.replace("module.", ""): p.grad.detach().numpy().copy()
+            for k, p in model.named_parameters()}
+
+
+def _rank(rank, folder):
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the loopback device only
+    # rendezvous through a file: no port to pick beforehand (and none to race for)
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'rendezvous')}",
+                            rank=rank, world_size=WORLD)
+    try:
+        model, x, y = _setup()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        part = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
+        loss = torch.nn.functional.mse_loss(ddp(x[part]), y[part])  # DDP averages the gradients
+        loss.backward()
+        np.savez(os.path.join(folder, f"rank{rank}.npz"), **_gradients(ddp))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_processes_with_ddp_give_the_whole_batch_gradients(tmp_path):
+    context = mp.start_processes(_rank, args=(str(tmp_path),), nprocs=WORLD,
+                                 join=False, start_method="spawn")
+    try:
+        deadline = TIMEOUT
+        while not context.join(timeout=5):
+            deadline -= 5
+            if deadline <= 0:
+                pytest.fail(f"the {WORLD} processes did not finish in {TIMEOUT} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+
+    model, x, y = _setup()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    want = _gradients(model)
+    for rank in range(WORLD):
+        with np.load(tmp_path / f"rank{rank}.npz") as got:
+            assert set(got.files) == set(want)
+            for name, value in want.items():
+                kind = QUANTITY[name] if name in QUANTITY else QUANTITY[name.split("_l")[0].split(".")[-1]]
+                ratio, mismatch = compare_array(kind, got[name], value, np.float64)
+                assert mismatch is None, f"rank {rank}, {name}: {mismatch}"
