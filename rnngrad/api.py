@@ -14,6 +14,14 @@ from .validation import forward_problem, gradient_problem
 
 #: each cell's forward op; its gradient op is the same name + "_gradients"
 FORWARD_OPS = {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}
+#: each cell's array arguments, in the order of its forward function
+FORWARD_INPUTS = {
+    "single_gate": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "mask"),
+    "gru": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "mask",
+            "secondary_bias"),
+    "lstm": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "init_cell",
+             "mask", "peephole"),
+}
 #: op name -> (cell, gradients)
 OPS = {
     "single_gate_rnn": ("single_gate", False),

@@ -24,22 +24,16 @@ import mlx.core as mx
 import numpy as np
 
 import rnngrad
+from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS
+from rnngrad.descriptors import DESCRIPTORS
 
 __all__ = ["single_gate_rnn", "gru", "lstm", "RNNOutput", "LSTMOutput", "INPUTS"]
 
 #: each cell's array arguments, in the order of rnngrad's forward functions
-INPUTS = {
-    "single_gate": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "mask"),
-    "gru": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "mask",
-            "secondary_bias"),
-    "lstm": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "init_cell",
-             "mask", "peephole"),
-}
-_FORWARD = {"single_gate": rnngrad.single_gate_rnn, "gru": rnngrad.gru, "lstm": rnngrad.lstm}
-_GRADIENTS = {"single_gate": rnngrad.single_gate_rnn_gradients, "gru": rnngrad.gru_gradients,
-              "lstm": rnngrad.lstm_gradients}
-_DESCRIPTORS = {"single_gate": rnngrad.SingleGateRNNDescriptor, "gru": rnngrad.GRUDescriptor,
-                "lstm": rnngrad.LSTMDescriptor}
+INPUTS = FORWARD_INPUTS
+_FORWARD = {cell: getattr(rnngrad, op) for cell, op in FORWARD_OPS.items()}
+_GRADIENTS = {cell: getattr(rnngrad, op + "_gradients") for cell, op in FORWARD_OPS.items()}
+_DESCRIPTORS = DESCRIPTORS
 _FLOATS = (mx.float16, mx.float32, mx.float64)
 _MX = {np.dtype(np.float16): mx.float16, np.dtype(np.float32): mx.float32,
        np.dtype(np.float64): mx.float64}

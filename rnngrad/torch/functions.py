@@ -43,24 +43,18 @@ from typing import NamedTuple
 import torch
 
 import rnngrad
+from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS
+from rnngrad.descriptors import DESCRIPTORS
 from rnngrad.torch import _device
 
 __all__ = ["single_gate_rnn", "gru", "lstm", "SingleGateRNNFunction", "GRUFunction",
            "LSTMFunction", "RNNOutput", "LSTMOutput"]
 
-#: each cell's tensor arguments, in the order of rnngrad's forward functions
-INPUTS = {
-    "single_gate": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "mask"),
-    "gru": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "mask",
-            "secondary_bias"),
-    "lstm": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "init_cell",
-             "mask", "peephole"),
-}
-_FORWARD = {"single_gate": rnngrad.single_gate_rnn, "gru": rnngrad.gru, "lstm": rnngrad.lstm}
-_GRADIENTS = {"single_gate": rnngrad.single_gate_rnn_gradients, "gru": rnngrad.gru_gradients,
-              "lstm": rnngrad.lstm_gradients}
-_DESCRIPTORS = {"single_gate": rnngrad.SingleGateRNNDescriptor, "gru": rnngrad.GRUDescriptor,
-                "lstm": rnngrad.LSTMDescriptor}
+#: each cell's array arguments, in the order of rnngrad's forward functions
+INPUTS = FORWARD_INPUTS
+_FORWARD = {cell: getattr(rnngrad, op) for cell, op in FORWARD_OPS.items()}
+_GRADIENTS = {cell: getattr(rnngrad, op + "_gradients") for cell, op in FORWARD_OPS.items()}
+_DESCRIPTORS = DESCRIPTORS
 #: inputs whose values the gradient op does not read: handed to it only for their gradients
 _ONLY_FOR_GRADIENT = ("bias", "secondary_bias")
 #: Function.apply's arguments before the tensors: descriptor, backend

@@ -595,7 +595,7 @@ class MetalHost:
         return impl
 
 
-# -- the two devices ------------------------------------------------------------------------------
+# -- the three devices ----------------------------------------------------------------------------
 
 def _metal_device():
     import metalcompute

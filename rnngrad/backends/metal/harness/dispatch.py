@@ -37,6 +37,15 @@ def check_call(kernel: str, count, n_given: int, n_needed: int, tg: int, kernel_
     return count
 
 
+def kernel_info(kernels: dict, name: str):
+    """The KernelInfo of ``name`` in a compiled source's ``{name: info}``; a ValueError in
+    metalcompute's words otherwise."""
+    if name not in kernels:
+        raise ValueError(f"Function not found: no kernel named {name!r} in the source; kernels: "
+                         f"{sorted(kernels) or 'none'}")
+    return kernels[name]
+
+
 def check_threadgroup_memory(kernel: str, nbytes: int) -> None:
     if nbytes > THREADGROUP_MEMORY:
         raise ValueError(f"kernel '{kernel}' declares {nbytes} bytes of threadgroup memory; Apple "

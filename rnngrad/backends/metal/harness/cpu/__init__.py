@@ -283,10 +283,10 @@ class Kernel:
         self._kernels = {k.name: k for k in kernels}
 
     def function(self, name: str) -> "Function":
-        if name not in self._kernels:
-            raise error(f"Function not found: no kernel named {name!r} in the source; kernels: "
-                        f"{sorted(self._kernels) or 'none'}")
-        return Function(self, self._kernels[name])
+        try:
+            return Function(self, dispatch.kernel_info(self._kernels, name))
+        except ValueError as exc:
+            raise error(str(exc)) from None
 
 
 class Function:
