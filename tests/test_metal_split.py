@@ -67,7 +67,7 @@ def _cases():
                                   + (f"-{form}" if form else ""))
 
 
-@pytest.mark.parametrize("cell, bidirectional, reverse, optional, form", _cases())
+@pytest.mark.parametrize("cell, bidirectional, reverse, optional, form", list(_cases()))
 def test_split_equals_one_dispatch_bitwise(cell, bidirectional, reverse, optional, form):
     rng = np.random.default_rng(zlib.crc32(repr((cell, bidirectional, reverse, optional, form)).encode()))
     desc = random_descriptor(rng, cell, bidirectional=bidirectional, reverse=reverse)
