@@ -31,6 +31,8 @@ class Backend:
     probe: Callable[[], Optional[str]] = lambda: None
     summary: str = ""
     gpu: bool = False
+    #: where it runs, for ``rnngrad info`` (e.g. the GPU's name); called only when available
+    device: Callable[[], str] = lambda: ""
 
 
 @dataclasses.dataclass(frozen=True)

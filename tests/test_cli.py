@@ -89,3 +89,13 @@ def test_a_backend_that_fails_to_load_fails_verify(monkeypatch, capsys):
     assert main(["verify", "--examples", "1", "--skip-reference", "--backend", "reference"]) == 1
     out = capsys.readouterr().out
     assert "FAIL halfbuilt" in out and "failed to import" in out
+
+
+def test_info_says_where_an_available_backend_runs(capsys, monkeypatch):
+    """A backend that names its device (metal-cuda: the GPU) has it printed under its row."""
+    backend = registry.get("reference")
+    monkeypatch.setattr(backend, "device", lambda: "the test's own device")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    row = out.index("  reference")
+    assert "on: the test's own device" in out[row:out.index("\n", out.index("\n", row) + 1)]

@@ -25,6 +25,9 @@ def run(args) -> int:
         mark = "available" if ok else "unavailable"
         note = "" if automatic else "  [only when asked for by name]"
         print(f"  {name:<{width}}  {mark}{note}")
+        where = registry.get(name).device() if ok else ""
+        if where:
+            print(f"  {'':<{width}}    on: {where}")
         if not ok:
             print(f"  {'':<{width}}    why: {reason}")
     try:

@@ -682,6 +682,7 @@ CUDA_BACKEND = registry.Backend(
     probe=_probe_cuda,
     summary="the Metal kernels on an NVIDIA GPU through the harness's CUDA target (float32)",
     gpu=True,
+    device=lambda: f"{CUDA_HOST.device.deviceName} (CUDA device {CUDA_HOST.device._cuda.id})",
 )
 
 
