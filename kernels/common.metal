@@ -37,7 +37,7 @@ using namespace metal;
 // Scalars of every recurrence kernel, one buffer; mirrored by rnngrad.backends.metal.library.RECURRENCE_PARAMS.
 // All fields are 4-byte uints, in this order.
 struct RecurrenceParams {
-    uint count;            // threads the host dispatched, D·N·H (the grid before padding)
+    uint count;            // threads the host dispatched: D·N·H, or D·N·1024 for one threadgroup a row (versions.py)
     uint T;
     uint N;
     uint H;

@@ -23,7 +23,7 @@
 //      the init-state gradient buffer and g in a scratch buffer; only the thread owning
 //      (row, j) touches either. dh_next and prow carry over to the next dispatch.
 //
-// Buffers of gru_backward (count = D·N·H)
+// Buffers of gru_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             R     [D,3H,H]

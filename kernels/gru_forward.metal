@@ -17,7 +17,7 @@
 //      the staging buffer, so it is always bound, training or not. R comes transposed, so the
 //      lanes of a SIMD-group (consecutive j) read consecutive addresses.
 //
-// Buffers of gru_forward (count = D·N·H)
+// Buffers of gru_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             x     [T,N,D·3H] projected input, input time

@@ -19,7 +19,7 @@
 //      init-state and init-cell gradient buffers; only the thread owning (row, j) touches them;
 //      they and prow carry over to the next dispatch.
 //
-// Buffers of lstm_backward (count = D·N·H)
+// Buffers of lstm_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name      layout
 //   0      constant RecurrenceParams&      p         scalars
 //   1      device const float*             R         [D,4H,H]

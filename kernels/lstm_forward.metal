@@ -12,7 +12,7 @@
 //      device-memory threadgroup barrier. R comes transposed, so the lanes of a SIMD-group
 //      (consecutive j) read consecutive addresses. One barrier per step.
 //
-// Buffers of lstm_forward (count = D·N·H)
+// Buffers of lstm_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name      layout
 //   0      constant RecurrenceParams&      p         scalars
 //   1      device const float*             x         [T,N,D·4H] projected input, input time

@@ -15,7 +15,7 @@
 //      lives in the init-state-gradient buffer: the thread that owns (row, j) is the only one
 //      that reads or writes it, in every step, and carries it to the next dispatch.
 //
-// Buffers of single_gate_backward (count = D·N·H)
+// Buffers of single_gate_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             R     [D,H,H]

@@ -11,7 +11,7 @@
 //      so H is not limited by threadgroup memory. R comes transposed, so the lanes of a
 //      SIMD-group (consecutive j) read consecutive addresses. One barrier per step.
 //
-// Buffers of single_gate_forward (count = D·N·H)
+// Buffers of single_gate_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             x     [T,N,D·H] projected input, input time

@@ -411,3 +411,42 @@ def test_a_stopped_tiled_dispatch_raises():
     assert info.value.kernel == TILED and info.value.dispatch == 0
     assert info.value.missing == tuple(range(1, first.threadgroups))
     assert f"kernel {TILED} did not finish" in str(info.value)
+
+
+# -- the recurrences' grid ---------------------------------------------------------------------
+
+def test_recurrence_grid_rule_and_overrides(monkeypatch):
+    monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
+    small = versions.recurrence(D=1, N=8, H=128)  # 1000x8x128x128: one packed threadgroup
+    assert small.version == "rows" and "1 threadgroup(s) for 8 rows" in small.reason
+    assert versions.recurrence_count(small, D=1, N=8, H=128) == 8 * 1024
+    wide = versions.recurrence(D=2, N=512, H=1024)
+    assert wide.version == "packed"
+    assert versions.recurrence_count(wide, D=2, N=512, H=1024) == 2 * 512 * 1024
+    harness = versions.recurrence(D=1, N=8, H=128, device="metal-emulated")
+    assert harness.version == "packed" and "CPU harness" in harness.reason
+    monkeypatch.setenv(versions.RECURRENCE_ENV, "rows")
+    assert versions.recurrence(D=1, N=1, H=4, device="metal-emulated").version == "rows"
+    monkeypatch.setenv(versions.RECURRENCE_ENV, "wide")
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_RECURRENCE: expected one of packed, rows, auto, got 'wide'"):
+        versions.recurrence(D=1, N=1, H=4)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_one_threadgroup_per_row_gives_bitwise_the_packed_results(cell, monkeypatch):
+    """The grids differ only in which threadgroup owns which rows: same bits, every option."""
+    rng = np.random.default_rng(21)
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True)
+    case = random_case(rng, cell, descriptor=desc, T=3, N=3, H=5, I=4, dtype=np.float32,
+                       optional=ALL_OPTIONAL)
+    results, counts = [], []
+    for grid in ("packed", "rows"):
+        monkeypatch.setenv(versions.RECURRENCE_ENV, grid)
+        with emulated_device(max_threads_per_threadgroup=64) as dev:
+            forward = case.forward(backend=BACKEND)
+            gradients = case.gradients(BACKEND)
+        results.append([np.asarray(a) for a in list(forward) + list(gradients)])
+        counts.append({d.count for d in dev.trace if not d.kernel.startswith("strided_gemm")})
+    assert counts == [{2 * 3 * 5}, {2 * 3 * 1024}]
+    for packed, rows in zip(*results):
+        assert np.array_equal(packed, rows, equal_nan=True)

@@ -78,7 +78,7 @@ import numpy as np
 from ... import registry
 from ...descriptors import Activation
 from ...problem import ForwardArrays, GradientArrays
-from . import library
+from . import library, versions
 from .errors import IncompleteDispatch, ranges
 
 F32 = np.float32
@@ -327,6 +327,11 @@ class MetalHost:
             return np.frombuffer(buf, F32, count=n).reshape(shape).copy()
         return buf.view(self.xp.float32)[:n].reshape(shape)
 
+    def recurrence_count(self, problem):
+        """The threads of the op's recurrence dispatches: the grid versions.recurrence picks."""
+        choice = versions.recurrence(D=problem.D, N=problem.N, H=problem.H, device=self.name)
+        return versions.recurrence_count(choice, D=problem.D, N=problem.N, H=problem.H)
+
     def words(self, buf, n):
         """The first ``n`` uint32 words of a buffer, as a NumPy copy (from the GPU too)."""
         if self.xp is np:
@@ -351,8 +356,6 @@ class MetalHost:
         version is :func:`rnngrad.backends.metal.versions.gemm`'s choice for the shape
         (``product`` names it in the reason, logged at DEBUG level)."""
         import logging
-
-        from . import versions
 
         if batch * M * P == 0:
             return
@@ -438,7 +441,7 @@ class MetalHost:
                 x_bias = self.buffer(problem.bias if problem.bias is not None else np.zeros(DGH, F32))
             h0, mask = self._common(problem)
             Rt = self.buffer(problem.recurrent_weight.transpose(0, 2, 1))  # [D,H,GH]
-            count = D * N * H
+            count = self.recurrence_count(problem)
             h = self.empty(T * N * DH)
             keeps_z = desc.training or cell == "gru"  # GRU stages a_r in z_state
             zs = self.empty(T * N * D * Z * H) if keeps_z else self.empty(1)
@@ -480,7 +483,7 @@ class MetalHost:
         with self._lock, self.runs(f"{cell}_gradients", problem) as handles:
             h0, mask = self._common(problem)
             R = self.buffer(problem.recurrent_weight)  # [D,GH,H]
-            count = D * N * H
+            count = self.recurrence_count(problem)
             dy = self.buffer(problem.source_gradient)
             zs = self.buffer(problem.z_state)
             sg = problem.state_gradient if problem.state_gradient is not None else np.zeros((N, DH), F32)
