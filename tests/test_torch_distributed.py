@@ -64,6 +64,10 @@ def _rank(rank, folder):
         loss = torch.nn.functional.mse_loss(ddp(x[part]), y[part])  # DDP averages the gradients
         loss.backward()
         np.savez(os.path.join(folder, f"rank{rank}.npz"), **_gradients(ddp))
+        # both ranks past their last collective before either tears gloo down: a rank that
+        # destroys its group while the other still talks to it can abort in gloo's threads
+        # ("terminate called without an active exception", seen once in a full-suite run)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
