@@ -54,6 +54,18 @@ def final(seq, D, H):
     return np.concatenate([seq[-1, :, :H], seq[0, :, H:]], axis=-1)
 
 
+def add_to_final(seq, value, D):
+    """``seq[·]`` at each direction's last processing step ``+= value`` [N,D·H], in place
+    (the index :func:`final` reads); ``seq`` [T,N,D·H] is a NumPy array or a tensor."""
+    if D == 1:
+        seq[-1] += value
+    else:
+        H = seq.shape[-1] // 2
+        seq[-1, :, :H] += value[:, :H]
+        seq[0, :, H:] += value[:, H:]
+    return seq
+
+
 # MPSGraph's gradient orders (contract 3.2); MPSGraph's forward order is h, c, z_state.
 _GRADIENT_ORDER = {
     "single_gate": ("source", "recurrent_weight", "input_weight", "bias", "init_state"),

@@ -152,3 +152,18 @@ def test_inputs_are_never_modified(cell):
     fn(**kwargs, backend="reference")
     for k, v in before.items():
         assert np.array_equal(kwargs[k], v), k
+
+
+class _OnGPU:
+    """Stands for a GPU array: what rnngrad looks at before anything touches the data."""
+
+    shape = (2, 1, 3)
+    dtype = np.dtype(np.float32)
+    __cuda_array_interface__ = {"shape": (2, 1, 3), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+def test_inputs_split_between_gpu_and_host_are_refused_naming_each():
+    R = np.zeros((3, 3), np.float32)
+    with pytest.raises(TypeError, match="all array inputs must be on one device, got source on the GPU, "
+                                        "recurrent_weight on the host"):
+        rg.single_gate_rnn(_OnGPU(), R, backend="reference")

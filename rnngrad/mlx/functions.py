@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 import rnngrad
-from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS
+from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS, add_to_final
 from rnngrad.descriptors import DESCRIPTORS
 
 __all__ = ["single_gate_rnn", "gru", "lstm", "RNNOutput", "LSTMOutput", "INPUTS"]
@@ -78,14 +78,7 @@ def _cell_gradient(gc: np.ndarray, gcn: np.ndarray, D: int) -> np.ndarray:
     last processing step (the final-cell form alone when T = 0)."""
     if gc.shape[0] == 0:
         return gcn
-    gc = gc.copy()  # [T,N,DH]
-    if D == 1:
-        gc[-1] += gcn
-    else:
-        H = gc.shape[-1] // 2
-        gc[-1, :, :H] += gcn[:, :H]
-        gc[0, :, H:] += gcn[:, H:]
-    return gc
+    return add_to_final(gc.copy(), gcn, D)  # [T,N,DH]
 
 
 @functools.lru_cache(maxsize=256)

@@ -43,7 +43,7 @@ from typing import NamedTuple
 import torch
 
 import rnngrad
-from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS
+from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS, add_to_final
 from rnngrad.descriptors import DESCRIPTORS
 from rnngrad.torch import _device
 
@@ -160,14 +160,7 @@ def _cell_gradient(gc, gcn, D: int, T: int):
         return gcn
     if gcn is None:
         return gc
-    gc = gc.clone()  # [T,N,DH]
-    if D == 1:
-        gc[-1] += gcn
-    else:
-        H = gc.shape[-1] // 2
-        gc[-1, :, :H] += gcn[:, :H]
-        gc[0, :, H:] += gcn[:, H:]
-    return gc
+    return add_to_final(gc.clone(), gcn, D)  # [T,N,DH]
 
 
 def _make_function(cell: str, class_name: str):
