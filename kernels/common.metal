@@ -182,3 +182,107 @@ inline void rg_mark(device uint2* status, uint tgid, uint lid, uint tpg, uint st
         status[tgid] = uint2(rg_done(steps), tpg);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Helpers of the v2 recurrence kernels (<cell>_{forward,backward}_v2).
+//
+// v1 gives every (row, unit) its own thread and dot product, so the threads of every batch row
+// read the whole recurrent weight again at every step, each a long dependent chain of loads.
+// v2 makes each step's recurrent product a small matrix product over a chunk of at most
+// RG_BMAX rows of the threadgroup (rows of one direction): the chunk's left factor (h[t−1] ⊙ m
+// forward, dA backward) is staged in threadgroup memory, and each thread owns one unit and a
+// slice of the reduction index for every row of the chunk, so each weight element it loads
+// serves up to RG_BMAX rows and its RG_BMAX × gates partial sums are independent chains. The
+// S lanes that share a unit (consecutive lanes of one SIMD-group) add their partial sums with
+// a butterfly of simd_shuffle_xor; lane l then finishes the rows b ≡ l (mod S). The weight is
+// read along its contiguous index by consecutive lanes (R forward, Rᵀ backward).
+
+// Rows per chunk at most (registers: gates × RG_BMAX partial sums per thread).
+#define RG_BMAX 8
+
+// One thread's partial sums: v[g][b] for gate g < 4 (in the order the kernel passes the
+// weights) and row b of the chunk.
+struct RgAcc {
+    float v[4][RG_BMAX];
+};
+// Floats of threadgroup memory a v2 recurrence stages (24 KB of Apple's 32 KB); a chunk holds
+// min(RG_BMAX, RG_STAGE / floats per row) rows (the host runs v2 only where that is at least 1).
+#define RG_STAGE 6144
+
+// Lanes per unit: the largest power of two S <= 32 with S · units <= tpg (at least 1), so
+// that one pass of the threadgroup covers min(units, tpg / S) units.
+inline uint rg_slices(uint units, uint tpg) {
+    uint S = 1;
+    while (S < 32 && 2 * S * units <= tpg) {
+        S *= 2;
+    }
+    return S;
+}
+
+// This lane's share (k ≡ lane mod S) of acc[g][b] += Σ_k v[b·ldv + k] · w[o_g + k] for g < ng,
+// b < nb, k < K (v in threadgroup memory, w in device memory, both contiguous in k).
+inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
+                    threadgroup const float* v, uint ldv, device const float* w,
+                    uint o0, uint o1, uint o2, uint o3, uint K, uint lane, uint S) {
+    uint off[4] = {o0, o1, o2, o3};
+    for (uint k = lane; k < K; k += S) {
+        float wk[4];
+        for (uint g = 0; g < 4; ++g) {
+            wk[g] = g < ng ? w[off[g] + k] : 0.0f;
+        }
+        for (uint b = 0; b < RG_BMAX; ++b) {
+            if (b < nb) {
+                float x = v[b * ldv + k];
+                for (uint g = 0; g < 4; ++g) {
+                    acc.v[g][b] += wk[g] * x;
+                }
+            }
+        }
+    }
+}
+
+// Zero the partial sums.
+inline void rg_clear(thread RgAcc& acc) {
+    for (uint g = 0; g < 4; ++g) {
+        for (uint b = 0; b < RG_BMAX; ++b) {
+            acc.v[g][b] = 0.0f;
+        }
+    }
+}
+
+// The butterfly over the S lanes of a unit: every one of them ends with the full sums of
+// acc[g][b], g < ng, b < nb. Every lane of the SIMD-group calls it (ng, nb, S uniform).
+inline void rg_lane_sum(thread RgAcc& acc, uint ng, uint nb, uint S) {
+    for (uint m = S / 2; m > 0; m /= 2) {
+        for (uint g = 0; g < 4; ++g) {
+            for (uint b = 0; b < RG_BMAX; ++b) {
+                if (g < ng && b < nb) {
+                    acc.v[g][b] += simd_shuffle_xor(acc.v[g][b], (ushort)m);
+                }
+            }
+        }
+    }
+}
+
+// Rows of the chunk that starts at row r0 of [r0, end): at most cap, and never past the last
+// row of r0's direction (rows d·N .. d·N + N − 1), so that a chunk reads one weight.
+inline uint rg_chunk(uint r0, uint end, uint N, uint cap) {
+    uint d_end = (r0 / N + 1) * N;
+    return min(min(cap, end - r0), d_end - r0);
+}
+
+// Stage (h[t−1] ⊙ m) of rows r0 .. r0 + nb − 1 (one direction) at processing step s into
+// stage[b·H + k], all threads of the threadgroup striding over the elements. h[t−1] is h0 at
+// s = 0, else the output h of the previous processing step.
+inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
+                        device const float* h0, device const float* h, device const float* mask,
+                        uint r0, uint nb, uint s, uint lid, uint tpg) {
+    uint N = p.N, H = p.H, DH = p.D * p.H;
+    uint d = r0 / N;
+    for (uint e = lid; e < nb * H; e += tpg) {
+        uint n = (r0 + e / H) % N;
+        uint col = d * H + e % H;
+        float hp = s == 0 ? h0[n * DH + col] : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
+        stage[e] = hp * mask[rg_mask_step(p, s) + n * DH + col];
+    }
+}

@@ -22,11 +22,38 @@
 //      R_o[k,j] and da_r), C (dh_next[j], a dot product of length 3H over lhs). dh_next lives in
 //      the init-state gradient buffer and g in a scratch buffer; only the thread owning
 //      (row, j) touches either. dh_next and prow carry over to the next dispatch.
+//   v2 gru_backward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX rows of
+//      one direction, the same three phases per step and chunk; phase A also stages lhs in
+//      threadgroup memory (da_o apart, without reset_after), and phases B and C are small
+//      matrix products over the chunk (common.metal, rg_dots): a thread owns unit j for every
+//      row of the chunk and a slice of the reduction, the slices' sums meet through
+//      simd_shuffle_xor, lane b mod S finishes row b (phase B stages da_r for phase C; g goes
+//      through the scratch buffer to the same thread in phase C). Phase C sums over the z and
+//      r blocks only without reset_after, over all three with it. Rᵀ [D,H,3H] comes instead
+//      of R (the gate index contiguous). Two barriers per step and chunk, three without
+//      reset_after.
 //
 // Buffers of gru_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             R     [D,3H,H]
+//   2      device const float*             h0    [N,D·H] (zeros when absent)
+//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
+//   5      device const float*             zs    [T,N,D·Z·H] z_state, output time
+//   6      device const float*             hfwd  [T,N,D·H] output_fwd, output time
+//   7      device float*                   dx    [T,N,D·3H] dA, input time
+//   8      device float*                   lhs   [T,N,D·3H] left factor of dR, input time
+//   9      device float*                   rhs   [T,N,D·B·H] right factor of dR, input time; B = 1 (reset_after) or 3
+//   10     device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
+//   11     device float*                   work  [D·N,H] scratch: g
+//   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
+//   13     device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of gru_backward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             Rt    [D,H,3H] recurrent weight transposed: Rt[d,j,q] = R[d,q,j]
 //   2      device const float*             h0    [N,D·H] (zeros when absent)
 //   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
 //   4      device const float*             dy    [T,N,D·H] source_gradient, output time
@@ -167,5 +194,164 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
     }
     // Every thread of the threadgroup has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                            device const float* Rt [[buffer(1)]],
+                            device const float* h0 [[buffer(2)]],
+                            device const float* mask [[buffer(3)]],
+                            device const float* dy [[buffer(4)]],
+                            device const float* zs [[buffer(5)]],
+                            device const float* hfwd [[buffer(6)]],
+                            device float* dx [[buffer(7)]],
+                            device float* lhs [[buffer(8)]],
+                            device float* rhs [[buffer(9)]],
+                            device float* dhn [[buffer(10)]],
+                            device float* work [[buffer(11)]],
+                            device float* prow [[buffer(12)]],
+                            device uint2* status [[buffer(13)]],
+                            uint lid [[thread_position_in_threadgroup]],
+                            uint tgid [[threadgroup_position_in_grid]],
+                            uint tpg [[threads_per_threadgroup]]) {
+    // [b][q]: lhs of the chunk's rows (its o block unused without reset_after), then from
+    // cap·3H on [b][k]: da_o (without reset_after)
+    threadgroup float stage[RG_STAGE];
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
+    uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
+    uint B = p.reset_after != 0 ? 1u : 3u;
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+        return;  // the whole threadgroup owns no row
+    }
+    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
+    uint passes = (H + per - 1) / per;
+    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / (4 * H));
+    threadgroup float* staged_o = stage + cap * GH;
+    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
+    for (uint step = p.s_end; step > p.s_begin; --step) {
+        uint s = step - 1;
+        for (uint r0 = rows.x; r0 < rows.y;) {
+            uint nb = rg_chunk(r0, rows.y, N, cap);
+            uint d = r0 / N;
+            device const float* Rd = Rt + d * H * GH;
+            // Phase A: element-wise gate gradients.
+            for (uint e = lid; e < nb * H; e += tpg) {
+                uint b = e / H, j = e % H;
+                uint row = r0 + b, n = row % N;
+                uint col = d * H + j;
+                uint own = n * DH + col;
+                uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+                uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+                float a_z = zs[zrow + qz + j], a_r = zs[zrow + qr + j], a_o = zs[zrow + qo + j];
+                float z = rg_activate(p.act0, a_z);
+                float r = rg_activate(p.act1, a_r);
+                float o = rg_activate(p.act2, a_o);
+                float hp = s == 0 ? h0[own] : hfwd[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
+                float m = mask[rg_mask_step(p, s) + own];
+                float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
+                float da_o, da_z;
+                if (p.flip_z != 0) {
+                    da_o = dh * z * rg_derivative(p.act2, a_o);
+                    da_z = dh * (o - hp) * rg_derivative(p.act0, a_z);
+                } else {
+                    da_o = dh * (1.0f - z) * rg_derivative(p.act2, a_o);
+                    da_z = dh * (hp - o) * rg_derivative(p.act0, a_z);
+                }
+                dx[xrow + qz + j] = da_z;
+                dx[xrow + qo + j] = da_o;
+                lhs[xrow + qz + j] = da_z;
+                stage[b * GH + qz + j] = da_z;
+                uint rrow = (rg_x_time(p, d, s) * N + n) * p.D * B * H + d * B * H;
+                float hm = hp * m;
+                if (p.reset_after != 0) {
+                    float q = zs[zrow + 3 * H + j];
+                    float da_r = da_o * q * rg_derivative(p.act1, a_r);
+                    float dq = da_o * r;
+                    dx[xrow + qr + j] = da_r;
+                    lhs[xrow + qr + j] = da_r;
+                    lhs[xrow + qo + j] = dq;
+                    stage[b * GH + qr + j] = da_r;
+                    stage[b * GH + qo + j] = dq;
+                    prow[row * H + j] += dq;
+                    rhs[rrow + j] = hm;
+                } else {
+                    lhs[xrow + qo + j] = da_o;
+                    staged_o[b * H + j] = da_o;
+                    rhs[rrow + j] = hm;
+                    rhs[rrow + H + j] = hm;
+                    rhs[rrow + 2 * H + j] = hm * r;
+                }
+            }
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            if (p.reset_after == 0) {
+                // Phase B: g[j] = Σ_k da_o,k R_o[k,j], then da_r, for every row of the chunk.
+                for (uint pass = 0; pass < passes; ++pass) {
+                    uint j = pass * per + lid / S;
+                    RgAcc acc;
+                    rg_clear(acc);
+                    if (j < H) {
+                        rg_dots(acc, 1, nb, staged_o, H, Rd, j * GH + qo, 0, 0, 0, H, lane, S);
+                    }
+                    rg_lane_sum(acc, 1, nb, S);
+                    for (uint b = 0; b < RG_BMAX; ++b) {
+                        if (j < H && b < nb && b % S == lane) {
+                            uint row = r0 + b, n = row % N;
+                            uint col = d * H + j;
+                            uint own = n * DH + col;
+                            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+                            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+                            float g = acc.v[0][b];
+                            float hp = s == 0 ? h0[own] : hfwd[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
+                            float m = mask[rg_mask_step(p, s) + own];
+                            float da_r = g * hp * m * rg_derivative(p.act1, zs[zrow + qr + j]);
+                            dx[xrow + qr + j] = da_r;
+                            lhs[xrow + qr + j] = da_r;
+                            stage[b * GH + qr + j] = da_r;
+                            work[row * H + j] = g;
+                        }
+                    }
+                }
+                // Phase C reads da_r of every unit of the chunk.
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+            }
+            // Phase C: dh_next for every row of the chunk.
+            for (uint pass = 0; pass < passes; ++pass) {
+                uint j = pass * per + lid / S;
+                RgAcc acc;
+                rg_clear(acc);
+                if (j < H) {
+                    if (p.reset_after != 0) {
+                        rg_dots(acc, 1, nb, stage, GH, Rd, j * GH, 0, 0, 0, GH, lane, S);
+                    } else {  // the o block enters through g ⊙ r instead
+                        rg_dots(acc, 1, nb, stage + qz, GH, Rd, j * GH + qz, 0, 0, 0, H, lane, S);
+                        rg_dots(acc, 1, nb, stage + qr, GH, Rd, j * GH + qr, 0, 0, 0, H, lane, S);
+                    }
+                }
+                rg_lane_sum(acc, 1, nb, S);
+                for (uint b = 0; b < RG_BMAX; ++b) {
+                    if (j < H && b < nb && b % S == lane) {
+                        uint row = r0 + b, n = row % N;
+                        uint col = d * H + j;
+                        uint own = n * DH + col;
+                        uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+                        float z = rg_activate(p.act0, zs[zrow + qz + j]);
+                        float keep = p.flip_z != 0 ? 1.0f - z : z;
+                        float m = mask[rg_mask_step(p, s) + own];
+                        float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
+                        float next = dh * keep;
+                        if (p.reset_after == 0) {  // g from phase B of this thread
+                            next += work[row * H + j] * rg_activate(p.act1, zs[zrow + qr + j]) * m;
+                        }
+                        dhn[own] = next + acc.v[0][b] * m;
+                    }
+                }
+            }
+            // dh_next is written and the stages read before any thread starts phase A again.
+            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+            r0 += nb;
+        }
+    }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

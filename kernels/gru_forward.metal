@@ -16,6 +16,15 @@
 //      from z_state after a device-memory barrier. Two barriers per step; z_state doubles as
 //      the staging buffer, so it is always bound, training or not. R comes transposed, so the
 //      lanes of a SIMD-group (consecutive j) read consecutive addresses.
+//   v2 gru_forward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX rows of
+//      one direction; per step and chunk, h[t−1] ⊙ m is staged in threadgroup memory and the
+//      gates' recurrent products are small matrix products (common.metal, rg_dots): a thread
+//      owns unit j of every gate for every row of the chunk and a slice of k, the slices' sums
+//      meet through simd_shuffle_xor, lane b mod S finishes row b. With reset_after one product
+//      of three gates finishes the step; without, a product of z and r, then h[t−1] ⊙ r ⊙ m is
+//      staged beside h[t−1] ⊙ m and a product of o finishes it (a_z goes through z_state, read
+//      back by the thread that wrote it). R comes as it is (k contiguous). Two barriers per
+//      step and chunk, three without reset_after.
 //
 // Buffers of gru_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
@@ -23,6 +32,19 @@
 //   1      device const float*             x     [T,N,D·3H] projected input, input time
 //   2      device const float*             bias  [D·3H] added to x (zeros when the projection added it)
 //   3      device const float*             Rt    [D,H,3H] recurrent weight transposed: Rt[d,k,q] = R[d,q,k]
+//   4      device const float*             h0    [N,D·H] (zeros when absent)
+//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   6      device const float*             b2    [D·H] secondary bias (zeros when absent)
+//   7      device float*                   h     [T,N,D·H] output time
+//   8      device float*                   zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
+//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of gru_forward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             x     [T,N,D·3H] projected input, input time
+//   2      device const float*             bias  [D·3H] added to x (zeros when the projection added it)
+//   3      device const float*             R     [D,3H,H] recurrent weight as given
 //   4      device const float*             h0    [N,D·H] (zeros when absent)
 //   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
 //   6      device const float*             b2    [D·H] secondary bias (zeros when absent)
@@ -115,5 +137,114 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
         threadgroup_barrier(mem_flags::mem_device);
     }
     // Every thread has passed the barrier that ends the last step.
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                           device const float* x [[buffer(1)]],
+                           device const float* bias [[buffer(2)]],
+                           device const float* R [[buffer(3)]],
+                           device const float* h0 [[buffer(4)]],
+                           device const float* mask [[buffer(5)]],
+                           device const float* b2 [[buffer(6)]],
+                           device float* h [[buffer(7)]],
+                           device float* zs [[buffer(8)]],
+                           device uint2* status [[buffer(9)]],
+                           uint lid [[thread_position_in_threadgroup]],
+                           uint tgid [[threadgroup_position_in_grid]],
+                           uint tpg [[threads_per_threadgroup]]) {
+    // [b][k]: h[t−1] ⊙ m of the chunk's rows, then (without reset_after) from cap·H on
+    // h[t−1] ⊙ r ⊙ m
+    threadgroup float stage[RG_STAGE];
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
+    uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+        return;  // the whole threadgroup owns no row
+    }
+    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
+    uint passes = (H + per - 1) / per;
+    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / (2 * H));
+    threadgroup float* staged_r = stage + cap * H;
+    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
+    uint ng = p.reset_after != 0 ? 3u : 2u;  // the gates of the first product: z, r (, o)
+    for (uint s = p.s_begin; s < p.s_end; ++s) {
+        for (uint r0 = rows.x; r0 < rows.y;) {
+            uint nb = rg_chunk(r0, rows.y, N, cap);
+            uint d = r0 / N;
+            rg_stage_hm(stage, p, h0, h, mask, r0, nb, s, lid, tpg);
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            device const float* Rd = R + d * GH * H;
+            for (uint pass = 0; pass < passes; ++pass) {
+                uint j = pass * per + lid / S;
+                RgAcc acc;
+                rg_clear(acc);
+                if (j < H) {
+                    rg_dots(acc, ng, nb, stage, H, Rd, (qz + j) * H, (qr + j) * H, (qo + j) * H,
+                            0, H, lane, S);
+                }
+                rg_lane_sum(acc, ng, nb, S);
+                for (uint b = 0; b < RG_BMAX; ++b) {
+                    if (j < H && b < nb && b % S == lane) {
+                        uint n = (r0 + b) % N;
+                        uint col = d * H;
+                        uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+                        uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+                        float a_z = (x[xrow + qz + j] + bias[d * GH + qz + j]) + acc.v[0][b];
+                        float a_r = (x[xrow + qr + j] + bias[d * GH + qr + j]) + acc.v[1][b];
+                        zs[zrow + qz + j] = a_z;
+                        zs[zrow + qr + j] = a_r;
+                        if (p.reset_after != 0) {
+                            float hp = s == 0 ? h0[n * DH + col + j]
+                                              : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col + j];
+                            float q = acc.v[2][b] + b2[col + j];
+                            float a_o = (x[xrow + qo + j] + bias[d * GH + qo + j]) + q * rg_activate(p.act1, a_r);
+                            zs[zrow + qo + j] = a_o;
+                            zs[zrow + 3 * H + j] = q;
+                            float z = rg_activate(p.act0, a_z);
+                            float o = rg_activate(p.act2, a_o);
+                            h[(rg_out_time(p, d, s) * N + n) * DH + col + j] =
+                                p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
+                        } else {
+                            staged_r[b * H + j] = stage[b * H + j] * rg_activate(p.act1, a_r);
+                        }
+                    }
+                }
+            }
+            if (p.reset_after == 0) {
+                // a_o reads h[t−1] ⊙ r ⊙ m of every unit of the chunk.
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+                for (uint pass = 0; pass < passes; ++pass) {
+                    uint j = pass * per + lid / S;
+                    RgAcc acc;
+                    rg_clear(acc);
+                    if (j < H) {
+                        rg_dots(acc, 1, nb, staged_r, H, Rd, (qo + j) * H, 0, 0, 0, H, lane, S);
+                    }
+                    rg_lane_sum(acc, 1, nb, S);
+                    for (uint b = 0; b < RG_BMAX; ++b) {
+                        if (j < H && b < nb && b % S == lane) {
+                            uint n = (r0 + b) % N;
+                            uint col = d * H;
+                            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+                            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+                            float hp = s == 0 ? h0[n * DH + col + j]
+                                              : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col + j];
+                            float a_o = (x[xrow + qo + j] + bias[d * GH + qo + j]) + acc.v[0][b];
+                            zs[zrow + qo + j] = a_o;
+                            float z = rg_activate(p.act0, zs[zrow + qz + j]);  // this thread's own
+                            float o = rg_activate(p.act2, a_o);
+                            h[(rg_out_time(p, d, s) * N + n) * DH + col + j] =
+                                p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
+                        }
+                    }
+                }
+            }
+            // The stages are read and h[t] written before any thread stages again.
+            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+            r0 += nb;
+        }
+    }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

@@ -18,11 +18,36 @@
 //      4H) separated by one device-memory barrier per step. dh_next and dc_next live in the
 //      init-state and init-cell gradient buffers; only the thread owning (row, j) touches them;
 //      they and prow carry over to the next dispatch.
+//   v2 lstm_backward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX rows
+//      of one direction; per step and chunk, phase A stages dA in threadgroup memory as well,
+//      and phase B is a small matrix product dA R (common.metal, rg_dots): a thread owns unit j
+//      for every row of the chunk and a slice of the 4H gate rows, the slices' sums meet
+//      through simd_shuffle_xor, lane b mod S writes row b's dh_next. Rᵀ [D,H,4H] comes
+//      instead of R (the gate index contiguous). Two barriers per step and chunk.
 //
 // Buffers of lstm_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name      layout
 //   0      constant RecurrenceParams&      p         scalars
 //   1      device const float*             R         [D,4H,H]
+//   2      device const float*             h0        [N,D·H] (zeros when absent)
+//   3      device const float*             c0        [N,D·H] (zeros when absent)
+//   4      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
+//   5      device const float*             peephole  [D,4H] (read when p.has_peephole)
+//   6      device const float*             dy        [T,N,D·H] source_gradient, output time
+//   7      device const float*             zs        [T,N,D·4H] z_state, output time
+//   8      device const float*             cfwd      [T,N,D·H] cell_output_fwd, output time
+//   9      device const float*             cg        [T,N,D·H] per-step cell_gradient (read when p.cell_gradient_per_step)
+//   10     device float*                   dx        [T,N,D·4H] dA, input time
+//   11     device float*                   rhs       [T,N,D·H] h[t−1] ⊙ m, input time
+//   12     device float*                   dhn       [N,D·H] in: state_gradient (or zeros); out: init_state gradient
+//   13     device float*                   dcn       [N,D·H] in: final cell_gradient (or zeros); out: init_cell gradient
+//   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
+//   15     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of lstm_backward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+//   index  type                            name      layout
+//   0      constant RecurrenceParams&      p         scalars
+//   1      device const float*             Rt        [D,H,4H] recurrent weight transposed: Rt[d,j,q] = R[d,q,j]
 //   2      device const float*             h0        [N,D·H] (zeros when absent)
 //   3      device const float*             c0        [N,D·H] (zeros when absent)
 //   4      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
@@ -132,5 +157,113 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
     }
     // Every thread of the threadgroup has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                             device const float* Rt [[buffer(1)]],
+                             device const float* h0 [[buffer(2)]],
+                             device const float* c0 [[buffer(3)]],
+                             device const float* mask [[buffer(4)]],
+                             device const float* peephole [[buffer(5)]],
+                             device const float* dy [[buffer(6)]],
+                             device const float* zs [[buffer(7)]],
+                             device const float* cfwd [[buffer(8)]],
+                             device const float* cg [[buffer(9)]],
+                             device float* dx [[buffer(10)]],
+                             device float* rhs [[buffer(11)]],
+                             device float* dhn [[buffer(12)]],
+                             device float* dcn [[buffer(13)]],
+                             device float* prow [[buffer(14)]],
+                             device uint2* status [[buffer(15)]],
+                             uint lid [[thread_position_in_threadgroup]],
+                             uint tgid [[threadgroup_position_in_grid]],
+                             uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float stage[RG_STAGE];  // [b][q]: dA of the chunk's rows
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+        return;  // the whole threadgroup owns no row
+    }
+    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
+    uint passes = (H + per - 1) / per;
+    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / GH);
+    for (uint step = p.s_end; step > p.s_begin; --step) {
+        uint s = step - 1;
+        for (uint r0 = rows.x; r0 < rows.y;) {
+            uint nb = rg_chunk(r0, rows.y, N, cap);
+            uint d = r0 / N;
+            // Phase A: the cell chain of every (row, j) of the chunk.
+            for (uint e = lid; e < nb * H; e += tpg) {
+                uint b = e / H, j = e % H;
+                uint row = r0 + b, n = row % N;
+                uint col = d * H + j;
+                uint own = n * DH + col;
+                uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
+                uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
+                uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+                float a[4], g[4];
+                for (uint k = 0; k < 4; ++k) {
+                    a[k] = zs[zrow + rg_gate(p, k) * H + j];
+                    g[k] = rg_activate(rg_act(p, k), a[k]);
+                }
+                float cp, hp;
+                if (s == 0) {
+                    cp = c0[own];
+                    hp = h0[own];
+                } else {
+                    uint prev = (rg_out_time(p, d, s - 1) * N + n) * DH + col;
+                    uint zprev = (rg_out_time(p, d, s - 1) * N + n) * DGH + d * GH;
+                    cp = cfwd[prev];
+                    hp = rg_activate(p.act3, zs[zprev + p.gate3 * H + j]) * rg_activate(p.act4, cp);
+                }
+                float m = mask[rg_mask_step(p, s) + own];
+                float ct = cfwd[out];
+                float dh = dy[out] + dhn[own];
+                float dc = dh * g[3] * rg_derivative(p.act4, ct) + dcn[own];
+                if (p.cell_gradient_per_step != 0) {
+                    dc += cg[out];
+                }
+                float da[4];
+                da[3] = dh * rg_activate(p.act4, ct) * rg_derivative(p.act3, a[3]);
+                da[0] = dc * g[2] * rg_derivative(p.act0, a[0]);
+                da[1] = dc * cp * rg_derivative(p.act1, a[1]);
+                da[2] = dc * g[0] * rg_derivative(p.act2, a[2]);
+                float dc_next = dc * g[1];
+                for (uint k = 0; k < 4; ++k) {
+                    uint q = rg_gate(p, k) * H + j;
+                    dx[xrow + q] = da[k];
+                    stage[b * GH + q] = da[k];
+                    if (p.has_peephole != 0) {
+                        dc_next += da[k] * peephole[d * GH + q];
+                        prow[row * GH + q] += da[k] * cp;
+                    }
+                }
+                dcn[own] = dc_next;
+                rhs[(rg_x_time(p, d, s) * N + n) * DH + col] = hp * m;
+            }
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            // Phase B: dh_next[j] = m_j Σ_q dA_q R[q,j] for every row of the chunk.
+            for (uint pass = 0; pass < passes; ++pass) {
+                uint j = pass * per + lid / S;
+                RgAcc acc;
+                rg_clear(acc);
+                if (j < H) {
+                    rg_dots(acc, 1, nb, stage, GH, Rt + d * H * GH, j * GH, 0, 0, 0, GH, lane, S);
+                }
+                rg_lane_sum(acc, 1, nb, S);
+                for (uint b = 0; b < RG_BMAX; ++b) {
+                    if (j < H && b < nb && b % S == lane) {
+                        uint own = ((r0 + b) % N) * DH + d * H + j;
+                        dhn[own] = acc.v[0][b] * mask[rg_mask_step(p, s) + own];
+                    }
+                }
+            }
+            // dh_next is written and the stage read before any thread starts phase A again.
+            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+            r0 += nb;
+        }
+    }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

@@ -11,6 +11,13 @@
 //      (c[t−1] of unit j is its own). h[t−1] is read back from the output buffer after a
 //      device-memory threadgroup barrier. R comes transposed, so the lanes of a SIMD-group
 //      (consecutive j) read consecutive addresses. One barrier per step.
+//   v2 lstm_forward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX rows of
+//      one direction; per step and chunk, h[t−1] ⊙ m is staged in threadgroup memory and the
+//      four gates' (h[t−1] ⊙ m) R_kᵀ are a small matrix product: a thread owns unit j of every
+//      gate for every row of the chunk and a slice of k (4 × RG_BMAX partial sums), so each
+//      element of R it loads serves every row (common.metal, rg_dots); the slices' sums meet
+//      through simd_shuffle_xor and lane b mod S finishes row b's cell. R comes as it is (k
+//      contiguous). Two barriers per step and chunk.
 //
 // Buffers of lstm_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name      layout
@@ -18,6 +25,21 @@
 //   1      device const float*             x         [T,N,D·4H] projected input, input time
 //   2      device const float*             bias      [D·4H] added to x (zeros when the projection added it)
 //   3      device const float*             Rt        [D,H,4H] recurrent weight transposed: Rt[d,k,q] = R[d,q,k]
+//   4      device const float*             h0        [N,D·H] (zeros when absent)
+//   5      device const float*             c0        [N,D·H] (zeros when absent)
+//   6      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
+//   7      device const float*             peephole  [D,4H] (read when p.has_peephole)
+//   8      device float*                   h         [T,N,D·H] output time
+//   9      device float*                   c         [T,N,D·H] output time
+//   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
+//   11     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of lstm_forward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+//   index  type                            name      layout
+//   0      constant RecurrenceParams&      p         scalars
+//   1      device const float*             x         [T,N,D·4H] projected input, input time
+//   2      device const float*             bias      [D·4H] added to x (zeros when the projection added it)
+//   3      device const float*             R         [D,4H,H] recurrent weight as given
 //   4      device const float*             h0        [N,D·H] (zeros when absent)
 //   5      device const float*             c0        [N,D·H] (zeros when absent)
 //   6      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
@@ -86,5 +108,81 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
         threadgroup_barrier(mem_flags::mem_device);
     }
     // Every thread has passed the barrier that ends the last step.
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                            device const float* x [[buffer(1)]],
+                            device const float* bias [[buffer(2)]],
+                            device const float* R [[buffer(3)]],
+                            device const float* h0 [[buffer(4)]],
+                            device const float* c0 [[buffer(5)]],
+                            device const float* mask [[buffer(6)]],
+                            device const float* peephole [[buffer(7)]],
+                            device float* h [[buffer(8)]],
+                            device float* c [[buffer(9)]],
+                            device float* zs [[buffer(10)]],
+                            device uint2* status [[buffer(11)]],
+                            uint lid [[thread_position_in_threadgroup]],
+                            uint tgid [[threadgroup_position_in_grid]],
+                            uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float stage[RG_STAGE];  // [b][k]: h[t−1] ⊙ m of the chunk's rows
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+        return;  // the whole threadgroup owns no row
+    }
+    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
+    uint passes = (H + per - 1) / per;
+    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
+    for (uint s = p.s_begin; s < p.s_end; ++s) {
+        for (uint r0 = rows.x; r0 < rows.y;) {
+            uint nb = rg_chunk(r0, rows.y, N, cap);
+            uint d = r0 / N;
+            rg_stage_hm(stage, p, h0, h, mask, r0, nb, s, lid, tpg);
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            for (uint pass = 0; pass < passes; ++pass) {
+                uint j = pass * per + lid / S;
+                RgAcc acc;
+                rg_clear(acc);
+                if (j < H) {  // gates in the cell's order i, f, z, o
+                    rg_dots(acc, 4, nb, stage, H, R + d * GH * H, (p.gate0 * H + j) * H,
+                            (p.gate1 * H + j) * H, (p.gate2 * H + j) * H, (p.gate3 * H + j) * H,
+                            H, lane, S);
+                }
+                rg_lane_sum(acc, 4, nb, S);
+                for (uint b = 0; b < RG_BMAX; ++b) {
+                    if (j < H && b < nb && b % S == lane) {
+                        uint n = (r0 + b) % N;
+                        uint col = d * H;
+                        uint prev = s == 0 ? 0u : (rg_out_time(p, d, s - 1) * N + n) * DH + col;
+                        float cp = s == 0 ? c0[n * DH + col + j] : c[prev + j];
+                        uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+                        uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
+                        float act[4];
+                        for (uint k = 0; k < 4; ++k) {
+                            uint q = rg_gate(p, k) * H + j;
+                            float a = (x[xrow + q] + bias[d * GH + q]) + acc.v[k][b];
+                            if (p.has_peephole != 0) {
+                                a += peephole[d * GH + q] * cp;
+                            }
+                            if (p.training != 0) {
+                                zs[zrow + q] = a;
+                            }
+                            act[k] = rg_activate(rg_act(p, k), a);
+                        }
+                        float ct = act[1] * cp + act[0] * act[2];
+                        uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
+                        c[out] = ct;
+                        h[out] = act[3] * rg_activate(p.act4, ct);
+                    }
+                }
+            }
+            // The stage is read and h[t], c[t] written before any thread stages again.
+            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+            r0 += nb;
+        }
+    }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

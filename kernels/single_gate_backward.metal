@@ -14,11 +14,30 @@
 //      a dot product per (row, j)) separated by one device-memory barrier per step. dh_next
 //      lives in the init-state-gradient buffer: the thread that owns (row, j) is the only one
 //      that reads or writes it, in every step, and carries it to the next dispatch.
+//   v2 single_gate_backward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX
+//      rows of one direction; per step and chunk, phase A stages da in threadgroup memory as
+//      well, and phase B is a small matrix product da R (common.metal, rg_dots): a thread owns
+//      unit j for every row of the chunk and a slice of k, the slices' sums meet through
+//      simd_shuffle_xor, lane b mod S writes row b's dh_next. Rᵀ comes instead of R (k
+//      contiguous). Two barriers per step and chunk (dh_next crosses threads: device memory).
 //
 // Buffers of single_gate_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             R     [D,H,H]
+//   2      device const float*             h0    [N,D·H] (zeros when absent)
+//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
+//   5      device const float*             zs    [T,N,D·H] z_state, output time
+//   6      device float*                   dx    [T,N,D·H] da, input time
+//   7      device float*                   rhs   [T,N,D·H] h[t−1] ⊙ m, input time
+//   8      device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
+//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of single_gate_backward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             Rt    [D,H,H] recurrent weight transposed: Rt[d,j,k] = R[d,k,j]
 //   2      device const float*             h0    [N,D·H] (zeros when absent)
 //   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
 //   4      device const float*             dy    [T,N,D·H] source_gradient, output time
@@ -81,5 +100,73 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
     }
     // Every thread of the threadgroup has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                                    device const float* Rt [[buffer(1)]],
+                                    device const float* h0 [[buffer(2)]],
+                                    device const float* mask [[buffer(3)]],
+                                    device const float* dy [[buffer(4)]],
+                                    device const float* zs [[buffer(5)]],
+                                    device float* dx [[buffer(6)]],
+                                    device float* rhs [[buffer(7)]],
+                                    device float* dhn [[buffer(8)]],
+                                    device uint2* status [[buffer(9)]],
+                                    uint lid [[thread_position_in_threadgroup]],
+                                    uint tgid [[threadgroup_position_in_grid]],
+                                    uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float stage[RG_STAGE];  // [b][k]: da of the chunk's rows
+    uint N = p.N, H = p.H, DH = p.D * p.H;
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+        return;  // the whole threadgroup owns no row
+    }
+    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
+    uint passes = (H + per - 1) / per;
+    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
+    for (uint step = p.s_end; step > p.s_begin; --step) {
+        uint s = step - 1;
+        for (uint r0 = rows.x; r0 < rows.y;) {
+            uint nb = rg_chunk(r0, rows.y, N, cap);
+            uint d = r0 / N;
+            // Phase A: da for every (row, j) of the chunk.
+            for (uint e = lid; e < nb * H; e += tpg) {
+                uint n = (r0 + e / H) % N, j = e % H;
+                uint col = d * H + j;
+                uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
+                uint xin = (rg_x_time(p, d, s) * N + n) * DH + col;
+                float hp = s == 0 ? h0[n * DH + col]
+                                  : rg_activate(p.act0, zs[(rg_out_time(p, d, s - 1) * N + n) * DH + col]);
+                float m = mask[rg_mask_step(p, s) + n * DH + col];
+                float dh = dy[out] + dhn[n * DH + col];
+                float da = dh * rg_derivative(p.act0, zs[out]);
+                dx[xin] = da;
+                stage[e] = da;
+                rhs[xin] = hp * m;
+            }
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            // Phase B: dh_next[j] = m_j Σ_k da_k R[k,j] for every row of the chunk.
+            for (uint pass = 0; pass < passes; ++pass) {
+                uint j = pass * per + lid / S;
+                RgAcc acc;
+                rg_clear(acc);
+                if (j < H) {
+                    rg_dots(acc, 1, nb, stage, H, Rt + d * H * H, j * H, 0, 0, 0, H, lane, S);
+                }
+                rg_lane_sum(acc, 1, nb, S);
+                for (uint b = 0; b < RG_BMAX; ++b) {
+                    if (j < H && b < nb && b % S == lane) {
+                        uint own = ((r0 + b) % N) * DH + d * H + j;
+                        dhn[own] = acc.v[0][b] * mask[rg_mask_step(p, s) + own];
+                    }
+                }
+            }
+            // dh_next is written and the stage read before any thread starts phase A again.
+            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+            r0 += nb;
+        }
+    }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

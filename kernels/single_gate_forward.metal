@@ -10,6 +10,12 @@
 //      h[t−1] is read back from the output buffer after a device-memory threadgroup barrier,
 //      so H is not limited by threadgroup memory. R comes transposed, so the lanes of a
 //      SIMD-group (consecutive j) read consecutive addresses. One barrier per step.
+//   v2 single_gate_forward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX
+//      rows of one direction; per step and chunk, h[t−1] ⊙ m is staged in threadgroup memory
+//      and (h[t−1] ⊙ m) Rᵀ is a small matrix product: a thread owns unit j for every row of the
+//      chunk and a slice of k, so each element of R it loads serves every row (common.metal,
+//      rg_dots); the slices' sums meet through simd_shuffle_xor. R comes as it is (k
+//      contiguous). Two barriers per step and chunk.
 //
 // Buffers of single_gate_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
@@ -17,6 +23,18 @@
 //   1      device const float*             x     [T,N,D·H] projected input, input time
 //   2      device const float*             bias  [D·H] added to x (zeros when the projection added it)
 //   3      device const float*             Rt    [D,H,H] recurrent weight transposed: Rt[d,k,j] = R[d,j,k]
+//   4      device const float*             h0    [N,D·H] (zeros when absent)
+//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   6      device float*                   h     [T,N,D·H] output time
+//   7      device float*                   zs    [T,N,D·H] output time (written when p.training)
+//   8      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of single_gate_forward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             x     [T,N,D·H] projected input, input time
+//   2      device const float*             bias  [D·H] added to x (zeros when the projection added it)
+//   3      device const float*             R     [D,H,H] recurrent weight as given
 //   4      device const float*             h0    [N,D·H] (zeros when absent)
 //   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
 //   6      device float*                   h     [T,N,D·H] output time
@@ -66,5 +84,63 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
         threadgroup_barrier(mem_flags::mem_device);
     }
     // Every thread has passed the barrier that ends the last step.
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                                   device const float* x [[buffer(1)]],
+                                   device const float* bias [[buffer(2)]],
+                                   device const float* R [[buffer(3)]],
+                                   device const float* h0 [[buffer(4)]],
+                                   device const float* mask [[buffer(5)]],
+                                   device float* h [[buffer(6)]],
+                                   device float* zs [[buffer(7)]],
+                                   device uint2* status [[buffer(8)]],
+                                   uint lid [[thread_position_in_threadgroup]],
+                                   uint tgid [[threadgroup_position_in_grid]],
+                                   uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float stage[RG_STAGE];  // [b][k]: h[t−1] ⊙ m of the chunk's rows
+    uint N = p.N, H = p.H, DH = p.D * p.H;
+    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    if (rows.x >= rows.y) {
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+        return;  // the whole threadgroup owns no row
+    }
+    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
+    uint passes = (H + per - 1) / per;
+    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
+    for (uint s = p.s_begin; s < p.s_end; ++s) {
+        for (uint r0 = rows.x; r0 < rows.y;) {
+            uint nb = rg_chunk(r0, rows.y, N, cap);
+            uint d = r0 / N;
+            rg_stage_hm(stage, p, h0, h, mask, r0, nb, s, lid, tpg);
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            for (uint pass = 0; pass < passes; ++pass) {
+                uint j = pass * per + lid / S;
+                RgAcc acc;
+                rg_clear(acc);
+                if (j < H) {
+                    rg_dots(acc, 1, nb, stage, H, R + d * H * H, j * H, 0, 0, 0, H, lane, S);
+                }
+                rg_lane_sum(acc, 1, nb, S);
+                for (uint b = 0; b < RG_BMAX; ++b) {
+                    if (j < H && b < nb && b % S == lane) {
+                        uint n = (r0 + b) % N;
+                        uint col = d * H + j;
+                        uint xin = (rg_x_time(p, d, s) * N + n) * DH + col;
+                        uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
+                        float a = (x[xin] + bias[col]) + acc.v[0][b];
+                        if (p.training != 0) {
+                            zs[out] = a;
+                        }
+                        h[out] = rg_activate(p.act0, a);
+                    }
+                }
+            }
+            // The stage is read and h[t] written before any thread stages again.
+            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+            r0 += nb;
+        }
+    }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

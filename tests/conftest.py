@@ -38,3 +38,11 @@ def numba_cache_home(tmp_path, monkeypatch):
     nb.kernel_cache_dir.cache_clear()
     yield nb
     nb.kernel_cache_dir.cache_clear()  # before monkeypatch restores the environment
+
+
+@pytest.fixture(params=["v1", "v2"])
+def recurrence_version(request, monkeypatch):
+    """The Metal recurrences' kernel version for the test (``$RNNGRAD_METAL_RECURRENCE``): each
+    test that asks for it runs with v1 and with v2."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", request.param)
+    return request.param

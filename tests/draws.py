@@ -48,3 +48,11 @@ def cases(draw, cells=("single_gate", "gru", "lstm"), max_size=6, dtype=np.float
     return random_case(draw(st.integers(0, 2**32 - 1)), cell, descriptor=descriptor,
                        optional=optional, dtype=dtype,
                        cell_gradient_form=draw(st.sampled_from(["per_step", "final"])), **sizes, **fixed)
+
+
+def recurrence_kernel(cell, direction):
+    """The recurrence kernel the Metal host runs for ``cell`` and ``direction`` ("forward",
+    "backward") under the current ``$RNNGRAD_METAL_RECURRENCE`` (any size v2 fits)."""
+    from rnngrad.backends.metal import versions
+
+    return versions.recurrence(cell=cell, direction=direction, D=1, N=1, H=1).kernel

@@ -1,7 +1,8 @@
 """The Metal kernels, run through the CPU execution harness ("metal-emulated"), against the
 float64 reference: every cell, option and optional input, boundary sizes, an adversarial
 schedule with a forced threadgroup size of 64, mixed pipelines, NaN, and the number of
-dispatches per op (which must not grow with T). Also the kernel files' own contracts: parameter
+dispatches per op (which must not grow with T); every test that runs a recurrence runs both of
+its versions, v1 and v2. Also the kernel files' own contracts: parameter
 structs against their NumPy mirrors, buffer tables against signatures and launchers.
 """
 
@@ -13,7 +14,7 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from rnngrad import registry
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
@@ -24,6 +25,7 @@ from rnngrad.testing import check_case
 
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
+both_versions = pytest.mark.usefixtures("recurrence_version")
 
 BACKEND = "metal-emulated"
 HARSH = dict(schedule="adversarial", seed=7, max_threads_per_threadgroup=64)
@@ -118,6 +120,7 @@ def _variants(cell):
     return out
 
 
+@both_versions
 @pytest.mark.parametrize("cell", CELLS)
 def test_every_descriptor_option(cell):
     for i, options in enumerate(_variants(cell)):
@@ -132,6 +135,7 @@ def test_every_descriptor_option(cell):
 @pytest.mark.parametrize("optional", [ALL_OPTIONAL, NO_OPTIONAL, dict(ALL_OPTIONAL, mask_per_step=True),
                                       dict(NO_OPTIONAL, mask=True, mask_per_step=False)],
                          ids=["all", "none", "mask-per-step", "mask-every-step"])
+@both_versions
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_optional_inputs(cell, optional, bidirectional):
     rng = np.random.default_rng(zlib.crc32(repr((cell, bidirectional, optional)).encode()))
@@ -143,10 +147,12 @@ def test_optional_inputs(cell, optional, bidirectional):
         check_both(case)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None,  # the version is fixed for all examples
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), cell=st.sampled_from(CELLS),
        schedule=st.sampled_from(["lanes", "reverse", "adversarial"]),
        threads=st.sampled_from([32, 64, 1024]))
+@both_versions
 def test_random_problems(seed, cell, schedule, threads):
     case = random_case(seed, cell, dtype=np.float32, max_size=6)
     check_both(case, schedule=schedule, seed=seed, max_threads_per_threadgroup=threads)
@@ -154,6 +160,7 @@ def test_random_problems(seed, cell, schedule, threads):
 
 # -- sizes ----------------------------------------------------------------------------------------
 
+@both_versions
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("N, H", [(1, 31), (31, 1), (32, 2), (2, 32), (33, 3), (3, 33)])
 def test_boundary_sizes(cell, N, H):
@@ -163,6 +170,7 @@ def test_boundary_sizes(cell, N, H):
     check_both(case)
 
 
+@both_versions
 @pytest.mark.parametrize("cell", CELLS)
 def test_more_than_1024_threads(cell):
     """D·N·H = 2·17·33 = 1122 threads: several threadgroups even at the default size of 1024."""
@@ -174,9 +182,10 @@ def test_more_than_1024_threads(cell):
         check_both(case, **device)
         with emulated_device(**device) as dev:
             case.forward(backend=BACKEND)
-            assert any(d.threadgroups > 1 for d in dev.trace if d.kernel.endswith("_forward"))
+            assert any(d.threadgroups > 1 for d in dev.trace if "_forward" in d.kernel)
 
 
+@both_versions
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("T, N", [(0, 3), (3, 0), (1, 1)])
 def test_empty_and_single(cell, T, N):
@@ -189,6 +198,7 @@ def test_empty_and_single(cell, T, N):
 
 # -- pipelines, NaN, saturation ------------------------------------------------------------------
 
+@both_versions
 @pytest.mark.parametrize("cell", CELLS)
 def test_mixed_pipelines(cell):
     """z_state (and h, c) of either backend feeds the other's gradients."""
@@ -201,6 +211,7 @@ def test_mixed_pipelines(cell):
             assert_matches(case, True, forward_backend=BACKEND, backend="reference")
 
 
+@both_versions
 @pytest.mark.parametrize("cell", CELLS)
 def test_nan_stays_in_its_row(cell):
     rng = np.random.default_rng(3)
@@ -217,6 +228,7 @@ def test_nan_stays_in_its_row(cell):
         assert np.isnan(got).any() and not np.isnan(got[:, 0]).any()
 
 
+@both_versions
 @pytest.mark.parametrize("cell", CELLS)
 def test_saturated_activations(cell):
     """Pre-activations of ±100s: tanh and sigmoid must saturate, not overflow to NaN."""
@@ -230,6 +242,7 @@ def test_saturated_activations(cell):
 
 # -- dispatches -----------------------------------------------------------------------------------
 
+@both_versions
 @pytest.mark.parametrize("cell", CELLS)
 def test_dispatch_count_does_not_grow_with_T(cell):
     counts = {}
@@ -242,3 +255,25 @@ def test_dispatch_count_does_not_grow_with_T(cell):
             counts[T] = [d.kernel for d in dev.trace]
     assert counts[1] == counts[1000]
     assert len(counts[1000]) <= 8, counts[1000]
+
+
+# -- v2's chunks ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("N, H, threads", [(11, 3, 64), (11, 40, 32), (5, 7, 1024)])
+def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
+    """Bidirectional, N = 11: each direction's rows in chunks of 8 and 3, a threadgroup's rows
+    crossing from one direction to the other; H = 40 in threadgroups of 32 needs two passes of
+    units (one lane a unit, the second pass 8 units short); H = 7 at 1024 threads: 32 lanes a
+    unit, most of them past H's sum. Against the reference, adversarial schedule."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    rng = np.random.default_rng(N * H + threads)
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True)
+    case = random_case(rng, cell, descriptor=desc, T=3, N=N, H=H, I=3, dtype=np.float32,
+                       optional=ALL_OPTIONAL, cell_gradient_form="per_step")
+    device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
+    check_both(case, **device)
+    with emulated_device(**device) as dev:
+        case.gradients(backend=BACKEND)
+    assert {d.kernel for d in dev.trace if not d.kernel.startswith("strided")} == {
+        f"{cell}_forward_v2", f"{cell}_backward_v2"}

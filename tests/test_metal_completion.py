@@ -18,8 +18,11 @@ from rnngrad.backends.metal import host as metal_host
 from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
-pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
-                                reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
+from draws import recurrence_kernel
+
+pytestmark = [pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
+                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}"),
+              pytest.mark.usefixtures("recurrence_version")]  # every test with v1 and v2
 
 BACKEND = "metal-emulated"
 ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
@@ -29,7 +32,8 @@ KERNELS = set(library.BUFFERS)
 
 
 def _case(cell, bidirectional=True, T=3):
-    """D·N·H = 2·3·6 = 36 recurrence threads: two threadgroups of 32, three rows each."""
+    """D·N·H = 2·3·6 = 36 recurrence threads under v1: two threadgroups of 32, three rows each;
+    one v2 chunk, 1024 threads: six threadgroups of 32 with a row each (the others none)."""
     rng = np.random.default_rng(len(cell) + 10 * bidirectional)
     desc = random_descriptor(rng, cell, bidirectional=bidirectional, training=True)
     return random_case(rng, cell, descriptor=desc, T=T, N=3, H=6, I=4, dtype=np.float32,
@@ -63,7 +67,8 @@ FAILURES = {
 def test_every_dispatch_of_every_op_raises_on_an_injected_failure(cell, failure):
     case = _case(cell)
     dispatches = _dispatches(case)
-    assert {k for k, _, _ in dispatches} == {"strided_gemm", f"{cell}_forward", f"{cell}_backward"}
+    assert {k for k, _, _ in dispatches} == {"strided_gemm", recurrence_kernel(cell, "forward"),
+                                             recurrence_kernel(cell, "backward")}
     assert all(groups >= 2 for k, _, groups in dispatches if k != "strided_gemm"), dispatches
     size = "T=3, N=3, I=4, H=6, D=2"
     first = {}  # op -> index of its first dispatch
@@ -122,8 +127,8 @@ def test_a_failed_chunk_of_a_split_sequence_is_named_by_its_steps(monkeypatch):
     with emulated_device(**SMALL_GROUPS) as dev:
         case.gradients(backend=BACKEND)
     kernels = [d.kernel for d in dev.trace]
-    forward = [i for i, k in enumerate(kernels) if k == "lstm_forward"]
-    backward = [i for i, k in enumerate(kernels) if k == "lstm_backward"]
+    forward = [i for i, k in enumerate(kernels) if k == recurrence_kernel("lstm", "forward")]
+    backward = [i for i, k in enumerate(kernels) if k == recurrence_kernel("lstm", "backward")]
     assert len(forward) == len(backward) == 3
     for index, steps in ((forward[1], (3, 6)), (backward[0], (6, 7)), (backward[2], (0, 3))):
         with emulated_device(**SMALL_GROUPS, stop=(index, 1)):
@@ -216,8 +221,9 @@ def test_injection_options_say_what_was_expected(options, message):
 def test_marks_cover_every_kernel_and_sit_in_the_last_binding():
     for kernel, names in library.BUFFERS.items():
         assert names[-1] == "status", kernel
-    assert KERNELS == {"strided_gemm", "strided_gemm_tiled"} | {f"{c}_{p}" for c in CELLS
-                                                               for p in ("forward", "backward")}
+    assert KERNELS == {"strided_gemm", "strided_gemm_tiled"} | {f"{c}_{p}{v}" for c in CELLS
+                                                               for p in ("forward", "backward")
+                                                               for v in ("", "_v2")}
 
 
 # -- on the harness's CUDA target ----------------------------------------------------------------

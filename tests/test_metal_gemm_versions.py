@@ -366,6 +366,7 @@ def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch):
     choice is logged with its reason. (The tile-count condition is lowered to 1 so that a
     shape the CPU harness runs quickly reaches v2.)"""
     monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
+    monkeypatch.setenv(versions.RECURRENCE_ENV, "v2")
     rng = np.random.default_rng(8)
     desc = random_descriptor(rng, "lstm", bidirectional=False, training=True)
     case = random_case(rng, "lstm", descriptor=desc, T=16, N=8, H=32, I=64, dtype=np.float32,
@@ -375,11 +376,14 @@ def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch):
     assert not mismatches, "\n".join(map(str, mismatches[:5]))
     # T·N = 128 rows, G·H = 128: x' and d_source and dW are 2**20 multiply-adds, dR 2**19.
     assert [d.kernel for d in dev.trace] == [
-        TILED, "lstm_forward",                  # x' = source·Wᵀ + b
-        "lstm_backward", "strided_gemm",        # dR
+        TILED, "lstm_forward_v2",               # x' = source·Wᵀ + b
+        "lstm_backward_v2", "strided_gemm",     # dR
         TILED, TILED,                           # d_source, dW
         "strided_gemm", "strided_gemm"]         # db, dpeephole: one-row reductions
     logged = [r.getMessage() for r in caplog.records if r.name == "rnngrad.backends.metal"]
+    recurrences = [m for m in logged if "lstm_" in m]
+    assert len(recurrences) == 2 and "v2 lstm_forward_v2: lstm_forward, D=1, N=8, H=32" in recurrences[0]
+    logged = [m for m in logged if m not in recurrences]
     assert len(logged) == 6
     assert logged[0] == ("metal-emulated: v2 strided_gemm_tiled: batch=1, M=128, P=128, K=64: "
                          "auto, batch·M·P·K = 1048576 >= 1048576, M, P, K >= 8 and 16 tiles: tiled")
@@ -415,21 +419,40 @@ def test_a_stopped_tiled_dispatch_raises():
 
 # -- the recurrences' grid ---------------------------------------------------------------------
 
-def test_recurrence_grid_rule_and_overrides(monkeypatch):
+def test_recurrence_rule_and_overrides(monkeypatch):
     monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
-    small = versions.recurrence(D=1, N=8, H=128)  # 1000x8x128x128: one packed threadgroup
-    assert small.version == "rows" and "1 threadgroup(s) for 8 rows" in small.reason
-    assert versions.recurrence_count(small, D=1, N=8, H=128) == 8 * 1024
-    wide = versions.recurrence(D=2, N=512, H=1024)
-    assert wide.version == "packed"
-    assert versions.recurrence_count(wide, D=2, N=512, H=1024) == 2 * 512 * 1024
-    harness = versions.recurrence(D=1, N=8, H=128, device="metal-emulated")
+    rule = functools.partial(versions.recurrence, cell="lstm")
+    count = functools.partial(versions.recurrence_count, cell="lstm")
+    small = rule(direction="forward", D=1, N=8, H=128)  # 1000x8x128x128: one chunk of 8 rows
+    assert (small.version, small.kernel) == ("v2", "lstm_forward_v2")
+    assert count(small, direction="forward", D=1, N=8, H=128) == 1024
+    # The backward stages 4H floats a row: 6144 // 2048 = 3 rows a chunk at H = 512.
+    assert versions.v2_rows(cell="lstm", direction="backward", H=512) == 3
+    wide = rule(direction="backward", D=1, N=64, H=512)
+    assert wide.version == "v2" and count(wide, direction="backward", D=1, N=64, H=512) == 22 * 1024
+    # Past the threadgroup memory of one row, v1 and its grid rule.
+    assert versions.v2_rows(cell="lstm", direction="backward", H=1537) == 0
+    assert rule(direction="backward", D=2, N=512, H=1537).version == "packed"
+    assert rule(direction="backward", D=1, N=8, H=1537).version == "packed"
+    assert rule(direction="forward", D=1, N=8, H=7000).version == "packed"
+    gru = versions.recurrence(cell="gru", direction="backward", D=1, N=8, H=2000)
+    assert gru.version == "packed" and gru.kernel == "gru_backward"
+    harness = rule(direction="forward", D=1, N=8, H=7000, device="metal-emulated")
     assert harness.version == "packed" and "CPU harness" in harness.reason
+    monkeypatch.setenv(versions.RECURRENCE_ENV, "v1")  # v1, in the grid its rule picks
+    v1 = rule(direction="forward", D=1, N=8, H=128)
+    assert (v1.version, v1.kernel) == ("rows", "lstm_forward") and "v1 forced" in v1.reason
+    assert count(v1, direction="forward", D=1, N=8, H=128) == 8 * 1024
     monkeypatch.setenv(versions.RECURRENCE_ENV, "rows")
-    assert versions.recurrence(D=1, N=1, H=4, device="metal-emulated").version == "rows"
+    assert rule(direction="forward", D=1, N=1, H=4, device="metal-emulated").version == "rows"
+    monkeypatch.setenv(versions.RECURRENCE_ENV, "v2")
+    with pytest.raises(ValueError, match=r"RNNGRAD_METAL_RECURRENCE=v2: lstm_backward, D=1, N=1, "
+                                         r"H=2000: one row stages 4·H = 8000 floats"):
+        rule(direction="backward", D=1, N=1, H=2000)
     monkeypatch.setenv(versions.RECURRENCE_ENV, "wide")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_RECURRENCE: expected one of packed, rows, auto, got 'wide'"):
-        versions.recurrence(D=1, N=1, H=4)
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_RECURRENCE: expected one of v2, v1, "
+                                         "packed, rows, auto, got 'wide'"):
+        rule(direction="forward", D=1, N=1, H=4)
 
 
 @pytest.mark.parametrize("cell", CELLS)

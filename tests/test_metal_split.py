@@ -19,8 +19,12 @@ from rnngrad.backends.metal.host import (BUDGET_ENV, DISPATCH_BUDGET, EMULATED_B
                                          EMULATED_HOST, emulated_device, step_ranges, step_units)
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
+from draws import recurrence_kernel
+
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
+#: the tests that run a recurrence run it with v1 and with v2
+both_versions = pytest.mark.usefixtures("recurrence_version")
 
 BACKEND = "metal-emulated"
 ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
@@ -51,8 +55,8 @@ def _run(case, budget, device):
     finally:
         EMULATED_HOST.dispatch_budget = None
     kernels = [d.kernel for d in dev.trace]
-    per_op = kernels.count(f"{case.cell}_backward")
-    assert kernels.count(f"{case.cell}_forward") == 2 * per_op  # the forward, the training forward
+    per_op = kernels.count(recurrence_kernel(case.cell, "backward"))
+    assert kernels.count(recurrence_kernel(case.cell, "forward")) == 2 * per_op  # forward, training forward
     return list(zip(forward.names, forward)) + list(zip(gradients.names, gradients)), per_op
 
 
@@ -67,6 +71,7 @@ def _cases():
                                   + (f"-{form}" if form else ""))
 
 
+@both_versions
 @pytest.mark.parametrize("cell, bidirectional, reverse, optional, form", list(_cases()))
 def test_split_equals_one_dispatch_bitwise(cell, bidirectional, reverse, optional, form):
     rng = np.random.default_rng(zlib.crc32(repr((cell, bidirectional, reverse, optional, form)).encode()))
@@ -88,6 +93,7 @@ def test_split_equals_one_dispatch_bitwise(cell, bidirectional, reverse, optiona
                     f"worst |diff| {np.nanmax(np.abs(g.astype(np.float64) - w)):.3g}\n{case!r}")
 
 
+@both_versions
 @pytest.mark.parametrize("cell", CELLS)
 def test_split_with_several_threadgroups_per_dispatch(cell):
     """D·N·H = 2·17·5 = 170 threads in threadgroups of 32 (and of 64, released in an adversarial
@@ -144,6 +150,7 @@ def test_budget_overrides(monkeypatch):
         host.budget()
 
 
+@both_versions
 def test_dispatch_count_grows_with_T_only_past_the_budget(monkeypatch):
     """At a budget of 250 steps' units: one recurrence dispatch per op up to T = 250, then one
     more per 250 further steps."""
@@ -156,5 +163,5 @@ def test_dispatch_count_grows_with_T_only_past_the_budget(monkeypatch):
         monkeypatch.setenv(BUDGET_ENV, str(250 * _units(case)))
         with emulated_device(max_threads_per_threadgroup=32) as dev:
             case.gradients(backend=BACKEND)
-        counts[steps] = [d.kernel for d in dev.trace].count("gru_backward")
+        counts[steps] = [d.kernel for d in dev.trace].count(recurrence_kernel("gru", "backward"))
     assert counts == {1: 1, 250: 1, 251: 2, 1000: 4}

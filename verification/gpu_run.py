@@ -94,6 +94,7 @@ def kernel_work(kernel, cell, T, N, I, H):
     Z = 4 if cell == "gru" else G  # the GRU of the bench has reset_after: q in z_state
     rows, GH = T * N, G * H
     cells = 2 if cell == "lstm" else 1  # h (and c) per step
+    kernel = kernel.removesuffix("_v2")
     if kernel.endswith("_forward"):
         return 2 * rows * GH * H, 4 * (rows * GH + rows * H * cells + rows * Z * H + GH * H)
     if kernel.endswith("_backward"):
@@ -163,10 +164,12 @@ def bench(out: Path, quick: bool):
                 kw = {k: v for k, v in gpu_args.items() if k not in ("source", "recurrent_weight")}
                 return grad(src, gpu_args["recurrent_weight"], gyc, res.z_state, **extra, **kw,
                             descriptor=desc, backend="metal-cuda")
-            gemm_v1_ms = None
+            measured = {}
             with cuda_device() as dev:
-                for gemm in ("v1", "auto"):  # the untiled GEMM alone, then the version rule
-                    os.environ["RNNGRAD_METAL_GEMM"] = gemm
+                # v1 everywhere (the baseline), then the version rule
+                for config in ("v1", "auto"):
+                    os.environ["RNNGRAD_METAL_GEMM"] = config
+                    os.environ["RNNGRAD_METAL_RECURRENCE"] = config
                     for _ in range(2):
                         rnngrad_step()
                     cp.cuda.Device().synchronize()
@@ -177,8 +180,9 @@ def bench(out: Path, quick: bool):
                     for d in dev.trace:
                         name = "GEMMs" if d.kernel.startswith("strided_gemm") else d.kernel
                         per_kernel[name] = per_kernel.get(name, 0.0) + d.seconds * 1e3
-                    gemm_v1_ms = per_kernel.get("GEMMs") if gemm == "v1" else gemm_v1_ms
-                    versions = sorted({d.kernel for d in dev.trace if d.kernel.startswith("strided_gemm")})
+                    measured[config] = dict(per_kernel=per_kernel,
+                                            kernels=sorted({d.kernel for d in dev.trace}),
+                                            dispatches=len(dev.trace))
                 kernel_ms = sum(per_kernel.values())
                 dispatches = len(dev.trace)
                 start = time.perf_counter()
@@ -186,6 +190,7 @@ def bench(out: Path, quick: bool):
                     rnngrad_step()
                 cp.cuda.Device().synchronize()
                 wall_ms = (time.perf_counter() - start) * 1e3 / reps
+            v1_ms = sum(measured["v1"]["per_kernel"].values())
             shares = {}
             for k, ms in per_kernel.items():
                 f, nbytes = kernel_work(k, cell, T, N, I, H)
@@ -196,7 +201,8 @@ def bench(out: Path, quick: bool):
             row = dict(cell=mode, shape=f"{T}x{N}x{I}x{H}", rnngrad_kernel_ms=kernel_ms,
                        rnngrad_wall_ms=wall_ms, cudnn_kernel_ms=torch_kernel, cudnn_wall_ms=torch_wall,
                        dispatches=dispatches, per_kernel_ms=per_kernel, per_kernel=shares,
-                       gemm_v1_ms=gemm_v1_ms, gemm_kernels=versions,
+                       v1_kernel_ms=v1_ms, v1_per_kernel_ms=measured["v1"]["per_kernel"],
+                       kernels=measured["auto"]["kernels"],
                        gflops=flops / kernel_ms / 1e6)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -309,17 +315,20 @@ def main(argv=None) -> int:
             print(f"\nceilings: copy {CEILINGS[0] / 1e12:.2f} TB/s (read + write), float32 product "
                   f"{CEILINGS[1] / 1e12:.1f} TFLOP/s (no TF32)")
             rows = bench(out, args.quick)
-            print("\n| cell | T×N×I×H | rnngrad kernel ms | cuDNN kernel ms | ratio | rnngrad e2e ms | cuDNN wall ms | dispatches |")
-            print("|---|---|---|---|---|---|---|---|")
+            print("\n| cell | T×N×I×H | rnngrad kernel ms | v1 kernel ms | × over v1 | cuDNN kernel ms | "
+                  "÷ cuDNN | rnngrad e2e ms | cuDNN wall ms | dispatches |")
+            print("|---|---|---|---|---|---|---|---|---|---|")
             for r in rows:
-                print(f"| {r['cell']} | {r['shape']} | {r['rnngrad_kernel_ms']:.3f} | {r['cudnn_kernel_ms']:.3f} | "
-                      f"{r['rnngrad_kernel_ms'] / r['cudnn_kernel_ms']:.1f} | {r['rnngrad_wall_ms']:.3f} | "
+                print(f"| {r['cell']} | {r['shape']} | {r['rnngrad_kernel_ms']:.3f} | {r['v1_kernel_ms']:.3f} | "
+                      f"{r['v1_kernel_ms'] / r['rnngrad_kernel_ms']:.1f} | {r['cudnn_kernel_ms']:.3f} | "
+                      f"{r['rnngrad_kernel_ms'] / r['cudnn_kernel_ms']:.2f} | {r['rnngrad_wall_ms']:.3f} | "
                       f"{r['cudnn_wall_ms']:.3f} | {r['dispatches']} |")
-            print("\n| cell | T×N×I×H | GEMMs v1 ms | GEMMs by the rule ms | kernels |")
+            print("\n| cell | T×N×I×H | kernels by the rule | v1 ms by kernel | rule ms by kernel |")
             print("|---|---|---|---|---|")
             for r in rows:
-                print(f"| {r['cell']} | {r['shape']} | {r['gemm_v1_ms']:.3f} | {r['per_kernel_ms']['GEMMs']:.3f} | "
-                      f"{', '.join(r['gemm_kernels'])} |")
+                v1 = ", ".join(f"{k} {v:.2f}" for k, v in r["v1_per_kernel_ms"].items())
+                now = ", ".join(f"{k} {v:.2f}" for k, v in r["per_kernel_ms"].items())
+                print(f"| {r['cell']} | {r['shape']} | {', '.join(r['kernels'])} | {v1} | {now} |")
             print("\n| cell | T×N×I×H | kernel | µs/step | % FLOP rate | % bandwidth |")
             print("|---|---|---|---|---|---|")
             for r in rows:

@@ -327,10 +327,20 @@ class MetalHost:
             return np.frombuffer(buf, F32, count=n).reshape(shape).copy()
         return buf.view(self.xp.float32)[:n].reshape(shape)
 
-    def recurrence_count(self, problem):
-        """The threads of the op's recurrence dispatches: the grid versions.recurrence picks."""
-        choice = versions.recurrence(D=problem.D, N=problem.N, H=problem.H, device=self.name)
-        return versions.recurrence_count(choice, D=problem.D, N=problem.N, H=problem.H)
+    def recurrence(self, problem, direction):
+        """(kernel, threads, recurrent weight buffer) of the op's recurrence dispatches: the
+        version versions.recurrence picks (logged at DEBUG level), and R in the layout its
+        kernel reads (its buffer table names it R or Rt)."""
+        import logging
+
+        sizes = dict(cell=problem.cell, direction=direction, D=problem.D, N=problem.N,
+                     H=problem.H)
+        choice = versions.recurrence(**sizes, device=self.name)
+        logging.getLogger(__package__).debug("%s: %s", self.name, choice)
+        R = problem.recurrent_weight  # [D,GH,H]
+        name = library.BUFFERS[choice.kernel][3 if direction == "forward" else 1]
+        weight = self.buffer(R.transpose(0, 2, 1) if name == "Rt" else R)
+        return choice.kernel, versions.recurrence_count(choice, **sizes), {name: weight}
 
     def words(self, buf, n):
         """The first ``n`` uint32 words of a buffer, as a NumPy copy (from the GPU too)."""
@@ -440,31 +450,27 @@ class MetalHost:
                 x = source
                 x_bias = self.buffer(problem.bias if problem.bias is not None else np.zeros(DGH, F32))
             h0, mask = self._common(problem)
-            Rt = self.buffer(problem.recurrent_weight.transpose(0, 2, 1))  # [D,H,GH]
-            count = self.recurrence_count(problem)
+            kernel, count, weight = self.recurrence(problem, "forward")
             h = self.empty(T * N * DH)
             keeps_z = desc.training or cell == "gru"  # GRU stages a_r in z_state
             zs = self.empty(T * N * D * Z * H) if keeps_z else self.empty(1)
             if cell == "single_gate":
-                kernel, buffers = "single_gate_forward", dict(x=x, bias=x_bias, Rt=Rt, h0=h0,
-                                                              mask=mask, h=h, zs=zs)
+                buffers = dict(x=x, bias=x_bias, h0=h0, mask=mask, h=h, zs=zs)
             elif cell == "gru":
                 b2 = problem.secondary_bias if problem.secondary_bias is not None else np.zeros(DH, F32)
-                kernel, buffers = "gru_forward", dict(x=x, bias=x_bias, Rt=Rt, h0=h0, mask=mask,
-                                                      b2=self.buffer(b2), h=h, zs=zs)
+                buffers = dict(x=x, bias=x_bias, h0=h0, mask=mask, b2=self.buffer(b2), h=h,
+                               zs=zs)
             else:
                 c0 = problem.init_cell if problem.init_cell is not None else np.zeros((N, DH), F32)
                 peephole = problem.peephole if problem.peephole is not None else np.zeros((D, 4 * H), F32)
                 c = self.empty(T * N * DH)
-                kernel, buffers = "lstm_forward", dict(x=x, bias=x_bias, Rt=Rt, h0=h0,
-                                                       c0=self.buffer(c0), mask=mask,
-                                                       peephole=self.buffer(peephole), h=h, c=c,
-                                                       zs=zs)
+                buffers = dict(x=x, bias=x_bias, h0=h0, c0=self.buffer(c0), mask=mask,
+                               peephole=self.buffer(peephole), h=h, c=c, zs=zs)
             # Steps upward; each dispatch starts from the h (and c) the previous one wrote.
             for span in self.step_ranges(problem):
                 p = self.buffer(self.recurrence_params(problem, count, span))
                 self.launch(kernel, count, handles, steps=span[1] - span[0], span=span, p=p,
-                            **buffers)
+                            **buffers, **weight)
             handles.wait()  # waits for the GPU and checks the last dispatch
             out = ForwardArrays(self.read(h, (T, N, DH)))
             if wants_c:
@@ -482,8 +488,7 @@ class MetalHost:
             return self.to_caller(problem, self._trivial_gradients(problem))
         with self._lock, self.runs(f"{cell}_gradients", problem) as handles:
             h0, mask = self._common(problem)
-            R = self.buffer(problem.recurrent_weight)  # [D,GH,H]
-            count = self.recurrence_count(problem)
+            kernel, count, weight = self.recurrence(problem, "backward")
             dy = self.buffer(problem.source_gradient)
             zs = self.buffer(problem.z_state)
             sg = problem.state_gradient if problem.state_gradient is not None else np.zeros((N, DH), F32)
@@ -496,15 +501,13 @@ class MetalHost:
             rhs = self.empty(T * N * D * rhs_blocks * H)
             prow = None
             if cell == "single_gate":
-                kernel, buffers = "single_gate_backward", dict(R=R, h0=h0, mask=mask, dy=dy,
-                                                               zs=zs, dx=dx, rhs=rhs, dhn=dhn)
+                buffers = dict(h0=h0, mask=mask, dy=dy, zs=zs, dx=dx, rhs=rhs, dhn=dhn)
             elif cell == "gru":
                 lhs = self.empty(T * N * DGH)
                 prow = self.buffer(np.zeros((D * N, H), F32))
-                kernel, buffers = "gru_backward", dict(R=R, h0=h0, mask=mask, dy=dy, zs=zs,
-                                                       hfwd=self.buffer(problem.output_fwd),
-                                                       dx=dx, lhs=lhs, rhs=rhs, dhn=dhn,
-                                                       work=self.empty(D * N * H), prow=prow)
+                buffers = dict(h0=h0, mask=mask, dy=dy, zs=zs,
+                               hfwd=self.buffer(problem.output_fwd), dx=dx, lhs=lhs, rhs=rhs,
+                               dhn=dhn, work=self.empty(D * N * H), prow=prow)
             else:
                 c0 = problem.init_cell if problem.init_cell is not None else np.zeros((N, DH), F32)
                 peephole = problem.peephole if problem.peephole is not None else np.zeros((D, 4 * H), F32)
@@ -512,8 +515,8 @@ class MetalHost:
                 dc_final = cg if (cg is not None and cg.ndim == 2) else np.zeros((N, DH), F32)
                 dcn = self.buffer(dc_final)
                 prow = self.buffer(np.zeros((D * N, 4 * H), F32))
-                kernel, buffers = "lstm_backward", dict(
-                    R=R, h0=h0, c0=self.buffer(c0), mask=mask, peephole=self.buffer(peephole),
+                buffers = dict(
+                    h0=h0, c0=self.buffer(c0), mask=mask, peephole=self.buffer(peephole),
                     dy=dy, zs=zs, cfwd=self.buffer(problem.cell_output_fwd),
                     cg=self.buffer(cg) if problem.cell_gradient_per_step else self.empty(1),
                     dx=dx, rhs=rhs, dhn=dhn, dcn=dcn, prow=prow)
@@ -521,7 +524,7 @@ class MetalHost:
             for span in reversed(self.step_ranges(problem)):
                 p = self.buffer(self.recurrence_params(problem, count, span))
                 self.launch(kernel, count, handles, steps=span[1] - span[0], span=span, p=p,
-                            **buffers)
+                            **buffers, **weight)
             rows = T * N
             dR = self.empty(D * GH * H)
             self.gemm(handles, lhs, rhs, dR, batch=D, M=GH, P=H, K=rows, a_batch=GH, a_row=1,

@@ -77,21 +77,39 @@ TILED_MIN_TILES = 128
 
 _SETTINGS = ("v1", "v2", "auto")
 
-#: environment variable that overrides the recurrences' grid: packed, rows or auto
+#: environment variable that overrides the recurrences' version: v2, v1, packed, rows or auto
 RECURRENCE_ENV = "RNNGRAD_METAL_RECURRENCE"
-#: module setting that overrides the rule and the variable: "packed", "rows", "auto" or None
+#: module setting that overrides the rule and the variable: "v2", "v1", "packed", "rows", "auto"
+#: or None ("v1": v1 in the grid the rule picks for it)
 RECURRENCE = None
 #: the largest H the rule gives one threadgroup per row
 ROWS_MAX_H = 512
 #: below this many packed threadgroups the rule spreads the rows (about the cores of a GPU)
 ROWS_MIN_GROUPS = 128
-_GRIDS = ("packed", "rows", "auto")
+#: rows per chunk of a v2 recurrence at most (RG_BMAX in common.metal)
+V2_ROWS = 8
+#: floats of threadgroup memory a v2 recurrence stages (RG_STAGE in common.metal)
+V2_STAGE = 6144
+#: floats a v2 kernel stages per row of a chunk, in units of H
+V2_STAGE_PER_ROW = {("single_gate", "forward"): 1, ("single_gate", "backward"): 1,
+                    ("gru", "forward"): 2, ("gru", "backward"): 4,
+                    ("lstm", "forward"): 1, ("lstm", "backward"): 4}
+#: threads the host asks for per v2 threadgroup (metalcompute's largest threadgroup)
+V2_THREADS = 1024
+_GRIDS = ("v2", "v1", "packed", "rows", "auto")
 
 
-def recurrence(*, D: int, N: int, H: int, device: str = "") -> Choice:
-    """The grid of a recurrence dispatch (``Choice.version`` is "packed" or "rows"; its
-    ``count`` is :func:`recurrence_count`), and why. ``device`` is the backend's name: on the
-    CPU harness ("metal-emulated") auto always packs."""
+def v2_rows(*, cell: str, direction: str, H: int) -> int:
+    """Rows of one v2 chunk: min(RG_BMAX, RG_STAGE / floats staged per row); 0 where one row
+    does not fit (then v2 cannot run)."""
+    return min(V2_ROWS, V2_STAGE // (V2_STAGE_PER_ROW[(cell, direction)] * max(H, 1)))
+
+
+def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str = "") -> Choice:
+    """The version of a recurrence dispatch (``<cell>_<direction>``, direction "forward" or
+    "backward") and why: ``Choice.version`` is "v2", or "packed" / "rows" (v1 in one of its
+    two grids); ``Choice.kernel`` the kernel; its thread count is :func:`recurrence_count`.
+    ``device`` is the backend's name: on the CPU harness ("metal-emulated") v1 always packs."""
     if RECURRENCE is not None:
         value, source = RECURRENCE, "rnngrad.backends.metal.versions.RECURRENCE"
     else:
@@ -99,22 +117,41 @@ def recurrence(*, D: int, N: int, H: int, device: str = "") -> Choice:
     setting = str(value).strip().lower()
     if setting not in _GRIDS:
         raise ValueError(f"{source}: expected one of {', '.join(_GRIDS)}, got {value!r}")
-    shape = f"D={D}, N={N}, H={H}"
-    if setting != "auto":
-        return Choice(setting, "", f"{shape}: forced by {source}={setting}")
+    v1, v2 = f"{cell}_{direction}", f"{cell}_{direction}_v2"
+    shape = f"{v1}, D={D}, N={N}, H={H}"
+    fits = v2_rows(cell=cell, direction=direction, H=H) >= 1
+    if setting == "v2" and not fits:
+        raise ValueError(f"{source}=v2: {shape}: one row stages "
+                         f"{V2_STAGE_PER_ROW[(cell, direction)]}·H = "
+                         f"{V2_STAGE_PER_ROW[(cell, direction)] * H} floats, more than the "
+                         f"{V2_STAGE} of threadgroup memory v2 has; use packed or rows")
+    if setting not in ("auto", "v1"):
+        return Choice(setting, v2 if setting == "v2" else v1,
+                      f"{shape}: forced by {source}={setting}")
+    if fits and setting == "auto":
+        return Choice("v2", v2, f"{shape}: auto, v2: a chunk of "
+                                f"{v2_rows(cell=cell, direction=direction, H=H)} row(s) fits "
+                                f"the {V2_STAGE} floats of threadgroup memory")
     packed_groups = -(-D * N * H // 1024)
+    if setting == "v1":
+        shape = f"{shape}: v1 forced by {source}=v1, its grid"
     if device == "metal-emulated":
-        return Choice("packed", "", f"{shape}: auto, packed on the CPU harness, which runs every "
-                                    f"GPU thread as a fiber: idle threads cost there what they "
-                                    f"save on a GPU")
+        return Choice("packed", v1, f"{shape}: auto, v1 packed on the CPU harness, which runs "
+                                    f"every GPU thread as a fiber: idle threads cost there what "
+                                    f"they save on a GPU")
     if H <= ROWS_MAX_H and packed_groups < ROWS_MIN_GROUPS and D * N > packed_groups:
-        return Choice("rows", "", f"{shape}: auto, H <= {ROWS_MAX_H} and packing leaves "
+        return Choice("rows", v1, f"{shape}: auto, v1, H <= {ROWS_MAX_H} and packing leaves "
                                   f"{packed_groups} threadgroup(s) for {D * N} rows: one per row")
-    return Choice("packed", "", f"{shape}: auto, packed: {packed_groups} threadgroup(s)")
+    return Choice("packed", v1, f"{shape}: auto, v1 packed: {packed_groups} threadgroup(s)")
 
 
-def recurrence_count(choice: Choice, *, D: int, N: int, H: int) -> int:
-    """The threads a recurrence dispatch asks for under ``choice``."""
+def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: int,
+                     H: int) -> int:
+    """The threads a recurrence dispatch asks for under ``choice``: v2 one threadgroup of
+    :data:`V2_THREADS` per chunk of rows, v1 ``rows`` one per row, v1 ``packed`` one thread per
+    (row, unit)."""
+    if choice.version == "v2":
+        return -(-D * N // v2_rows(cell=cell, direction=direction, H=H)) * V2_THREADS
     return D * N * (1024 if choice.version == "rows" else H)
 
 
