@@ -6,7 +6,8 @@ first run; ``"flops"`` too for "gemm"), then, for each line ``{"repeats": r, "mi
 s, "warmup_seconds": w}`` read from stdin, ``{"times": [seconds, ...]}``: one timing window,
 untimed runs for ``w`` seconds (at least one), then at least ``repeats`` timed runs, continued
 until ``min_seconds`` have passed, at most ``MAX_RUNS`` (sub-millisecond problems get enough
-runs for a stable median). It exits at the end of stdin. Between windows
+runs for a stable median). The first line of a Metal backend also carries ``"versions"``: the
+kernel version the host chose for each dispatch of the first call, and why (its DEBUG log). It exits at the end of stdin. Between windows
 it waits on stdin, idle, so that ``rnngrad bench`` keeps every implementation's process
 alive and lets them take turns within a fraction of a second of each other.
 
@@ -23,6 +24,7 @@ and every timed run ends with the device synchronised: the time of one call as a
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 
@@ -144,14 +146,35 @@ def window(run, repeats, min_seconds=0.0, warmup_seconds=0.0):
     return times
 
 
+class _Versions(logging.Handler):
+    """The Metal host's version choices (DEBUG records of ``rnngrad.backends.metal``: "backend:
+    version kernel: reason"), each once, in order."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.seen = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if message not in self.seen:
+            self.seen.append(message)
+
+
 def main(argv):
     replies, sys.stdout = sys.stdout, sys.stderr  # stdout carries the replies only
     req = json.loads(argv[0])
     make = {"torch": _torch, "gemm": _gemm}.get(req["impl"], _rnngrad)
+    versions = _Versions()
+    logger = logging.getLogger("rnngrad.backends.metal")
+    logger.addHandler(versions)
+    logger.setLevel(logging.DEBUG)
     t0 = time.perf_counter()
     run = make(req)
     run()
     ready = {"first": time.perf_counter() - t0}
+    logger.removeHandler(versions)  # the first call's choices: every later call makes the same
+    if versions.seen:
+        ready["versions"] = versions.seen
     if "flops" in req:
         ready["flops"] = req["flops"]
     print(json.dumps(ready), file=replies, flush=True)

@@ -120,6 +120,7 @@ class Worker:
             self.close()
             raise
         self.first, self.flops = ready["first"], ready.get("flops")
+        self.versions = ready.get("versions", [])
 
     def _reply(self):
         line = self._proc.stdout.readline()
@@ -200,6 +201,7 @@ def run(args) -> int:
     results = {(c, s, i): [] for c, s in points for i in impls}  # every pass's times, in order
     passes = {(c, s, i): [] for c, s in points for i in impls}  # [pass][run] times
     firsts = {}
+    chosen = {}  # (cell, shape, impl) -> the Metal host's version choices of the first call
     gemm = []
     total = len(points) * (len(impls) + args.passes * (len(impls) + 1))
     done = 0
@@ -222,6 +224,7 @@ def run(args) -> int:
                         dict(impl=impl, cell=cell, T=T, N=N, I=I, H=H, dtype=args.dtype,
                              threads=args.threads, device=device), env))
                     firsts[(cell, shape, impl)] = workers[impl].first
+                    chosen[(cell, shape, impl)] = workers[impl].versions
                     progress(f"{name} {impl}: first call {workers[impl].first:.2f} s")
                 for p in range(args.passes):
                     time.sleep(GAP)
@@ -267,6 +270,14 @@ def run(args) -> int:
                   + (f"{ratio:9.2f} {paired:7.2f} {min(per_pass):5.2f}–{max(per_pass):<5.2f} {floor:6.2f}"
                      if ratio is not None else f"{'-':>9} {'-':>7} {'-':>11} {'-':>6}")
                   + f" {firsts[(cell, shape, impl)]:8.2f}")
+    if any(chosen.values()):
+        print("\nkernel versions (the Metal host's choice for each dispatch of the first call, and why):")
+        for (cell, shape, impl), lines in chosen.items():
+            if lines:
+                print(f"{CELL_NAMES[cell]} {'x'.join(map(str, shape))} {impl}:")
+                print("\n".join(f"  {line.split(': ', 1)[-1]}" for line in lines))
+        for row in rows:
+            row["versions"] = chosen.get((row["cell"], tuple(row["shape"]), row["impl"]), [])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(blas=machine.blas_report(), gemm_gflops=gemm, dtype=args.dtype,
