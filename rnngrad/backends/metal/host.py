@@ -28,6 +28,10 @@ gradients                   <cell>_backward: the BPTT recurrence, both direction
 Everything is float32 (the backends declare ``dtypes=(float32,)``). An absent optional input is
 bound as zeros (init states, bias, secondary bias) or ones (mask); flags in the parameter struct
 cover the inputs whose absence is not a neutral value (peephole, per-step cell gradient).
+Those zeros and ones, and the parameter structs, are buffers no kernel writes: the host makes
+each once per device and keeps it (:meth:`MetalHost.buffer`), on the device itself where it can
+fill memory (the CUDA target's ``zeros`` and ``full``), so that from the second call of a shape
+on an op copies to the device only the arrays its caller passed.
 T = 0 and N = 0 are answered on the host (contract section 4): there is nothing to dispatch.
 
 Completion checks. metalcompute 0.2.9 never checks a command buffer's status, so a dispatch
@@ -39,9 +43,11 @@ one) before it opens the next; the CUDA target runs them back to back and the ma
 in order at the end. A missing or wrong mark raises
 :class:`~rnngrad.backends.metal.IncompleteDispatch` naming the kernel, the op, the problem size,
 the dispatch and the threadgroups, and nothing is returned. Cost: one 8-byte store per
-threadgroup, one barrier at the end of the kernels that had none there, a status buffer of
-``8·ceil(count/32)`` bytes per dispatch, its read-back and check (about 15 µs each on the CPU
-harness and on the CUDA target), and on metalcompute one wait per dispatch.
+threadgroup, one barrier at the end of the kernels that had none there, ``8·ceil(count/32)``
+bytes of marks per dispatch and their check; on metalcompute (and the CPU harness) a status
+buffer per dispatch copied from host zeros and read back on its own, and one wait per dispatch;
+on the CUDA target a slice per dispatch of a status arena zeroed on the GPU, and one read-back
+of the arena for all of an op's dispatches (see :class:`_Runs`).
 
 Dispatch budget. The recurrence kernels run a range of processing steps ``[s_begin, s_end)``;
 the state crosses from one dispatch to the next in the buffers the kernels write anyway (h and c
@@ -68,10 +74,12 @@ threadgroup size), use :func:`emulated_device`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
 import threading
+from typing import NamedTuple
 
 import numpy as np
 
@@ -87,6 +95,22 @@ F32 = np.float32
 DISPATCH_BUDGET = 2 ** 34
 #: environment variable that overrides :data:`DISPATCH_BUDGET`
 BUDGET_ENV = "RNNGRAD_METAL_DISPATCH_BUDGET"
+#: read-only constant buffers (zeros, ones, parameter structs) a host keeps per device, least
+#: recently used dropped first
+CONSTANTS_KEPT = 256
+#: bytes of one status arena (see _Runs); a dispatch that needs more gets an arena of its own
+ARENA_BYTES = 1 << 16
+#: alignment of each dispatch's slice of a status arena, in bytes (as cudaMalloc aligns)
+ARENA_ALIGN = 256
+
+
+class Constant(NamedTuple):
+    """``n`` float32 elements equal to ``value``, bound where an input a kernel only reads is
+    absent (zeros for init states and biases, ones for the mask). :meth:`MetalHost.buffer` makes
+    it once per device and keeps it; never bind one where a kernel writes."""
+
+    n: int
+    value: float = 0.0
 
 
 def _f32(a):
@@ -121,6 +145,13 @@ class _Runs:
     are checked in order once it has finished them all: no host wait between dispatches there.
     Used as a context manager: leaving it waits on what is in flight, and checks it unless an
     error is on its way.
+
+    Status buffers. Where the device also zeroes memory itself (``device.zeros``: the CUDA
+    target), each dispatch's status buffer is a slice of a zeroed arena of :data:`ARENA_BYTES`
+    (a dispatch that needs more gets an arena of its own), and each arena is read back once,
+    when the op's runs are waited on: no copy to the device, one read from it. Elsewhere each
+    dispatch gets a buffer copied from host zeros (metalcompute does not zero new buffers), read
+    back after its run.
     """
 
     def __init__(self, host: "MetalHost", op: str, problem):
@@ -132,6 +163,8 @@ class _Runs:
         self.count = 0  # dispatches opened
         self._pending = []  # [(handle, run)] not yet waited on
         self._finish = getattr(host.device, "finish", None)
+        self._arena_zeros = getattr(host.device, "zeros", None) if self._finish else None
+        self._arenas = []  # [[buffer, bytes handed out]] since the last wait
 
     def __enter__(self):
         return self
@@ -145,12 +178,42 @@ class _Runs:
             self.wait()
         # One uint2 mark per threadgroup, zeroed here: enough for threadgroups of 32 or more.
         marks = -(-count // library.MIN_THREADGROUP)
-        status = self.host.device.buffer(np.zeros(2 * marks, np.uint32))
+        status, where = self._status(8 * marks)
         handle = self.host.function(kernel)(count, *buffers, status)
-        self._pending.append((handle, dict(kernel=kernel, count=count, status=status,
+        self._pending.append((handle, dict(kernel=kernel, count=count, status=where,
                                            marks=marks, steps=steps, span=span,
                                            number=self.count)))
         self.count += 1
+
+    def _status(self, nbytes):
+        """A zeroed status buffer of ``nbytes`` for one dispatch, and where its marks are read:
+        ``(arena index, byte offset)`` for a slice of an arena, else the buffer itself."""
+        if self._arena_zeros is None:
+            status = self.host.zeroed(nbytes // 4)
+            return status, status
+        last = self._arenas[-1] if self._arenas else None
+        if last is None or last[1] + nbytes > len(last[0]):
+            last = [self._arena_zeros(max(ARENA_BYTES, nbytes)), 0]
+            self._arenas.append(last)
+        offset = last[1]
+        last[1] = offset + -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
+        return last[0][offset:offset + nbytes], (len(self._arenas) - 1, offset)
+
+    def _words(self, runs):
+        """Each run's marks as uint32 words [marks, 2] (NumPy): one read per arena, or per run
+        where the runs have buffers of their own."""
+        arenas, self._arenas = self._arenas, []
+        read = [self.host.words(buf, min(used, len(buf)) // 4) for buf, used in arenas]
+        out = []
+        for run in runs:
+            where, n = run["status"], 2 * run["marks"]
+            if isinstance(where, tuple):
+                index, offset = where
+                words = read[index][offset // 4:offset // 4 + n]
+            else:
+                words = self.host.words(where, n)
+            out.append(words.reshape(run["marks"], 2))
+        return out
 
     def wait(self, check=True):
         """Wait on the runs in flight (if any), drop them, and check their completion marks in
@@ -168,11 +231,12 @@ class _Runs:
             self._finish(handles)
         del handles[:]  # the last references: metalcompute waits for the command buffer here
         if check:
-            for run, said in zip(runs, reported):
-                self._check(reported=said, **run)
+            for run, said, words in zip(runs, reported, self._words(runs)):
+                self._check(reported=said, words=words, **run)
+        else:
+            self._arenas = []
 
-    def _check(self, kernel, count, status, marks, steps, span, number, reported):
-        words = self.host.words(status, 2 * marks).reshape(marks, 2)
+    def _check(self, kernel, count, status, marks, steps, span, number, reported, words):
         done = (words[:, 0] & library.DONE) != 0
         problems, missing = [], ()
         if reported:
@@ -233,6 +297,7 @@ class MetalHost:
         self.name = name
         self._device = None
         self._functions = {}
+        self._constants = collections.OrderedDict()  # key -> read-only buffer (see buffer)
         self._lock = threading.Lock()
         self._device_lock = threading.Lock()
         #: work budget of one recurrence dispatch in units; None: $RNNGRAD_METAL_DISPATCH_BUDGET,
@@ -270,9 +335,11 @@ class MetalHost:
         return step_ranges(problem.T, step_units(problem), self.budget())
 
     def use(self, device):
-        """Run on ``device`` from now on (its kernels are compiled again on first use)."""
+        """Run on ``device`` from now on (its kernels are compiled again on first use, its
+        constant buffers made again)."""
         self._device = device
         self._functions = {}
+        self._constants = collections.OrderedDict()
 
     def function(self, name):
         if name not in self._functions:
@@ -287,23 +354,56 @@ class MetalHost:
         return getattr(self.device, "array_module", np)
 
     def buffer(self, array):
-        """A device buffer holding a copy of ``array`` (float32 unless it is a params struct)."""
+        """A device buffer holding a copy of ``array`` (float32 unless it is a params struct).
+
+        Read-only constants are made once per device and kept (:data:`CONSTANTS_KEPT` of them,
+        least recently used dropped first): a :class:`Constant`, made on the device where it can
+        fill memory itself, and a params struct, kept by its bytes (every kernel's ``p`` is
+        ``constant``). A buffer a kernel writes must be new each call: :meth:`empty`,
+        :meth:`zeroed`, or a copy of an array."""
+        if isinstance(array, Constant):
+            n, value = max(int(array.n), 1), float(array.value)
+            return self._kept(("fill", value, n), lambda: self._filled(n, value))
         if hasattr(array, "__cuda_array_interface__"):  # already on the GPU: copied there
             xp = self.xp
             array = xp.ascontiguousarray(array, dtype=F32)
             return self.device.buffer(array if array.size else xp.zeros(1, F32))
         array = np.ascontiguousarray(array)
-        if array.dtype.names is None:
-            array = array.astype(F32, copy=False)
-        else:
-            array = array.view(np.uint8)  # a params struct: plain bytes for metalcompute
+        if array.dtype.names is not None:  # a params struct: plain bytes for metalcompute
+            array = array.view(np.uint8)
+            return self._kept(("params", array.tobytes()), lambda: self.device.buffer(array))
+        array = array.astype(F32, copy=False)
         if array.nbytes == 0:
             array = np.zeros(1, F32)  # Metal has no empty buffers; never read
         return self.device.buffer(array)
 
+    def _kept(self, key, make):
+        """The constant buffer under ``key``, made by ``make()`` when not kept (LRU)."""
+        kept = self._constants
+        if key in kept:
+            kept.move_to_end(key)
+            return kept[key]
+        buf = kept[key] = make()
+        while len(kept) > CONSTANTS_KEPT:
+            kept.popitem(last=False)
+        return buf
+
+    def _filled(self, n, value):
+        """A new device buffer of ``n`` float32 elements equal to ``value``: filled on the device
+        where it can (``device.zeros``, ``device.full``: the CUDA target), else copied from the
+        host, since metalcompute does not zero new buffers."""
+        make = getattr(self.device, "zeros" if value == 0 else "full", None)
+        if make is None:
+            return self.device.buffer(np.full(n, value, F32))
+        return make(4 * n) if value == 0 else make(n, value)
+
     def empty(self, n):
         """A float32 device buffer of ``n`` elements (at least one)."""
         return self.device.buffer(4 * max(int(n), 1))
+
+    def zeroed(self, n):
+        """A new float32 device buffer of ``n`` zeros (at least one), for a kernel to write."""
+        return self._filled(max(int(n), 1), 0.0)
 
     def launch(self, kernel, count, runs, *, steps, span=None, **buffers):
         """Dispatch ``kernel`` over ``count`` threads on ``runs`` (the op's :class:`_Runs`),
@@ -380,7 +480,7 @@ class MetalHost:
         for key, value in values.items():
             params[key] = value
         self.launch(choice.kernel, count, handles, steps=K, p=self.buffer(params), A=A, B=B,
-                    bias=bias if bias is not None else self.empty(1), C=C)
+                    bias=bias if bias is not None else self.buffer(Constant(1)), C=C)
 
     # -- parameters ---------------------------------------------------------------------------
     @staticmethod
@@ -420,8 +520,8 @@ class MetalHost:
     def _common(self, problem):
         """Buffers every recurrence reads: h0 (zeros when absent) and the mask (ones)."""
         N, DH = problem.N, problem.D * problem.H
-        h0 = problem.init_state if problem.init_state is not None else np.zeros((N, DH), F32)
-        mask = problem.mask if problem.mask is not None else np.ones((N, DH), F32)
+        h0 = problem.init_state if problem.init_state is not None else Constant(N * DH)
+        mask = problem.mask if problem.mask is not None else Constant(N * DH, 1.0)
         return self.buffer(h0), self.buffer(mask)
 
     # -- forward ------------------------------------------------------------------------------
@@ -445,10 +545,10 @@ class MetalHost:
                 Wt = self.buffer(problem.input_weight.T)
                 self.gemm(handles, source, Wt, x, batch=1, M=T * N, P=DGH, K=I, a_row=I, a_k=1,
                           b_k=DGH, b_col=1, bias=bias)
-                x_bias = self.buffer(np.zeros(DGH, F32))
+                x_bias = self.buffer(Constant(DGH))
             else:
                 x = source
-                x_bias = self.buffer(problem.bias if problem.bias is not None else np.zeros(DGH, F32))
+                x_bias = self.buffer(problem.bias if problem.bias is not None else Constant(DGH))
             h0, mask = self._common(problem)
             kernel, count, weight = self.recurrence(problem, "forward")
             h = self.empty(T * N * DH)
@@ -457,12 +557,12 @@ class MetalHost:
             if cell == "single_gate":
                 buffers = dict(x=x, bias=x_bias, h0=h0, mask=mask, h=h, zs=zs)
             elif cell == "gru":
-                b2 = problem.secondary_bias if problem.secondary_bias is not None else np.zeros(DH, F32)
+                b2 = problem.secondary_bias if problem.secondary_bias is not None else Constant(DH)
                 buffers = dict(x=x, bias=x_bias, h0=h0, mask=mask, b2=self.buffer(b2), h=h,
                                zs=zs)
             else:
-                c0 = problem.init_cell if problem.init_cell is not None else np.zeros((N, DH), F32)
-                peephole = problem.peephole if problem.peephole is not None else np.zeros((D, 4 * H), F32)
+                c0 = problem.init_cell if problem.init_cell is not None else Constant(N * DH)
+                peephole = problem.peephole if problem.peephole is not None else Constant(D * 4 * H)
                 c = self.empty(T * N * DH)
                 buffers = dict(x=x, bias=x_bias, h0=h0, c0=self.buffer(c0), mask=mask,
                                peephole=self.buffer(peephole), h=h, c=c, zs=zs)
@@ -491,8 +591,8 @@ class MetalHost:
             kernel, count, weight = self.recurrence(problem, "backward")
             dy = self.buffer(problem.source_gradient)
             zs = self.buffer(problem.z_state)
-            sg = problem.state_gradient if problem.state_gradient is not None else np.zeros((N, DH), F32)
-            dhn = self.buffer(sg)
+            sg = problem.state_gradient
+            dhn = self.buffer(sg) if sg is not None else self.zeroed(N * DH)  # written
             dx = self.empty(T * N * DGH)
             lhs = dx  # the left factor of dR: da, except GRU's o block with reset_after
             # rhs: h[t−1] ⊙ m per direction; GRU without reset_after adds blocks so that its o
@@ -504,17 +604,17 @@ class MetalHost:
                 buffers = dict(h0=h0, mask=mask, dy=dy, zs=zs, dx=dx, rhs=rhs, dhn=dhn)
             elif cell == "gru":
                 lhs = self.empty(T * N * DGH)
-                prow = self.buffer(np.zeros((D * N, H), F32))
+                prow = self.zeroed(D * N * H)
                 buffers = dict(h0=h0, mask=mask, dy=dy, zs=zs,
                                hfwd=self.buffer(problem.output_fwd), dx=dx, lhs=lhs, rhs=rhs,
                                dhn=dhn, work=self.empty(D * N * H), prow=prow)
             else:
-                c0 = problem.init_cell if problem.init_cell is not None else np.zeros((N, DH), F32)
-                peephole = problem.peephole if problem.peephole is not None else np.zeros((D, 4 * H), F32)
+                c0 = problem.init_cell if problem.init_cell is not None else Constant(N * DH)
+                peephole = problem.peephole if problem.peephole is not None else Constant(D * 4 * H)
                 cg = problem.cell_gradient
-                dc_final = cg if (cg is not None and cg.ndim == 2) else np.zeros((N, DH), F32)
-                dcn = self.buffer(dc_final)
-                prow = self.buffer(np.zeros((D * N, 4 * H), F32))
+                final = cg is not None and cg.ndim == 2
+                dcn = self.buffer(cg) if final else self.zeroed(N * DH)  # written
+                prow = self.zeroed(D * N * 4 * H)
                 buffers = dict(
                     h0=h0, c0=self.buffer(c0), mask=mask, peephole=self.buffer(peephole),
                     dy=dy, zs=zs, cfwd=self.buffer(problem.cell_output_fwd),
@@ -530,7 +630,7 @@ class MetalHost:
             self.gemm(handles, lhs, rhs, dR, batch=D, M=GH, P=H, K=rows, a_batch=GH, a_row=1,
                       a_k=DGH, b_batch=rhs_blocks * H, b_k=D * rhs_blocks * H, b_col=1, block=H,
                       b_block=H if rhs_blocks == 3 else 0)
-            ones = self.buffer(np.ones(1, F32))
+            ones = self.buffer(Constant(1, 1.0))
             bufs = {"recurrent_weight": (dR, (D, GH, H))}
             if problem.input_weight is not None:
                 I = problem.I
@@ -694,12 +794,12 @@ CUDA_BACKEND = registry.Backend(
 
 @contextlib.contextmanager
 def _running_on(host, device):
-    previous = host._device, host._functions
+    previous = host._device, host._functions, host._constants
     host.use(device)
     try:
         yield device
     finally:
-        host._device, host._functions = previous
+        host._device, host._functions, host._constants = previous
 
 
 def emulated_device(**options):

@@ -11,6 +11,7 @@ CuPy. It presents the CPU target's API, so the Metal host code drives it unchang
     out = dev.buffer(4 * n)                       # GPU memory: a CuPy uint8 array
     handle = fn(n, dev.buffer(x), params, out)    # non-Buffer arguments are copied for this call
     dev.finish([handle])                          # waits, and raises error if the kernel faulted
+    zero = dev.zeros(4 * n)                       # zeroed on the GPU (beyond metalcompute's API)
 
 Dispatch follows metalcompute: a 1-D grid of ``count`` threads padded to whole threadgroups
 (threads with ``gid >= count`` run); threadgroup size ``32 × ⌊min(1024,
@@ -27,7 +28,9 @@ kernel, and the device refuses every later call, since the CUDA context is then 
 ``Device(check_each_dispatch=True)`` waits after every dispatch instead, so that a fault is
 attributed to exactly one kernel. New buffers are filled with 0xFF bytes (NaN as float32), so a
 result the kernels never wrote shows; ``poison=False`` leaves them uninitialised, for
-compute-sanitizer's initcheck.
+compute-sanitizer's initcheck. Beyond metalcompute's API, ``Device.zeros(nbytes)`` and
+``Device.full(n, value)`` make zeroed or filled buffers on the GPU with no copy from the host;
+the Metal host uses them, where a device has them, for the zeros and ones it would otherwise copy.
 
 ``Device(fast_math=True)`` compiles as metalcompute does on a Mac (fast math on): metal:: math is
 fast:: (hardware approximations), denormals are flushed, division and square root approximate.
@@ -192,6 +195,27 @@ class Device:
                 raise error(f"buffer: expected a size in bytes or a buffer-protocol object, got "
                             f"{type(data).__name__}") from exc
             return cp.asarray(host)
+
+    def zeros(self, nbytes: int):
+        """A new GPU buffer of ``nbytes`` zero bytes, zeroed on the device's stream (no copy from
+        the host). Its byte slices are buffers too: a kernel bound to ``buf[a:b]`` sees
+        that range. Not in metalcompute's API: the Metal host uses it where a device has it."""
+        cp = _cupy()
+        self._check_usable()
+        if nbytes < 0:
+            raise error(f"zeros: expected a size >= 0 bytes, got {nbytes}")
+        with self._cuda, self.stream:
+            return cp.zeros(max(int(nbytes), 1), cp.uint8)[:int(nbytes)]
+
+    def full(self, n: int, value: float):
+        """A new GPU buffer of ``n`` float32 elements equal to ``value``, filled on the device's
+        stream (no copy from the host). Not in metalcompute's API, like :meth:`zeros`."""
+        cp = _cupy()
+        self._check_usable()
+        if n < 0:
+            raise error(f"full: expected n >= 0 elements, got {n}")
+        with self._cuda, self.stream:
+            return cp.full(max(int(n), 1), value, cp.float32).view(cp.uint8)[:4 * int(n)]
 
     def wrap(self, array):
         """The bytes of a C-contiguous GPU array, without a copy (for inputs a kernel only reads)."""

@@ -1,0 +1,216 @@
+"""The Metal host's work per call: what it copies from the host to the device.
+
+A harness device with the CUDA target's extras (``finish``; ``zeros`` and ``full``, which make
+buffers without host data; buffers whose slices are buffers, as CuPy's are) counts the buffers it
+is asked to make from host data. On it, from the second call of an op on, the host copies only
+the arrays the caller passed: the zeros and ones of absent inputs, the parameter structs and the
+completion-status buffers are made on the device or kept from the first call. On a device without
+those extras (metalcompute; the plain harness) each call still copies a zeroed status buffer per
+dispatch and the zeroed buffers the kernels write, and nothing else beyond the caller's arrays.
+Also: the same results and the same IncompleteDispatch messages either way, and the kept
+constants' bound and their drop when the host changes device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rnngrad import api
+from rnngrad.backends.metal import IncompleteDispatch
+from rnngrad.backends.metal import host as metal_host
+from rnngrad.backends.metal.harness import cpu as metalcompute
+from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, Constant
+from rnngrad.testing.cases import CELLS, FORWARD_OPS, random_case, random_descriptor
+
+pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
+                                reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
+
+BACKEND = "metal-emulated"
+ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
+                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
+OPTIONAL = {"all": ALL_OPTIONAL, "none": {k: False for k in ALL_OPTIONAL}}
+SMALL_GROUPS = dict(max_threads_per_threadgroup=32)
+#: the buffers a gradient kernel writes that start at zero, made anew each call: dhn (no
+#: state_gradient), dcn (LSTM, no final cell_gradient), prow (GRU, LSTM)
+WRITTEN_ZEROS = {"single_gate": 1, "gru": 2, "lstm": 3}
+
+
+class _ViewBuffer(metalcompute.Buffer):
+    """A harness buffer whose slices are buffers at their own address, as CuPy slices are."""
+
+    def __array_finalize__(self, parent):
+        base = getattr(parent, "_mc_addr", None)
+        if base is not None:
+            offset = self.__array_interface__["data"][0] - parent.__array_interface__["data"][0]
+            self._mc_addr = base + offset
+
+
+class _CountingDevice(metalcompute.Device):
+    """The plain harness device, counting the buffers made from host data (``copies``)."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.copies = 0
+
+    def buffer(self, data):
+        if not isinstance(data, int):
+            self.copies += 1
+        return super().buffer(data)
+
+
+class _CudaLikeDevice(_CountingDevice):
+    """With the CUDA target's extras: finish, and zeros / full, which make buffers from no host
+    data (the harness's new memory is zeroed; full writes its value there)."""
+
+    def buffer(self, data):
+        return super().buffer(data).view(_ViewBuffer)
+
+    def zeros(self, nbytes):
+        return metalcompute.Device.buffer(self, int(nbytes)).view(_ViewBuffer)
+
+    def full(self, n, value):
+        buf = self.zeros(4 * n)
+        buf.view(np.float32).fill(value)
+        return buf
+
+    def finish(self, handles):
+        del handles[:]
+
+
+def _case(cell, optional, T=4):
+    rng = np.random.default_rng(len(cell) + 10 * len(optional))
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True)
+    return random_case(rng, cell, descriptor=desc, T=T, N=3, H=6, I=4, dtype=np.float32,
+                       optional=OPTIONAL[optional], cell_gradient_form="final")
+
+
+def _fwd_grad(case, device):
+    """Outputs of a training forward and the gradient op on ``device``, and per op: (buffers
+    made from host data, dispatches, arrays the caller passed)."""
+    counts = []
+
+    def counted(fn):
+        def call(**kwargs):
+            copies, dispatches = device.copies, len(device.trace)
+            out = fn(**kwargs)
+            arrays = sum(isinstance(v, np.ndarray) for v in kwargs.values())
+            counts.append((device.copies - copies, len(device.trace) - dispatches, arrays))
+            return out
+        return call
+
+    desc = dataclasses.replace(case.descriptor, training=True)
+    forward = case.forward(BACKEND, desc, fn=counted(getattr(api, FORWARD_OPS[case.cell])))
+    kwargs = case.gradient_kwargs(forward.state, forward.cell, forward.z_state)
+    grads = counted(getattr(api, FORWARD_OPS[case.cell] + "_gradients"))(**kwargs, backend=BACKEND)
+    return list(forward) + list(grads), counts
+
+
+@pytest.mark.parametrize("optional", OPTIONAL)
+@pytest.mark.parametrize("cell", CELLS)
+def test_from_the_second_call_only_the_callers_arrays_are_copied(cell, optional):
+    case = _case(cell, optional)
+    device = _CudaLikeDevice()
+    reads = []
+    words = EMULATED_HOST.words
+    with metal_host._running_on(EMULATED_HOST, device):
+        first, first_counts = _fwd_grad(case, device)
+        EMULATED_HOST.words = lambda buf, n: reads.append(n) or words(buf, n)
+        try:
+            second, counts = _fwd_grad(case, device)
+        finally:
+            del EMULATED_HOST.words
+    assert len(reads) == 2  # the marks of all an op's dispatches in one read
+    for (copies, dispatches, arrays), (first_copies, _, _) in zip(counts, first_counts):
+        assert copies <= arrays, counts
+        # The first call copies one parameter struct per distinct dispatch besides.
+        assert first_copies <= arrays + dispatches, first_counts
+    with metal_host._running_on(EMULATED_HOST, _CountingDevice()) as plain:
+        want, plain_counts = _fwd_grad(case, plain)
+        _, plain_counts = _fwd_grad(case, plain)
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(first, want))
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(second, want))
+    (forward, forward_dispatches, forward_arrays), (grads, grad_dispatches, grad_arrays) = plain_counts
+    # Without the extras: a status buffer per dispatch, and the zeroed buffers the kernels write.
+    assert forward <= forward_arrays + forward_dispatches, plain_counts
+    assert grads <= grad_arrays + grad_dispatches + WRITTEN_ZEROS[cell], plain_counts
+
+
+def _dispatches(case):
+    with metal_host._running_on(EMULATED_HOST, metalcompute.Device(**SMALL_GROUPS)) as dev:
+        case.gradients(backend=BACKEND)
+    return [d.threadgroups for d in dev.trace]
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_status_slices_of_one_arena_give_the_same_failures_and_messages(cell):
+    """Every dispatch of a training forward and the gradient op, stopped part-way or reporting
+    a timeout: the same IncompleteDispatch, message and fields, as with a status buffer each."""
+    case = _case(cell, "all", T=3)
+    for i, groups in enumerate(_dispatches(case)):
+        for failure in (dict(stop=(i, groups // 2)), dict(timeout=i)):
+            errors = []
+            for kind in (metalcompute.Device, _CudaLikeDevice):
+                device = kind(**SMALL_GROUPS, **failure)
+                with metal_host._running_on(EMULATED_HOST, device):
+                    with pytest.raises(IncompleteDispatch) as info:
+                        case.gradients(backend=BACKEND)
+                e = info.value
+                errors.append((str(e), e.kernel, e.op, e.sizes, e.dispatch, e.steps, e.missing,
+                               e.reported))
+            assert errors[0] == errors[1]
+
+
+def test_an_arena_grows_by_whole_arenas_and_a_large_status_gets_its_own(monkeypatch):
+    """Arenas of 64 bytes in slices of 16: the 36-thread recurrences need 16 bytes of marks
+    each, four to an arena; a strided_gemm of more than 256 threads needs more than 64 bytes,
+    an arena of its own. The results stay the same, and each arena is read once."""
+    monkeypatch.setattr(metal_host, "ARENA_BYTES", 64)
+    monkeypatch.setattr(metal_host, "ARENA_ALIGN", 16)
+    monkeypatch.setattr(EMULATED_HOST, "dispatch_budget", 1024 * 32)  # one step per dispatch
+    case = _case("lstm", "all", T=7)
+    made, reads = [], []
+    device = _CudaLikeDevice(**SMALL_GROUPS)
+    zeros = device.zeros
+    device.zeros = lambda nbytes: made.append(nbytes) or zeros(nbytes)
+    words = EMULATED_HOST.words
+    monkeypatch.setattr(EMULATED_HOST, "words", lambda buf, n: reads.append(n) or words(buf, n))
+    with metal_host._running_on(EMULATED_HOST, device):
+        got = case.gradients(backend=BACKEND)
+    arena_reads = len(reads)
+    with metal_host._running_on(EMULATED_HOST, metalcompute.Device(**SMALL_GROUPS)):
+        want = case.gradients(backend=BACKEND)
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
+    needs = [8 * -(-d.count // 32) for d in device.trace]
+    own = [n for n in needs if n > 64]
+    assert own and all(n in made for n in own), (needs, made)
+    assert sum(d.kernel.startswith("lstm_") for d in device.trace) == 2 * 7  # forward, backward
+    assert made.count(64) >= 2 * -(-7 // 4)  # at least two arenas per op of 7 recurrences
+    assert arena_reads == made.count(64) + len(own)  # one read per arena
+
+
+def test_kept_constants_are_bounded_and_dropped_with_the_device(monkeypatch):
+    monkeypatch.setattr(metal_host, "CONSTANTS_KEPT", 4)
+    device = _CountingDevice()
+    with metal_host._running_on(EMULATED_HOST, device):
+        first = [EMULATED_HOST.buffer(Constant(n)) for n in range(1, 7)]
+        assert device.copies == 6 and len(EMULATED_HOST._constants) == 4
+        assert EMULATED_HOST.buffer(Constant(6)) is first[5]  # kept: no copy
+        assert EMULATED_HOST.buffer(Constant(3)) is first[2]
+        assert device.copies == 6
+        EMULATED_HOST.buffer(Constant(1))  # dropped first (least recently used): made again
+        assert device.copies == 7
+        assert EMULATED_HOST.buffer(Constant(4)) is not first[3]  # dropped to make room for 1
+        assert EMULATED_HOST.buffer(Constant(6, 1.0)) is not first[5]  # another value
+        params = np.zeros(1, metal_host.library.GEMM_PARAMS)
+        assert EMULATED_HOST.buffer(params) is EMULATED_HOST.buffer(params.copy())
+        kept = EMULATED_HOST._constants
+        other = _CountingDevice()
+        with metal_host._running_on(EMULATED_HOST, other):
+            assert len(EMULATED_HOST._constants) == 0
+            assert EMULATED_HOST.buffer(Constant(6)) is not first[5] and other.copies == 1
+        assert EMULATED_HOST._constants is kept  # leaving the block restores the device's own
+        EMULATED_HOST.use(other)
+        assert len(EMULATED_HOST._constants) == 0
