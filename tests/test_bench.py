@@ -57,6 +57,25 @@ def test_a_failing_worker_reports_its_error():
         _worker(impl="no_such_backend")
 
 
+def test_a_metal_worker_names_the_kernel_versions_it_ran(monkeypatch):
+    """On metal-emulated the first reply lists the host's choices: the recurrence kernels of the
+    version the environment forces, and each GEMM's, each with its reason, once."""
+    for setting, kernels in (("v2", ("lstm_forward_v2", "lstm_backward_v2")),
+                             ("v1", ("lstm_forward", "lstm_backward"))):
+        env = dict(os.environ, RNNGRAD_METAL_RECURRENCE=setting)
+        req = dict(impl="metal-emulated", cell="lstm", T=3, N=2, I=4, H=5, dtype="float32",
+                   threads=1)
+        with Worker(req, env) as w:
+            chosen = w.versions
+        recurrences = [line for line in chosen if " lstm_" in line]
+        assert [line.split(" ")[2].rstrip(":") for line in recurrences] == list(kernels), chosen
+        assert all(f"forced by RNNGRAD_METAL_RECURRENCE={setting}" in line for line in recurrences)
+        assert any("strided_gemm" in line and "auto" in line for line in chosen)
+        assert len(chosen) == len(set(chosen))
+    with _worker() as w:  # the reference has no kernels to choose
+        assert w.versions == []
+
+
 def test_flops_count_the_six_products_of_a_training_step():
     # projection, recurrent product (forward and gradients), dW, dsource, dR: 2·T·N·G·H·(I+H)·3
     T, N, I, H = 5, 3, 7, 11
