@@ -310,10 +310,10 @@ def test_overrides_and_their_errors(monkeypatch):
     assert versions.GEMM is None
     monkeypatch.setenv(versions.GEMM_ENV, " AUTO ")
     assert versions.gemm(**small).version == "v1"
-    monkeypatch.setenv(versions.GEMM_ENV, "v3")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, auto, got 'v3'"):
+    monkeypatch.setenv(versions.GEMM_ENV, "v4")
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, auto, got 'v4'"):
         versions.gemm(**small)
-    with pytest.raises(ValueError, match="forced: expected one of v1, v2, auto or None, got 'tiled'"):
+    with pytest.raises(ValueError, match="forced: expected one of v1, v2, v3, auto or None, got 'tiled'"):
         with versions.forced("tiled"):
             pass
 
@@ -390,7 +390,7 @@ def test_backend_refuses_an_unknown_setting(monkeypatch):
     case = random_case(3, "gru", T=2, N=2, H=2, I=2, dtype=np.float32,
                        optional=dict(input_weight=True))
     monkeypatch.setenv(versions.GEMM_ENV, "fast")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, auto, got 'fast'"):
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, auto, got 'fast'"):
         case.forward(backend=BACKEND)
 
 
