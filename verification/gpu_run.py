@@ -163,9 +163,10 @@ def bench(out: Path, quick: bool):
                 kw = {k: v for k, v in gpu_args.items() if k not in ("source", "recurrent_weight")}
                 return grad(src, gpu_args["recurrent_weight"], gyc, res.z_state, **extra, **kw,
                             descriptor=desc, backend="metal-cuda")
-            gemm_v1_ms = None
+            gemm_ms = {}
             with cuda_device() as dev:
-                for gemm in ("v1", "auto"):  # the untiled GEMM alone, then the version rule
+                # every GEMM version alone (the rule's measurements), then the version rule
+                for gemm in ("v1", "v2", "v3", "auto"):
                     os.environ["RNNGRAD_METAL_GEMM"] = gemm
                     for _ in range(2):
                         rnngrad_step()
@@ -177,7 +178,7 @@ def bench(out: Path, quick: bool):
                     for d in dev.trace:
                         name = "GEMMs" if d.kernel.startswith("strided_gemm") else d.kernel
                         per_kernel[name] = per_kernel.get(name, 0.0) + d.seconds * 1e3
-                    gemm_v1_ms = per_kernel.get("GEMMs") if gemm == "v1" else gemm_v1_ms
+                    gemm_ms[gemm] = per_kernel.get("GEMMs")
                     versions = sorted({d.kernel for d in dev.trace if d.kernel.startswith("strided_gemm")})
                 kernel_ms = sum(per_kernel.values())
                 dispatches = len(dev.trace)
@@ -196,7 +197,7 @@ def bench(out: Path, quick: bool):
             row = dict(cell=mode, shape=f"{T}x{N}x{I}x{H}", rnngrad_kernel_ms=kernel_ms,
                        rnngrad_wall_ms=wall_ms, cudnn_kernel_ms=torch_kernel, cudnn_wall_ms=torch_wall,
                        dispatches=dispatches, per_kernel_ms=per_kernel, per_kernel=shares,
-                       gemm_v1_ms=gemm_v1_ms, gemm_kernels=versions,
+                       gemm_v1_ms=gemm_ms["v1"], gemm_ms=gemm_ms, gemm_kernels=versions,
                        gflops=flops / kernel_ms / 1e6)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -276,7 +277,7 @@ def main(argv=None) -> int:
                           [py, "-m", "rnngrad", "verify", "--backend", "metal-cuda"], out)
         summary.append(("rnngrad verify --backend metal-cuda", "passed" if code == 0 else f"FAILED (exit {code})"))
     if "sanitizer" not in args.skip:
-        for gemm in ("auto", "v2"):  # the GEMM versions the rule picks, then the tiled one everywhere
+        for gemm in ("auto", "v2", "v3"):  # the GEMM versions the rule picks, then each tiled one everywhere
             for tool in TOOLS:
                 code, text = step(f"sanitizer {tool} gemm {gemm}", ["compute-sanitizer", "--tool", tool,
                                                                     *TOOL_OPTIONS.get(tool, ()), py,
@@ -315,11 +316,12 @@ def main(argv=None) -> int:
                 print(f"| {r['cell']} | {r['shape']} | {r['rnngrad_kernel_ms']:.3f} | {r['cudnn_kernel_ms']:.3f} | "
                       f"{r['rnngrad_kernel_ms'] / r['cudnn_kernel_ms']:.1f} | {r['rnngrad_wall_ms']:.3f} | "
                       f"{r['cudnn_wall_ms']:.3f} | {r['dispatches']} |")
-            print("\n| cell | T×N×I×H | GEMMs v1 ms | GEMMs by the rule ms | kernels |")
-            print("|---|---|---|---|---|")
+            print("\n| cell | T×N×I×H | GEMMs v1 ms | GEMMs v2 ms | GEMMs v3 ms | GEMMs by the rule ms | kernels |")
+            print("|---|---|---|---|---|---|---|")
             for r in rows:
-                print(f"| {r['cell']} | {r['shape']} | {r['gemm_v1_ms']:.3f} | {r['per_kernel_ms']['GEMMs']:.3f} | "
-                      f"{', '.join(r['gemm_kernels'])} |")
+                print(f"| {r['cell']} | {r['shape']} | "
+                      + " | ".join(f"{r['gemm_ms'][v]:.3f}" for v in ("v1", "v2", "v3"))
+                      + f" | {r['per_kernel_ms']['GEMMs']:.3f} | {', '.join(r['gemm_kernels'])} |")
             print("\n| cell | T×N×I×H | kernel | µs/step | % FLOP rate | % bandwidth |")
             print("|---|---|---|---|---|---|")
             for r in rows:
