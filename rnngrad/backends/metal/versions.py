@@ -31,11 +31,11 @@ A·B over K):
   :data:`BLOCKED_TILE`×:data:`BLOCKED_TILE` tile of C, K staged through threadgroup memory in
   chunks of 32, each thread a 4×4 block of C in registers (no ``simdgroup_matrix``).
 
-The rule (``auto``): **the tiled version** :data:`TILED_VERSION` **(v2) when M, P and K are each at least 8, batch·M·P·K is at least**
-:data:`TILED_MIN_WORK` **(2**20 multiply-adds) and C has at least** :data:`TILED_MIN_TILES`
-**tiles (of that version's size), else v1.** Below 8 in M or P a tile is mostly padding: the 1-row reductions (bias,
-peephole and secondary-bias gradients, M = 1) stay one thread per output, each summing its
-column over K. Below 8 in K the staged chunk is mostly zeros. Below 2**20 multiply-adds the
+The rule (``auto``): **the tiled version** :data:`TILED_VERSION` **(v2) when M, P and K are
+each at least 8, batch·M·P·K is at least** :data:`TILED_MIN_WORK` **(2**20 multiply-adds) and C
+has at least** :data:`TILED_MIN_TILES` **tiles of that version, else v1.** Below 8 in M or P a
+tile is mostly padding: the 1-row reductions (bias, peephole and secondary-bias gradients,
+M = 1) stay one thread per output, each summing its column over K. Below 8 in K the staged chunk is mostly zeros. Below 2**20 multiply-adds the
 dispatch costs more than the product either way, and v1 makes fewer threads wait on barriers.
 With fewer tiles than the GPU has cores the few threadgroups each walk a long K alone, where
 v1's thousands of threads hide the latency better: measured on an H100 through metal-cuda
@@ -47,9 +47,8 @@ v3 is not chosen by the rule yet: it waits for GPU measurements (set :data:`TILE
 "v3" to make the rule tile with it).
 
 Override it with the environment variable ``RNNGRAD_METAL_GEMM`` = ``v1`` | ``v2`` | ``v3`` |
-``auto``
-(read at every product) or the module setting :data:`GEMM` (``versions.GEMM = "v2"``; ``None``
-defers to the variable), which wins over the variable; :func:`forced` sets it inside a block.
+``auto`` (read at every product) or the module setting :data:`GEMM` (``versions.GEMM = "v2"``;
+``None`` defers to the variable), which wins over the variable; :func:`forced` sets it inside a block.
 Every version computes every shape (any strides, batch, GRU's ``block``/``b_block``) within
 the float32 tolerance.
 
