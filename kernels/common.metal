@@ -69,7 +69,8 @@ struct RecurrenceParams {
 // C[b,i,j] = Σ_k A[b·a_batch + i·a_row + k·a_k] · B[b·b_batch + k·b_k + j·b_col + (i / block)·b_block]
 //            (+ bias[j] when has_bias); C is contiguous [batch, M, P].
 struct GemmParams {
-    uint count;            // threads the host dispatched: batch·M·P (strided_gemm), 128 per tile (strided_gemm_tiled)
+    uint count;            // threads the host dispatched: batch·M·P (strided_gemm), 128 per tile
+                           // (strided_gemm_tiled), 256 per tile (strided_gemm_blocked)
     uint batch;
     uint M;
     uint P;

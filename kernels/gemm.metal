@@ -30,6 +30,20 @@
 //      with four SIMD-groups. Correct for any shape (tails in M, P and K) and any threadgroup
 //      size of whole SIMD-groups up to 128; the host sizes the grid at 128 threads per tile
 //      and the kernel splits the tiles over the threadgroups it gets (rg_rows).
+//   v3 strided_gemm_blocked: one threadgroup per 64×64 tile of C (at most 256 threads, each
+//      a 4×4 block of C held in registers: rows ty + 16·x, columns tx + 16·y of the tile, so
+//      that 16 neighbouring threads read and store 16 consecutive floats; no simdgroup_matrix).
+//      K walked in chunks of 32, the A chunk staged transposed [k][i] and the B chunk [k][j] in
+//      threadgroup memory (zero past the edges; consecutive threads load consecutive addresses
+//      of whichever index is unit stride), two barriers per chunk, 32 multiply-adds of 4×4 per
+//      thread between them. Every 4 chunks (128 k) the partial sums join running totals, in
+//      registers, as v2 does. The tile is stored from registers, with the bias. With fewer
+//      than 256 threads the 4×4 blocks are done in rounds, each walking K again; threads past
+//      256 only stage. Tiles never straddle a block of p.block rows when p.b_block != 0.
+//      16,640 bytes of threadgroup memory; 2·ceil(K/32) barriers per tile with 256 threads.
+//      Correct for any shape and any threadgroup size of whole SIMD-groups up to 1024; the
+//      host sizes the grid at 256 threads per tile and the kernel splits the tiles over the
+//      threadgroups it gets (rg_rows).
 //
 // Buffers of strided_gemm
 //   index  type                       name    layout
@@ -235,6 +249,154 @@ kernel void strided_gemm_tiled(constant GemmParams& p [[buffer(0)]],
         }
         // Cs is read before the next tile's quarters are stored (K = 0 has no chunk barriers).
         threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    // Every thread of the threadgroup has stored its elements (or had none to store).
+    threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.K);
+}
+
+// Tile shape of strided_gemm_blocked; mirrored by rnngrad.backends.metal.versions
+// (BLOCKED_TILE, BLOCKED_THREADS), where the host counts the tiles to size the grid.
+enum GemmBlock : uint {
+    GB_TILE = 64,           // rows and columns of C per tile
+    GB_K = 32,              // k per staged chunk
+    GB_LD = GB_TILE + 1,    // pitch of a staged k: odd, so a column-wise store of 32 k hits 32 banks
+    GB_MICRO = 4,           // rows and columns of C per thread and micro-tile
+    GB_SIDE = GB_TILE / GB_MICRO,       // 16 micro-tiles across a tile
+    GB_THREADS = GB_SIDE * GB_SIDE,     // 256: one micro-tile each; the kernel's threadgroup limit
+    GB_GROUP = 4,           // staged chunks summed before they join the running total (128 k)
+};
+
+// Buffers of strided_gemm_blocked (count = GB_THREADS · tiles: versions.py counts the tiles)
+//   index  type                       name    layout
+//   0      constant GemmParams&       p       scalars (p.count: the threads dispatched)
+//   1      device const float*        A       strided by p.a_batch, p.a_row, p.a_k
+//   2      device const float*        B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
+//   3      device const float*        bias    [P] (read only when p.has_bias)
+//   4      device float*              C       [batch, M, P]
+//   5      device uint2*              status  [ceil(count/32)] completion marks (steps: K)
+
+[[max_total_threads_per_threadgroup(256)]]
+kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
+                                 device const float* A [[buffer(1)]],
+                                 device const float* B [[buffer(2)]],
+                                 device const float* bias [[buffer(3)]],
+                                 device float* C [[buffer(4)]],
+                                 device uint2* status [[buffer(5)]],
+                                 uint lid [[thread_position_in_threadgroup]],
+                                 uint tgid [[threadgroup_position_in_grid]],
+                                 uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float As[GB_K * GB_LD];  // [k][i] chunk of the tile's A rows, transposed
+    threadgroup float Bs[GB_K * GB_LD];  // [k][j] chunk of the tile's B columns
+
+    // Rows of C that read one B: a block when B moves with the row block, else all M.
+    uint span = p.b_block != 0 ? max(p.block, 1u) : max(p.M, 1u);
+    uint blocks = (p.M + span - 1) / span;
+    uint tiles_m = (span + GB_TILE - 1) / GB_TILE;  // per block
+    uint tiles_n = (p.P + GB_TILE - 1) / GB_TILE;
+    uint tiles = p.batch * blocks * tiles_m * tiles_n;
+    uint2 mine = rg_rows(tiles, p.count, tpg, tgid);
+
+    // Threads past GB_THREADS only stage; with fewer, the micro-tiles are done in rounds, each
+    // walking K again (the same number of rounds, so of barriers, for every thread).
+    uint rounds = (GB_THREADS + tpg - 1) / tpg;
+    uint chunks = (p.K + GB_K - 1) / GB_K;
+    // Consecutive threads stage consecutive addresses of whichever index is unit stride.
+    bool a_by_k = p.a_k == 1;
+    bool b_by_j = p.b_col == 1 || p.b_k != 1;
+
+    for (uint t = mine.x; t < mine.y; ++t) {
+        uint tn = t % tiles_n;
+        uint rest = t / tiles_n;
+        uint tm = rest % tiles_m;
+        rest /= tiles_m;
+        uint blk = rest % blocks;
+        uint b = rest / blocks;
+        uint row0 = blk * span + tm * GB_TILE;
+        uint row_end = min(min(blk * span + span, p.M), row0 + GB_TILE);
+        if (row0 >= row_end) {
+            continue;  // past the last (short) block: the same for every thread
+        }
+        uint rows = row_end - row0;
+        uint col0 = tn * GB_TILE;
+        uint cols = min(p.P - col0, (uint)GB_TILE);
+        device const float* a = A + b * p.a_batch + row0 * p.a_row;
+        device const float* bb = B + b * p.b_batch + col0 * p.b_col + blk * p.b_block;
+        device float* out = C + (b * p.M + row0) * p.P + col0;
+
+        for (uint turn = 0; turn < rounds; ++turn) {
+            // Micro-tile m owns rows ty + 16·x and columns tx + 16·y of the tile: for each
+            // (x, y) the 16 threads of a row of micro-tiles read 16 consecutive floats of the
+            // staged chunks and store 16 consecutive floats of C.
+            uint m = lid + turn * tpg;
+            bool active = m < GB_THREADS;
+            uint tx = m % GB_SIDE;
+            uint ty = (m / GB_SIDE) % GB_SIDE;
+            float part[GB_MICRO][GB_MICRO];
+            float total[GB_MICRO][GB_MICRO];
+            for (uint x = 0; x < GB_MICRO; ++x) {
+                for (uint y = 0; y < GB_MICRO; ++y) {
+                    part[x][y] = 0.0f;
+                    total[x][y] = 0.0f;
+                }
+            }
+            for (uint c = 0; c < chunks; ++c) {
+                uint k0 = c * GB_K;
+                uint kn = min(p.K - k0, (uint)GB_K);
+                // Stage A[rows, k0 + 0..31] as [k][i] and B[k0 + 0..31, cols] as [k][j], zero
+                // past the edges.
+                for (uint e = lid; e < GB_K * GB_TILE; e += tpg) {
+                    uint r = a_by_k ? e / GB_K : e % GB_TILE;
+                    uint k = a_by_k ? e % GB_K : e / GB_TILE;
+                    As[k * GB_LD + r] = (r < rows && k < kn) ? a[r * p.a_row + (k0 + k) * p.a_k] : 0.0f;
+                }
+                for (uint e = lid; e < GB_K * GB_TILE; e += tpg) {
+                    uint j = b_by_j ? e % GB_TILE : e / GB_K;
+                    uint k = b_by_j ? e / GB_TILE : e % GB_K;
+                    Bs[k * GB_LD + j] = (j < cols && k < kn) ? bb[(k0 + k) * p.b_k + j * p.b_col] : 0.0f;
+                }
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+                if (active) {
+                    for (uint k = 0; k < GB_K; ++k) {
+                        float fa[GB_MICRO];
+                        float fb[GB_MICRO];
+                        for (uint x = 0; x < GB_MICRO; ++x) {
+                            fa[x] = As[k * GB_LD + ty + GB_SIDE * x];
+                            fb[x] = Bs[k * GB_LD + tx + GB_SIDE * x];
+                        }
+                        for (uint x = 0; x < GB_MICRO; ++x) {
+                            for (uint y = 0; y < GB_MICRO; ++y) {
+                                part[x][y] += fa[x] * fb[y];
+                            }
+                        }
+                    }
+                    // The sum of GB_GROUP chunks joins the running total, which keeps a long
+                    // reduction over T·N rows accurate in float32 (as v2 does every 128 k).
+                    if (c % GB_GROUP == GB_GROUP - 1) {
+                        for (uint x = 0; x < GB_MICRO; ++x) {
+                            for (uint y = 0; y < GB_MICRO; ++y) {
+                                total[x][y] += part[x][y];
+                                part[x][y] = 0.0f;
+                            }
+                        }
+                    }
+                }
+                // Every thread is done with this chunk before the next is staged.
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+            }
+            if (active) {
+                for (uint x = 0; x < GB_MICRO; ++x) {
+                    uint r = ty + GB_SIDE * x;
+                    for (uint y = 0; y < GB_MICRO; ++y) {
+                        uint j = tx + GB_SIDE * y;
+                        if (r < rows && j < cols) {
+                            out[r * p.P + j] = (total[x][y] + part[x][y])
+                                               + (p.has_bias != 0 ? bias[col0 + j] : 0.0f);
+                        }
+                    }
+                }
+            }
+        }
     }
     // Every thread of the threadgroup has stored its elements (or had none to store).
     threadgroup_barrier(mem_flags::mem_device);

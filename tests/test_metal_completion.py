@@ -221,9 +221,8 @@ def test_injection_options_say_what_was_expected(options, message):
 def test_marks_cover_every_kernel_and_sit_in_the_last_binding():
     for kernel, names in library.BUFFERS.items():
         assert names[-1] == "status", kernel
-    assert KERNELS == {"strided_gemm", "strided_gemm_tiled"} | {f"{c}_{p}{v}" for c in CELLS
-                                                               for p in ("forward", "backward")
-                                                               for v in ("", "_v2")}
+    assert KERNELS == {"strided_gemm", "strided_gemm_tiled", "strided_gemm_blocked"} | {
+        f"{c}_{p}{v}" for c in CELLS for p in ("forward", "backward") for v in ("", "_v2")}
 
 
 # -- on the harness's CUDA target ----------------------------------------------------------------

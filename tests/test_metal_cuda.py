@@ -83,6 +83,29 @@ def test_every_cell_at_boundary_sizes_matches_the_reference(cell, sizes):
             assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
 
 
+@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("cap", [1024, 64])
+@pytest.mark.parametrize("cell", CELLS)
+def test_every_gemm_version_matches_the_reference(cell, cap, version):
+    """Every product of the ops through one GEMM version (kernels/gemm.metal), at threadgroups
+    as large as each kernel asks for and forced to 64 threads: T·N = 130 rows and G·H up to
+    280 columns give several 64×64 tiles of v3 with tails; GRU without reset_after reads its
+    dR in row blocks."""
+    from rnngrad.backends.metal import versions
+    from rnngrad.backends.metal.host import cuda_device
+
+    rng = np.random.default_rng(len(cell) + cap)
+    extra = dict(reset_after=False) if cell == "gru" else {}
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
+    case = random_case(rng, cell, descriptor=desc, T=10, N=13, I=65, H=70, dtype=np.float32)
+    with versions.forced(version), cuda_device(max_threads_per_threadgroup=cap,
+                                               check_each_dispatch=True) as d:
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "metal-cuda", gradients)
+            assert not mismatches, f"{version} {desc}: {[str(m) for m in mismatches]}"
+    assert {x.kernel for x in d.trace if "gemm" in x.kernel} == {versions.GEMM_KERNELS[version]}
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_property_check_backend(op):
     """The regression set, then hypothesis over every descriptor option and optional input."""

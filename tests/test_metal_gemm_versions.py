@@ -1,13 +1,15 @@
 """The matrix-product versions of the Metal path (kernels/gemm.metal) and the host's choice
 between them (rnngrad.backends.metal.versions), on the CPU harness.
 
-v2 (strided_gemm_tiled) is called directly through the harness's metalcompute API and compared
-with a float64 NumPy product: tails in M, P and K around the 8×8 and 32×32 tiles, batches with
-strides, a bias, GRU's row blocks reading other parts of B, adversarial schedules and forced
-threadgroups of 64 and 32 threads, a long K against v1. Mutants of the kernel (a missing
-barrier, no zero padding) must fail the same checks. Then the whole "metal-emulated" backend
-with v2 forced matches the reference for every cell and option, the rule picks each version
-where it says, and a stopped v2 dispatch raises IncompleteDispatch.
+The tiled versions, v2 (strided_gemm_tiled) and v3 (strided_gemm_blocked), are called directly
+through the harness's metalcompute API and compared with a float64 NumPy product: tails in M, P
+and K around their tiles (8×8 and 32×32 for v2; 4×4 blocks, 64×64 tiles and chunks of 32 k for
+v3), batches with strides, a bias, GRU's row blocks reading other parts of B, adversarial
+schedules and forced threadgroups of 32, 64 and 96 threads (and, for v3, of 160, 384 and 1024),
+a long K against v1. Mutants of each kernel (a missing barrier, no zero padding, a fixed
+threadgroup size, no running total) must fail the same checks. Then the whole "metal-emulated"
+backend with each tiled version forced matches the reference for every cell and option, the
+rule picks each version where it says, and a stopped tiled dispatch raises IncompleteDispatch.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=Tru
                     peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
 NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
 TILED = versions.GEMM_KERNELS["v2"]
+BLOCKED = versions.GEMM_KERNELS["v3"]
+#: the tiled versions, and for each the sides of M and P, and of K, around its tiles and chunks
+VERSIONS = ("v2", "v3")
+TAILS = {"v2": (SIDES, SIDES),
+         "v3": ((1, 4, 15, 17, 63, 64, 65, 129), (0, 1, 31, 32, 33, 127, 129))}
 
 
 @pytest.fixture(autouse=True)
@@ -136,55 +143,77 @@ def assert_product(dev, product, version="v2", quantity="input_weight"):
     return ratio
 
 
-# -- v2 against float64 ---------------------------------------------------------------------------
+# -- v2 and v3 against float64 --------------------------------------------------------------------
 
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("device", [dict(), HARSH, dict(schedule="reverse", max_threads_per_threadgroup=32)],
                          ids=["default", "adversarial-64", "reverse-32"])
-def test_tiled_every_tail_of_m_p_k(device):
-    """Every (M, P, K) of SIDES, row-major operands, half of them with a bias."""
+def test_tiled_every_tail_of_m_p_k(device, version):
+    """Every (M, P, K) of the version's tails, row-major operands, half of them with a bias."""
     dev = metalcompute.Device(**device)
     rng = np.random.default_rng(len(device))
-    for M, P, K in itertools.product(SIDES, SIDES, SIDES):
-        assert_product(dev, Product(rng, 1, M, P, K, bias=bool((M + P + K) % 2)))
-    assert {d.kernel for d in dev.trace} == {TILED}
-    assert dev.trace[-1].threadgroup_size == device.get("max_threads_per_threadgroup", versions.THREADS)
+    sides, ks = TAILS[version]
+    for M, P, K in itertools.product(sides, sides, ks):
+        assert_product(dev, Product(rng, 1, M, P, K, bias=bool((M + P + K) % 2)), version)
+    assert {d.kernel for d in dev.trace} == {versions.GEMM_KERNELS[version]}
+    threads = versions.TILED[version][1]
+    assert dev.trace[-1].threadgroup_size == device.get("max_threads_per_threadgroup", threads)
     assert dev.trace[-1].threadgroup_memory <= 32 * 1024
 
 
 @pytest.mark.parametrize("device", [HARSH, dict(schedule="adversarial", seed=3),
                                     dict(schedule="reverse", max_threads_per_threadgroup=32),
                                     dict(schedule="adversarial", seed=11, max_threads_per_threadgroup=96)],
-                         ids=["adversarial-64", "adversarial-128", "reverse-32", "adversarial-96"])
-def test_tiled_strides_batches_and_bias_under_harsh_schedules(device):
-    """Transposed and padded operands, batches (B shared or not), bias, on random tails."""
+                         ids=["adversarial-64", "adversarial-full", "reverse-32", "adversarial-96"])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_tiled_strides_batches_and_bias_under_harsh_schedules(device, version):
+    """Transposed and padded operands, batches (B shared or not), bias, on random tails; every
+    combination of the two operands' layouts three times."""
     dev = metalcompute.Device(**device)
     rng = np.random.default_rng(sum(map(ord, repr(device))))
-    for _ in range(12):
-        M, P, K = (int(v) for v in rng.choice(SIDES, 3))
-        product = Product(rng, int(rng.integers(1, 4)), M, P, K, a_t=bool(rng.integers(2)),
-                          b_t=bool(rng.integers(2)), pad=int(rng.integers(0, 3)),
+    sides, ks = TAILS[version]
+    for n in range(12):
+        M, P = (int(v) for v in rng.choice(sides, 2))
+        K = int(rng.choice(ks))
+        product = Product(rng, int(rng.integers(1, 4)), M, P, K, a_t=bool(n % 2),
+                          b_t=bool(n // 2 % 2), pad=int(rng.integers(0, 3)),
                           bias=bool(rng.integers(2)), shared_b=bool(rng.integers(2)))
-        assert_product(dev, product)
-    assert dev.trace[-1].threadgroup_size == min(device.get("max_threads_per_threadgroup", 128), 128)
+        assert_product(dev, product, version)
+    threads = versions.TILED[version][1]
+    assert dev.trace[-1].threadgroup_size == min(device.get("max_threads_per_threadgroup", threads), threads)
 
 
-@pytest.mark.parametrize("H", [1, 7, 9, 33])
+@pytest.mark.parametrize("limit, device_max", [(1024, 1024), (1024, 384), (512, 160)])
+def test_blocked_with_larger_threadgroups_than_it_asks_for(limit, device_max):
+    """v3 asks for 256 threads per threadgroup; given more (its limit raised in the source, as
+    a device could), the threads past 256 only stage, and a threadgroup takes several tiles."""
+    source = _mutant(BLOCKED, ("[[max_total_threads_per_threadgroup(256)]]",
+                               f"[[max_total_threads_per_threadgroup({limit})]]"))
+    dev = metalcompute.Device(schedule="adversarial", seed=limit, max_threads_per_threadgroup=device_max)
+    rng = np.random.default_rng(limit + device_max)
+    for product in (Product(rng, 3, 65, 130, 33, bias=True, a_t=True),
+                    Product(rng, 1, 7, 200, 129, b_t=True, pad=1),
+                    Product(rng, 2, 64, 64, 64, shared_b=True)):
+        got, marks = run(dev, product, "v3", source=source)
+        ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
+        assert mismatch is None, f"threadgroups of {device_max}: {mismatch}"
+        groups = dev.trace[-1].threadgroups
+        assert (marks[:groups, 0] == library.DONE | product.K).all()
+    assert dev.trace[-1].threadgroup_size == device_max
+
+
+@pytest.mark.parametrize("H", [1, 7, 9, 33, 65])
 def test_tiled_gru_row_blocks_read_their_own_b(H):
     """dR of GRU without reset_after, laid out as MetalHost.gradients does: per direction d,
     C[3H, H] = dA[:, d]ᵀ · rhs[:, d] with rows [kH, (k+1)H) of C reading block k of rhs
     (b_block = H floats apart), so a tile must not straddle two blocks."""
     rng = np.random.default_rng(H)
-    D, K = 2, 37  # K = T·N rows
-    product = Product(rng, D, 3 * H, H, K, block=H, b_block=H)
-    product.a_batch, product.a_row, product.a_k = 3 * H, 1, D * 3 * H  # dA [T·N, D·3H]
-    product.b_batch, product.b_k, product.b_col = 3 * H, D * 3 * H, 1  # rhs [T·N, D, 3, H]
-    product.A = rng.standard_normal(K * D * 3 * H).astype(np.float32)
-    product.B = rng.standard_normal(K * D * 3 * H).astype(np.float32)
+    product = _row_blocks(rng, 2, H, 37)  # K = T·N rows
     want = product.want()
     for device in (dict(), HARSH):
         dev = metalcompute.Device(**device)
-        assert_product(dev, product, quantity="recurrent_weight")
-        assert_product(dev, product, version="v1", quantity="recurrent_weight")
+        for version in ("v1",) + VERSIONS:
+            assert_product(dev, product, version, quantity="recurrent_weight")
     # The blocks matter: reading block 0 for every row would be far off.
     product.b_block = 0
     if H > 1:
@@ -193,8 +222,9 @@ def test_tiled_gru_row_blocks_read_their_own_b(H):
 
 def test_long_k_reduction_is_as_accurate_as_v1():
     """A weight-gradient-like reduction over K = 13000 rows (dAᵀ·source; operands with a mean,
-    so partial sums grow): both versions within the parameter tolerance of the float64
-    product, v2 no worse than twice v1's error, and both far better than one running sum."""
+    so partial sums grow): every version within the parameter tolerance of the float64 product,
+    v2 and v3 no worse than twice v1's error, and all far better than one running sum. A v3
+    without its running totals (one sum over K per element) must fail that last check."""
     rng = np.random.default_rng(21)
     M, P, K = 40, 33, 13000
     product = Product(rng, 1, M, P, K, a_t=True)
@@ -204,17 +234,20 @@ def test_long_k_reduction_is_as_accurate_as_v1():
     scale = np.abs(want).max()
     dev = metalcompute.Device()
     errors = {}
-    for version in ("v1", "v2"):
+    for version in ("v1",) + VERSIONS:
         assert_product(dev, product, version, quantity="input_weight")
         errors[version] = np.abs(run(dev, product, version)[0] - want).max() / scale
+    one_sum = _mutant(BLOCKED, *MUTANTS["v3"]["no running total"])
+    errors["v3 without running totals"] = np.abs(run(dev, product, "v3", one_sum)[0] - want).max() / scale
     A = product.A[:K * M].reshape(K, M)
     B = product.B[:K * P].reshape(K, P)
     running = np.zeros((M, P), np.float32)
     for k in range(K):  # one float32 running sum per element, in order
         running += np.outer(A[k], B[k])
     naive = np.abs(running - want).max() / scale
-    assert errors["v2"] <= 2 * errors["v1"], errors
-    assert max(errors.values()) < naive / 3, (errors, naive)
+    assert errors["v2"] <= 2 * errors["v1"] and errors["v3"] <= 2 * errors["v1"], errors
+    assert max(errors[v] for v in ("v1",) + VERSIONS) < naive / 3, (errors, naive)
+    assert errors["v3 without running totals"] >= naive / 3, (errors, naive)
 
 
 def test_tiled_nan_and_infinity_stay_where_the_product_puts_them():
@@ -222,7 +255,8 @@ def test_tiled_nan_and_infinity_stay_where_the_product_puts_them():
     (NaN where A[·, k] is 0); no other element of the same 8×8 fragment may change. Both
     versions, with K long enough that partial sums are carried between chunks."""
     rng = np.random.default_rng(4)
-    for version, device in (("v2", dict()), ("v2", HARSH), ("v1", dict())):
+    for version, device in (("v2", dict()), ("v2", HARSH), ("v3", dict()), ("v3", HARSH),
+                            ("v1", dict())):
         dev = metalcompute.Device(**device)
         product = Product(rng, 1, 20, 19, 300)
         A = product.A[:20 * 300].reshape(20, 300)
@@ -240,10 +274,10 @@ def test_tiled_nan_and_infinity_stay_where_the_product_puts_them():
 
 # -- the checks can fail --------------------------------------------------------------------------
 
-def _mutant(*edits):
-    """The library source with (old, new) edits made in strided_gemm_tiled."""
+def _mutant(kernel, *edits):
+    """The library source with (old, new) edits made in ``kernel`` (from its attributes on)."""
     src = library.source()
-    start = src.index("kernel void strided_gemm_tiled")
+    start = src.rfind("\n\n", 0, src.index(f"kernel void {kernel}("))
     head, body = src[:start], src[start:]
     for old, new in edits:
         assert old in body, old
@@ -251,10 +285,10 @@ def _mutant(*edits):
     return head + body
 
 
-MUTANTS = {
-    # No barrier after a chunk's multiply: the next chunk is staged over one still being read.
-    "missing barrier": [("threadgroup_barrier(mem_flags::mem_threadgroup);\n            }\n",
-                         "\n            }\n")],
+# No barrier after a chunk's multiply: the next chunk is staged over one still being read.
+_NO_BARRIER = [("threadgroup_barrier(mem_flags::mem_threadgroup);\n            }\n", "\n            }\n")]
+MUTANTS = {"v2": {
+    "missing barrier": _NO_BARRIER,
     # Edges left unstaged: stale chunks and the NaN-poisoned threadgroup memory get multiplied.
     "no zero padding": [
         ("As[r * GT_LD + k] = (r < rows && k < kn) ? a[r * p.a_row + (k0 + k) * p.a_k] : 0.0f;",
@@ -263,19 +297,49 @@ MUTANTS = {
          "if (j < cols && k < kn) Bs[k * GT_LD + j] = bb[(k0 + k) * p.b_k + j * p.b_col];")],
     # Threadgroup size assumed to be 128: with fewer threads, quarters are never done.
     "assumes 128 threads": [("uint n_sg = tpg / 32;", "uint n_sg = 4;")],
-}
+}, "v3": {
+    "missing barrier": _NO_BARRIER,
+    "no zero padding": [
+        ("As[k * GB_LD + r] = (r < rows && k < kn) ? a[r * p.a_row + (k0 + k) * p.a_k] : 0.0f;",
+         "if (r < rows && k < kn) As[k * GB_LD + r] = a[r * p.a_row + (k0 + k) * p.a_k];"),
+        ("Bs[k * GB_LD + j] = (j < cols && k < kn) ? bb[(k0 + k) * p.b_k + j * p.b_col] : 0.0f;",
+         "if (j < cols && k < kn) Bs[k * GB_LD + j] = bb[(k0 + k) * p.b_k + j * p.b_col];")],
+    # Threadgroup size assumed to be 256: with fewer threads, most 4×4 blocks are never done.
+    "assumes 256 threads": [("uint rounds = (GB_THREADS + tpg - 1) / tpg;", "uint rounds = 1;")],
+    # A tile straddles two row blocks: its rows past the first block read the first block's B.
+    "ignores row blocks": [("uint span = p.b_block != 0 ? max(p.block, 1u) : max(p.M, 1u);",
+                            "uint span = max(p.M, 1u);")],
+    # One sum over K per element (checked by test_long_k_reduction_is_as_accurate_as_v1).
+    "no running total": [("if (c % GB_GROUP == GB_GROUP - 1) {", "if (false) {")],
+}}
 
 
-@pytest.mark.parametrize("mutant", MUTANTS)
-def test_mutants_of_the_tiled_kernel_fail(mutant):
-    source = _mutant(*MUTANTS[mutant])
+def _row_blocks(rng, D, H, K):
+    """dR of GRU without reset_after (see test_tiled_gru_row_blocks_read_their_own_b)."""
+    product = Product(rng, D, 3 * H, H, K, block=H, b_block=H)
+    product.a_batch, product.a_row, product.a_k = 3 * H, 1, D * 3 * H  # dA [T·N, D·3H]
+    product.b_batch, product.b_k, product.b_col = 3 * H, D * 3 * H, 1  # rhs [T·N, D, 3, H]
+    product.A = rng.standard_normal(K * D * 3 * H).astype(np.float32)
+    product.B = rng.standard_normal(K * D * 3 * H).astype(np.float32)
+    return product
+
+
+@pytest.mark.parametrize("version, mutant", [(v, m) for v in VERSIONS for m in MUTANTS[v]
+                                             if m != "no running total"])
+def test_mutants_of_the_tiled_kernels_fail(version, mutant):
+    source = _mutant(versions.GEMM_KERNELS[version], *MUTANTS[version][mutant])
     rng = np.random.default_rng(1)
-    product = Product(rng, 2, 33, 31, 65, bias=True)
+    if mutant == "ignores row blocks":
+        product = _row_blocks(rng, 2, 9, 37)
+    elif version == "v3":
+        product = Product(rng, 2, 65, 67, 129, bias=True)
+    else:
+        product = Product(rng, 2, 33, 31, 65, bias=True)
     dev = metalcompute.Device(**HARSH)
-    got, _ = run(dev, product, source=source)
+    got, _ = run(dev, product, version, source=source)
     ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
     assert mismatch is not None, f"mutant '{mutant}' passed (worst ratio {ratio})"
-    assert_product(dev, product)  # the real kernel passes on the same device
+    assert_product(dev, product, version)  # the real kernel passes on the same device
 
 
 # -- the rule and its overrides -------------------------------------------------------------------
@@ -310,25 +374,53 @@ def test_overrides_and_their_errors(monkeypatch):
     assert versions.GEMM is None
     monkeypatch.setenv(versions.GEMM_ENV, " AUTO ")
     assert versions.gemm(**small).version == "v1"
-    monkeypatch.setenv(versions.GEMM_ENV, "v3")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, auto, got 'v3'"):
+    monkeypatch.setenv(versions.GEMM_ENV, "v4")
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, auto, got 'v4'"):
         versions.gemm(**small)
-    with pytest.raises(ValueError, match="forced: expected one of v1, v2, auto or None, got 'tiled'"):
+    with pytest.raises(ValueError, match="forced: expected one of v1, v2, v3, auto or None, got 'tiled'"):
         with versions.forced("tiled"):
             pass
 
 
 def test_the_tile_count_mirrors_the_kernel():
     text = library.read("gemm.metal")
-    enum = dict(re.findall(r"\b(GT_\w+)\s*=\s*(\d+)", text))
+    enum = dict(re.findall(r"\b(G[TB]_\w+)\s*=\s*(\d+)", text))
     assert int(enum["GT_TILE"]) == versions.TILE and int(enum["GT_THREADS"]) == versions.THREADS
     assert f"[[max_total_threads_per_threadgroup({versions.THREADS})]]" in text
     assert re.search(r"//\s+v2 strided_gemm_tiled: ", text)
     assert versions.gemm_tiles(batch=2, M=99, P=33, block=33, b_block=0) == 2 * 4 * 2
     assert versions.gemm_tiles(batch=2, M=99, P=33, block=33, b_block=5) == 2 * 3 * 2 * 2
+    # v3: GB_THREADS is one thread per GB_MICRO×GB_MICRO block of a GB_TILE×GB_TILE tile
+    assert int(enum["GB_TILE"]) == versions.BLOCKED_TILE
+    assert (versions.BLOCKED_TILE // int(enum["GB_MICRO"])) ** 2 == versions.BLOCKED_THREADS
+    assert re.search(r"GB_THREADS = GB_SIDE \* GB_SIDE", text)
+    assert re.search(r"\[\[max_total_threads_per_threadgroup\(" + str(versions.BLOCKED_THREADS)
+                     + r"\)\]\]\s*kernel void strided_gemm_blocked\(", text)
+    assert re.search(r"//\s+v3 strided_gemm_blocked: ", text)
+    tiles = dict(batch=2, M=130, P=65, block=65, tile=versions.BLOCKED_TILE)
+    assert versions.gemm_tiles(**tiles, b_block=0) == 2 * 3 * 2
+    assert versions.gemm_tiles(**tiles, b_block=7) == 2 * 2 * 2 * 2  # 65 rows: 2 tiles per block
+    v3 = versions.Choice("v3", BLOCKED, "test")
+    assert versions.gemm_threads(v3, batch=2, M=130, P=65, block=65, b_block=7) == 256 * 16
+    assert versions.gemm_threads(v3, batch=1, M=64, P=64, block=64, b_block=0) == 256
 
 
-# -- the backend with v2 ----------------------------------------------------------------------------
+def test_the_rule_tiles_with_the_chosen_version(monkeypatch):
+    """TILED_VERSION picks which tiled version the rule uses, with its own tile count."""
+    big = dict(batch=1, M=12800, P=2048, K=512)
+    monkeypatch.setattr(versions, "TILED_VERSION", "v3")
+    choice = versions.gemm(**big)
+    assert (choice.version, choice.kernel) == ("v3", BLOCKED), choice
+    assert "200 tiles" in versions.gemm(batch=1, M=64 * 20, P=64 * 10, K=2048).reason
+    few = versions.gemm(batch=1, M=512, P=256, K=8000)  # 8 × 4 tiles of 64×64
+    assert few.version == "v1" and "32 tiles of C < 128" in few.reason, few
+    assert "a 64x64 tile" in versions.gemm(batch=1, M=1, P=2048, K=12800).reason
+    monkeypatch.setattr(versions, "TILED_VERSION", "v1")
+    with pytest.raises(ValueError, match="TILED_VERSION: expected one of v2, v3, got 'v1'"):
+        versions.gemm(**big)
+
+
+# -- the backend with v2 and v3 ---------------------------------------------------------------------
 
 def _descriptors(cell):
     rng = np.random.default_rng(len(cell))
@@ -337,36 +429,62 @@ def _descriptors(cell):
             for more in extra for bi, rev in ((True, False), (False, True))]
 
 
+#: T, N (T·N = 65 rows: two 64-row tiles of v3) and H, I of the whole-op checks per version
+BACKEND_SHAPES = {"v2": dict(T=3, N=3, H=9, I=5), "v3": dict(T=5, N=13, H=9, I=5)}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("cell", CELLS)
-def test_backend_with_v2_forced_matches_the_reference(cell):
-    """Every product of the forward and gradient ops through strided_gemm_tiled, under an
+def test_backend_with_tiled_forced_matches_the_reference(cell, version):
+    """Every product of the forward and gradient ops through the tiled version, under an
     adversarial schedule with 64-thread threadgroups, for each direction mode (and GRU's
     reset_after), with every optional input and with none."""
     n = 0
     for i, desc in enumerate(_descriptors(cell)):
         for optional in (ALL_OPTIONAL, NO_OPTIONAL):
             rng = np.random.default_rng(100 * i + len(optional) + (optional is ALL_OPTIONAL))
-            case = random_case(rng, cell, descriptor=desc, T=3, N=3, H=9, I=5, dtype=np.float32,
+            case = random_case(rng, cell, descriptor=desc, **BACKEND_SHAPES[version], dtype=np.float32,
                                optional=optional, cell_gradient_form="per_step" if i % 2 else "final")
-            with versions.forced("v2"), emulated_device(**dict(HARSH, seed=i)) as dev:
+            with versions.forced(version), emulated_device(**dict(HARSH, seed=i)) as dev:
                 for gradients in (False, True):
                     ratio, mismatches = check_case(case, BACKEND, gradients)
                     assert not mismatches, (
-                        f"v2 {'gradients' if gradients else 'forward'}:\n"
+                        f"{version} {'gradients' if gradients else 'forward'}:\n"
                         + "\n".join(map(str, mismatches[:5])) + f"\nreproduce with:\n{case!r}")
             products = [d.kernel for d in dev.trace if "gemm" in d.kernel]
-            assert products and set(products) == {TILED}, products
+            assert products and set(products) == {versions.GEMM_KERNELS[version]}, products
             n += len(products)
     assert n >= 12
 
 
-def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch):
-    """An LSTM whose input-side products reach 2**20 multiply-adds: the rule tiles those and
-    keeps the smaller dR and the one-row reductions on v1; the result matches, and each
-    choice is logged with its reason. (The tile-count condition is lowered to 1 so that a
-    shape the CPU harness runs quickly reaches v2.)"""
+def test_backend_with_v3_from_the_environment(monkeypatch):
+    """RNNGRAD_METAL_GEMM=v3 runs every product of a bidirectional GRU (reset_after False: dR
+    in row blocks) through strided_gemm_blocked with its own 256-thread threadgroups."""
+    monkeypatch.setenv(versions.GEMM_ENV, "v3")
+    rng = np.random.default_rng(33)
+    desc = random_descriptor(rng, "gru", bidirectional=True, training=True, reset_after=False)
+    case = random_case(rng, "gru", descriptor=desc, T=9, N=8, H=23, I=70, dtype=np.float32,
+                       optional=ALL_OPTIONAL)
+    with emulated_device(schedule="adversarial", seed=5) as dev:
+        for gradients in (False, True):
+            ratio, mismatches = check_case(case, BACKEND, gradients)
+            assert not mismatches, "\n".join(map(str, mismatches[:5]))
+    products = [d for d in dev.trace if "gemm" in d.kernel]
+    assert {d.kernel for d in products} == {BLOCKED}
+    assert {d.threadgroup_size for d in products} == {256}
+    assert max(d.threadgroups for d in products) >= 4
+
+
+@pytest.mark.parametrize("tiled, tiles", [("v2", 16), ("v3", 4)])
+def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch, tiled, tiles):
+    """An LSTM whose input-side products reach 2**20 multiply-adds: the rule tiles those (with
+    TILED_VERSION) and keeps the smaller dR and the one-row reductions on v1; the result
+    matches, and each choice is logged with its reason. (The tile-count condition is lowered
+    to 1 so that a shape the CPU harness runs quickly reaches the tiled version.)"""
     monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
     monkeypatch.setenv(versions.RECURRENCE_ENV, "v2")
+    monkeypatch.setattr(versions, "TILED_VERSION", tiled)
+    TILED = versions.GEMM_KERNELS[tiled]
     rng = np.random.default_rng(8)
     desc = random_descriptor(rng, "lstm", bidirectional=False, training=True)
     case = random_case(rng, "lstm", descriptor=desc, T=16, N=8, H=32, I=64, dtype=np.float32,
@@ -385,8 +503,8 @@ def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch):
     assert len(recurrences) == 2 and "v2 lstm_forward_v2: lstm_forward, D=1, N=8, H=32" in recurrences[0]
     logged = [m for m in logged if m not in recurrences]
     assert len(logged) == 6
-    assert logged[0] == ("metal-emulated: v2 strided_gemm_tiled: batch=1, M=128, P=128, K=64: "
-                         "auto, batch·M·P·K = 1048576 >= 1048576, M, P, K >= 8 and 16 tiles: tiled")
+    assert logged[0] == (f"metal-emulated: {tiled} {TILED}: batch=1, M=128, P=128, K=64: "
+                         f"auto, batch·M·P·K = 1048576 >= 1048576, M, P, K >= 8 and {tiles} tiles: tiled")
     assert "v1 strided_gemm: batch=1, M=1, P=128, K=128: auto, M=1 < 8" in logged[4]
 
 
@@ -394,17 +512,20 @@ def test_backend_refuses_an_unknown_setting(monkeypatch):
     case = random_case(3, "gru", T=2, N=2, H=2, I=2, dtype=np.float32,
                        optional=dict(input_weight=True))
     monkeypatch.setenv(versions.GEMM_ENV, "fast")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, auto, got 'fast'"):
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, auto, got 'fast'"):
         case.forward(backend=BACKEND)
 
 
-def test_a_stopped_tiled_dispatch_raises():
-    """The completion marks of v2: a dispatch whose later threadgroups never ran is named."""
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_stopped_tiled_dispatch_raises(version):
+    """The completion marks of v2 and v3: a dispatch whose later threadgroups never ran is
+    named."""
+    TILED = versions.GEMM_KERNELS[version]
     rng = np.random.default_rng(2)
     desc = random_descriptor(rng, "gru", bidirectional=True, training=True)
     case = random_case(rng, "gru", descriptor=desc, T=4, N=5, H=9, I=6, dtype=np.float32,
                        optional=ALL_OPTIONAL)
-    with versions.forced("v2"):
+    with versions.forced(version):
         with emulated_device(max_threads_per_threadgroup=32) as dev:
             case.training_forward(backend=BACKEND)
         first = dev.trace[0]

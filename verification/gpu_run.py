@@ -166,10 +166,11 @@ def bench(out: Path, quick: bool):
                             descriptor=desc, backend="metal-cuda")
             measured = {}
             with cuda_device() as dev:
-                # v1 everywhere (the baseline), then the version rule
-                for config in ("v1", "auto"):
-                    os.environ["RNNGRAD_METAL_GEMM"] = config
-                    os.environ["RNNGRAD_METAL_RECURRENCE"] = config
+                # v1 everywhere (the baseline), each tiled GEMM forced, then the version rule
+                for config, recurrence, gemm in (("v1", "v1", "v1"), ("gemm v2", "auto", "v2"),
+                                                 ("gemm v3", "auto", "v3"), ("auto", "auto", "auto")):
+                    os.environ["RNNGRAD_METAL_GEMM"] = gemm
+                    os.environ["RNNGRAD_METAL_RECURRENCE"] = recurrence
                     for _ in range(2):
                         rnngrad_step()
                     cp.cuda.Device().synchronize()
@@ -203,6 +204,8 @@ def bench(out: Path, quick: bool):
                        dispatches=dispatches, per_kernel_ms=per_kernel, per_kernel=shares,
                        v1_kernel_ms=v1_ms, v1_per_kernel_ms=measured["v1"]["per_kernel"],
                        kernels=measured["auto"]["kernels"],
+                       gemm_ms={v: measured[c]["per_kernel"].get("GEMMs") for v, c in
+                                (("v1", "v1"), ("v2", "gemm v2"), ("v3", "gemm v3"), ("auto", "auto"))},
                        gflops=flops / kernel_ms / 1e6)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -282,7 +285,7 @@ def main(argv=None) -> int:
                           [py, "-m", "rnngrad", "verify", "--backend", "metal-cuda"], out)
         summary.append(("rnngrad verify --backend metal-cuda", "passed" if code == 0 else f"FAILED (exit {code})"))
     if "sanitizer" not in args.skip:
-        for gemm in ("auto", "v2"):  # the GEMM versions the rule picks, then the tiled one everywhere
+        for gemm in ("auto", "v2", "v3"):  # the GEMM versions the rule picks, then each tiled one everywhere
             for tool in TOOLS:
                 code, text = step(f"sanitizer {tool} gemm {gemm}", ["compute-sanitizer", "--tool", tool,
                                                                     *TOOL_OPTIONS.get(tool, ()), py,
@@ -329,6 +332,11 @@ def main(argv=None) -> int:
                 v1 = ", ".join(f"{k} {v:.2f}" for k, v in r["v1_per_kernel_ms"].items())
                 now = ", ".join(f"{k} {v:.2f}" for k, v in r["per_kernel_ms"].items())
                 print(f"| {r['cell']} | {r['shape']} | {', '.join(r['kernels'])} | {v1} | {now} |")
+            print("\n| cell | T×N×I×H | GEMMs v1 ms | GEMMs v2 ms | GEMMs v3 ms | GEMMs by the rule ms |")
+            print("|---|---|---|---|---|---|")
+            for r in rows:
+                print(f"| {r['cell']} | {r['shape']} | "
+                      + " | ".join(f"{r['gemm_ms'][v]:.3f}" for v in ("v1", "v2", "v3", "auto")) + " |")
             print("\n| cell | T×N×I×H | kernel | µs/step | % FLOP rate | % bandwidth |")
             print("|---|---|---|---|---|---|")
             for r in rows:

@@ -19,7 +19,7 @@ kernel ms, packed → rows: 1000×8×128×128 RNN 8.7 → 4.1 / 7.6 → 3.9, GRU
 :data:`RECURRENCE`. Both grids give bitwise the same results: only the rows' assignment to
 threadgroups changes.
 
-The matrix products outside the recurrence have two versions
+The matrix products outside the recurrence have three versions
 (``kernels/gemm.metal``; shapes as ``GemmParams`` in ``kernels/common.metal``: C[batch, M, P] =
 A·B over K):
 
@@ -27,12 +27,15 @@ A·B over K):
 - ``v2`` ``strided_gemm_tiled``: one threadgroup of up to :data:`THREADS` threads per
   :data:`TILE`×:data:`TILE` tile of C, K staged through threadgroup memory in chunks of
   :data:`TILE`, multiplied with ``simdgroup_matrix`` 8×8 tiles.
+- ``v3`` ``strided_gemm_blocked``: one threadgroup of up to :data:`BLOCKED_THREADS` threads per
+  :data:`BLOCKED_TILE`×:data:`BLOCKED_TILE` tile of C, K staged through threadgroup memory in
+  chunks of 32, each thread a 4×4 block of C in registers (no ``simdgroup_matrix``).
 
-The rule (``auto``): **v2 when M, P and K are each at least 8, batch·M·P·K is at least**
-:data:`TILED_MIN_WORK` **(2**20 multiply-adds) and C has at least** :data:`TILED_MIN_TILES`
-**tiles, else v1.** Below 8 in M or P a tile is mostly padding: the 1-row reductions (bias,
-peephole and secondary-bias gradients, M = 1) stay one thread per output, each summing its
-column over K. Below 8 in K the staged chunk is mostly zeros. Below 2**20 multiply-adds the
+The rule (``auto``): **the tiled version** :data:`TILED_VERSION` **(v2) when M, P and K are
+each at least 8, batch·M·P·K is at least** :data:`TILED_MIN_WORK` **(2**20 multiply-adds) and C
+has at least** :data:`TILED_MIN_TILES` **tiles of that version, else v1.** Below 8 in M or P a
+tile is mostly padding: the 1-row reductions (bias, peephole and secondary-bias gradients,
+M = 1) stay one thread per output, each summing its column over K. Below 8 in K the staged chunk is mostly zeros. Below 2**20 multiply-adds the
 dispatch costs more than the product either way, and v1 makes fewer threads wait on barriers.
 With fewer tiles than the GPU has cores the few threadgroups each walk a long K alone, where
 v1's thousands of threads hide the latency better: measured on an H100 through metal-cuda
@@ -40,10 +43,13 @@ v1's thousands of threads hide the latency better: measured on an H100 through m
 GEMMs with v1 and 3.7–4.4 ms with v2, while at 200×64×512×512 v2 halved them (LSTM 39.9 → 19.4
 ms, GRU 30.5 → 17.0 ms). The thresholds are measured on that GPU only, not on Apple hardware.
 
-Override it with the environment variable ``RNNGRAD_METAL_GEMM`` = ``v1`` | ``v2`` | ``auto``
-(read at every product) or the module setting :data:`GEMM` (``versions.GEMM = "v2"``; ``None``
-defers to the variable), which wins over the variable; :func:`forced` sets it inside a block.
-Both versions compute every shape (any strides, batch, GRU's ``block``/``b_block``) within
+v3 is not chosen by the rule yet: it waits for GPU measurements (set :data:`TILED_VERSION` to
+"v3" to make the rule tile with it).
+
+Override it with the environment variable ``RNNGRAD_METAL_GEMM`` = ``v1`` | ``v2`` | ``v3`` |
+``auto`` (read at every product) or the module setting :data:`GEMM` (``versions.GEMM = "v2"``;
+``None`` defers to the variable), which wins over the variable; :func:`forced` sets it inside a block.
+Every version computes every shape (any strides, batch, GRU's ``block``/``b_block``) within
 the float32 tolerance.
 
 The choice is visible: :func:`gemm` returns a :class:`Choice` (version, kernel, reason) for a
@@ -58,16 +64,25 @@ import contextlib
 import dataclasses
 import os
 
-#: environment variable that overrides the rule: v1, v2 or auto
+#: environment variable that overrides the rule: v1, v2, v3 or auto
 GEMM_ENV = "RNNGRAD_METAL_GEMM"
-#: module setting that overrides the rule and the variable: "v1", "v2", "auto" or None
+#: module setting that overrides the rule and the variable: "v1", "v2", "v3", "auto" or None
 GEMM = None
 #: the versions of the matrix product: version -> kernel
-GEMM_KERNELS = {"v1": "strided_gemm", "v2": "strided_gemm_tiled"}
+GEMM_KERNELS = {"v1": "strided_gemm", "v2": "strided_gemm_tiled", "v3": "strided_gemm_blocked"}
 #: rows and columns of a v2 tile of C, and k per staged chunk (GT_TILE in gemm.metal)
 TILE = 32
 #: threads the host dispatches per v2 tile: the kernel's threadgroup limit (GT_THREADS)
 THREADS = 128
+#: rows and columns of a v3 tile of C (GB_TILE in gemm.metal)
+BLOCKED_TILE = 64
+#: threads the host dispatches per v3 tile: one per 4×4 block of C, the kernel's threadgroup
+#: limit (GB_THREADS)
+BLOCKED_THREADS = 256
+#: version -> (tile side, threads per tile) of the tiled versions
+TILED = {"v2": (TILE, THREADS), "v3": (BLOCKED_TILE, BLOCKED_THREADS)}
+#: the tiled version the rule (auto) picks for large products: "v2" or "v3"
+TILED_VERSION = "v2"
 #: the smallest batch·M·P·K that the rule gives to v2
 TILED_MIN_WORK = 2 ** 20
 #: the smallest M, P and K that the rule gives to v2: one 8×8 simdgroup_matrix
@@ -75,7 +90,7 @@ TILED_MIN_SIDE = 8
 #: the fewest tiles of C that the rule gives to v2 (about one per core of a large GPU)
 TILED_MIN_TILES = 128
 
-_SETTINGS = ("v1", "v2", "auto")
+_SETTINGS = ("v1", "v2", "v3", "auto")
 
 #: environment variable that overrides the recurrences' version: v2, v1, packed, rows or auto
 RECURRENCE_ENV = "RNNGRAD_METAL_RECURRENCE"
@@ -157,7 +172,7 @@ def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: in
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The version that runs one product: ``version`` ("v1", "v2"), ``kernel`` (its name in
+    """The version that runs one product: ``version`` ("v1", "v2", "v3"), ``kernel`` (its name in
     ``kernels/``) and ``reason`` (a sentence)."""
     version: str
     kernel: str
@@ -187,42 +202,50 @@ def gemm(*, batch: int, M: int, P: int, K: int, product: str = "") -> Choice:
     what = f"{product} ({shape})" if product else shape
     if setting != "auto":
         return Choice(setting, GEMM_KERNELS[setting], f"{what}: forced by {source}={setting}")
+    tiled = TILED_VERSION
+    if tiled not in TILED:
+        raise ValueError(f"rnngrad.backends.metal.versions.TILED_VERSION: expected one of "
+                         f"{', '.join(TILED)}, got {tiled!r}")
+    tile = TILED[tiled][0]
     work = batch * M * P * K
     side = min(M, P, K)
     if side < TILED_MIN_SIDE:
         name = "M" if M == side else ("P" if P == side else "K")
         kind = " (a reduction to one row)" if M == 1 else ""
-        why = (f"{name}={side} < {TILED_MIN_SIDE}{kind}: a {TILE}x{TILE} tile would be mostly "
+        why = (f"{name}={side} < {TILED_MIN_SIDE}{kind}: a {tile}x{tile} tile would be mostly "
                f"padding")
         return Choice("v1", GEMM_KERNELS["v1"], f"{what}: auto, {why}")
     if work < TILED_MIN_WORK:
         return Choice("v1", GEMM_KERNELS["v1"],
                       f"{what}: auto, batch·M·P·K = {work} < {TILED_MIN_WORK}: too small to tile")
-    tiles = batch * -(-M // TILE) * -(-P // TILE)
+    tiles = batch * -(-M // tile) * -(-P // tile)
     if tiles < TILED_MIN_TILES:
         return Choice("v1", GEMM_KERNELS["v1"],
                       f"{what}: auto, {tiles} tiles of C < {TILED_MIN_TILES}: too few threadgroups "
                       f"for a K of {K}")
-    return Choice("v2", GEMM_KERNELS["v2"],
+    return Choice(tiled, GEMM_KERNELS[tiled],
                   f"{what}: auto, batch·M·P·K = {work} >= {TILED_MIN_WORK}, M, P, K >= "
                   f"{TILED_MIN_SIDE} and {tiles} tiles: tiled")
 
 
-def gemm_tiles(*, batch: int, M: int, P: int, block: int, b_block: int) -> int:
-    """The v2 tiles of C[batch, M, P]. With ``b_block`` != 0 the rows of C come in blocks of
-    ``block`` that read different parts of B, and no tile straddles two (strided_gemm_tiled
-    counts them the same way)."""
+def gemm_tiles(*, batch: int, M: int, P: int, block: int, b_block: int, tile: int = TILE) -> int:
+    """The ``tile``×``tile`` tiles of C[batch, M, P] (:data:`TILE` for v2, :data:`BLOCKED_TILE`
+    for v3). With ``b_block`` != 0 the rows of C come in blocks of ``block`` that read different
+    parts of B, and no tile straddles two (strided_gemm_tiled and strided_gemm_blocked count
+    them the same way)."""
     span = max(block, 1) if b_block else max(M, 1)
     blocks = -(-M // span)
-    return batch * blocks * -(-span // TILE) * -(-P // TILE)
+    return batch * blocks * -(-span // tile) * -(-P // tile)
 
 
 def gemm_threads(choice: Choice, *, batch: int, M: int, P: int, block: int, b_block: int) -> int:
     """The threads to dispatch for ``choice``: one per element of C for v1, :data:`THREADS`
-    per tile for v2 (each kernel splits its work over the threadgroups it gets)."""
+    per 32×32 tile for v2, :data:`BLOCKED_THREADS` per 64×64 tile for v3 (each kernel splits
+    its work over the threadgroups it gets)."""
     if choice.version == "v1":
         return batch * M * P
-    return THREADS * gemm_tiles(batch=batch, M=M, P=P, block=block, b_block=b_block)
+    tile, threads = TILED[choice.version]
+    return threads * gemm_tiles(batch=batch, M=M, P=P, block=block, b_block=b_block, tile=tile)
 
 
 @contextlib.contextmanager
