@@ -198,7 +198,9 @@ inline void rg_mark(device uint2* status, uint tgid, uint lid, uint tpg, uint st
 // a butterfly of simd_shuffle_xor; lane l then finishes the rows b ≡ l (mod S). The weight is
 // read along its contiguous index by consecutive lanes (R forward, Rᵀ backward).
 
-// Rows per chunk at most (registers: gates × RG_BMAX partial sums per thread).
+// Rows per chunk at most (registers: gates × RG_BMAX partial sums per thread). Every loop over
+// gates, rows or the four k of a step of rg_dots is unrolled (#pragma unroll), so that the
+// partial sums are indexed by constants and stay in registers.
 #define RG_BMAX 8
 
 // One thread's partial sums: v[g][b] for gate g < 4 (in the order the kernel passes the
@@ -221,19 +223,48 @@ inline uint rg_slices(uint units, uint tpg) {
 }
 
 // This lane's share (k ≡ lane mod S) of acc[g][b] += Σ_k v[b·ldv + k] · w[o_g + k] for g < ng,
-// b < nb, k < K (v in threadgroup memory, w in device memory, both contiguous in k).
+// b < nb, k < K (v in threadgroup memory, w in device memory, both contiguous in k). Four of the
+// lane's k at a time: their 4·ng weight loads are issued together, so that a thread keeps
+// several loads in flight (a loop of one load and its uses leaves it waiting on each).
 inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
                     threadgroup const float* v, uint ldv, device const float* w,
                     uint o0, uint o1, uint o2, uint o3, uint K, uint lane, uint S) {
     uint off[4] = {o0, o1, o2, o3};
-    for (uint k = lane; k < K; k += S) {
+    uint k = lane;
+    for (; k + 3 * S < K; k += 4 * S) {
+        float wk[4][4];
+        #pragma unroll
+        for (uint u = 0; u < 4; ++u) {
+            #pragma unroll
+            for (uint g = 0; g < 4; ++g) {
+                wk[u][g] = g < ng ? w[off[g] + k + u * S] : 0.0f;
+            }
+        }
+        #pragma unroll
+        for (uint b = 0; b < RG_BMAX; ++b) {
+            if (b < nb) {
+                #pragma unroll
+                for (uint u = 0; u < 4; ++u) {
+                    float x = v[b * ldv + k + u * S];
+                    #pragma unroll
+                    for (uint g = 0; g < 4; ++g) {
+                        acc.v[g][b] += wk[u][g] * x;
+                    }
+                }
+            }
+        }
+    }
+    for (; k < K; k += S) {
         float wk[4];
+        #pragma unroll
         for (uint g = 0; g < 4; ++g) {
             wk[g] = g < ng ? w[off[g] + k] : 0.0f;
         }
+        #pragma unroll
         for (uint b = 0; b < RG_BMAX; ++b) {
             if (b < nb) {
                 float x = v[b * ldv + k];
+                #pragma unroll
                 for (uint g = 0; g < 4; ++g) {
                     acc.v[g][b] += wk[g] * x;
                 }
@@ -244,7 +275,9 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
 
 // Zero the partial sums.
 inline void rg_clear(thread RgAcc& acc) {
+    #pragma unroll
     for (uint g = 0; g < 4; ++g) {
+        #pragma unroll
         for (uint b = 0; b < RG_BMAX; ++b) {
             acc.v[g][b] = 0.0f;
         }
@@ -255,7 +288,9 @@ inline void rg_clear(thread RgAcc& acc) {
 // acc[g][b], g < ng, b < nb. Every lane of the SIMD-group calls it (ng, nb, S uniform).
 inline void rg_lane_sum(thread RgAcc& acc, uint ng, uint nb, uint S) {
     for (uint m = S / 2; m > 0; m /= 2) {
+        #pragma unroll
         for (uint g = 0; g < 4; ++g) {
+            #pragma unroll
             for (uint b = 0; b < RG_BMAX; ++b) {
                 if (g < ng && b < nb) {
                     acc.v[g][b] += simd_shuffle_xor(acc.v[g][b], (ushort)m);

@@ -295,6 +295,7 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                         rg_dots(acc, 1, nb, staged_o, H, Rd, j * GH + qo, 0, 0, 0, H, lane, S);
                     }
                     rg_lane_sum(acc, 1, nb, S);
+                    #pragma unroll
                     for (uint b = 0; b < RG_BMAX; ++b) {
                         if (j < H && b < nb && b % S == lane) {
                             uint row = r0 + b, n = row % N;
@@ -330,6 +331,7 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                     }
                 }
                 rg_lane_sum(acc, 1, nb, S);
+                #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
                     if (j < H && b < nb && b % S == lane) {
                         uint row = r0 + b, n = row % N;

@@ -204,6 +204,7 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
                 uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
                 float a[4], g[4];
+                #pragma unroll
                 for (uint k = 0; k < 4; ++k) {
                     a[k] = zs[zrow + rg_gate(p, k) * H + j];
                     g[k] = rg_activate(rg_act(p, k), a[k]);
@@ -231,6 +232,7 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 da[1] = dc * cp * rg_derivative(p.act1, a[1]);
                 da[2] = dc * g[0] * rg_derivative(p.act2, a[2]);
                 float dc_next = dc * g[1];
+                #pragma unroll
                 for (uint k = 0; k < 4; ++k) {
                     uint q = rg_gate(p, k) * H + j;
                     dx[xrow + q] = da[k];
@@ -253,6 +255,7 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                     rg_dots(acc, 1, nb, stage, GH, Rt + d * H * GH, j * GH, 0, 0, 0, GH, lane, S);
                 }
                 rg_lane_sum(acc, 1, nb, S);
+                #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
                     if (j < H && b < nb && b % S == lane) {
                         uint own = ((r0 + b) % N) * DH + d * H + j;

@@ -152,6 +152,7 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             H, lane, S);
                 }
                 rg_lane_sum(acc, 4, nb, S);
+                #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
                     if (j < H && b < nb && b % S == lane) {
                         uint n = (r0 + b) % N;
@@ -161,6 +162,7 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                         uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
                         uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
                         float act[4];
+                        #pragma unroll
                         for (uint k = 0; k < 4; ++k) {
                             uint q = rg_gate(p, k) * H + j;
                             float a = (x[xrow + q] + bias[d * GH + q]) + acc.v[k][b];

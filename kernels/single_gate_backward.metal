@@ -156,6 +156,7 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                     rg_dots(acc, 1, nb, stage, H, Rt + d * H * H, j * H, 0, 0, 0, H, lane, S);
                 }
                 rg_lane_sum(acc, 1, nb, S);
+                #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
                     if (j < H && b < nb && b % S == lane) {
                         uint own = ((r0 + b) % N) * DH + d * H + j;

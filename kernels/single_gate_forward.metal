@@ -123,6 +123,7 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                     rg_dots(acc, 1, nb, stage, H, R + d * H * H, j * H, 0, 0, 0, H, lane, S);
                 }
                 rg_lane_sum(acc, 1, nb, S);
+                #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
                     if (j < H && b < nb && b % S == lane) {
                         uint n = (r0 + b) % N;

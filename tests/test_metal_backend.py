@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from rnngrad import registry
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 from rnngrad.descriptors import Activation
-from rnngrad.backends.metal import library
+from rnngrad.backends.metal import library, versions
 from rnngrad.backends.metal.host import EMULATED_BACKEND, emulated_device
 from rnngrad.testing import check_case
 
@@ -260,13 +260,15 @@ def test_dispatch_count_does_not_grow_with_T(cell):
 # -- v2's chunks ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("N, H, threads", [(11, 3, 64), (11, 40, 32), (5, 7, 1024)])
+@pytest.mark.parametrize("N, H, threads", [(11, 3, 1024), (11, 40, 32), (5, 7, 1024)])
 def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
-    """Bidirectional, N = 11: each direction's rows in chunks of 8 and 3, a threadgroup's rows
-    crossing from one direction to the other; H = 40 in threadgroups of 32 needs two passes of
+    """Eight rows a threadgroup asked for (the rule asks for one). Bidirectional, N = 11 at 1024
+    threads: 22 rows over 3 threadgroups of 8, 8 and 6 rows, the second's in a chunk of 3 rows
+    of one direction and 5 of the other; H = 40 in threadgroups of 32 needs two passes of
     units (one lane a unit, the second pass 8 units short); H = 7 at 1024 threads: 32 lanes a
     unit, most of them past H's sum. Against the reference, adversarial schedule."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)
     rng = np.random.default_rng(N * H + threads)
     desc = random_descriptor(rng, cell, bidirectional=True, training=True)
     case = random_case(rng, cell, descriptor=desc, T=3, N=N, H=H, I=3, dtype=np.float32,
@@ -275,5 +277,7 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
     check_both(case, **device)
     with emulated_device(**device) as dev:
         case.gradients(backend=BACKEND)
-    assert {d.kernel for d in dev.trace if not d.kernel.startswith("strided")} == {
-        f"{cell}_forward_v2", f"{cell}_backward_v2"}
+    recurrences = [d for d in dev.trace if not d.kernel.startswith("strided")]
+    assert {d.kernel for d in recurrences} == {f"{cell}_forward_v2", f"{cell}_backward_v2"}
+    assert {d.count for d in recurrences} == {-(-2 * N // min(8, versions.v2_rows(
+        cell=cell, direction=d.kernel.split("_")[-2], H=H))) * 1024 for d in recurrences}

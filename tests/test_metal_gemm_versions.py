@@ -346,7 +346,8 @@ def test_mutants_of_the_tiled_kernels_fail(version, mutant):
 
 def test_the_rule():
     big = dict(batch=1, M=12800, P=2048, K=512)
-    assert versions.gemm(**big).version == "v2"
+    assert versions.TILED_VERSION == "v3"  # the tiled version the rule uses, measured
+    assert versions.gemm(**big).version == "v3"
     assert "tiled" in versions.gemm(**big).reason
     for shape, why in [(dict(batch=1, M=1, P=2048, K=12800), "M=1 < 8 (a reduction to one row)"),
                        (dict(batch=2, M=1, P=512, K=64), "M=1 < 8"),
@@ -356,10 +357,10 @@ def test_the_rule():
         assert (choice.version, choice.kernel) == ("v1", "strided_gemm"), choice
         assert why in choice.reason, choice
     edge = dict(batch=1, M=32 * 16, P=32 * 8, K=versions.TILED_MIN_WORK // (32 * 16 * 32 * 8))
-    assert versions.gemm(**edge).version == "v2"  # 128 tiles, 2**20 multiply-adds
+    assert versions.gemm(**edge).version == "v3"  # 128 32x32 tiles, 2**20 multiply-adds
     assert versions.gemm(**dict(edge, P=32 * 8 - 1)).version == "v1"
     few = versions.gemm(batch=1, M=512, P=128, K=8000)  # dR of 1000x8x128x128: 64 tiles
-    assert few.version == "v1" and "64 tiles of C < 128" in few.reason, few
+    assert few.version == "v1" and "64 32x32 tiles of C < 128" in few.reason, few
     assert "input weight gradient (batch=1" in str(versions.gemm(**big, product="input weight gradient"))
 
 
@@ -406,15 +407,17 @@ def test_the_tile_count_mirrors_the_kernel():
 
 
 def test_the_rule_tiles_with_the_chosen_version(monkeypatch):
-    """TILED_VERSION picks which tiled version the rule uses, with its own tile count."""
+    """TILED_VERSION picks which tiled version the rule uses; the tile count is an area of C,
+    in 32×32 tiles, whichever version tiles."""
     big = dict(batch=1, M=12800, P=2048, K=512)
-    monkeypatch.setattr(versions, "TILED_VERSION", "v3")
-    choice = versions.gemm(**big)
-    assert (choice.version, choice.kernel) == ("v3", BLOCKED), choice
-    assert "200 tiles" in versions.gemm(batch=1, M=64 * 20, P=64 * 10, K=2048).reason
-    few = versions.gemm(batch=1, M=512, P=256, K=8000)  # 8 × 4 tiles of 64×64
-    assert few.version == "v1" and "32 tiles of C < 128" in few.reason, few
-    assert "a 64x64 tile" in versions.gemm(batch=1, M=1, P=2048, K=12800).reason
+    for tiled, kernel, side in (("v3", BLOCKED, 64), ("v2", TILED, 32)):
+        monkeypatch.setattr(versions, "TILED_VERSION", tiled)
+        choice = versions.gemm(**big)
+        assert (choice.version, choice.kernel) == (tiled, kernel), choice
+        assert "800 32x32 tiles" in versions.gemm(batch=1, M=64 * 20, P=64 * 10, K=2048).reason
+        few = versions.gemm(batch=1, M=256, P=256, K=8000)  # 8 × 8 tiles of 32×32
+        assert few.version == "v1" and "64 32x32 tiles of C < 128" in few.reason, few
+        assert f"a {side}x{side} tile" in versions.gemm(batch=1, M=1, P=2048, K=12800).reason
     monkeypatch.setattr(versions, "TILED_VERSION", "v1")
     with pytest.raises(ValueError, match="TILED_VERSION: expected one of v2, v3, got 'v1'"):
         versions.gemm(**big)
@@ -475,7 +478,7 @@ def test_backend_with_v3_from_the_environment(monkeypatch):
     assert max(d.threadgroups for d in products) >= 4
 
 
-@pytest.mark.parametrize("tiled, tiles", [("v2", 16), ("v3", 4)])
+@pytest.mark.parametrize("tiled, tiles", [("v2", 16), ("v3", 16)])
 def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch, tiled, tiles):
     """An LSTM whose input-side products reach 2**20 multiply-adds: the rule tiles those (with
     TILED_VERSION) and keeps the smaller dR and the one-row reductions on v1; the result
@@ -504,7 +507,7 @@ def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch, tiled, tiles)
     logged = [m for m in logged if m not in recurrences]
     assert len(logged) == 6
     assert logged[0] == (f"metal-emulated: {tiled} {TILED}: batch=1, M=128, P=128, K=64: "
-                         f"auto, batch·M·P·K = 1048576 >= 1048576, M, P, K >= 8 and {tiles} tiles: tiled")
+                         f"auto, batch·M·P·K = 1048576 >= 1048576, M, P, K >= 8 and {tiles} 32x32 tiles: tiled")
     assert "v1 strided_gemm: batch=1, M=1, P=128, K=128: auto, M=1 < 8" in logged[4]
 
 
@@ -544,22 +547,27 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
     rule = functools.partial(versions.recurrence, cell="lstm")
     count = functools.partial(versions.recurrence_count, cell="lstm")
-    small = rule(direction="forward", D=1, N=8, H=128)  # 1000x8x128x128: one chunk of 8 rows
+    small = rule(direction="forward", D=1, N=8, H=128)  # 1000x8x128x128: a threadgroup a row
     assert (small.version, small.kernel) == ("v2", "lstm_forward_v2")
-    assert count(small, direction="forward", D=1, N=8, H=128) == 1024
-    # The backward stages 4H floats a row: 6144 // 2048 = 3 rows a chunk at H = 512.
-    assert versions.v2_rows(cell="lstm", direction="backward", H=512) == 3
-    wide = rule(direction="backward", D=1, N=64, H=512)
-    assert wide.version == "v2" and count(wide, direction="backward", D=1, N=64, H=512) == 22 * 1024
-    # Past the threadgroup memory of one row, v1 and its grid rule.
+    assert "H <= 256, 1 row(s) a threadgroup" in small.reason
+    assert count(small, direction="forward", D=1, N=8, H=128) == 8 * 1024
+    # More rows a threadgroup, at most a chunk: the backward stages 4H floats a row, so
+    # 6144 // 1024 = 6 rows a chunk at H = 256.
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)
+    assert versions.v2_rows(cell="lstm", direction="backward", H=256) == 6
+    wide = rule(direction="backward", D=2, N=32, H=256)
+    assert wide.version == "v2" and count(wide, direction="backward", D=2, N=32, H=256) == 11 * 1024
+    assert count(wide, direction="forward", D=2, N=32, H=256) == 8 * 1024
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    # Past V2_MAX_H, v1 in its grid; past one row of threadgroup memory, v2 cannot run.
+    assert rule(direction="forward", D=1, N=64, H=512).version == "rows"
+    assert rule(direction="forward", D=2, N=512, H=300).version == "packed"
     assert versions.v2_rows(cell="lstm", direction="backward", H=1537) == 0
-    assert rule(direction="backward", D=2, N=512, H=1537).version == "packed"
-    assert rule(direction="backward", D=1, N=8, H=1537).version == "packed"
-    assert rule(direction="forward", D=1, N=8, H=7000).version == "packed"
     gru = versions.recurrence(cell="gru", direction="backward", D=1, N=8, H=2000)
     assert gru.version == "packed" and gru.kernel == "gru_backward"
     harness = rule(direction="forward", D=1, N=8, H=7000, device="metal-emulated")
     assert harness.version == "packed" and "CPU harness" in harness.reason
+    assert rule(direction="forward", D=1, N=8, H=64, device="metal-emulated").version == "v2"
     monkeypatch.setenv(versions.RECURRENCE_ENV, "v1")  # v1, in the grid its rule picks
     v1 = rule(direction="forward", D=1, N=8, H=128)
     assert (v1.version, v1.kernel) == ("rows", "lstm_forward") and "v1 forced" in v1.reason

@@ -1,23 +1,37 @@
 """Which kernel version runs each Metal dispatch, and why: the one place the host chooses.
 
-The recurrences (``kernels/<cell>_{forward,backward}.metal``) have one kernel, run in two grids:
+The recurrences (``kernels/<cell>_{forward,backward}.metal``) have two versions:
 
-- ``packed``: ``count = D·N·H`` threads, so metalcompute's threadgroups of up to 1024 threads
-  each own as many whole batch rows as fit (one GPU core runs every row when D·N·H ≤ 1024).
-- ``rows``: ``count = D·N·1024``: one threadgroup per batch row, its threads striding over the
-  row's H units (those past H wait at the step's barrier). More threadgroups, so more GPU
-  cores, at the price of idle threads.
+- ``v1`` ``<cell>_<direction>``: a thread per (row, unit), each a dot product of length H per
+  gate straight from device memory, run in one of two grids: ``packed`` (``count = D·N·H``
+  threads, so threadgroups of up to 1024 threads each own as many whole rows as fit) or
+  ``rows`` (``count = D·N·1024``, one threadgroup per row, its threads striding over the
+  units). v1's grid rule: **rows when H ≤** :data:`ROWS_MAX_H` **and packing leaves fewer
+  than** :data:`ROWS_MIN_GROUPS` **threadgroups, else packed** (always packed on the CPU
+  harness, where every idle thread is a fiber).
+- ``v2`` ``<cell>_<direction>_v2``: each step's recurrent product as a small matrix product
+  over a chunk of at most :data:`V2_ROWS` rows, the chunk's left factor staged in threadgroup
+  memory, each thread one unit of every row of the chunk and a slice of the reduction, the
+  slices' sums met by SIMD shuffles (kernels/common.metal). ``count`` = one threadgroup of
+  :data:`V2_THREADS` per :data:`V2_GROUP_ROWS` rows (kernels accept any count: a threadgroup
+  takes its rows in chunks).
 
-The rule (``auto``): **rows when H ≤** :data:`ROWS_MAX_H` **and packing leaves fewer than**
-:data:`ROWS_MIN_GROUPS` **threadgroups, else packed** (always packed on the CPU harness, where
-every idle thread is a fiber). Measured on an H100 through metal-cuda, forward / backward
-kernel ms, packed → rows: 1000×8×128×128 RNN 8.7 → 4.1 / 7.6 → 3.9, GRU 20.5 → 6.9 /
-27.7 → 11.0, LSTM 51.3 → 46.1 / 31.8 → 17.4; 100×32×256×256 GRU 4.7 → 3.8 / 5.3 → 3.8, LSTM
-11.1 → 9.8 / 5.5 → 3.5; 200×64×512×512 GRU 18.5 → 15.4 / 20.0 → 15.2, LSTM 44.4 → 40.2 /
-20.4 → 13.8; 50×1×64×64 the same. Not measured on Apple hardware. Override it with
-``RNNGRAD_METAL_RECURRENCE`` = ``packed`` | ``rows`` | ``auto`` or the module setting
-:data:`RECURRENCE`. Both grids give bitwise the same results: only the rows' assignment to
-threadgroups changes.
+The rule (``auto``): **v2 when H ≤** :data:`V2_MAX_H` **(and a row fits v2's threadgroup
+memory), with one row per threadgroup; else v1 in its grid.** Measured on an H100 through
+metal-cuda, kernel ms of forward + backward recurrences, v1 (its grid rule) → v2 with 1 / 2 / 8
+rows per threadgroup: 100×32×256×256 RNN 4.5 → 2.4 / 2.7 / 5.1, GRU 7.6 → 6.3 / 6.9 / 10.8,
+LSTM 13.3 → 8.6 / 9.4 / 14.7; 1000×8×128×128 RNN 8.0 → 7.8 / 9.3 / 19.5, GRU 18.4 → 15.9 / 20.0
+/ 44.2, LSTM 62.8 → 22.4 / 28.7 / 60.5; 50×1×64×64 RNN 0.30 → 0.30, GRU 0.47 → 0.51, LSTM 0.69
+→ 0.62; 200×64×512×512 RNN 26.0 → 29.4, GRU 30.5 → 84.7, LSTM 53.9 → 115.1 (one row per
+threadgroup: every threadgroup reads all of R from L2 at every step, which at H = 512 costs more
+than v1's one thread per unit saves). Chunks of several rows read R once per chunk, which would
+pay where L2 is slow; on the H100 the single row wins (the profile of LSTM 200×8×128×128 shows
+the cores issuing at 55% of their rate with 8 warps each: instruction-bound, a step's work too
+small per threadgroup). Not measured on Apple hardware. Override it with
+``RNNGRAD_METAL_RECURRENCE`` = ``v2`` | ``v1`` | ``packed`` | ``rows`` | ``auto`` (``v1``: v1 in
+the grid its rule picks) or the module setting :data:`RECURRENCE`; :data:`V2_GROUP_ROWS` sets
+v2's rows per threadgroup. The two grids of v1 give bitwise the same results (only the rows'
+assignment to threadgroups changes); v2 sums in another order, within the float32 tolerance.
 
 The matrix products outside the recurrence have three versions
 (``kernels/gemm.metal``; shapes as ``GemmParams`` in ``kernels/common.metal``: C[batch, M, P] =
@@ -31,9 +45,9 @@ A·B over K):
   :data:`BLOCKED_TILE`×:data:`BLOCKED_TILE` tile of C, K staged through threadgroup memory in
   chunks of 32, each thread a 4×4 block of C in registers (no ``simdgroup_matrix``).
 
-The rule (``auto``): **the tiled version** :data:`TILED_VERSION` **(v2) when M, P and K are
+The rule (``auto``): **the tiled version** :data:`TILED_VERSION` **(v3) when M, P and K are
 each at least 8, batch·M·P·K is at least** :data:`TILED_MIN_WORK` **(2**20 multiply-adds) and C
-has at least** :data:`TILED_MIN_TILES` **tiles of that version, else v1.** Below 8 in M or P a
+has at least** :data:`TILED_MIN_TILES` **32×32 tiles, else v1.** Below 8 in M or P a
 tile is mostly padding: the 1-row reductions (bias, peephole and secondary-bias gradients,
 M = 1) stay one thread per output, each summing its column over K. Below 8 in K the staged chunk is mostly zeros. Below 2**20 multiply-adds the
 dispatch costs more than the product either way, and v1 makes fewer threads wait on barriers.
@@ -43,8 +57,10 @@ v1's thousands of threads hide the latency better: measured on an H100 through m
 GEMMs with v1 and 3.7–4.4 ms with v2, while at 200×64×512×512 v2 halved them (LSTM 39.9 → 19.4
 ms, GRU 30.5 → 17.0 ms). The thresholds are measured on that GPU only, not on Apple hardware.
 
-v3 is not chosen by the rule yet: it waits for GPU measurements (set :data:`TILED_VERSION` to
-"v3" to make the rule tile with it).
+The tiled version the rule uses is v3: GEMM ms of a whole op, every product forced to v2 → v3
+on the H100: 100×32×256×256 RNN 1.78 → 1.68, GRU 2.17 → 1.95, LSTM 2.29 → 1.97;
+200×64×512×512 RNN 11.1 → 9.7, GRU 16.8 → 12.0, LSTM 19.0 → 13.0. The tile count of the rule
+is counted in 32×32 tiles whichever version tiles (an area of C).
 
 Override it with the environment variable ``RNNGRAD_METAL_GEMM`` = ``v1`` | ``v2`` | ``v3`` |
 ``auto`` (read at every product) or the module setting :data:`GEMM` (``versions.GEMM = "v2"``;
@@ -82,12 +98,12 @@ BLOCKED_THREADS = 256
 #: version -> (tile side, threads per tile) of the tiled versions
 TILED = {"v2": (TILE, THREADS), "v3": (BLOCKED_TILE, BLOCKED_THREADS)}
 #: the tiled version the rule (auto) picks for large products: "v2" or "v3"
-TILED_VERSION = "v2"
+TILED_VERSION = "v3"
 #: the smallest batch·M·P·K that the rule gives to v2
 TILED_MIN_WORK = 2 ** 20
 #: the smallest M, P and K that the rule gives to v2: one 8×8 simdgroup_matrix
 TILED_MIN_SIDE = 8
-#: the fewest tiles of C that the rule gives to v2 (about one per core of a large GPU)
+#: the fewest 32×32 tiles of C that the rule tiles (about one per core of a large GPU)
 TILED_MIN_TILES = 128
 
 _SETTINGS = ("v1", "v2", "v3", "auto")
@@ -111,6 +127,10 @@ V2_STAGE_PER_ROW = {("single_gate", "forward"): 1, ("single_gate", "backward"): 
                     ("lstm", "forward"): 1, ("lstm", "backward"): 4}
 #: threads the host asks for per v2 threadgroup (metalcompute's largest threadgroup)
 V2_THREADS = 1024
+#: rows per v2 threadgroup the host asks for (the kernels take more in chunks of V2_ROWS)
+V2_GROUP_ROWS = 1
+#: the largest H the rule gives v2
+V2_MAX_H = 256
 _GRIDS = ("v2", "v1", "packed", "rows", "auto")
 
 
@@ -118,6 +138,11 @@ def v2_rows(*, cell: str, direction: str, H: int) -> int:
     """Rows of one v2 chunk: min(RG_BMAX, RG_STAGE / floats staged per row); 0 where one row
     does not fit (then v2 cannot run)."""
     return min(V2_ROWS, V2_STAGE // (V2_STAGE_PER_ROW[(cell, direction)] * max(H, 1)))
+
+
+def group_rows(*, cell: str, direction: str, H: int) -> int:
+    """Rows per v2 threadgroup the host asks for: :data:`V2_GROUP_ROWS`, at most a chunk."""
+    return max(1, min(V2_GROUP_ROWS, v2_rows(cell=cell, direction=direction, H=H)))
 
 
 def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str = "") -> Choice:
@@ -143,10 +168,10 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
     if setting not in ("auto", "v1"):
         return Choice(setting, v2 if setting == "v2" else v1,
                       f"{shape}: forced by {source}={setting}")
-    if fits and setting == "auto":
-        return Choice("v2", v2, f"{shape}: auto, v2: a chunk of "
-                                f"{v2_rows(cell=cell, direction=direction, H=H)} row(s) fits "
-                                f"the {V2_STAGE} floats of threadgroup memory")
+    if fits and setting == "auto" and H <= V2_MAX_H:
+        return Choice("v2", v2, f"{shape}: auto, v2: H <= {V2_MAX_H}, "
+                                f"{group_rows(cell=cell, direction=direction, H=H)} row(s) a "
+                                f"threadgroup")
     packed_groups = -(-D * N * H // 1024)
     if setting == "v1":
         shape = f"{shape}: v1 forced by {source}=v1, its grid"
@@ -163,10 +188,10 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
 def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: int,
                      H: int) -> int:
     """The threads a recurrence dispatch asks for under ``choice``: v2 one threadgroup of
-    :data:`V2_THREADS` per chunk of rows, v1 ``rows`` one per row, v1 ``packed`` one thread per
-    (row, unit)."""
+    :data:`V2_THREADS` per :func:`group_rows` rows, v1 ``rows`` one per row, v1 ``packed`` one
+    thread per (row, unit)."""
     if choice.version == "v2":
-        return -(-D * N // v2_rows(cell=cell, direction=direction, H=H)) * V2_THREADS
+        return -(-D * N // group_rows(cell=cell, direction=direction, H=H)) * V2_THREADS
     return D * N * (1024 if choice.version == "rows" else H)
 
 
@@ -218,14 +243,14 @@ def gemm(*, batch: int, M: int, P: int, K: int, product: str = "") -> Choice:
     if work < TILED_MIN_WORK:
         return Choice("v1", GEMM_KERNELS["v1"],
                       f"{what}: auto, batch·M·P·K = {work} < {TILED_MIN_WORK}: too small to tile")
-    tiles = batch * -(-M // tile) * -(-P // tile)
+    tiles = batch * -(-M // TILE) * -(-P // TILE)
     if tiles < TILED_MIN_TILES:
         return Choice("v1", GEMM_KERNELS["v1"],
-                      f"{what}: auto, {tiles} tiles of C < {TILED_MIN_TILES}: too few threadgroups "
-                      f"for a K of {K}")
+                      f"{what}: auto, {tiles} 32x32 tiles of C < {TILED_MIN_TILES}: too few "
+                      f"threadgroups for a K of {K}")
     return Choice(tiled, GEMM_KERNELS[tiled],
                   f"{what}: auto, batch·M·P·K = {work} >= {TILED_MIN_WORK}, M, P, K >= "
-                  f"{TILED_MIN_SIDE} and {tiles} tiles: tiled")
+                  f"{TILED_MIN_SIDE} and {tiles} 32x32 tiles: tiled")
 
 
 def gemm_tiles(*, batch: int, M: int, P: int, block: int, b_block: int, tile: int = TILE) -> int:

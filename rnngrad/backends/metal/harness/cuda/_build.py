@@ -102,7 +102,7 @@ def _launchers(kernels) -> str:
         args = ",\n        ".join(_argument(p) for p in params)
         out.append(f"""
 extern "C" __device__ const unsigned {LIMIT_PREFIX}{info.name} = (unsigned)({info.max_threads});
-extern "C" __global__ void __launch_bounds__(1024) {LAUNCHER_PREFIX}{info.name}({buffers}) {{
+extern "C" __global__ void __launch_bounds__({info.max_threads}) {LAUNCHER_PREFIX}{info.name}({buffers}) {{
     {info.name}({args});
 }}""")
     return "\n".join(out) + "\n"
@@ -123,7 +123,9 @@ def translate_source(source: str):
     src = _blank(src, masked, r"\bconstant\b", "const   ")
     unit = ('#include "metal_stdlib.h"\n'
             f"namespace __mtl {{ {_shadows()}\n"
-            f'#line 1 "{translate.SOURCE_NAME}"\n{src}\n{_launchers(kernels)}}}  // namespace __mtl\n')
+            "#define inline __forceinline__\n"  # Metal's compiler inlines every function
+            f'#line 1 "{translate.SOURCE_NAME}"\n{src}\n#undef inline\n'
+            f'{_launchers(kernels)}}}  // namespace __mtl\n')
     return unit, kernels
 
 
