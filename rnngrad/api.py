@@ -100,13 +100,15 @@ def gradient_entries(problem, original, out) -> list:
 
 def run_forward(cell, descriptor, backend, **given) -> ForwardResult:
     problem, _ = forward_problem(cell, descriptor, **given)
-    _, implementation = registry.resolve(backend, cell, "forward", problem.dtype, problem.on_gpu)
+    _, implementation = registry.resolve(backend, cell, "forward", problem.dtype, problem.on_gpu,
+                                         problem)
     return forward_result(problem, implementation(problem))
 
 
 def run_gradients(cell, descriptor, backend, **given) -> GradientResult:
     problem, original = gradient_problem(cell, descriptor, **given)
-    _, implementation = registry.resolve(backend, cell, "gradients", problem.dtype, problem.on_gpu)
+    _, implementation = registry.resolve(backend, cell, "gradients", problem.dtype, problem.on_gpu,
+                                         problem)
     return GradientResult(gradient_entries(problem, original, implementation(problem)))
 
 

@@ -33,6 +33,9 @@ class Backend:
     gpu: bool = False
     #: where it runs, for ``rnngrad info`` (e.g. the GPU's name); called only when available
     device: Callable[[], str] = lambda: ""
+    #: for ``backend=None``: None when it suits a problem, else why the next backend is
+    #: expected to be faster there (a size rule); a named backend runs whatever it is given
+    suits: Callable[[object], Optional[str]] = lambda problem: None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,9 +131,10 @@ def _gpu_backends() -> str:
                      for n, (b, reason) in rows if b is not None and b.gpu or b is None and "GPU" in reason)
 
 
-def resolve(name, cell: str, kind: str, dtype, on_gpu: bool = False) -> tuple:
-    """(backend name, implementation) for a call; ``name=None`` picks the fastest available
-    automatic backend that implements (cell, kind) in ``dtype``. ``on_gpu``: the inputs are in
+def resolve(name, cell: str, kind: str, dtype, on_gpu: bool = False, problem=None) -> tuple:
+    """(backend name, implementation) for a call; ``name=None`` picks the first available
+    automatic backend that implements (cell, kind) in ``dtype`` and suits ``problem`` (its
+    ``suits`` rule; every backend suits when no problem is given). ``on_gpu``: the inputs are in
     GPU memory, which only a backend with ``gpu`` takes (and never by ``name=None``)."""
     dtype = np.dtype(dtype)
     if on_gpu and name is None:
@@ -140,7 +144,8 @@ def resolve(name, cell: str, kind: str, dtype, on_gpu: bool = False) -> tuple:
         for spec in _SPECS:
             backend, _ = _load(spec)
             if spec.automatic and backend is not None and dtype in backend.dtypes \
-                    and (cell, kind) in backend.implementations:
+                    and (cell, kind) in backend.implementations \
+                    and (problem is None or backend.suits(problem) is None):
                 return backend.name, backend.implementations[(cell, kind)]
         raise ValueError(f"backend: no available backend implements {cell} {kind} in {dtype}")
     if not isinstance(name, str):

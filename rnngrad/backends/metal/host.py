@@ -760,6 +760,44 @@ def _probe_cuda():
     return None
 
 
+#: the fewest multiply-adds of an op for which ``backend=None`` runs it on the Apple GPU
+METAL_MIN_WORK = 2 ** 24
+#: environment variable that overrides :data:`METAL_MIN_WORK` (0: every op on the GPU)
+MIN_WORK_ENV = "RNNGRAD_METAL_MIN_WORK"
+
+
+def op_work(problem) -> int:
+    """Multiply-adds of one op: the recurrence's T·D·N·G·H·H plus the input projection's
+    T·D·N·G·H·I (with input_weight). The gradients do about twice that; the rule uses the same
+    count for both so that an op and its gradients run on the same backend."""
+    I = problem.I if problem.input_weight is not None else 0
+    return problem.T * problem.D * problem.N * problem.G * problem.H * (problem.H + I)
+
+
+def metal_suits(problem):
+    """``backend=None``'s size rule for the Apple GPU: None (run on "metal") when the op has at
+    least ``$RNNGRAD_METAL_MIN_WORK`` (default :data:`METAL_MIN_WORK` = 2**24, about 1.7·10**7)
+    multiply-adds, else why numba is expected to be faster. Each op makes 2 to 8 dispatches,
+    each its own command buffer in metalcompute, about 0.1–0.3 ms apiece on an M-series Mac by
+    public reports: a millisecond or two that numba (which runs an op of 2**24 multiply-adds in
+    about that time on one core) does not pay. The threshold is that estimate, not a measurement
+    on a Mac: ``rnngrad bench --backends metal numba`` there measures the crossover, and
+    ``RNNGRAD_METAL_MIN_WORK`` moves it (0 sends every op to the GPU)."""
+    value = os.environ.get(MIN_WORK_ENV, "").strip()
+    try:
+        least = int(value.replace("_", ""), 0) if value else METAL_MIN_WORK
+    except ValueError:
+        least = -1
+    if least < 0:
+        raise ValueError(f"{MIN_WORK_ENV}: expected a non-negative integer (multiply-adds), "
+                         f"got {value!r}")
+    work = op_work(problem)
+    if work >= least:
+        return None
+    return (f"{work} multiply-adds < {MIN_WORK_ENV} = {least}: too small for the GPU's dispatch "
+            f"cost")
+
+
 HOST = MetalHost(_metal_device, "metal")
 EMULATED_HOST = MetalHost(_emulator_device, "metal-emulated")
 CUDA_HOST = MetalHost(_cuda_device, "metal-cuda")
@@ -770,6 +808,7 @@ BACKEND = registry.Backend(
     implementations=HOST.implementations(),
     probe=_probe_metal,
     summary="hand-written MSL kernels on the Apple GPU through metalcompute (float32)",
+    suits=metal_suits,
 )
 
 EMULATED_BACKEND = registry.Backend(
