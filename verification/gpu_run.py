@@ -285,13 +285,21 @@ def main(argv=None) -> int:
                           [py, "-m", "rnngrad", "verify", "--backend", "metal-cuda"], out)
         summary.append(("rnngrad verify --backend metal-cuda", "passed" if code == 0 else f"FAILED (exit {code})"))
     if "sanitizer" not in args.skip:
-        for gemm in ("auto", "v2", "v3"):  # the GEMM versions the rule picks, then each tiled one everywhere
+        # the versions the rules pick, then each tiled GEMM everywhere, then v1's recurrences,
+        # then v2's with 8 rows a threadgroup (its chunks)
+        for gemm, recurrence, rows in (("auto", "auto", None), ("v2", "auto", None),
+                                       ("v3", "auto", None), ("auto", "v1", None),
+                                       ("auto", "v2", 8)):
+            what = f"GEMM {gemm}" + (f", recurrences {recurrence}" if recurrence != "auto" else "")
+            what += f", {rows} rows a v2 threadgroup" if rows else ""
+            extra = ["--v2-group-rows", str(rows)] if rows else []
             for tool in TOOLS:
-                code, text = step(f"sanitizer {tool} gemm {gemm}", ["compute-sanitizer", "--tool", tool,
-                                                                    *TOOL_OPTIONS.get(tool, ()), py,
-                                                                    "verification/gpu_sanitize.py"],
-                                  out, env={"RNNGRAD_METAL_GEMM": gemm})
-                summary.append((f"compute-sanitizer {tool}, every cell, GEMM {gemm}",
+                code, text = step(f"sanitizer {tool} {what}", ["compute-sanitizer", "--tool", tool,
+                                                               *TOOL_OPTIONS.get(tool, ()), py,
+                                                               "verification/gpu_sanitize.py", *extra],
+                                  out, env={"RNNGRAD_METAL_GEMM": gemm,
+                                            "RNNGRAD_METAL_RECURRENCE": recurrence})
+                summary.append((f"compute-sanitizer {tool}, every cell, {what}",
                                 f"{sanitizer_errors(text)} errors, exit {code}"))
         from gpu_sanitize import DEFECTS  # noqa: E402
         for defect in DEFECTS:

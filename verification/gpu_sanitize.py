@@ -108,7 +108,14 @@ def run_ops() -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--defect", choices=sorted(DEFECTS))
+    parser.add_argument("--v2-group-rows", type=int, default=None,
+                        help="rows per v2 recurrence threadgroup (versions.V2_GROUP_ROWS; the "
+                             "rule's is 1): more take the kernels' chunked path")
     args = parser.parse_args(argv)
+    if args.v2_group_rows is not None:
+        from rnngrad.backends.metal import versions
+
+        versions.V2_GROUP_ROWS = args.v2_group_rows
     print(run_defect(args.defect) if args.defect else run_ops(), flush=True)
     return 0
 
