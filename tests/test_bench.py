@@ -93,6 +93,8 @@ def test_gemm_summary_says_when_the_machine_drifted():
     assert len(drifted) == 2 and "drifted" in drifted[1] and "48% of the best" in drifted[1]
     assert gemm_summary([100.0], "float64", 1) == [
         "GEMM rate (float64, 1 threads, NumPy): best 100.0 GFLOP/s"]
+    assert gemm_summary([9000.0], "float32", 2, "cuda") == [
+        "GEMM rate (float32, cuBLAS through CuPy): best 9000.0 GFLOP/s"]
 
 
 def test_bench_cli_writes_a_consistent_table(tmp_path):

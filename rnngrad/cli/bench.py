@@ -73,11 +73,13 @@ def flops(cell, T, N, I, H):
     return 2.0 * T * N * G * H * (I + H) * 3
 
 
-def gemm_summary(rates, dtype, threads) -> list:
+def gemm_summary(rates, dtype, threads, device="cpu") -> list:
     """Lines on the GEMM rates (GFLOP/s) of the run's GEMM-rate windows: the best, the lowest,
-    and whether the machine's speed drifted (the lowest below ``DRIFT`` of the best)."""
+    and whether the machine's speed drifted (the lowest below ``DRIFT`` of the best). The rate
+    is NumPy's on "cpu", cuBLAS's (through CuPy) on "cuda"."""
     best, lowest = max(rates), min(rates)
-    lines = [f"GEMM rate ({dtype}, {threads} threads, NumPy): best {best:.1f} GFLOP/s"
+    how = f"{threads} threads, NumPy" if device == "cpu" else "cuBLAS through CuPy"
+    lines = [f"GEMM rate ({dtype}, {how}): best {best:.1f} GFLOP/s"
              + (f", lowest {lowest:.1f} over {len(rates)} windows" if len(rates) > 1 else "")]
     if lowest < DRIFT * best:
         lines.append(f"this machine's speed drifted during the run (lowest GEMM rate "
@@ -241,7 +243,7 @@ def run(args) -> int:
     print(file=sys.stderr)
     best_gemm = max(gemm)
     print()
-    print("\n".join(gemm_summary(gemm, args.dtype, args.threads)))
+    print("\n".join(gemm_summary(gemm, args.dtype, args.threads, device)))
     print("floor: the ratio to PyTorch an implementation would reach running every FLOP at the best GEMM rate")
     header = (f"{'cell':5} {'T×N×I×H':>16} {'impl':>10} {'median ms':>10} {'µs/step':>9} {'GFLOP/s':>8} "
               f"{'%GEMM':>6} {'vs torch':>9} {'paired':>7} {'per pass':>11} {'floor':>6} {'first s':>8}")
