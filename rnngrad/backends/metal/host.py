@@ -77,6 +77,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
 from typing import NamedTuple
@@ -95,6 +96,8 @@ F32 = np.float32
 DISPATCH_BUDGET = 2 ** 34
 #: environment variable that overrides :data:`DISPATCH_BUDGET`
 BUDGET_ENV = "RNNGRAD_METAL_DISPATCH_BUDGET"
+#: where the host logs each kernel version it chooses, with the reason (DEBUG)
+_LOG = logging.getLogger(__package__)
 #: read-only constant buffers (zeros, ones, parameter structs) a host keeps per device, least
 #: recently used dropped first
 CONSTANTS_KEPT = 256
@@ -431,12 +434,10 @@ class MetalHost:
         """(kernel, threads, recurrent weight buffer) of the op's recurrence dispatches: the
         version versions.recurrence picks (logged at DEBUG level), and R in the layout its
         kernel reads (its buffer table names it R or Rt)."""
-        import logging
-
         sizes = dict(cell=problem.cell, direction=direction, D=problem.D, N=problem.N,
                      H=problem.H)
         choice = versions.recurrence(**sizes, device=self.name)
-        logging.getLogger(__package__).debug("%s: %s", self.name, choice)
+        _LOG.debug("%s: %s", self.name, choice)
         R = problem.recurrent_weight  # [D,GH,H]
         name = library.BUFFERS[choice.kernel][3 if direction == "forward" else 1]
         weight = self.buffer(R.transpose(0, 2, 1) if name == "Rt" else R)
@@ -465,14 +466,12 @@ class MetalHost:
         """C[batch,M,P] = strided A·B (+ bias); see GemmParams in common.metal. The kernel
         version is :func:`rnngrad.backends.metal.versions.gemm`'s choice for the shape
         (``product`` names it in the reason, logged at DEBUG level)."""
-        import logging
-
         if batch * M * P == 0:
             return
         block = block or max(M, 1)
         choice = versions.gemm(batch=batch, M=M, P=P, K=K, product=product)
         count = versions.gemm_threads(choice, batch=batch, M=M, P=P, block=block, b_block=b_block)
-        logging.getLogger(__package__).debug("%s: %s", self.name, choice)
+        _LOG.debug("%s: %s", self.name, choice)
         params = np.zeros(1, library.GEMM_PARAMS)
         values = dict(count=count, batch=batch, M=M, P=P, K=K, a_batch=a_batch, a_row=a_row,
                       a_k=a_k, b_batch=b_batch, b_k=b_k, b_col=b_col,
