@@ -150,13 +150,7 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
     "backward") and why: ``Choice.version`` is "v2", or "packed" / "rows" (v1 in one of its
     two grids); ``Choice.kernel`` the kernel; its thread count is :func:`recurrence_count`.
     ``device`` is the backend's name: on the CPU harness ("metal-emulated") v1 always packs."""
-    if RECURRENCE is not None:
-        value, source = RECURRENCE, "rnngrad.backends.metal.versions.RECURRENCE"
-    else:
-        value, source = os.environ.get(RECURRENCE_ENV, "").strip() or "auto", RECURRENCE_ENV
-    setting = str(value).strip().lower()
-    if setting not in _GRIDS:
-        raise ValueError(f"{source}: expected one of {', '.join(_GRIDS)}, got {value!r}")
+    setting, source = _setting(RECURRENCE, "RECURRENCE", RECURRENCE_ENV, _GRIDS)
     v1, v2 = f"{cell}_{direction}", f"{cell}_{direction}_v2"
     shape = f"{v1}, D={D}, N={N}, H={H}"
     fits = v2_rows(cell=cell, direction=direction, H=H) >= 1
@@ -207,16 +201,23 @@ class Choice:
         return f"{self.version} {self.kernel}: {self.reason}"
 
 
+def _setting(value, attribute: str, env: str, choices) -> tuple:
+    """(setting, where it came from): the module setting ``value`` (this module's
+    ``attribute``) unless it is None, else ``$env``, else auto; a ValueError naming where it
+    came from when it is not one of ``choices``."""
+    if value is not None:
+        source = f"rnngrad.backends.metal.versions.{attribute}"
+    else:
+        value, source = os.environ.get(env, "").strip() or "auto", env
+    setting = str(value).strip().lower()
+    if setting not in choices:
+        raise ValueError(f"{source}: expected one of {', '.join(choices)}, got {value!r}")
+    return setting, source
+
+
 def gemm_setting() -> tuple:
     """(setting, where it came from): :data:`GEMM`, else ``$RNNGRAD_METAL_GEMM``, else auto."""
-    if GEMM is not None:
-        value, source = GEMM, "rnngrad.backends.metal.versions.GEMM"
-    else:
-        value, source = os.environ.get(GEMM_ENV, "").strip() or "auto", GEMM_ENV
-    setting = str(value).strip().lower()
-    if setting not in _SETTINGS:
-        raise ValueError(f"{source}: expected one of {', '.join(_SETTINGS)}, got {value!r}")
-    return setting, source
+    return _setting(GEMM, "GEMM", GEMM_ENV, _SETTINGS)
 
 
 def gemm(*, batch: int, M: int, P: int, K: int, product: str = "") -> Choice:
