@@ -63,6 +63,64 @@
 //   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
 //   15     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
 
+// Phase A of both versions for (row, j) at processing step s: the cell chain of unit j. Writes
+// da of the four gates (dx), dc_next (dcn), the peephole partials (prow) and h[t−1] ⊙ m (rhs);
+// returns da in the cell's order i, f, z, o.
+inline float4 lstm_cell_gradients(constant RecurrenceParams& p, device const float* h0,
+                                  device const float* c0, device const float* mask,
+                                  device const float* peephole, device const float* dy,
+                                  device const float* zs, device const float* cfwd,
+                                  device const float* cg, device float* dx, device float* rhs,
+                                  device float* dhn, device float* dcn, device float* prow,
+                                  uint s, uint row, uint j) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
+    uint d = row / N, n = row % N;
+    uint col = d * H + j;
+    uint own = n * DH + col;
+    uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
+    uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
+    uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+    float a[4], g[4];
+    for (uint k = 0; k < 4; ++k) {
+        a[k] = zs[zrow + rg_gate(p, k) * H + j];
+        g[k] = rg_activate(rg_act(p, k), a[k]);
+    }
+    float cp, hp;
+    if (s == 0) {
+        cp = c0[own];
+        hp = h0[own];
+    } else {
+        uint prev = (rg_out_time(p, d, s - 1) * N + n) * DH + col;
+        uint zprev = (rg_out_time(p, d, s - 1) * N + n) * DGH + d * GH;
+        cp = cfwd[prev];
+        hp = rg_activate(p.act3, zs[zprev + p.gate3 * H + j]) * rg_activate(p.act4, cp);
+    }
+    float m = mask[rg_mask_step(p, s) + own];
+    float ct = cfwd[out];
+    float dh = dy[out] + dhn[own];
+    float dc = dh * g[3] * rg_derivative(p.act4, ct) + dcn[own];
+    if (p.cell_gradient_per_step != 0) {
+        dc += cg[out];
+    }
+    float4 da;
+    da[3] = dh * rg_activate(p.act4, ct) * rg_derivative(p.act3, a[3]);
+    da[0] = dc * g[2] * rg_derivative(p.act0, a[0]);
+    da[1] = dc * cp * rg_derivative(p.act1, a[1]);
+    da[2] = dc * g[0] * rg_derivative(p.act2, a[2]);
+    float dc_next = dc * g[1];
+    for (uint k = 0; k < 4; ++k) {
+        uint q = rg_gate(p, k) * H + j;
+        dx[xrow + q] = da[k];
+        if (p.has_peephole != 0) {
+            dc_next += da[k] * peephole[d * GH + q];
+            prow[row * GH + q] += da[k] * cp;
+        }
+    }
+    dcn[own] = dc_next;
+    rhs[(rg_x_time(p, d, s) * N + n) * DH + col] = hp * m;
+    return da;
+}
+
 kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
                           device const float* R [[buffer(1)]],
                           device const float* h0 [[buffer(2)]],
@@ -93,51 +151,8 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
         uint s = step - 1;
         // Phase A: the cell chain of every owned (row, j).
         for (uint e = lid; e < work; e += tpg) {
-            uint row = rows.x + e / H, j = e % H;
-            uint d = row / N, n = row % N;
-            uint col = d * H + j;
-            uint own = n * DH + col;
-            uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
-            uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
-            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-            float a[4], g[4];
-            for (uint k = 0; k < 4; ++k) {
-                a[k] = zs[zrow + rg_gate(p, k) * H + j];
-                g[k] = rg_activate(rg_act(p, k), a[k]);
-            }
-            float cp, hp;
-            if (s == 0) {
-                cp = c0[own];
-                hp = h0[own];
-            } else {
-                uint prev = (rg_out_time(p, d, s - 1) * N + n) * DH + col;
-                uint zprev = (rg_out_time(p, d, s - 1) * N + n) * DGH + d * GH;
-                cp = cfwd[prev];
-                hp = rg_activate(p.act3, zs[zprev + p.gate3 * H + j]) * rg_activate(p.act4, cp);
-            }
-            float m = mask[rg_mask_step(p, s) + own];
-            float ct = cfwd[out];
-            float dh = dy[out] + dhn[own];
-            float dc = dh * g[3] * rg_derivative(p.act4, ct) + dcn[own];
-            if (p.cell_gradient_per_step != 0) {
-                dc += cg[out];
-            }
-            float da[4];
-            da[3] = dh * rg_activate(p.act4, ct) * rg_derivative(p.act3, a[3]);
-            da[0] = dc * g[2] * rg_derivative(p.act0, a[0]);
-            da[1] = dc * cp * rg_derivative(p.act1, a[1]);
-            da[2] = dc * g[0] * rg_derivative(p.act2, a[2]);
-            float dc_next = dc * g[1];
-            for (uint k = 0; k < 4; ++k) {
-                uint q = rg_gate(p, k) * H + j;
-                dx[xrow + q] = da[k];
-                if (p.has_peephole != 0) {
-                    dc_next += da[k] * peephole[d * GH + q];
-                    prow[row * GH + q] += da[k] * cp;
-                }
-            }
-            dcn[own] = dc_next;
-            rhs[(rg_x_time(p, d, s) * N + n) * DH + col] = hp * m;
+            lstm_cell_gradients(p, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,
+                                prow, s, rows.x + e / H, e % H);
         }
         // Phase B reads every dA of its row. Phase A of the next step writes another time index
         // of dx and only its own dh_next / dc_next / partials, so one barrier per step suffices.
@@ -180,7 +195,7 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                              uint tgid [[threadgroup_position_in_grid]],
                              uint tpg [[threads_per_threadgroup]]) {
     threadgroup float stage[RG_STAGE];  // [b][q]: dA of the chunk's rows
-    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
@@ -197,53 +212,11 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
             // Phase A: the cell chain of every (row, j) of the chunk.
             for (uint e = lid; e < nb * H; e += tpg) {
                 uint b = e / H, j = e % H;
-                uint row = r0 + b, n = row % N;
-                uint col = d * H + j;
-                uint own = n * DH + col;
-                uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
-                uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
-                uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-                float a[4], g[4];
-                #pragma unroll
+                float4 da = lstm_cell_gradients(p, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
+                                                rhs, dhn, dcn, prow, s, r0 + b, j);
                 for (uint k = 0; k < 4; ++k) {
-                    a[k] = zs[zrow + rg_gate(p, k) * H + j];
-                    g[k] = rg_activate(rg_act(p, k), a[k]);
+                    stage[b * GH + rg_gate(p, k) * H + j] = da[k];
                 }
-                float cp, hp;
-                if (s == 0) {
-                    cp = c0[own];
-                    hp = h0[own];
-                } else {
-                    uint prev = (rg_out_time(p, d, s - 1) * N + n) * DH + col;
-                    uint zprev = (rg_out_time(p, d, s - 1) * N + n) * DGH + d * GH;
-                    cp = cfwd[prev];
-                    hp = rg_activate(p.act3, zs[zprev + p.gate3 * H + j]) * rg_activate(p.act4, cp);
-                }
-                float m = mask[rg_mask_step(p, s) + own];
-                float ct = cfwd[out];
-                float dh = dy[out] + dhn[own];
-                float dc = dh * g[3] * rg_derivative(p.act4, ct) + dcn[own];
-                if (p.cell_gradient_per_step != 0) {
-                    dc += cg[out];
-                }
-                float da[4];
-                da[3] = dh * rg_activate(p.act4, ct) * rg_derivative(p.act3, a[3]);
-                da[0] = dc * g[2] * rg_derivative(p.act0, a[0]);
-                da[1] = dc * cp * rg_derivative(p.act1, a[1]);
-                da[2] = dc * g[0] * rg_derivative(p.act2, a[2]);
-                float dc_next = dc * g[1];
-                #pragma unroll
-                for (uint k = 0; k < 4; ++k) {
-                    uint q = rg_gate(p, k) * H + j;
-                    dx[xrow + q] = da[k];
-                    stage[b * GH + q] = da[k];
-                    if (p.has_peephole != 0) {
-                        dc_next += da[k] * peephole[d * GH + q];
-                        prow[row * GH + q] += da[k] * cp;
-                    }
-                }
-                dcn[own] = dc_next;
-                rhs[(rg_x_time(p, d, s) * N + n) * DH + col] = hp * m;
             }
             threadgroup_barrier(mem_flags::mem_threadgroup);
             // Phase B: dh_next[j] = m_j Σ_q dA_q R[q,j] for every row of the chunk.

@@ -49,6 +49,38 @@
 //   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
 //   11     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
 
+// The cell update of both versions for (row, j) at processing step s, from the four gates'
+// recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the cell's order i, f, z, o: writes
+// z_state (when training), c[t] and h[t].
+inline void lstm_cell(constant RecurrenceParams& p, device const float* x,
+                      device const float* bias, device const float* c0,
+                      device const float* peephole, device float* h, device float* c,
+                      device float* zs, uint s, uint row, uint j, float4 dots) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
+    uint d = row / N, n = row % N;
+    uint col = d * H;
+    uint prev = s == 0 ? 0u : (rg_out_time(p, d, s - 1) * N + n) * DH + col;
+    float cp = s == 0 ? c0[n * DH + col + j] : c[prev + j];
+    uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+    uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
+    float act[4];
+    for (uint k = 0; k < 4; ++k) {
+        uint q = rg_gate(p, k) * H + j;  // unit j of gate k within the direction
+        float a = (x[xrow + q] + bias[d * GH + q]) + dots[k];
+        if (p.has_peephole != 0) {
+            a += peephole[d * GH + q] * cp;
+        }
+        if (p.training != 0) {
+            zs[zrow + q] = a;
+        }
+        act[k] = rg_activate(rg_act(p, k), a);
+    }
+    float ct = act[1] * cp + act[0] * act[2];
+    uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
+    c[out] = ct;
+    h[out] = act[3] * rg_activate(p.act4, ct);
+}
+
 kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
                          device const float* x [[buffer(1)]],
                          device const float* bias [[buffer(2)]],
@@ -64,7 +96,7 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
                          uint lid [[thread_position_in_threadgroup]],
                          uint tgid [[threadgroup_position_in_grid]],
                          uint tpg [[threads_per_threadgroup]]) {
-    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
@@ -78,31 +110,17 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
             uint col = d * H;
             uint prev = s == 0 ? 0u : (rg_out_time(p, d, s - 1) * N + n) * DH + col;
             device const float* hp = s == 0 ? h0 + n * DH + col : h + prev;
-            float cp = s == 0 ? c0[n * DH + col + j] : c[prev + j];
             device const float* m = mask + rg_mask_step(p, s) + n * DH + col;
-            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-            uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
-            float act[4];
+            float4 dots;
             for (uint k = 0; k < 4; ++k) {
-                uint q = rg_gate(p, k) * H + j;  // unit j of gate k within the direction
-                device const float* Rq = Rt + d * H * GH + q;
+                device const float* Rq = Rt + d * H * GH + rg_gate(p, k) * H + j;
                 float acc = 0.0f;
                 for (uint l = 0; l < H; ++l) {
                     acc += hp[l] * m[l] * Rq[l * GH];
                 }
-                float a = (x[xrow + q] + bias[d * GH + q]) + acc;
-                if (p.has_peephole != 0) {
-                    a += peephole[d * GH + q] * cp;
-                }
-                if (p.training != 0) {
-                    zs[zrow + q] = a;
-                }
-                act[k] = rg_activate(rg_act(p, k), a);
+                dots[k] = acc;
             }
-            float ct = act[1] * cp + act[0] * act[2];
-            uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
-            c[out] = ct;
-            h[out] = act[3] * rg_activate(p.act4, ct);
+            lstm_cell(p, x, bias, c0, peephole, h, c, zs, s, row, j, dots);
         }
         // h[t] must be complete before any thread of the block reads it as h[t−1].
         threadgroup_barrier(mem_flags::mem_device);
@@ -127,7 +145,7 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             uint tgid [[threadgroup_position_in_grid]],
                             uint tpg [[threads_per_threadgroup]]) {
     threadgroup float stage[RG_STAGE];  // [b][k]: h[t−1] ⊙ m of the chunk's rows
-    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
+    uint N = p.N, H = p.H, GH = 4 * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
@@ -155,29 +173,8 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
                     if (j < H && b < nb && b % S == lane) {
-                        uint n = (r0 + b) % N;
-                        uint col = d * H;
-                        uint prev = s == 0 ? 0u : (rg_out_time(p, d, s - 1) * N + n) * DH + col;
-                        float cp = s == 0 ? c0[n * DH + col + j] : c[prev + j];
-                        uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-                        uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
-                        float act[4];
-                        #pragma unroll
-                        for (uint k = 0; k < 4; ++k) {
-                            uint q = rg_gate(p, k) * H + j;
-                            float a = (x[xrow + q] + bias[d * GH + q]) + acc.v[k][b];
-                            if (p.has_peephole != 0) {
-                                a += peephole[d * GH + q] * cp;
-                            }
-                            if (p.training != 0) {
-                                zs[zrow + q] = a;
-                            }
-                            act[k] = rg_activate(rg_act(p, k), a);
-                        }
-                        float ct = act[1] * cp + act[0] * act[2];
-                        uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
-                        c[out] = ct;
-                        h[out] = act[3] * rg_activate(p.act4, ct);
+                        lstm_cell(p, x, bias, c0, peephole, h, c, zs, s, r0 + b, j,
+                                  float4(acc.v[0][b], acc.v[1][b], acc.v[2][b], acc.v[3][b]));
                     }
                 }
             }
