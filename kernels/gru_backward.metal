@@ -67,6 +67,63 @@
 //   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
 //   13     device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
+// Phase A of both versions for (row, j) at processing step s: the element-wise gate gradients
+// of unit j. Writes dx (da_z, da_o, and da_r with reset_after), lhs, rhs and, with reset_after,
+// the partial sums of dq (prow); returns (da_z, da_r, da_o, dq), da_r and dq 0 without
+// reset_after (phase B finds da_r).
+inline float4 gru_gate_gradients(constant RecurrenceParams& p, device const float* h0,
+                                 device const float* mask, device const float* dy,
+                                 device const float* zs, device const float* hfwd,
+                                 device float* dx, device float* lhs, device float* rhs,
+                                 device const float* dhn, device float* prow,
+                                 uint s, uint row, uint j) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
+    uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
+    uint B = p.reset_after != 0 ? 1u : 3u;
+    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
+    uint d = row / N, n = row % N;
+    uint col = d * H + j;
+    uint own = n * DH + col;
+    uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+    uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+    float a_z = zs[zrow + qz + j], a_r = zs[zrow + qr + j], a_o = zs[zrow + qo + j];
+    float z = rg_activate(p.act0, a_z);
+    float r = rg_activate(p.act1, a_r);
+    float o = rg_activate(p.act2, a_o);
+    float hp = s == 0 ? h0[own] : hfwd[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
+    float m = mask[rg_mask_step(p, s) + own];
+    float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
+    float da_o, da_z;
+    if (p.flip_z != 0) {
+        da_o = dh * z * rg_derivative(p.act2, a_o);
+        da_z = dh * (o - hp) * rg_derivative(p.act0, a_z);
+    } else {
+        da_o = dh * (1.0f - z) * rg_derivative(p.act2, a_o);
+        da_z = dh * (hp - o) * rg_derivative(p.act0, a_z);
+    }
+    dx[xrow + qz + j] = da_z;
+    dx[xrow + qo + j] = da_o;
+    lhs[xrow + qz + j] = da_z;
+    uint rrow = (rg_x_time(p, d, s) * N + n) * p.D * B * H + d * B * H;
+    float hm = hp * m;
+    if (p.reset_after != 0) {
+        float q = zs[zrow + 3 * H + j];
+        float da_r = da_o * q * rg_derivative(p.act1, a_r);
+        float dq = da_o * r;
+        dx[xrow + qr + j] = da_r;
+        lhs[xrow + qr + j] = da_r;
+        lhs[xrow + qo + j] = dq;
+        prow[row * H + j] += dq;
+        rhs[rrow + j] = hm;
+        return float4(da_z, da_r, da_o, dq);
+    }
+    lhs[xrow + qo + j] = da_o;
+    rhs[rrow + j] = hm;
+    rhs[rrow + H + j] = hm;
+    rhs[rrow + 2 * H + j] = hm * r;
+    return float4(da_z, 0.0f, da_o, 0.0f);
+}
+
 kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
                          device const float* R [[buffer(1)]],
                          device const float* h0 [[buffer(2)]],
@@ -86,7 +143,6 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
                          uint tpg [[threads_per_threadgroup]]) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
-    uint B = p.reset_after != 0 ? 1u : 3u;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
@@ -98,47 +154,8 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
         uint s = step - 1;
         // Phase A: element-wise gate gradients.
         for (uint e = lid; e < elems; e += tpg) {
-            uint row = rows.x + e / H, j = e % H;
-            uint d = row / N, n = row % N;
-            uint col = d * H + j;
-            uint own = n * DH + col;
-            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-            float a_z = zs[zrow + qz + j], a_r = zs[zrow + qr + j], a_o = zs[zrow + qo + j];
-            float z = rg_activate(p.act0, a_z);
-            float r = rg_activate(p.act1, a_r);
-            float o = rg_activate(p.act2, a_o);
-            float hp = s == 0 ? h0[own] : hfwd[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
-            float m = mask[rg_mask_step(p, s) + own];
-            float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
-            float da_o, da_z;
-            if (p.flip_z != 0) {
-                da_o = dh * z * rg_derivative(p.act2, a_o);
-                da_z = dh * (o - hp) * rg_derivative(p.act0, a_z);
-            } else {
-                da_o = dh * (1.0f - z) * rg_derivative(p.act2, a_o);
-                da_z = dh * (hp - o) * rg_derivative(p.act0, a_z);
-            }
-            dx[xrow + qz + j] = da_z;
-            dx[xrow + qo + j] = da_o;
-            lhs[xrow + qz + j] = da_z;
-            uint rrow = (rg_x_time(p, d, s) * N + n) * p.D * B * H + d * B * H;
-            float hm = hp * m;
-            if (p.reset_after != 0) {
-                float q = zs[zrow + 3 * H + j];
-                float da_r = da_o * q * rg_derivative(p.act1, a_r);
-                float dq = da_o * r;
-                dx[xrow + qr + j] = da_r;
-                lhs[xrow + qr + j] = da_r;
-                lhs[xrow + qo + j] = dq;
-                prow[row * H + j] += dq;
-                rhs[rrow + j] = hm;
-            } else {
-                lhs[xrow + qo + j] = da_o;
-                rhs[rrow + j] = hm;
-                rhs[rrow + H + j] = hm;
-                rhs[rrow + 2 * H + j] = hm * r;
-            }
+            gru_gate_gradients(p, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, s,
+                               rows.x + e / H, e % H);
         }
         // Phase B reads da_o of every unit of its row.
         threadgroup_barrier(mem_flags::mem_device);
@@ -219,7 +236,6 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
     threadgroup float stage[RG_STAGE];
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
-    uint B = p.reset_after != 0 ? 1u : 3u;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
@@ -239,49 +255,14 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
             // Phase A: element-wise gate gradients.
             for (uint e = lid; e < nb * H; e += tpg) {
                 uint b = e / H, j = e % H;
-                uint row = r0 + b, n = row % N;
-                uint col = d * H + j;
-                uint own = n * DH + col;
-                uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-                uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-                float a_z = zs[zrow + qz + j], a_r = zs[zrow + qr + j], a_o = zs[zrow + qo + j];
-                float z = rg_activate(p.act0, a_z);
-                float r = rg_activate(p.act1, a_r);
-                float o = rg_activate(p.act2, a_o);
-                float hp = s == 0 ? h0[own] : hfwd[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
-                float m = mask[rg_mask_step(p, s) + own];
-                float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
-                float da_o, da_z;
-                if (p.flip_z != 0) {
-                    da_o = dh * z * rg_derivative(p.act2, a_o);
-                    da_z = dh * (o - hp) * rg_derivative(p.act0, a_z);
-                } else {
-                    da_o = dh * (1.0f - z) * rg_derivative(p.act2, a_o);
-                    da_z = dh * (hp - o) * rg_derivative(p.act0, a_z);
-                }
-                dx[xrow + qz + j] = da_z;
-                dx[xrow + qo + j] = da_o;
-                lhs[xrow + qz + j] = da_z;
-                stage[b * GH + qz + j] = da_z;
-                uint rrow = (rg_x_time(p, d, s) * N + n) * p.D * B * H + d * B * H;
-                float hm = hp * m;
+                float4 g = gru_gate_gradients(p, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, s,
+                                              r0 + b, j);
+                stage[b * GH + qz + j] = g[0];
                 if (p.reset_after != 0) {
-                    float q = zs[zrow + 3 * H + j];
-                    float da_r = da_o * q * rg_derivative(p.act1, a_r);
-                    float dq = da_o * r;
-                    dx[xrow + qr + j] = da_r;
-                    lhs[xrow + qr + j] = da_r;
-                    lhs[xrow + qo + j] = dq;
-                    stage[b * GH + qr + j] = da_r;
-                    stage[b * GH + qo + j] = dq;
-                    prow[row * H + j] += dq;
-                    rhs[rrow + j] = hm;
+                    stage[b * GH + qr + j] = g[1];
+                    stage[b * GH + qo + j] = g[3];
                 } else {
-                    lhs[xrow + qo + j] = da_o;
-                    staged_o[b * H + j] = da_o;
-                    rhs[rrow + j] = hm;
-                    rhs[rrow + H + j] = hm;
-                    rhs[rrow + 2 * H + j] = hm * r;
+                    staged_o[b * H + j] = g[2];
                 }
             }
             threadgroup_barrier(mem_flags::mem_threadgroup);
