@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from array import array
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rnngrad.backends.metal.harness import cpu as metalcompute
 from rnngrad.backends.metal.harness.cpu import _loader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the verification/ package
+from verification.gpu_sanitize import DEFECTS  # noqa: E402
 
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 RNG = np.random.default_rng(20240611)
@@ -304,22 +309,10 @@ kernel void vecs(const device float4* x [[buffer(0)]], device half* h [[buffer(1
 
 
 # ----------------------------------------------------------------------------- defects
-RACE = HEADER + """
-// Each step publishes a value, waits, then reads the next SIMD-group's value. The barrier that
-// should follow the read is missing: a faster SIMD-group may overwrite its slot for the next
-// step before a slower one has read it (a write-after-read race).
-kernel void race(device float* out [[buffer(0)]], uint lid [[thread_position_in_threadgroup]],
-                 uint tpg [[threads_per_threadgroup]], uint gid [[thread_position_in_grid]]) {
-    threadgroup float slot[1024];
-    float v = float(lid);
-    for (uint step = 0; step < 4; ++step) {
-        slot[lid] = v;
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        v = slot[min(lid + 32, tpg - 1)] + 1.0f;
-    }
-    out[gid] = v;
-}
-"""
+# The write-after-read race that compute-sanitizer's racecheck is shown on the GPU machine
+# (verification/gpu_sanitize.py): each step publishes a value, waits, then reads the next
+# SIMD-group's value, and the barrier that should follow the read is missing.
+RACE = DEFECTS["race"][0]
 
 
 def race_reference(tpg: int) -> np.ndarray:
