@@ -274,6 +274,34 @@ kernel void sizes(device uint* out [[buffer(0)]], uint gid [[thread_position_in_
     assert dev.trace == []
 
 
+def check_trace_keeps_the_newest_dispatches(module, **options):
+    """A device of harness target ``module`` keeps the newest ``trace_limit`` dispatches, takes
+    slices of its trace, and refuses a bad limit naming the argument (shared with the CUDA tests)."""
+    dev = module.Device(trace_limit=3, **options)
+    fn = dev.kernel(ELEMENTWISE).function("gate")
+    y = dev.buffer(4 * 16)
+    x = dev.buffer(np.ones(16, np.float32))
+    for n in range(1, 8):
+        fn(n, x, y, np.array([(n, 1.0)], PARAMS))
+    assert [d.count for d in dev.trace] == [5, 6, 7]
+    assert [d.count for d in dev.trace[-2:]] == [6, 7] and dev.trace[0].count == 5
+    dev.trace.clear()
+    assert dev.trace == [] and len(dev.trace) == 0
+    everything = module.Device(trace_limit=None, **options)
+    fn = everything.kernel(ELEMENTWISE).function("gate")
+    for n in range(1, 6):
+        fn(n, x, y, np.array([(n, 1.0)], PARAMS))
+    assert [d.count for d in everything.trace] == [1, 2, 3, 4, 5]
+    assert module.Device(**options).trace.maxlen == 4096
+    for bad in (0, -1, 2.5, "8"):
+        with pytest.raises(module.error, match=r"trace_limit: expected an int >= 1 or None .*got"):
+            module.Device(trace_limit=bad, **options)
+
+
+def test_trace_keeps_the_newest_dispatches():
+    check_trace_keeps_the_newest_dispatches(metalcompute)
+
+
 def test_call_errors_name_what_was_expected(dev):
     fn = dev.kernel(ELEMENTWISE).function("gate")
     with pytest.raises(metalcompute.error, match=r"reads \[\[buffer\(2\)\]\] but the call passed 2"):

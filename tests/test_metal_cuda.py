@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(metalcompute.available() is not None,
                                  reason=f"needs an NVIDIA GPU with CuPy: {metalcompute.available()}")]
 
-from test_harness_cpu import ELEMENTWISE, GEMM, PARAMS, REDUCE  # noqa: E402  (after the skip)
+from test_harness_cpu import (ELEMENTWISE, GEMM, PARAMS, REDUCE,  # noqa: E402  (after the skip)
+                              check_trace_keeps_the_newest_dispatches)
 
 OPS = ("single_gate_rnn", "single_gate_rnn_gradients", "gru", "gru_gradients", "lstm",
        "lstm_gradients")
@@ -155,6 +156,10 @@ def test_dispatches_per_op_match_the_cpu_harness_and_do_not_grow_with_T():
                 case.gradients(backend)
                 counts[(name, T)] = [x.kernel for x in d.trace]
     assert counts[("cuda", 3)] == counts[("cpu", 3)] == counts[("cuda", 9)]
+
+
+def test_trace_keeps_the_newest_dispatches():
+    check_trace_keeps_the_newest_dispatches(metalcompute, check_each_dispatch=True)
 
 
 def test_too_much_threadgroup_memory_is_refused(dev):

@@ -6,12 +6,40 @@ of ``threadgroup_size(...)`` threads; buffers bind to ``[[buffer(i)]]`` in call 
 
 from __future__ import annotations
 
+import collections
 import operator
 
 MAX_BUFFERS = 31
 SIMD_WIDTH = 32
 #: Apple's limit on threadgroup memory per threadgroup, enforced on every target
 THREADGROUP_MEMORY = 32768
+#: dispatches a device's trace keeps by default (the newest): enough for any op's profile, and a
+#: training loop that runs through one device for hours holds bounded memory
+TRACE_LIMIT = 4096
+
+
+class Trace(collections.deque):
+    """A device's dispatch trace: the newest ``limit`` dispatches, oldest first (``limit=None``
+    keeps every one). A deque that also takes slices and compares equal to a list of the same
+    dispatches."""
+
+    def __init__(self, limit: int | None = TRACE_LIMIT):
+        if limit is not None and not (isinstance(limit, int) and limit >= 1):
+            raise ValueError(f"trace_limit: expected an int >= 1 or None (keep every dispatch), "
+                             f"got {limit!r}")
+        super().__init__((), limit)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return list(self)[index]
+        return super().__getitem__(index)
+
+    def __eq__(self, other):
+        if isinstance(other, list):
+            return list(self) == other
+        return super().__eq__(other)
+
+    __hash__ = None
 
 
 def threadgroup_size(*limits: int) -> int:

@@ -77,7 +77,8 @@ Dispatch trace
     ``Device.trace`` is a list with one ``Dispatch`` per call, in call order: ``kernel`` (name),
     ``count``, ``threadgroup_size``, ``threadgroups`` (of the grid), ``threadgroup_memory`` (bytes
     declared), ``path`` (``"loop"`` or ``"fibers"``), ``seconds`` and ``injected`` (an injected
-    failure, or ``""``). Clear it with ``dev.trace.clear()``.
+    failure, or ``""``). Clear it with ``dev.trace.clear()``. It keeps the newest
+    ``Device(trace_limit=...)`` dispatches (4096 by default; None keeps every one).
 """
 
 from __future__ import annotations
@@ -218,11 +219,13 @@ class Device:
         stop: ``(i, k)``: dispatch number ``i`` runs only its first ``k`` threadgroups and
             reports nothing (see "Failures it can inject" in the module docstring).
         timeout: ``i``: dispatch number ``i``'s handle reports a GPU timeout.
+        trace_limit: dispatches ``trace`` keeps, the newest (None: every one).
     """
 
     def __init__(self, device_index: int = -1, *, schedule: str = "lanes", seed: int = 0,
                  max_threads_per_threadgroup: int = 1024, guard_pages: bool = True,
-                 stop: tuple[int, int] | None = None, timeout: int | None = None):
+                 stop: tuple[int, int] | None = None, timeout: int | None = None,
+                 trace_limit: int | None = dispatch.TRACE_LIMIT):
         if device_index not in (-1, 0):
             raise error(f"Device not found: index {device_index}, expected -1 or 0 (one device)")
         if schedule not in SCHEDULES:
@@ -243,7 +246,10 @@ class Device:
         self.guard_pages = bool(guard_pages)
         self.stop = stop
         self.timeout = timeout
-        self.trace: list[Dispatch] = []
+        try:
+            self.trace = dispatch.Trace(trace_limit)
+        except ValueError as exc:
+            raise error(str(exc)) from None
         self._dispatches = 0
 
     def __repr__(self) -> str:

@@ -38,7 +38,8 @@ Apple's compiler and its fast math remain the Mac's to check.
 
 ``Device.trace`` lists one ``Dispatch`` per call (kernel, count, threadgroup size and count,
 threadgroup memory, path ``"cuda"``, and ``seconds``, the kernel's GPU time from CUDA events,
-read when first asked for).
+read when first asked for). It keeps the newest ``Device(trace_limit=...)`` dispatches (4096 by
+default; None keeps every one), so a long training loop holds bounded memory.
 """
 
 from __future__ import annotations
@@ -135,13 +136,14 @@ class Device:
         check_each_dispatch: wait after every dispatch, so a fault names exactly its kernel.
         poison: fill new buffers with 0xFF (NaN as float32); False leaves them uninitialised.
         max_threads_per_threadgroup: cap on the threadgroup size, a multiple of 32 in [32, 1024].
+        trace_limit: dispatches ``trace`` keeps, the newest (None: every one).
     """
 
     array_module = property(lambda self: _cupy())
 
     def __init__(self, device_index: int = -1, *, fast_math: bool = False,
                  check_each_dispatch: bool = False, poison: bool = True,
-                 max_threads_per_threadgroup: int = 1024):
+                 max_threads_per_threadgroup: int = 1024, trace_limit: int | None = dispatch.TRACE_LIMIT):
         reason = available()
         if reason:
             raise error(reason)
@@ -161,7 +163,10 @@ class Device:
         self.check_each_dispatch = bool(check_each_dispatch)
         self.poison = bool(poison)
         self.max_threads_per_threadgroup = max_threads_per_threadgroup
-        self.trace: list = []
+        try:
+            self.trace = dispatch.Trace(trace_limit)
+        except ValueError as exc:
+            raise error(str(exc)) from None
         self.broken = None  # why the CUDA context is unusable, once a kernel faulted
         self._lock = threading.Lock()
 
