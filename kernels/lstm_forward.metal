@@ -7,7 +7,8 @@
 //   v1 lstm_forward: rows (d, n) of both directions split in contiguous blocks across
 //      threadgroups; each threadgroup loops over the dispatch's processing steps
 //      [p.s_begin, p.s_end) (all T unless the host splits a long sequence); the thread that
-//      owns (row, j) computes the four gate dot products of length H for unit j and the whole cell update
+//      owns (row, j) computes the four gate dot products of length H for unit j (in one pass
+//      over k) and the whole cell update
 //      (c[t−1] of unit j is its own). h[t−1] is read back from the output buffer after a
 //      device-memory threadgroup barrier. R comes transposed, so the lanes of a SIMD-group
 //      (consecutive j) read consecutive addresses. One barrier per step.
@@ -111,14 +112,17 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
             uint prev = s == 0 ? 0u : (rg_out_time(p, d, s - 1) * N + n) * DH + col;
             device const float* hp = s == 0 ? h0 + n * DH + col : h + prev;
             device const float* m = mask + rg_mask_step(p, s) + n * DH + col;
-            float4 dots;
-            for (uint k = 0; k < 4; ++k) {
-                device const float* Rq = Rt + d * H * GH + rg_gate(p, k) * H + j;
-                float acc = 0.0f;
-                for (uint l = 0; l < H; ++l) {
-                    acc += hp[l] * m[l] * Rq[l * GH];
-                }
-                dots[k] = acc;
+            // one pass over k for the four gates: h[t−1] ⊙ m is read once, not once a gate
+            device const float* Rk = Rt + d * H * GH + j;
+            uint q0 = rg_gate(p, 0) * H, q1 = rg_gate(p, 1) * H, q2 = rg_gate(p, 2) * H,
+                 q3 = rg_gate(p, 3) * H;
+            float4 dots = float4(0.0f);
+            for (uint l = 0; l < H; ++l) {
+                float hm = hp[l] * m[l];
+                dots.x += hm * Rk[l * GH + q0];
+                dots.y += hm * Rk[l * GH + q1];
+                dots.z += hm * Rk[l * GH + q2];
+                dots.w += hm * Rk[l * GH + q3];
             }
             lstm_cell(p, x, bias, c0, peephole, h, c, zs, s, row, j, dots);
         }
