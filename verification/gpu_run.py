@@ -1,19 +1,25 @@
 """Everything the GPU machine is needed for, in one call, with a short table last.
 
-    python verification/gpu_run.py [--out DIR] [--quick]
+    python verification/gpu_run.py [--out DIR] [--quick] [--skip STEP ...] [--sanitize CONFIG ...]
+                                   [--no-defects] [--deadline SECONDS]
 
 1. the environment (GPU, CUDA, CuPy, PyTorch);
 2. the GPU property tests: ``python -m pytest -m gpu``;
 3. ``rnngrad verify --backend metal-cuda`` (and with fast math, to show which rows survive it);
 4. compute-sanitizer memcheck, racecheck, synccheck and initcheck over one run of every cell
-   (``verification/gpu_sanitize.py``), then over each planted defect kernel;
+   (``verification/gpu_sanitize.py``) under each version setting of ``--sanitize``, then over each
+   planted defect kernel;
 5. the bench: metal-cuda beside PyTorch's cuDNN ``nn.RNN``/``nn.GRU``/``nn.LSTM``, forward +
    backward, float32, TF32 off, at the four default shapes: kernel time (rnngrad: CUDA events
    around its dispatches; cuDNN: its kernels' device time from torch.profiler) and end-to-end
-   time of one call with the inputs already on the GPU; dispatches per op; time per step.
+   time of one call with the inputs already on the GPU (also without the harness's NaN fill of
+   new buffers); dispatches per op; time per step; a profile of the host's own time where it
+   dominates (LSTM 50×1×64×64).
 
-Each step's full output goes to DIR (default ``$OUT`` or ``gpu-results``); a step that fails does
-not stop the others; the exit status is 1 if any failed.
+DIR (default ``$OUT`` or ``gpu-results``) receives few files: ``run.txt`` (what was printed),
+``logs.tar.gz`` (each step's full output), ``bench.json``, ``rnngrad-bench.json`` and
+``host-profile.txt``. A step that fails does not stop the others; the exit status is 1 if any
+failed.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -40,15 +47,33 @@ def _env(extra=None):
     return env
 
 
+#: time.time() by which every step must have ended (``--deadline``); None: no limit
+DEADLINE = None
+SANITIZER_CONFIGS = {  # name: (RNNGRAD_METAL_GEMM, RNNGRAD_METAL_RECURRENCE, rows a v2 threadgroup)
+    "auto": ("auto", "auto", None),          # the versions the rules pick
+    "gemm-v2": ("v2", "auto", None),         # each tiled GEMM everywhere
+    "gemm-v3": ("v3", "auto", None),
+    "v1": ("auto", "v1", None),              # v1's recurrences
+    "v2x8": ("auto", "v2", 8),               # v2's with 8 rows a threadgroup (its chunks)
+}
+
+
 def step(name, cmd, out: Path, timeout=900, env=None):
     start = time.time()
+    if DEADLINE is not None:
+        timeout = min(timeout, DEADLINE - start)
+        if timeout < 5:
+            print(f"\n=== {name}: skipped, past --deadline", flush=True)
+            return None, "skipped: past --deadline"
     print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(env), cwd=ROOT)
         text, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:
         text, code = f"{exc.stdout or ''}{exc.stderr or ''}\nTIMEOUT after {timeout} s", 124
-    (out / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.log").write_text(text)
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+    (logs / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.log").write_text(text)
     tail = "\n".join(text.strip().splitlines()[-12:])
     print(tail, flush=True)
     print(f"--- {name}: exit {code}, {time.time() - start:.0f} s", flush=True)
@@ -104,8 +129,11 @@ def kernel_work(kernel, cell, T, N, I, H):
     return flops, 4 * (rows * I * 2 + rows * GH * 4 + rows * H + GH * (I + H) * 2)
 
 
-def bench(out: Path, quick: bool):
-    """rnngrad metal-cuda against cuDNN; returns rows."""
+CELL_MODES = {"RNN": "RNN_TANH", "GRU": "GRU", "LSTM": "LSTM"}  # --cells: the bench's names
+
+
+def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
+    """rnngrad metal-cuda against cuDNN at ``shapes`` (default SHAPES) for ``cells``; returns rows."""
     import cupy as cp
     import numpy as np
     import torch
@@ -117,9 +145,11 @@ def bench(out: Path, quick: bool):
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
-    shapes = SHAPES[:2] if quick else SHAPES
+    shapes = shapes or (SHAPES[:2] if quick else SHAPES)
     for T, N, I, H in shapes:
         for mode, cls in (("RNN_TANH", torch.nn.RNN), ("GRU", torch.nn.GRU), ("LSTM", torch.nn.LSTM)):
+            if mode not in {CELL_MODES[c] for c in cells}:
+                continue
             torch.manual_seed(0)
             module = cls(I, H).cuda()
             layer = rgt.from_module(module.cpu())
@@ -191,6 +221,34 @@ def bench(out: Path, quick: bool):
                     rnngrad_step()
                 cp.cuda.Device().synchronize()
                 wall_ms = (time.perf_counter() - start) * 1e3 / reps
+            # the same without filling new buffers with NaN (the harness's poison, which a Mac
+            # does not do): how much of the host overhead the fills are
+            with cuda_device(poison=False):
+                rnngrad_step()
+                cp.cuda.Device().synchronize()
+                start = time.perf_counter()
+                for _ in range(reps):
+                    rnngrad_step()
+                cp.cuda.Device().synchronize()
+                wall_unpoisoned_ms = (time.perf_counter() - start) * 1e3 / reps
+            if (T, N, mode) == (50, 1, "LSTM"):  # where the host overhead dominates: where it goes
+                import cProfile
+                import io
+                import pstats
+
+                profile = cProfile.Profile()
+                with cuda_device():
+                    rnngrad_step()
+                    profile.enable()
+                    for _ in range(20):
+                        rnngrad_step()
+                    cp.cuda.Device().synchronize()
+                    profile.disable()
+                text = io.StringIO()
+                pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(30)
+                (out / "host-profile.txt").write_text(text.getvalue())
+                print("host profile of 20 LSTM 50x1 steps (forward + gradients), by own time:")
+                print("\n".join(text.getvalue().strip().splitlines()[:24]), flush=True)
             v1_ms = sum(measured["v1"]["per_kernel"].values())
             shares = {}
             for k, ms in per_kernel.items():
@@ -200,7 +258,8 @@ def bench(out: Path, quick: bool):
             G = {"RNN_TANH": 1, "GRU": 3, "LSTM": 4}[mode]
             flops = 6 * T * N * (I + H) * G * H
             row = dict(cell=mode, shape=f"{T}x{N}x{I}x{H}", rnngrad_kernel_ms=kernel_ms,
-                       rnngrad_wall_ms=wall_ms, cudnn_kernel_ms=torch_kernel, cudnn_wall_ms=torch_wall,
+                       rnngrad_wall_ms=wall_ms, rnngrad_wall_unpoisoned_ms=wall_unpoisoned_ms,
+                       cudnn_kernel_ms=torch_kernel, cudnn_wall_ms=torch_wall,
                        dispatches=dispatches, per_kernel_ms=per_kernel, per_kernel=shares,
                        v1_kernel_ms=v1_ms, v1_per_kernel_ms=measured["v1"]["per_kernel"],
                        kernels=measured["auto"]["kernels"],
@@ -253,13 +312,60 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
     parser.add_argument("--quick", action="store_true", help="fewer examples and shapes")
     parser.add_argument("--skip", nargs="*", default=(),
-                        choices=("tests", "verify", "sanitizer", "fast-math", "bench"))
+                        choices=("tests", "verify", "sanitizer", "fast-math", "bench", "cli-bench"),
+                        help="steps to leave out (cli-bench: the `rnngrad bench` run within the bench step)")
+    parser.add_argument("--tests-k", default=None, metavar="EXPR",
+                        help="run only the GPU tests pytest's -k EXPR selects")
+    parser.add_argument("--cells", nargs="*", default=list(CELL_MODES), choices=list(CELL_MODES),
+                        help="the cells the bench measures (default: all)")
+    parser.add_argument("--shapes", nargs="*", default=None, metavar="TxNxIxH",
+                        help="the bench's shapes (default: " + ", ".join("x".join(map(str, s)) for s in SHAPES) + ")")
     parser.add_argument("--fast-math-check", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--sanitize", nargs="*", default=list(SANITIZER_CONFIGS), choices=list(SANITIZER_CONFIGS),
+                        metavar="CONFIG", help="the version settings compute-sanitizer runs under: "
+                        + ", ".join(SANITIZER_CONFIGS) + " (default: all)")
+    parser.add_argument("--no-defects", dest="defects", action="store_false",
+                        help="skip the planted defect kernels (they show the tools catch each kind of fault)")
+    parser.add_argument("--deadline", type=float, default=None, metavar="SECONDS",
+                        help="end every subprocess step within this many seconds of the start; later "
+                        "steps are reported as skipped")
     args = parser.parse_args(argv)
+    if args.deadline is not None:
+        global DEADLINE
+        DEADLINE = time.time() + args.deadline
     if args.fast_math_check:
         return fast_math_check()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    with open(out / "run.txt", "w") as record:
+        stdout, sys.stdout = sys.stdout, _Tee(sys.stdout, record)
+        try:
+            return _run(args, out)
+        finally:
+            sys.stdout = stdout
+            logs = out / "logs"
+            if logs.is_dir():  # a few files come back from a lent machine more surely than many
+                shutil.make_archive(str(logs), "gztar", logs)
+                shutil.rmtree(logs)
+
+
+class _Tee:
+    """Writes to the terminal and to run.txt."""
+
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text):
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self):
+        for stream in self.streams:
+            stream.flush()
+
+
+def _run(args, out: Path) -> int:
     py = sys.executable
     summary = []
 
@@ -274,22 +380,20 @@ def main(argv=None) -> int:
         "h.function(k).threadgroup_memory) for k in library.BUFFERS]")], out)
     summary.append(("NVRTC compile of kernels/", "ok" if code == 0 else f"FAILED (exit {code})"))
     if code != 0:
-        print("\n".join(f"{a:40s} {b}" for a, b in summary))
-        return 1
+        return _report(summary)
     if "tests" not in args.skip:
-        code, text = step("pytest -m gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"], out)
+        code, text = step("pytest -m gpu", [py, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider",
+                                             *(["-k", args.tests_k] if args.tests_k else [])], out)
         last = [l for l in text.splitlines() if re.search(r"\d+ (passed|failed)", l)]
-        summary.append(("pytest -m gpu", last[-1] if last else f"exit {code}"))
+        summary.append(("pytest -m gpu", text if code is None else last[-1] if last else f"exit {code}"))
     if "verify" not in args.skip:
         code, text = step("rnngrad verify --backend metal-cuda",
                           [py, "-m", "rnngrad", "verify", "--backend", "metal-cuda"], out)
-        summary.append(("rnngrad verify --backend metal-cuda", "passed" if code == 0 else f"FAILED (exit {code})"))
+        summary.append(("rnngrad verify --backend metal-cuda",
+                        text if code is None else "passed" if code == 0 else f"FAILED (exit {code})"))
     if "sanitizer" not in args.skip:
-        # the versions the rules pick, then each tiled GEMM everywhere, then v1's recurrences,
-        # then v2's with 8 rows a threadgroup (its chunks)
-        for gemm, recurrence, rows in (("auto", "auto", None), ("v2", "auto", None),
-                                       ("v3", "auto", None), ("auto", "v1", None),
-                                       ("auto", "v2", 8)):
+        for config in args.sanitize:
+            gemm, recurrence, rows = SANITIZER_CONFIGS[config]
             what = f"GEMM {gemm}" + (f", recurrences {recurrence}" if recurrence != "auto" else "")
             what += f", {rows} rows a v2 threadgroup" if rows else ""
             extra = ["--v2-group-rows", str(rows)] if rows else []
@@ -300,9 +404,9 @@ def main(argv=None) -> int:
                                   out, env={"RNNGRAD_METAL_GEMM": gemm,
                                             "RNNGRAD_METAL_RECURRENCE": recurrence})
                 summary.append((f"compute-sanitizer {tool}, every cell, {what}",
-                                f"{sanitizer_errors(text)} errors, exit {code}"))
+                                f"{sanitizer_errors(text)} errors, exit {code}" if code is not None else text))
         from gpu_sanitize import DEFECTS  # noqa: E402
-        for defect in DEFECTS:
+        for defect in DEFECTS if args.defects else ():
             caught = []
             for tool in TOOLS:
                 code, text = step(f"defect {defect} {tool}", ["compute-sanitizer", "--tool", tool,
@@ -316,23 +420,27 @@ def main(argv=None) -> int:
         code, text = step("fast math", [py, "verification/gpu_run.py", "--fast-math-check"], out)
         summary.append(("fast math (metalcompute's compile mode)", text.strip().splitlines()[-1] if text.strip() else f"exit {code}"))
     if "bench" not in args.skip:
-        code, text = step("rnngrad bench --backends metal-cuda",
-                          [py, "-m", "rnngrad", "bench", "--backends", "metal-cuda", "--passes", "3",
-                           "--json", str(out / "rnngrad-bench.json")], out)
-        summary.append(("rnngrad bench --backends metal-cuda", "ok" if code == 0 else f"FAILED (exit {code})"))
+        if "cli-bench" not in args.skip:
+            code, text = step("rnngrad bench --backends metal-cuda",
+                              [py, "-m", "rnngrad", "bench", "--backends", "metal-cuda", "--passes", "3",
+                               "--json", str(out / "rnngrad-bench.json")], out)
+            summary.append(("rnngrad bench --backends metal-cuda",
+                            text if code is None else "ok" if code == 0 else f"FAILED (exit {code})"))
         try:
             global CEILINGS
             CEILINGS = ceilings()
             print(f"\nceilings: copy {CEILINGS[0] / 1e12:.2f} TB/s (read + write), float32 product "
                   f"{CEILINGS[1] / 1e12:.1f} TFLOP/s (no TF32)")
-            rows = bench(out, args.quick)
+            shapes = [tuple(int(v) for v in x.split("x")) for x in args.shapes] if args.shapes else None
+            rows = bench(out, args.quick, args.cells, shapes)
             print("\n| cell | T×N×I×H | rnngrad kernel ms | v1 kernel ms | × over v1 | cuDNN kernel ms | "
-                  "÷ cuDNN | rnngrad e2e ms | cuDNN wall ms | dispatches |")
-            print("|---|---|---|---|---|---|---|---|---|---|")
+                  "÷ cuDNN | rnngrad e2e ms | e2e, no poison ms | cuDNN wall ms | dispatches |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|")
             for r in rows:
                 print(f"| {r['cell']} | {r['shape']} | {r['rnngrad_kernel_ms']:.3f} | {r['v1_kernel_ms']:.3f} | "
                       f"{r['v1_kernel_ms'] / r['rnngrad_kernel_ms']:.1f} | {r['cudnn_kernel_ms']:.3f} | "
                       f"{r['rnngrad_kernel_ms'] / r['cudnn_kernel_ms']:.2f} | {r['rnngrad_wall_ms']:.3f} | "
+                      f"{r['rnngrad_wall_unpoisoned_ms']:.3f} | "
                       f"{r['cudnn_wall_ms']:.3f} | {r['dispatches']} |")
             print("\n| cell | T×N×I×H | kernels by the rule | v1 ms by kernel | rule ms by kernel |")
             print("|---|---|---|---|---|")
@@ -357,6 +465,11 @@ def main(argv=None) -> int:
 
             traceback.print_exc()
             summary.append(("bench", f"FAILED: {type(exc).__name__}: {exc}"))
+    return _report(summary)
+
+
+def _report(summary) -> int:
+    """Print the summary last; 1 if anything failed."""
     print("\n=== summary")
     for a, b in summary:
         print(f"{a:45s} {b}")
