@@ -63,6 +63,8 @@ struct RecurrenceParams {
     uint s_begin;          // processing steps [s_begin, s_end) run by this dispatch: the forward
     uint s_end;            //   runs them upward, the backward downward; the state carries over
                            //   between dispatches in the output buffers (h, c; dhn, dcn, prow)
+    uint unit_blocks;      // v2 forward: threadgroups per group of rows, each a block of the
+                           //   units (rg_units); above 1 the dispatch runs one step (0 reads as 1)
 };
 
 // Scalars of strided_gemm and strided_gemm_tiled; mirrored by rnngrad.backends.metal.library.GEMM_PARAMS.
@@ -271,6 +273,18 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
             }
         }
     }
+}
+
+// The units [x, y) of threadgroup tgid of a v2 forward dispatch: block tgid mod U of
+// U = p.unit_blocks (0 reads as 1) blocks of ⌈H / U⌉. Its rows are those of row group tgid / U
+// (rg_rows over tpg · U threads a group). With U > 1 the threadgroups of one row group share
+// the step's rows, so the host dispatches one step at a time: h[t−1] of every unit is then in
+// device memory before any threadgroup stages it.
+inline uint2 rg_units(constant RecurrenceParams& p, uint tgid) {
+    uint U = max(p.unit_blocks, 1u);
+    uint per = (p.H + U - 1) / U;
+    uint begin = min((tgid % U) * per, p.H);
+    return uint2(begin, min(begin + per, p.H));
 }
 
 // Zero the partial sums.

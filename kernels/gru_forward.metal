@@ -25,6 +25,10 @@
 //      staged beside h[t−1] ⊙ m and a product of o finishes it (a_z goes through z_state, read
 //      back by the thread that wrote it). R comes as it is (k contiguous). Two barriers per
 //      step and chunk, three without reset_after.
+//      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
+//      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
+//      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
+//      Only with reset_after: without it a step's o gate reads r of every unit of the row.
 //
 // Buffers of gru_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
@@ -158,13 +162,15 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
     threadgroup float stage[RG_STAGE];
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
-    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    uint U = max(p.unit_blocks, 1u);  // threadgroups a row group (rg_units)
+    uint2 rows = rg_rows(p.D * N, p.count, tpg * U, tgid / U);
+    uint2 units = rg_units(p, tgid);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
-    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
-    uint passes = (H + per - 1) / per;
+    uint S = rg_slices(units.y - units.x, tpg), lane = lid % S, per = tpg / S;
+    uint passes = (units.y - units.x + per - 1) / per;
     uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / (2 * H));
     threadgroup float* staged_r = stage + cap * H;
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
@@ -177,17 +183,17 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
             threadgroup_barrier(mem_flags::mem_threadgroup);
             device const float* Rd = R + d * GH * H;
             for (uint pass = 0; pass < passes; ++pass) {
-                uint j = pass * per + lid / S;
+                uint j = units.x + pass * per + lid / S;
                 RgAcc acc;
                 rg_clear(acc);
-                if (j < H) {
+                if (j < units.y) {
                     rg_dots(acc, ng, nb, stage, H, Rd, (qz + j) * H, (qr + j) * H, (qo + j) * H,
                             0, H, lane, S);
                 }
                 rg_lane_sum(acc, ng, nb, S);
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
-                    if (j < H && b < nb && b % S == lane) {
+                    if (j < units.y && b < nb && b % S == lane) {
                         uint n = (r0 + b) % N;
                         uint col = d * H;
                         uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
@@ -217,16 +223,16 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 // a_o reads h[t−1] ⊙ r ⊙ m of every unit of the chunk.
                 threadgroup_barrier(mem_flags::mem_threadgroup);
                 for (uint pass = 0; pass < passes; ++pass) {
-                    uint j = pass * per + lid / S;
+                    uint j = units.x + pass * per + lid / S;
                     RgAcc acc;
                     rg_clear(acc);
-                    if (j < H) {
+                    if (j < units.y) {
                         rg_dots(acc, 1, nb, staged_r, H, Rd, (qo + j) * H, 0, 0, 0, H, lane, S);
                     }
                     rg_lane_sum(acc, 1, nb, S);
                     #pragma unroll
                     for (uint b = 0; b < RG_BMAX; ++b) {
-                        if (j < H && b < nb && b % S == lane) {
+                        if (j < units.y && b < nb && b % S == lane) {
                             uint n = (r0 + b) % N;
                             uint col = d * H;
                             uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;

@@ -16,6 +16,9 @@
 //      chunk and a slice of k, so each element of R it loads serves every row (common.metal,
 //      rg_dots); the slices' sums meet through simd_shuffle_xor. R comes as it is (k
 //      contiguous). Two barriers per step and chunk.
+//      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
+//      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
+//      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
 //
 // Buffers of single_gate_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
@@ -101,13 +104,15 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                    uint tpg [[threads_per_threadgroup]]) {
     threadgroup float stage[RG_STAGE];  // [b][k]: h[t−1] ⊙ m of the chunk's rows
     uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    uint U = max(p.unit_blocks, 1u);  // threadgroups a row group (rg_units)
+    uint2 rows = rg_rows(p.D * N, p.count, tpg * U, tgid / U);
+    uint2 units = rg_units(p, tgid);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
-    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
-    uint passes = (H + per - 1) / per;
+    uint S = rg_slices(units.y - units.x, tpg), lane = lid % S, per = tpg / S;
+    uint passes = (units.y - units.x + per - 1) / per;
     uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
     for (uint s = p.s_begin; s < p.s_end; ++s) {
         for (uint r0 = rows.x; r0 < rows.y;) {
@@ -116,16 +121,16 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
             rg_stage_hm(stage, p, h0, h, mask, r0, nb, s, lid, tpg);
             threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint pass = 0; pass < passes; ++pass) {
-                uint j = pass * per + lid / S;
+                uint j = units.x + pass * per + lid / S;
                 RgAcc acc;
                 rg_clear(acc);
-                if (j < H) {
+                if (j < units.y) {
                     rg_dots(acc, 1, nb, stage, H, R + d * H * H, j * H, 0, 0, 0, H, lane, S);
                 }
                 rg_lane_sum(acc, 1, nb, S);
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
-                    if (j < H && b < nb && b % S == lane) {
+                    if (j < units.y && b < nb && b % S == lane) {
                         uint n = (r0 + b) % N;
                         uint col = d * H + j;
                         uint xin = (rg_x_time(p, d, s) * N + n) * DH + col;

@@ -281,3 +281,69 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
     assert {d.kernel for d in recurrences} == {f"{cell}_forward_v2", f"{cell}_backward_v2"}
     assert {d.count for d in recurrences} == {-(-2 * N // min(8, versions.v2_rows(
         cell=cell, direction=d.kernel.split("_")[-2], H=H))) * 1024 for d in recurrences}
+
+
+# -- v2's one-step grid (v2-steps) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("N, H, units, rows, threads", [
+    (3, 20, 8, 2, 64),     # H = 20 in 3 blocks of 7, 7 and 6 units; 6 rows in groups of 2
+    (5, 9, 4, 8, 1024),    # 3 blocks of 4, 4 and 1 unit, 32 lanes a unit; whole chunks
+    (2, 33, 128, 1, 32),   # one block (U = 1) at 32 threads: two passes of units
+])
+def test_v2_steps_blocks_of_units_one_step_a_dispatch(cell, N, H, units, rows, threads,
+                                                      monkeypatch):
+    """The forward with threadgroups over groups of rows × blocks of units, one dispatch a
+    step (the backward stays v2); bidirectional, every optional input, against the reference
+    under the adversarial schedule. A GRU without reset_after has no one-step grid: v2 runs."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
+    monkeypatch.setattr(versions, "V2_STEP_UNITS", units)
+    monkeypatch.setattr(versions, "V2_STEP_ROWS", rows)
+    rng = np.random.default_rng(N * H + units)
+    T = 4
+    for reset_after in ((True, False) if cell == "gru" else (None,)):
+        fixed = {} if reset_after is None else dict(reset_after=reset_after)
+        desc = random_descriptor(rng, cell, bidirectional=True, training=True, **fixed)
+        case = random_case(rng, cell, descriptor=desc, T=T, N=N, H=H, I=3, dtype=np.float32,
+                           optional=ALL_OPTIONAL, cell_gradient_form="per_step")
+        device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
+        check_both(case, **device)
+        with emulated_device(**device) as dev:
+            case.training_forward(backend=BACKEND)
+        forward = [d for d in dev.trace if not d.kernel.startswith("strided")]
+        assert {d.kernel for d in forward} == {f"{cell}_forward_v2"}
+        if reset_after is False:
+            assert len(forward) == 1 and forward[0].count == 2 * N * 1024 // versions.V2_GROUP_ROWS
+            continue
+        chunk = versions.v2_rows(cell=cell, direction="forward", H=H)
+        blocks = -(-H // units)
+        assert len(forward) == T  # one dispatch a step
+        assert {d.count for d in forward} == {-(-2 * N // min(rows, chunk)) * blocks * 1024}
+        assert {d.threadgroups for d in forward} == {-(-2 * N // min(rows, chunk)) * blocks
+                                                     * (1024 // threads)}
+
+
+def test_v2_steps_choice_and_its_limits(monkeypatch):
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
+    monkeypatch.setattr(versions, "V2_STEP_UNITS", 128)
+    monkeypatch.setattr(versions, "V2_STEP_ROWS", None)
+    choice = versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512)
+    assert (choice.version, choice.kernel) == ("v2-steps", "lstm_forward_v2")
+    assert "8 row(s) × 4 block(s) of units" in choice.reason  # 6144 // 512 = 12, at most 8
+    assert versions.recurrence_count(choice, cell="lstm", direction="forward", D=1, N=64,
+                                     H=512) == 8 * 4 * 1024
+    back = versions.recurrence(cell="lstm", direction="backward", D=1, N=64, H=256)
+    assert back.version == "v2" and "the backward recurrences have no one-step grid" in back.reason
+    gru = versions.recurrence(cell="gru", direction="forward", D=1, N=4, H=8, reset_after=False)
+    assert gru.version == "v2" and "without reset_after" in gru.reason
+    with pytest.raises(ValueError, match=r"RNNGRAD_METAL_RECURRENCE=v2-steps: lstm_forward, D=1, "
+                                         r"N=1, H=7000: one row stages 1·H = 7000 floats"):
+        versions.recurrence(cell="lstm", direction="forward", D=1, N=1, H=7000)
+    rng = np.random.default_rng(0)
+    case = random_case(rng, "lstm", T=3, N=2, H=4, I=3, dtype=np.float32)
+    from rnngrad.backends.metal.host import MetalHost
+    from rnngrad.validation import forward_problem
+    problem = forward_problem("lstm", case.descriptor, **case.inputs)[0]
+    with pytest.raises(ValueError, match=r"recurrence_params: 2 unit blocks need one step a "
+                                         r"dispatch, got steps 0..3"):
+        MetalHost.recurrence_params(problem, 1024, (0, 3), 2)

@@ -107,6 +107,29 @@ def test_every_gemm_version_matches_the_reference(cell, cap, version):
     assert {x.kernel for x in d.trace if "gemm" in x.kernel} == {versions.GEMM_KERNELS[version]}
 
 
+@pytest.mark.parametrize("cap", [1024, 64])
+@pytest.mark.parametrize("cell", CELLS)
+def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
+    """v2's one-step forward grid on the GPU: H = 70 in ⌈70 / 16⌉ = 5 blocks of 14 units, 26
+    rows (13 a direction) in groups of 3, one dispatch a step."""
+    from rnngrad.backends.metal import versions
+    from rnngrad.backends.metal.host import cuda_device
+
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
+    monkeypatch.setattr(versions, "V2_STEP_UNITS", 16)
+    monkeypatch.setattr(versions, "V2_STEP_ROWS", 3)
+    rng = np.random.default_rng(len(cell) + cap + 1)
+    extra = dict(reset_after=True) if cell == "gru" else {}
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
+    case = random_case(rng, cell, descriptor=desc, T=6, N=13, I=9, H=70, dtype=np.float32)
+    with cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True) as d:
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "metal-cuda", gradients)
+            assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+    forward = [x for x in d.trace if x.kernel == f"{cell}_forward_v2"]
+    assert len(forward) >= 6 and {x.count for x in forward} == {-(-26 // 3) * 5 * 1024}
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_property_check_backend(op):
     """The regression set, then hypothesis over every descriptor option and optional input."""

@@ -579,7 +579,7 @@ def test_recurrence_rule_and_overrides(monkeypatch):
                                          r"H=2000: one row stages 4·H = 8000 floats"):
         rule(direction="backward", D=1, N=1, H=2000)
     monkeypatch.setenv(versions.RECURRENCE_ENV, "wide")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_RECURRENCE: expected one of v2, v1, "
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_RECURRENCE: expected one of v2, v2-steps, v1, "
                                          "packed, rows, auto, got 'wide'"):
         rule(direction="forward", D=1, N=1, H=4)
 

@@ -55,7 +55,10 @@ SANITIZER_CONFIGS = {  # name: (RNNGRAD_METAL_GEMM, RNNGRAD_METAL_RECURRENCE, ro
     "gemm-v3": ("v3", "auto", None),
     "v1": ("auto", "v1", None),              # v1's recurrences
     "v2x8": ("auto", "v2", 8),               # v2's with 8 rows a threadgroup (its chunks)
+    "v2-steps": ("auto", "v2-steps", None),  # v2's one-step forward grid, H = 33 in 3 blocks
 }
+#: extra arguments of gpu_sanitize.py under a configuration
+SANITIZER_ARGS = {"v2x8": ("--v2-group-rows", "8"), "v2-steps": ("--v2-step-units", "12")}
 
 
 def step(name, cmd, out: Path, timeout=900, env=None):
@@ -130,6 +133,15 @@ def kernel_work(kernel, cell, T, N, I, H):
 
 
 CELL_MODES = {"RNN": "RNN_TANH", "GRU": "GRU", "LSTM": "LSTM"}  # --cells: the bench's names
+#: v2's one-step forward grid, as (label, versions settings) (versions.V2_STEP_UNITS, V2_STEP_ROWS)
+STEP_KNOBS = (("steps 128u", dict(V2_STEP_UNITS=128, V2_STEP_ROWS=None)),
+              ("steps 64u", dict(V2_STEP_UNITS=64, V2_STEP_ROWS=None)),
+              ("steps 128u 2r", dict(V2_STEP_UNITS=128, V2_STEP_ROWS=2)))
+STEP_LABELS = tuple(label for label, _ in STEP_KNOBS)
+#: the bench's configurations, the version rule last: (label, recurrence, GEMM, versions settings)
+STEP_CONFIGS = (("v1", "v1", "v1", {}), ("gemm v2", "auto", "v2", {}), ("gemm v3", "auto", "v3", {}),
+                *((label, "v2-steps", "auto", knobs) for label, knobs in STEP_KNOBS),
+                ("auto", "auto", "auto", {}))
 
 
 def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
@@ -195,12 +207,16 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                 return grad(src, gpu_args["recurrent_weight"], gyc, res.z_state, **extra, **kw,
                             descriptor=desc, backend="metal-cuda")
             measured = {}
+            from rnngrad.backends.metal import versions
             with cuda_device() as dev:
-                # v1 everywhere (the baseline), each tiled GEMM forced, then the version rule
-                for config, recurrence, gemm in (("v1", "v1", "v1"), ("gemm v2", "auto", "v2"),
-                                                 ("gemm v3", "auto", "v3"), ("auto", "auto", "auto")):
+                # v1 everywhere (the baseline), each tiled GEMM forced, v2's one-step forward
+                # grid in three shapes of threadgroup, then the version rule
+                for config, recurrence, gemm, knobs in STEP_CONFIGS:
                     os.environ["RNNGRAD_METAL_GEMM"] = gemm
                     os.environ["RNNGRAD_METAL_RECURRENCE"] = recurrence
+                    saved = {k: getattr(versions, k) for k in knobs}
+                    for k, v in knobs.items():
+                        setattr(versions, k, v)
                     for _ in range(2):
                         rnngrad_step()
                     cp.cuda.Device().synchronize()
@@ -214,6 +230,8 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                     measured[config] = dict(per_kernel=per_kernel,
                                             kernels=sorted({d.kernel for d in dev.trace}),
                                             dispatches=len(dev.trace))
+                    for k, v in saved.items():
+                        setattr(versions, k, v)
                 kernel_ms = sum(per_kernel.values())
                 dispatches = len(dev.trace)
                 start = time.perf_counter()
@@ -265,7 +283,12 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                        kernels=measured["auto"]["kernels"],
                        gemm_ms={v: measured[c]["per_kernel"].get("GEMMs") for v, c in
                                 (("v1", "v1"), ("v2", "gemm v2"), ("v3", "gemm v3"), ("auto", "auto"))},
-                       gflops=flops / kernel_ms / 1e6)
+                       gflops=flops / kernel_ms / 1e6,
+                       steps_forward_ms={c: next((v for k, v in measured[c]["per_kernel"].items()
+                                                  if k.endswith("_forward_v2")
+                                                  or k.endswith("_forward")), None)
+                                         for c in ("auto", *STEP_LABELS)},
+                       steps_dispatches={c: measured[c]["dispatches"] for c in STEP_LABELS})
             rows.append(row)
             print(json.dumps(row), flush=True)
     (out / "bench.json").write_text(json.dumps(rows, indent=1))
@@ -396,7 +419,7 @@ def _run(args, out: Path) -> int:
             gemm, recurrence, rows = SANITIZER_CONFIGS[config]
             what = f"GEMM {gemm}" + (f", recurrences {recurrence}" if recurrence != "auto" else "")
             what += f", {rows} rows a v2 threadgroup" if rows else ""
-            extra = ["--v2-group-rows", str(rows)] if rows else []
+            extra = list(SANITIZER_ARGS.get(config, ()))
             for tool in TOOLS:
                 code, text = step(f"sanitizer {tool} {what}", ["compute-sanitizer", "--tool", tool,
                                                                *TOOL_OPTIONS.get(tool, ()), py,
@@ -453,6 +476,13 @@ def _run(args, out: Path) -> int:
             for r in rows:
                 print(f"| {r['cell']} | {r['shape']} | "
                       + " | ".join(f"{r['gemm_ms'][v]:.3f}" for v in ("v1", "v2", "v3", "auto")) + " |")
+            print("\n| cell | T×N×I×H | forward recurrence ms by the rule | "
+                  + " | ".join(f"v2-steps {label[6:]} ms (dispatches)" for label in STEP_LABELS) + " |")
+            print("|---|---|---|" + "---|" * len(STEP_LABELS))
+            for r in rows:
+                ms = r["steps_forward_ms"]
+                print(f"| {r['cell']} | {r['shape']} | {ms['auto']:.3f} | "
+                      + " | ".join(f"{ms[c]:.3f} ({r['steps_dispatches'][c]})" for c in STEP_LABELS) + " |")
             print("\n| cell | T×N×I×H | kernel | µs/step | % FLOP rate | % bandwidth |")
             print("|---|---|---|---|---|---|")
             for r in rows:

@@ -111,11 +111,17 @@ def main(argv=None) -> int:
     parser.add_argument("--v2-group-rows", type=int, default=None,
                         help="rows per v2 recurrence threadgroup (versions.V2_GROUP_ROWS; the "
                              "rule's is 1): more take the kernels' chunked path")
+    parser.add_argument("--v2-step-units", type=int, default=None,
+                        help="units per threadgroup of v2's one-step grid (versions.V2_STEP_UNITS, "
+                             "with RNNGRAD_METAL_RECURRENCE=v2-steps): fewer than H split the units "
+                             "into blocks")
     args = parser.parse_args(argv)
-    if args.v2_group_rows is not None:
-        from rnngrad.backends.metal import versions
+    from rnngrad.backends.metal import versions
 
+    if args.v2_group_rows is not None:
         versions.V2_GROUP_ROWS = args.v2_group_rows
+    if args.v2_step_units is not None:
+        versions.V2_STEP_UNITS = args.v2_step_units
     print(run_defect(args.defect) if args.defect else run_ops(), flush=True)
     return 0
 

@@ -431,17 +431,18 @@ class MetalHost:
         return buf.view(self.xp.float32)[:n].reshape(shape)
 
     def recurrence(self, problem, direction):
-        """(kernel, threads, recurrent weight buffer) of the op's recurrence dispatches: the
-        version versions.recurrence picks (logged at DEBUG level), and R in the layout its
-        kernel reads (its buffer table names it R or Rt)."""
+        """(choice, threads, recurrent weight buffer) of the op's recurrence dispatches: the
+        version versions.recurrence picks (a versions.Choice, logged at DEBUG level), and R in
+        the layout its kernel reads (its buffer table names it R or Rt)."""
         sizes = dict(cell=problem.cell, direction=direction, D=problem.D, N=problem.N,
                      H=problem.H)
-        choice = versions.recurrence(**sizes, device=self.name)
+        choice = versions.recurrence(**sizes, device=self.name,
+                                     reset_after=bool(getattr(problem.descriptor, "reset_after", True)))
         _LOG.debug("%s: %s", self.name, choice)
         R = problem.recurrent_weight  # [D,GH,H]
         name = library.BUFFERS[choice.kernel][3 if direction == "forward" else 1]
         weight = self.buffer(R.transpose(0, 2, 1) if name == "Rt" else R)
-        return choice.kernel, versions.recurrence_count(choice, **sizes), {name: weight}
+        return choice, versions.recurrence_count(choice, **sizes), {name: weight}
 
     def words(self, buf, n):
         """The first ``n`` uint32 words of a buffer, as a NumPy copy (from the GPU too)."""
@@ -483,9 +484,10 @@ class MetalHost:
 
     # -- parameters ---------------------------------------------------------------------------
     @staticmethod
-    def recurrence_params(problem, count, span=None):
+    def recurrence_params(problem, count, span=None, unit_blocks=1):
         """The RecurrenceParams struct of one dispatch running processing steps ``span`` =
-        ``(s_begin, s_end)`` (default all T)."""
+        ``(s_begin, s_end)`` (default all T), its threadgroups ``unit_blocks`` to a group of
+        rows (v2-steps; one step a dispatch above 1)."""
         desc, cell = problem.descriptor, problem.cell
         p = np.zeros(1, library.RECURRENCE_PARAMS)
         acts = [Activation.NONE] * 5
@@ -508,6 +510,10 @@ class MetalHost:
                       G=problem.G, Z=problem.Z, reverse=int(desc.reverse and problem.D == 1),
                       training=int(desc.training), mask_per_step=int(problem.mask_per_step))
         values["s_begin"], values["s_end"] = span if span is not None else (0, problem.T)
+        if unit_blocks > 1 and values["s_end"] - values["s_begin"] != 1:
+            raise ValueError(f"recurrence_params: {unit_blocks} unit blocks need one step a "
+                             f"dispatch, got steps {values['s_begin']}..{values['s_end']}")
+        values["unit_blocks"] = unit_blocks
         for key, value in values.items():
             p[key] = value
         for k in range(5):
@@ -549,7 +555,11 @@ class MetalHost:
                 x = source
                 x_bias = self.buffer(problem.bias if problem.bias is not None else Constant(DGH))
             h0, mask = self._common(problem)
-            kernel, count, weight = self.recurrence(problem, "forward")
+            choice, count, weight = self.recurrence(problem, "forward")
+            kernel, blocks, spans = choice.kernel, 1, self.step_ranges(problem)
+            if choice.version == "v2-steps":  # one step a dispatch: blocks of units share a step
+                blocks = versions.step_blocks(cell=cell, direction="forward", D=D, N=N, H=H)[1]
+                spans = [(s, s + 1) for s in range(T)]
             h = self.empty(T * N * DH)
             keeps_z = desc.training or cell == "gru"  # GRU stages a_r in z_state
             zs = self.empty(T * N * D * Z * H) if keeps_z else self.empty(1)
@@ -566,8 +576,8 @@ class MetalHost:
                 buffers = dict(x=x, bias=x_bias, h0=h0, c0=self.buffer(c0), mask=mask,
                                peephole=self.buffer(peephole), h=h, c=c, zs=zs)
             # Steps upward; each dispatch starts from the h (and c) the previous one wrote.
-            for span in self.step_ranges(problem):
-                p = self.buffer(self.recurrence_params(problem, count, span))
+            for span in spans:
+                p = self.buffer(self.recurrence_params(problem, count, span, blocks))
                 self.launch(kernel, count, handles, steps=span[1] - span[0], span=span, p=p,
                             **buffers, **weight)
             handles.wait()  # waits for the GPU and checks the last dispatch
@@ -587,7 +597,8 @@ class MetalHost:
             return self.to_caller(problem, self._trivial_gradients(problem))
         with self._lock, self.runs(f"{cell}_gradients", problem) as handles:
             h0, mask = self._common(problem)
-            kernel, count, weight = self.recurrence(problem, "backward")
+            choice, count, weight = self.recurrence(problem, "backward")
+            kernel = choice.kernel
             dy = self.buffer(problem.source_gradient)
             zs = self.buffer(problem.z_state)
             sg = problem.state_gradient

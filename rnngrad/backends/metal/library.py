@@ -40,7 +40,7 @@ RECURRENCE_PARAMS = _struct((
     "count", "T", "N", "H", "D", "G", "Z", "reverse", "training", "mask_per_step",
     "has_peephole", "cell_gradient_per_step", "reset_after", "flip_z",
     "act0", "act1", "act2", "act3", "act4", "gate0", "gate1", "gate2", "gate3",
-    "s_begin", "s_end",
+    "s_begin", "s_end", "unit_blocks",
 ))
 
 #: mirror of ``struct GemmParams`` in common.metal

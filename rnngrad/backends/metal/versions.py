@@ -15,6 +15,12 @@ The recurrences (``kernels/<cell>_{forward,backward}.metal``) have two versions:
   slices' sums met by SIMD shuffles (kernels/common.metal). ``count`` = one threadgroup of
   :data:`V2_THREADS` per :data:`V2_GROUP_ROWS` rows (kernels accept any count: a threadgroup
   takes its rows in chunks).
+- ``v2-steps``: v2's forward kernels in a second grid, one dispatch per step: each group of
+  :data:`V2_STEP_ROWS` rows (default a whole chunk) gets ⌈H / :data:`V2_STEP_UNITS`⌉
+  threadgroups, each a block of the units, so that a step's product spreads over many cores
+  and each element of R loaded serves every row of the group (:func:`step_blocks`). Its cost is
+  T dispatches per forward; the backward recurrences keep v2's grid, and so does a GRU without
+  reset_after (its o gate reads r of every unit). Only when forced: not yet timed on a GPU.
 
 The rule (``auto``): **v2 when H ≤** :data:`V2_MAX_H` **(and a row fits v2's threadgroup
 memory), with one row per threadgroup; else v1 in its grid.** Measured on an H100 through
@@ -28,8 +34,8 @@ than v1's one thread per unit saves). Chunks of several rows read R once per chu
 pay where L2 is slow; on the H100 the single row wins (the profile of LSTM 200×8×128×128 shows
 the cores issuing at 55% of their rate with 8 warps each: instruction-bound, a step's work too
 small per threadgroup). Not measured on Apple hardware. Override it with
-``RNNGRAD_METAL_RECURRENCE`` = ``v2`` | ``v1`` | ``packed`` | ``rows`` | ``auto`` (``v1``: v1 in
-the grid its rule picks) or the module setting :data:`RECURRENCE`; :data:`V2_GROUP_ROWS` sets
+``RNNGRAD_METAL_RECURRENCE`` = ``v2`` | ``v2-steps`` | ``v1`` | ``packed`` | ``rows`` | ``auto``
+(``v1``: v1 in the grid its rule picks) or the module setting :data:`RECURRENCE`; :data:`V2_GROUP_ROWS` sets
 v2's rows per threadgroup. The two grids of v1 give bitwise the same results (only the rows'
 assignment to threadgroups changes); v2 sums in another order, within the float32 tolerance.
 
@@ -108,10 +114,11 @@ TILED_MIN_TILES = 128
 
 _SETTINGS = ("v1", "v2", "v3", "auto")
 
-#: environment variable that overrides the recurrences' version: v2, v1, packed, rows or auto
+#: environment variable that overrides the recurrences' version: v2, v2-steps, v1, packed, rows
+#: or auto
 RECURRENCE_ENV = "RNNGRAD_METAL_RECURRENCE"
-#: module setting that overrides the rule and the variable: "v2", "v1", "packed", "rows", "auto"
-#: or None ("v1": v1 in the grid the rule picks for it)
+#: module setting that overrides the rule and the variable: "v2", "v2-steps", "v1", "packed",
+#: "rows", "auto" or None ("v1": v1 in the grid the rule picks for it)
 RECURRENCE = None
 #: the largest H the rule gives one threadgroup per row
 ROWS_MAX_H = 512
@@ -131,7 +138,13 @@ V2_THREADS = 1024
 V2_GROUP_ROWS = 1
 #: the largest H the rule gives v2
 V2_MAX_H = 256
-_GRIDS = ("v2", "v1", "packed", "rows", "auto")
+#: units per threadgroup at most in v2's one-step grid (v2-steps): H splits into
+#: ⌈H / V2_STEP_UNITS⌉ blocks, so that at most 1024 / V2_STEP_UNITS lanes share a unit's sum
+V2_STEP_UNITS = 128
+#: rows per threadgroup in v2's one-step grid; None: a whole chunk (each R element loaded serves
+#: every row of it)
+V2_STEP_ROWS = None
+_GRIDS = ("v2", "v2-steps", "v1", "packed", "rows", "auto")
 
 
 def v2_rows(*, cell: str, direction: str, H: int) -> int:
@@ -145,20 +158,41 @@ def group_rows(*, cell: str, direction: str, H: int) -> int:
     return max(1, min(V2_GROUP_ROWS, v2_rows(cell=cell, direction=direction, H=H)))
 
 
-def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str = "") -> Choice:
+def step_blocks(*, cell: str, direction: str, D: int, N: int, H: int) -> tuple:
+    """(rows per threadgroup, unit blocks U) of v2's one-step grid: :data:`V2_STEP_ROWS` rows
+    (default a whole chunk) and ⌈H / :data:`V2_STEP_UNITS`⌉ blocks of units."""
+    chunk = max(1, v2_rows(cell=cell, direction=direction, H=H))
+    rows = chunk if V2_STEP_ROWS is None else max(1, min(int(V2_STEP_ROWS), chunk))
+    return rows, max(1, -(-H // max(int(V2_STEP_UNITS), 1)))
+
+
+def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str = "",
+               reset_after: bool = True) -> Choice:
     """The version of a recurrence dispatch (``<cell>_<direction>``, direction "forward" or
-    "backward") and why: ``Choice.version`` is "v2", or "packed" / "rows" (v1 in one of its
-    two grids); ``Choice.kernel`` the kernel; its thread count is :func:`recurrence_count`.
-    ``device`` is the backend's name: on the CPU harness ("metal-emulated") v1 always packs."""
+    "backward") and why: ``Choice.version`` is "v2", "v2-steps" (v2 one step a dispatch, its
+    threadgroups over rows and blocks of units: :func:`step_blocks`), or "packed" / "rows" (v1
+    in one of its two grids); ``Choice.kernel`` the kernel; its thread count is
+    :func:`recurrence_count`. ``device`` is the backend's name: on the CPU harness
+    ("metal-emulated") v1 always packs. ``reset_after``: the GRU's (without it a GRU step
+    needs r of every unit before its o gate, so v2-steps does not apply)."""
     setting, source = _setting(RECURRENCE, "RECURRENCE", RECURRENCE_ENV, _GRIDS)
     v1, v2 = f"{cell}_{direction}", f"{cell}_{direction}_v2"
     shape = f"{v1}, D={D}, N={N}, H={H}"
     fits = v2_rows(cell=cell, direction=direction, H=H) >= 1
-    if setting == "v2" and not fits:
-        raise ValueError(f"{source}=v2: {shape}: one row stages "
+    if setting in ("v2", "v2-steps") and not fits:
+        raise ValueError(f"{source}={setting}: {shape}: one row stages "
                          f"{V2_STAGE_PER_ROW[(cell, direction)]}·H = "
                          f"{V2_STAGE_PER_ROW[(cell, direction)] * H} floats, more than the "
                          f"{V2_STAGE} of threadgroup memory v2 has; use packed or rows")
+    if setting == "v2-steps":
+        if direction != "forward" or (cell == "gru" and not reset_after):
+            why = ("the backward recurrences have no one-step grid" if direction != "forward"
+                   else "a GRU without reset_after needs r of every unit before its o gate")
+            return Choice("v2", v2, f"{shape}: {source}=v2-steps, but {why}: v2")
+        rows, blocks = step_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
+        return Choice("v2-steps", v2, f"{shape}: forced by {source}=v2-steps: one dispatch a "
+                                      f"step, threadgroups of {rows} row(s) × {blocks} block(s) "
+                                      f"of units")
     if setting not in ("auto", "v1"):
         return Choice(setting, v2 if setting == "v2" else v1,
                       f"{shape}: forced by {source}={setting}")
@@ -182,10 +216,14 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
 def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: int,
                      H: int) -> int:
     """The threads a recurrence dispatch asks for under ``choice``: v2 one threadgroup of
-    :data:`V2_THREADS` per :func:`group_rows` rows, v1 ``rows`` one per row, v1 ``packed`` one
-    thread per (row, unit)."""
+    :data:`V2_THREADS` per :func:`group_rows` rows, v2-steps one per block of units of each
+    :func:`step_blocks` rows, v1 ``rows`` one per row, v1 ``packed`` one thread per (row,
+    unit)."""
     if choice.version == "v2":
         return -(-D * N // group_rows(cell=cell, direction=direction, H=H)) * V2_THREADS
+    if choice.version == "v2-steps":
+        rows, blocks = step_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
+        return -(-D * N // rows) * blocks * V2_THREADS
     return D * N * (1024 if choice.version == "rows" else H)
 
 
