@@ -400,7 +400,7 @@ def _run(args, out: Path) -> int:
     code, text = step("compile", [py, "-c", (
         "from rnngrad.backends.metal.host import CUDA_HOST as h; from rnngrad.backends.metal import library;"
         "[print(k, 'regs', h.function(k).registers, 'tg', h.function(k).threadgroup_size(), 'smem', "
-        "h.function(k).threadgroup_memory) for k in library.BUFFERS]")], out)
+        "h.function(k).threadgroup_memory, 'local', h.function(k).local_memory) for k in library.BUFFERS]")], out)
     summary.append(("NVRTC compile of kernels/", "ok" if code == 0 else f"FAILED (exit {code})"))
     if code != 0:
         return _report(summary)

@@ -306,6 +306,8 @@ class Function:
                 cp.ndarray((1,), cp.uint32, limit).get()[0])
             self.threadgroup_memory = int(self._raw.attributes["shared_size_bytes"])
             self.registers = int(self._raw.attributes["num_regs"])
+            # bytes of local memory per thread: register spills and arrays indexed at run time
+            self.local_memory = self._raw.attributes.get("local_size_bytes")  # None if not given
             self._compiled_limit = int(self._raw.attributes["max_threads_per_block"])
 
     def threadgroup_size(self) -> int:

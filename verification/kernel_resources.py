@@ -1,0 +1,167 @@
+"""What each Metal kernel costs in registers and local memory on an NVIDIA GPU, with no GPU.
+
+    pip install ".[kernel-report]" && python verification/kernel_resources.py [--arch sm_90]
+
+The harness's CUDA translation of ``kernels/`` (the same text the ``metal-cuda`` backend runs) is
+compiled by NVRTC with ptxas's report, and the report is printed as a table: registers per
+thread, the stack frame and the bytes spilled to and reloaded from local memory, and threadgroup
+(shared) memory. A kernel with a stack frame keeps an array in local memory (an array indexed at
+run time, or registers spilled under the 64-register limit of a 1024-thread threadgroup):
+each access is a memory instruction where a register would have been free. Apple's compiler
+allocates differently; the table is what the NVIDIA target shows, and a kernel that spills
+there usually holds more live values than it needs to.
+
+NVRTC and the CUDA headers come from NVIDIA's wheels (the ``kernel-report`` extra), from a CUDA
+toolkit (``$CUDA_HOME``, ``/usr/local/cuda``), or from CuPy's installation on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Unavailable(RuntimeError):
+    """NVRTC or the CUDA headers were not found (the message says where it looked)."""
+
+
+def _nvidia_dirs(sub: str) -> list:
+    """``sub`` folders of NVIDIA's wheels (``nvidia/cu13/lib``, ``nvidia/cuda_nvrtc/lib``...)."""
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    out = []
+    for base in map(Path, nvidia.__path__):
+        out += sorted(p for p in base.glob(f"*/{sub}") if p.is_dir())
+    return out
+
+
+def _toolkit_dirs(sub: str) -> list:
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    return [Path(h) / sub for h in homes if h and (Path(h) / sub).is_dir()]
+
+
+def find_nvrtc() -> Path:
+    """The NVRTC shared library: NVIDIA's wheel, a toolkit, or the loader's search path."""
+    for folder in _nvidia_dirs("lib") + _toolkit_dirs("lib64") + _toolkit_dirs("lib"):
+        found = sorted(folder.glob("libnvrtc.so*"))
+        found = [p for p in found if "builtins" not in p.name and ".alt." not in p.name]
+        if found:
+            return found[0]
+    name = ctypes.util.find_library("nvrtc")
+    if name:
+        return Path(name)
+    raise Unavailable("NVRTC not found: pip install \".[kernel-report]\" (NVIDIA's nvrtc and "
+                      "runtime wheels), or set CUDA_HOME to a CUDA toolkit")
+
+
+def find_headers() -> Path:
+    """A folder holding cuda_fp16.h (the harness's CUDA target includes it)."""
+    for folder in _nvidia_dirs("include") + _toolkit_dirs("include"):
+        if (folder / "cuda_fp16.h").is_file():
+            return folder
+    raise Unavailable("the CUDA headers (cuda_fp16.h) not found: pip install \".[kernel-report]\" "
+                      "(NVIDIA's runtime wheel), or set CUDA_HOME to a CUDA toolkit")
+
+
+def _library(path: Path):
+    # NVRTC opens its builtins library by name: load it first from the same folder, where the
+    # loader's search path may not look
+    for builtins in sorted(path.parent.glob("libnvrtc-builtins.so*")):
+        if ".alt." not in builtins.name:
+            ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)
+    lib = ctypes.CDLL(str(path))
+    P, size = ctypes.c_void_p, ctypes.c_size_t
+    lib.nvrtcCreateProgram.argtypes = [ctypes.POINTER(P), ctypes.c_char_p, ctypes.c_char_p,
+                                       ctypes.c_int, P, P]
+    lib.nvrtcCompileProgram.argtypes = [P, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    lib.nvrtcGetProgramLogSize.argtypes = [P, ctypes.POINTER(size)]
+    lib.nvrtcGetProgramLog.argtypes = [P, ctypes.c_char_p]
+    lib.nvrtcDestroyProgram.argtypes = [ctypes.POINTER(P)]
+    return lib
+
+
+def ptxas_report(msl_source: str, arch: str = "sm_90", fast_math: bool = False) -> str:
+    """ptxas's verbose report of an MSL source, translated as the CUDA target does and compiled
+    by NVRTC for ``arch``; an Unavailable error without NVRTC, a RuntimeError with NVRTC's log
+    if it does not compile."""
+    from rnngrad.backends.metal.harness.cuda import _build
+
+    lib = _library(find_nvrtc())
+    unit, _ = _build.translate_source(msl_source)
+    options = [*_build.options(fast_math), f"-I{find_headers()}", f"-arch={arch}",
+               "--ptxas-options=-v"]
+    program = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(program), unit.encode(), b"kernels.cu", 0, None, None):
+        raise RuntimeError("nvrtcCreateProgram failed")
+    try:
+        argv = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
+        status = lib.nvrtcCompileProgram(program, len(options), argv)
+        size = ctypes.c_size_t()
+        lib.nvrtcGetProgramLogSize(program, ctypes.byref(size))
+        log = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetProgramLog(program, log)
+        text = log.value.decode(errors="replace")
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(program))
+    if status:
+        raise RuntimeError(f"NVRTC could not compile the translation (status {status}):\n{text[-4000:]}")
+    return text
+
+
+_ENTRY = re.compile(
+    r"Function properties for __mtl_launch_(\w+)\s*\n\s*ptxas\s*\.\s*(\d+) bytes stack frame, "
+    r"(\d+) bytes spill stores, (\d+) bytes spill loads\s*\n(?:.*\n)*?.*?Used (\d+) registers"
+    r"(?:.*?, (\d+) bytes smem)?", re.M)
+
+
+def parse(report: str) -> dict:
+    """{kernel: {registers, stack, spill_stores, spill_loads, shared}} from ptxas's report."""
+    out = {}
+    for m in _ENTRY.finditer(report):
+        name, stack, stores, loads, regs, smem = m.groups()
+        out[name] = dict(registers=int(regs), stack=int(stack), spill_stores=int(stores),
+                         spill_loads=int(loads), shared=int(smem or 0))
+    return out
+
+
+def kernel_resources(arch: str = "sm_90", fast_math: bool = False) -> dict:
+    """The table of every kernel of ``kernels/``, in the library's order."""
+    from rnngrad.backends.metal import library
+
+    found = parse(ptxas_report(library.source(), arch, fast_math))
+    return {name: found[name] for name in library.BUFFERS if name in found}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="sm_90", help="the GPU architecture (default sm_90, an H100)")
+    parser.add_argument("--fast-math", action="store_true", help="compile as metalcompute does on a Mac")
+    args = parser.parse_args(argv)
+    try:
+        table = kernel_resources(args.arch, args.fast_math)
+    except Unavailable as exc:
+        print(f"kernel_resources: {exc}", file=sys.stderr)
+        return 2
+    print(f"| kernel ({args.arch}) | registers | stack frame B | spill stores B | spill loads B | "
+          f"threadgroup memory B |")
+    print("|---|---|---|---|---|---|")
+    for name, r in table.items():
+        print(f"| {name} | {r['registers']} | {r['stack']} | {r['spill_stores']} | "
+              f"{r['spill_loads']} | {r['shared']} |")
+    local = [n for n, r in table.items() if r["stack"]]
+    print(f"\n{len(table)} kernels; with local memory: {', '.join(local) if local else 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    raise SystemExit(main())
