@@ -294,8 +294,9 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
 def test_v2_steps_blocks_of_units_one_step_a_dispatch(cell, N, H, units, rows, threads,
                                                       monkeypatch):
     """The forward with threadgroups over groups of rows × blocks of units, one dispatch a
-    step (the backward stays v2); bidirectional, every optional input, against the reference
-    under the adversarial schedule. A GRU without reset_after has no one-step grid: v2 runs."""
+    step (the backward follows the rule); bidirectional, every optional input, against the
+    reference under the adversarial schedule. A GRU without reset_after has no one-step grid:
+    the rule's v2 runs."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
     monkeypatch.setattr(versions, "V2_STEP_UNITS", units)
     monkeypatch.setattr(versions, "V2_STEP_ROWS", rows)
@@ -332,8 +333,11 @@ def test_v2_steps_choice_and_its_limits(monkeypatch):
     assert "8 row(s) × 4 block(s) of units" in choice.reason  # 6144 // 512 = 12, at most 8
     assert versions.recurrence_count(choice, cell="lstm", direction="forward", D=1, N=64,
                                      H=512) == 8 * 4 * 1024
+    # where it does not apply, the rule chooses: v2 up to H = 256, v1 above
     back = versions.recurrence(cell="lstm", direction="backward", D=1, N=64, H=256)
-    assert back.version == "v2" and "the backward recurrences have no one-step grid" in back.reason
+    assert back.version == "v2" and "the backward recurrences have no one-step grid, so the rule" in back.reason
+    wide = versions.recurrence(cell="lstm", direction="backward", D=1, N=64, H=512)
+    assert wide.version == "rows" and wide.kernel == "lstm_backward"
     gru = versions.recurrence(cell="gru", direction="forward", D=1, N=4, H=8, reset_after=False)
     assert gru.version == "v2" and "without reset_after" in gru.reason
     with pytest.raises(ValueError, match=r"RNNGRAD_METAL_RECURRENCE=v2-steps: lstm_forward, D=1, "

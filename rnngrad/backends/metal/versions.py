@@ -19,8 +19,8 @@ The recurrences (``kernels/<cell>_{forward,backward}.metal``) have two versions:
   :data:`V2_STEP_ROWS` rows (default a whole chunk) gets ⌈H / :data:`V2_STEP_UNITS`⌉
   threadgroups, each a block of the units, so that a step's product spreads over many cores
   and each element of R loaded serves every row of the group (:func:`step_blocks`). Its cost is
-  T dispatches per forward; the backward recurrences keep v2's grid, and so does a GRU without
-  reset_after (its o gate reads r of every unit). Only when forced: not yet timed on a GPU.
+  T dispatches per forward; the backward recurrences, and a GRU without reset_after (its o gate
+  reads r of every unit), follow the rule. Only when forced: not yet timed on a GPU.
 
 The rule (``auto``): **v2 when H ≤** :data:`V2_MAX_H` **(and a row fits v2's threadgroup
 memory), with one row per threadgroup; else v1 in its grid.** Measured on an H100 through
@@ -185,14 +185,15 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                          f"{V2_STAGE_PER_ROW[(cell, direction)] * H} floats, more than the "
                          f"{V2_STAGE} of threadgroup memory v2 has; use packed or rows")
     if setting == "v2-steps":
-        if direction != "forward" or (cell == "gru" and not reset_after):
-            why = ("the backward recurrences have no one-step grid" if direction != "forward"
-                   else "a GRU without reset_after needs r of every unit before its o gate")
-            return Choice("v2", v2, f"{shape}: {source}=v2-steps, but {why}: v2")
-        rows, blocks = step_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
-        return Choice("v2-steps", v2, f"{shape}: forced by {source}=v2-steps: one dispatch a "
-                                      f"step, threadgroups of {rows} row(s) × {blocks} block(s) "
-                                      f"of units")
+        if direction == "forward" and (cell != "gru" or reset_after):
+            rows, blocks = step_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
+            return Choice("v2-steps", v2, f"{shape}: forced by {source}=v2-steps: one dispatch a "
+                                          f"step, threadgroups of {rows} row(s) × {blocks} "
+                                          f"block(s) of units")
+        why = ("the backward recurrences have no one-step grid" if direction != "forward"
+               else "a GRU without reset_after needs r of every unit before its o gate")
+        setting = "auto"
+        shape = f"{shape}: {source}=v2-steps, but {why}, so the rule"
     if setting not in ("auto", "v1"):
         return Choice(setting, v2 if setting == "v2" else v1,
                       f"{shape}: forced by {source}={setting}")
