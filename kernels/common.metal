@@ -63,8 +63,9 @@ struct RecurrenceParams {
     uint s_begin;          // processing steps [s_begin, s_end) run by this dispatch: the forward
     uint s_end;            //   runs them upward, the backward downward; the state carries over
                            //   between dispatches in the output buffers (h, c; dhn, dcn, prow)
-    uint unit_blocks;      // v2 forward: threadgroups per group of rows, each a block of the
-                           //   units (rg_units); above 1 the dispatch runs one step (0 reads as 1)
+    uint unit_blocks;      // v2: 0, its own grid; else its one-step grid: this many threadgroups
+                           //   per group of rows, each a block of the units (rg_units), one
+                           //   step a dispatch (the backward: rg_carry, then phase A)
 };
 
 // Scalars of strided_gemm and strided_gemm_tiled; mirrored by rnngrad.backends.metal.library.GEMM_PARAMS.
@@ -275,7 +276,7 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
     }
 }
 
-// The units [x, y) of threadgroup tgid of a v2 forward dispatch: block tgid mod U of
+// The units [x, y) of threadgroup tgid of a v2 dispatch: block tgid mod U of
 // U = p.unit_blocks (0 reads as 1) blocks of ⌈H / U⌉. Its rows are those of row group tgid / U
 // (rg_rows over tpg · U threads a group). With U > 1 the threadgroups of one row group share
 // the step's rows, so the host dispatches one step at a time: h[t−1] of every unit is then in
@@ -319,6 +320,47 @@ inline void rg_lane_sum(thread RgAcc& acc, uint ng, uint nb, uint S) {
 inline uint rg_chunk(uint r0, uint end, uint N, uint cap) {
     uint d_end = (r0 / N + 1) * N;
     return min(min(cap, end - r0), d_end - r0);
+}
+
+// The carry of a backward in v2's one-step grid (p.unit_blocks != 0), for the rows r0 .. r0 + nb
+// − 1 of one direction and the units [units.x, units.y): dhn[(row, j)] = m_j[c] Σ_q dA_q[c]
+// R[q, j] (R[q, j] = Rt[j·GH + q]), with dA[c] of every unit of the rows read from dx
+// ([T,N,D·GH], input time), where the dispatch of step c wrote it. That is phase B of step c,
+// moved to the start of the next dispatch, since it reads dA of units other threadgroups own.
+// Every thread of the threadgroup calls it; it ends with a barrier.
+inline void rg_carry(threadgroup float* stage, constant RecurrenceParams& p,
+                     device const float* dx, device const float* Rt, device const float* mask,
+                     device float* dhn, uint r0, uint nb, uint c, uint2 units, uint GH,
+                     uint lid, uint tpg) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, DGH = p.D * GH;
+    uint d = r0 / N;
+    for (uint e = lid; e < nb * GH; e += tpg) {
+        uint n = (r0 + e / GH) % N;
+        stage[e] = dx[(rg_x_time(p, d, c) * N + n) * DGH + d * GH + e % GH];
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    uint nu = units.y - units.x;
+    uint S = rg_slices(nu, tpg), lane = lid % S, per = tpg / S;
+    uint passes = (nu + per - 1) / per;
+    for (uint pass = 0; pass < passes; ++pass) {
+        uint j = units.x + pass * per + lid / S;
+        RgAcc acc;
+        rg_clear(acc);
+        if (j < units.y) {
+            rg_dots(acc, 1, nb, stage, GH, Rt + d * H * GH, j * GH, 0, 0, 0, GH, lane, S);
+        }
+        rg_lane_sum(acc, 1, nb, S);
+        #pragma unroll
+        for (uint b = 0; b < RG_BMAX; ++b) {
+            if (j < units.y && b < nb && b % S == lane) {
+                uint own = ((r0 + b) % N) * DH + d * H + j;
+                dhn[own] = acc.v[0][b] * mask[rg_mask_step(p, c) + own];
+            }
+        }
+    }
+    // dh_next is written and the stage read before phase A reads the one or the next chunk
+    // stages again.
+    threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
 }
 
 // Stage (h[t−1] ⊙ m) of rows r0 .. r0 + nb − 1 (one direction) at processing step s into

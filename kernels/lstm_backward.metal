@@ -24,6 +24,10 @@
 //      for every row of the chunk and a slice of the 4H gate rows, the slices' sums meet
 //      through simd_shuffle_xor, lane b mod S writes row b's dh_next. Rᵀ [D,H,4H] comes
 //      instead of R (the gate index contiguous). Two barriers per step and chunk.
+//      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
+//      each own a block of the units, one dispatch per step, phase B moved to the start of the
+//      next dispatch (rg_carry: dA of every unit read back from dx), then phase A of the
+//      block's units; T + 1 dispatches, the last one the carry alone.
 //
 // Buffers of lstm_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name      layout
@@ -196,14 +200,39 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                              uint tpg [[threads_per_threadgroup]]) {
     threadgroup float stage[RG_STAGE];  // [b][q]: dA of the chunk's rows
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H;
-    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    uint U = max(p.unit_blocks, 1u);  // threadgroups a row group (rg_units)
+    uint2 rows = rg_rows(p.D * N, p.count, tpg * U, tgid / U);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
+    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / GH);
+    if (p.unit_blocks != 0) {
+        // The one-step grid: step s = p.s_begin (none when s_end = s_begin, the last dispatch),
+        // its carry from step c = p.s_end first (none at c = T: dhn holds the host's).
+        uint2 units = rg_units(p, tgid);
+        uint nu = units.y - units.x;
+        for (uint r0 = rows.x; r0 < rows.y;) {
+            uint nb = rg_chunk(r0, rows.y, N, cap);
+            if (p.s_end < p.T) {
+                rg_carry(stage, p, dx, Rt, mask, dhn, r0, nb, p.s_end, units, GH, lid, tpg);
+            }
+            if (p.s_end > p.s_begin) {
+                for (uint e = lid; e < nb * nu; e += tpg) {
+                    lstm_cell_gradients(p, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn,
+                                        dcn, prow, p.s_begin, r0 + e / nu, units.x + e % nu);
+                }
+                // dx of step s is written before the next dispatch stages it (the dispatch
+                // boundary); the next chunk's carry stages only after this.
+                threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+            }
+            r0 += nb;
+        }
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+        return;
+    }
     uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
     uint passes = (H + per - 1) / per;
-    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / GH);
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
         for (uint r0 = rows.x; r0 < rows.y;) {

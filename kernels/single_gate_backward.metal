@@ -20,6 +20,10 @@
 //      unit j for every row of the chunk and a slice of k, the slices' sums meet through
 //      simd_shuffle_xor, lane b mod S writes row b's dh_next. Rᵀ comes instead of R (k
 //      contiguous). Two barriers per step and chunk (dh_next crosses threads: device memory).
+//      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
+//      each own a block of the units, one dispatch per step, phase B moved to the start of the
+//      next dispatch (rg_carry: da of every unit read back from dx), then phase A of the
+//      block's units; T + 1 dispatches, the last one the carry alone.
 //
 // Buffers of single_gate_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
@@ -47,6 +51,27 @@
 //   8      device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
 //   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
+// Phase A of both versions for (row, j) at processing step s: da = (dy + dh_next) ⊙ f'(a)
+// into dx, and h[t−1] ⊙ m into rhs (the right factor of dR); returns da.
+inline float single_gate_da(constant RecurrenceParams& p, device const float* h0,
+                            device const float* mask, device const float* dy,
+                            device const float* zs, device float* dx, device float* rhs,
+                            device const float* dhn, uint s, uint row, uint j) {
+    uint N = p.N, H = p.H, DH = p.D * p.H;
+    uint d = row / N, n = row % N;
+    uint col = d * H + j;
+    uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
+    uint xin = (rg_x_time(p, d, s) * N + n) * DH + col;
+    float hp = s == 0 ? h0[n * DH + col]
+                      : rg_activate(p.act0, zs[(rg_out_time(p, d, s - 1) * N + n) * DH + col]);
+    float m = mask[rg_mask_step(p, s) + n * DH + col];
+    float dh = dy[out] + dhn[n * DH + col];
+    float da = dh * rg_derivative(p.act0, zs[out]);
+    dx[xin] = da;
+    rhs[xin] = hp * m;
+    return da;
+}
+
 kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
                                  device const float* R [[buffer(1)]],
                                  device const float* h0 [[buffer(2)]],
@@ -71,17 +96,7 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
         uint s = step - 1;
         // Phase A: da for every owned (row, j).
         for (uint e = lid; e < work; e += tpg) {
-            uint row = rows.x + e / H, j = e % H;
-            uint d = row / N, n = row % N;
-            uint col = d * H + j;
-            uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
-            uint xin = (rg_x_time(p, d, s) * N + n) * DH + col;
-            float hp = s == 0 ? h0[n * DH + col]
-                              : rg_activate(p.act0, zs[(rg_out_time(p, d, s - 1) * N + n) * DH + col]);
-            float m = mask[rg_mask_step(p, s) + n * DH + col];
-            float dh = dy[out] + dhn[n * DH + col];
-            dx[xin] = dh * rg_derivative(p.act0, zs[out]);
-            rhs[xin] = hp * m;
+            single_gate_da(p, h0, mask, dy, zs, dx, rhs, dhn, s, rows.x + e / H, e % H);
         }
         // Phase B reads every da of its row. Phase A of the next step writes other rows of dx
         // (another time index) and only its own dh_next, so one barrier per step suffices.
@@ -118,14 +133,38 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                     uint tpg [[threads_per_threadgroup]]) {
     threadgroup float stage[RG_STAGE];  // [b][k]: da of the chunk's rows
     uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    uint U = max(p.unit_blocks, 1u);  // threadgroups a row group (rg_units)
+    uint2 rows = rg_rows(p.D * N, p.count, tpg * U, tgid / U);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
+    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
+    if (p.unit_blocks != 0) {
+        // The one-step grid: step s = p.s_begin (none when s_end = s_begin, the last dispatch),
+        // its carry from step c = p.s_end first (none at c = T: dhn holds the host's).
+        uint2 units = rg_units(p, tgid);
+        uint nu = units.y - units.x;
+        for (uint r0 = rows.x; r0 < rows.y;) {
+            uint nb = rg_chunk(r0, rows.y, N, cap);
+            if (p.s_end < p.T) {
+                rg_carry(stage, p, dx, Rt, mask, dhn, r0, nb, p.s_end, units, H, lid, tpg);
+            }
+            if (p.s_end > p.s_begin) {
+                for (uint e = lid; e < nb * nu; e += tpg) {
+                    single_gate_da(p, h0, mask, dy, zs, dx, rhs, dhn, p.s_begin, r0 + e / nu,
+                                   units.x + e % nu);
+                }
+                // the next chunk's carry stages only after this
+                threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+            }
+            r0 += nb;
+        }
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+        return;
+    }
     uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
     uint passes = (H + per - 1) / per;
-    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
         for (uint r0 = rows.x; r0 < rows.y;) {
@@ -133,18 +172,7 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
             uint d = r0 / N;
             // Phase A: da for every (row, j) of the chunk.
             for (uint e = lid; e < nb * H; e += tpg) {
-                uint n = (r0 + e / H) % N, j = e % H;
-                uint col = d * H + j;
-                uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
-                uint xin = (rg_x_time(p, d, s) * N + n) * DH + col;
-                float hp = s == 0 ? h0[n * DH + col]
-                                  : rg_activate(p.act0, zs[(rg_out_time(p, d, s - 1) * N + n) * DH + col]);
-                float m = mask[rg_mask_step(p, s) + n * DH + col];
-                float dh = dy[out] + dhn[n * DH + col];
-                float da = dh * rg_derivative(p.act0, zs[out]);
-                dx[xin] = da;
-                stage[e] = da;
-                rhs[xin] = hp * m;
+                stage[e] = single_gate_da(p, h0, mask, dy, zs, dx, rhs, dhn, s, r0 + e / H, e % H);
             }
             threadgroup_barrier(mem_flags::mem_threadgroup);
             // Phase B: dh_next[j] = m_j Σ_k da_k R[k,j] for every row of the chunk.

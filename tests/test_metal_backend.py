@@ -293,10 +293,10 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
 ])
 def test_v2_steps_blocks_of_units_one_step_a_dispatch(cell, N, H, units, rows, threads,
                                                       monkeypatch):
-    """The forward with threadgroups over groups of rows × blocks of units, one dispatch a
-    step (the backward follows the rule); bidirectional, every optional input, against the
-    reference under the adversarial schedule. A GRU without reset_after has no one-step grid:
-    the rule's v2 runs."""
+    """Threadgroups over groups of rows × blocks of units, one dispatch a step (the backward's
+    last dispatch its carry alone); bidirectional, every optional input, against the reference
+    under the adversarial schedule. The GRU's backward, and its forward without reset_after,
+    have no one-step grid: the rule's v2 runs."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
     monkeypatch.setattr(versions, "V2_STEP_UNITS", units)
     monkeypatch.setattr(versions, "V2_STEP_ROWS", rows)
@@ -309,19 +309,51 @@ def test_v2_steps_blocks_of_units_one_step_a_dispatch(cell, N, H, units, rows, t
                            optional=ALL_OPTIONAL, cell_gradient_form="per_step")
         device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
         check_both(case, **device)
+        h, c, z = case.training_forward(backend="reference")
         with emulated_device(**device) as dev:
             case.training_forward(backend=BACKEND)
-        forward = [d for d in dev.trace if not d.kernel.startswith("strided")]
+            forward = [d for d in dev.trace if not d.kernel.startswith("strided")]
+            dev.trace.clear()
+            BACKEND_FN = getattr(__import__("rnngrad"), {"single_gate": "single_gate_rnn"}.get(cell, cell) + "_gradients")
+            BACKEND_FN(**case.gradient_kwargs(h, c, z), backend=BACKEND)
+            backward = [d for d in dev.trace if not d.kernel.startswith("strided")]
         assert {d.kernel for d in forward} == {f"{cell}_forward_v2"}
-        if reset_after is False:
-            assert len(forward) == 1 and forward[0].count == 2 * N * 1024 // versions.V2_GROUP_ROWS
-            continue
-        chunk = versions.v2_rows(cell=cell, direction="forward", H=H)
-        blocks = -(-H // units)
-        assert len(forward) == T  # one dispatch a step
-        assert {d.count for d in forward} == {-(-2 * N // min(rows, chunk)) * blocks * 1024}
-        assert {d.threadgroups for d in forward} == {-(-2 * N // min(rows, chunk)) * blocks
-                                                     * (1024 // threads)}
+        assert {d.kernel for d in backward} == {f"{cell}_backward_v2"}
+        v2_count = 2 * N * 1024 // versions.V2_GROUP_ROWS
+        for direction, runs, steps in (("forward", forward, T), ("backward", backward, T + 1)):
+            if reset_after is False and direction == "forward" or cell == "gru" and direction == "backward":
+                assert len(runs) == 1 and runs[0].count == v2_count  # the rule's v2
+                continue
+            chunk = versions.v2_rows(cell=cell, direction=direction, H=H)
+            groups = -(-2 * N // min(rows, chunk)) * -(-H // units)
+            assert len(runs) == steps  # a dispatch a step (and the backward's last carry)
+            assert {d.count for d in runs} == {groups * 1024}
+            assert {d.threadgroups for d in runs} == {groups * (1024 // threads)}
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_v2_steps_with_one_block_gives_bitwise_v2s_results(cell, monkeypatch):
+    """With one block of units and v2's rows a threadgroup, the one-step grid does v2's work in
+    v2's order, the backward's dA·R moved to the next dispatch: the same bits, every option."""
+    rng = np.random.default_rng(31)
+    extra = dict(reset_after=True) if cell == "gru" else {}
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
+    case = random_case(rng, cell, descriptor=desc, T=5, N=5, H=12, I=4, dtype=np.float32,
+                       optional=ALL_OPTIONAL, cell_gradient_form="per_step")
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 3)
+    monkeypatch.setattr(versions, "V2_STEP_ROWS", 3)
+    monkeypatch.setattr(versions, "V2_STEP_UNITS", 12)
+    results, kernels = [], []
+    for setting in ("v2", "v2-steps"):
+        monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", setting)
+        with emulated_device(schedule="adversarial", seed=3, max_threads_per_threadgroup=64) as dev:
+            forward = case.forward(backend=BACKEND)
+            gradients = case.gradients(BACKEND)
+        results.append([np.asarray(a) for a in list(forward) + list(gradients) if a is not None])
+        kernels.append(sum(not d.kernel.startswith("strided") for d in dev.trace))
+    assert kernels[1] > kernels[0]  # the one-step grid ran: a dispatch a step
+    for v2, steps in zip(*results):
+        assert np.array_equal(v2, steps, equal_nan=True)
 
 
 def test_v2_steps_choice_and_its_limits(monkeypatch):
@@ -333,11 +365,14 @@ def test_v2_steps_choice_and_its_limits(monkeypatch):
     assert "8 row(s) × 4 block(s) of units" in choice.reason  # 6144 // 512 = 12, at most 8
     assert versions.recurrence_count(choice, cell="lstm", direction="forward", D=1, N=64,
                                      H=512) == 8 * 4 * 1024
-    # where it does not apply, the rule chooses: v2 up to H = 256, v1 above
     back = versions.recurrence(cell="lstm", direction="backward", D=1, N=64, H=256)
-    assert back.version == "v2" and "the backward recurrences have no one-step grid, so the rule" in back.reason
-    wide = versions.recurrence(cell="lstm", direction="backward", D=1, N=64, H=512)
-    assert wide.version == "rows" and wide.kernel == "lstm_backward"
+    assert (back.version, back.kernel) == ("v2-steps", "lstm_backward_v2")
+    assert "6 row(s) × 2 block(s)" in back.reason  # 6144 // (4·256) = 6 rows a chunk
+    # where it does not apply, the rule chooses: v2 up to H = 256, v1 above
+    gru_back = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=256)
+    assert gru_back.version == "v2" and "the GRU's backward has no one-step grid, so the rule" in gru_back.reason
+    wide = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=512)
+    assert wide.version == "rows" and wide.kernel == "gru_backward"
     gru = versions.recurrence(cell="gru", direction="forward", D=1, N=4, H=8, reset_after=False)
     assert gru.version == "v2" and "without reset_after" in gru.reason
     with pytest.raises(ValueError, match=r"RNNGRAD_METAL_RECURRENCE=v2-steps: lstm_forward, D=1, "
@@ -348,6 +383,6 @@ def test_v2_steps_choice_and_its_limits(monkeypatch):
     from rnngrad.backends.metal.host import MetalHost
     from rnngrad.validation import forward_problem
     problem = forward_problem("lstm", case.descriptor, **case.inputs)[0]
-    with pytest.raises(ValueError, match=r"recurrence_params: 2 unit blocks need one step a "
-                                         r"dispatch, got steps 0..3"):
+    with pytest.raises(ValueError, match=r"recurrence_params: 2 unit block\(s\) need at most "
+                                         r"one step a dispatch, got steps 0..3"):
         MetalHost.recurrence_params(problem, 1024, (0, 3), 2)

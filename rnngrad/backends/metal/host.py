@@ -484,10 +484,11 @@ class MetalHost:
 
     # -- parameters ---------------------------------------------------------------------------
     @staticmethod
-    def recurrence_params(problem, count, span=None, unit_blocks=1):
+    def recurrence_params(problem, count, span=None, unit_blocks=0):
         """The RecurrenceParams struct of one dispatch running processing steps ``span`` =
-        ``(s_begin, s_end)`` (default all T), its threadgroups ``unit_blocks`` to a group of
-        rows (v2-steps; one step a dispatch above 1)."""
+        ``(s_begin, s_end)`` (default all T); ``unit_blocks``: 0 for a kernel's own grid, else
+        v2's one-step grid with that many threadgroups to a group of rows (a span of one step,
+        or none: a backward's last carry)."""
         desc, cell = problem.descriptor, problem.cell
         p = np.zeros(1, library.RECURRENCE_PARAMS)
         acts = [Activation.NONE] * 5
@@ -510,9 +511,9 @@ class MetalHost:
                       G=problem.G, Z=problem.Z, reverse=int(desc.reverse and problem.D == 1),
                       training=int(desc.training), mask_per_step=int(problem.mask_per_step))
         values["s_begin"], values["s_end"] = span if span is not None else (0, problem.T)
-        if unit_blocks > 1 and values["s_end"] - values["s_begin"] != 1:
-            raise ValueError(f"recurrence_params: {unit_blocks} unit blocks need one step a "
-                             f"dispatch, got steps {values['s_begin']}..{values['s_end']}")
+        if unit_blocks and values["s_end"] - values["s_begin"] > 1:
+            raise ValueError(f"recurrence_params: {unit_blocks} unit block(s) need at most one "
+                             f"step a dispatch, got steps {values['s_begin']}..{values['s_end']}")
         values["unit_blocks"] = unit_blocks
         for key, value in values.items():
             p[key] = value
@@ -556,7 +557,7 @@ class MetalHost:
                 x_bias = self.buffer(problem.bias if problem.bias is not None else Constant(DGH))
             h0, mask = self._common(problem)
             choice, count, weight = self.recurrence(problem, "forward")
-            kernel, blocks, spans = choice.kernel, 1, self.step_ranges(problem)
+            kernel, blocks, spans = choice.kernel, 0, self.step_ranges(problem)
             if choice.version == "v2-steps":  # one step a dispatch: blocks of units share a step
                 blocks = versions.step_blocks(cell=cell, direction="forward", D=D, N=N, H=H)[1]
                 spans = [(s, s + 1) for s in range(T)]
@@ -598,7 +599,10 @@ class MetalHost:
         with self._lock, self.runs(f"{cell}_gradients", problem) as handles:
             h0, mask = self._common(problem)
             choice, count, weight = self.recurrence(problem, "backward")
-            kernel = choice.kernel
+            kernel, blocks, spans = choice.kernel, 0, list(reversed(self.step_ranges(problem)))
+            if choice.version == "v2-steps":  # a step a dispatch, then the last step's carry
+                blocks = versions.step_blocks(cell=cell, direction="backward", D=D, N=N, H=H)[1]
+                spans = [(s, s + 1) for s in reversed(range(T))] + [(0, 0)]
             dy = self.buffer(problem.source_gradient)
             zs = self.buffer(problem.z_state)
             sg = problem.state_gradient
@@ -631,8 +635,8 @@ class MetalHost:
                     cg=self.buffer(cg) if problem.cell_gradient_per_step else self.empty(1),
                     dx=dx, rhs=rhs, dhn=dhn, dcn=dcn, prow=prow)
             # Steps downward; dh (dc) and the per-row partial sums carry over in dhn (dcn), prow.
-            for span in reversed(self.step_ranges(problem)):
-                p = self.buffer(self.recurrence_params(problem, count, span))
+            for span in spans:
+                p = self.buffer(self.recurrence_params(problem, count, span, blocks))
                 self.launch(kernel, count, handles, steps=span[1] - span[0], span=span, p=p,
                             **buffers, **weight)
             rows = T * N

@@ -15,12 +15,14 @@ The recurrences (``kernels/<cell>_{forward,backward}.metal``) have two versions:
   slices' sums met by SIMD shuffles (kernels/common.metal). ``count`` = one threadgroup of
   :data:`V2_THREADS` per :data:`V2_GROUP_ROWS` rows (kernels accept any count: a threadgroup
   takes its rows in chunks).
-- ``v2-steps``: v2's forward kernels in a second grid, one dispatch per step: each group of
+- ``v2-steps``: v2's kernels in a second grid, one dispatch per step: each group of
   :data:`V2_STEP_ROWS` rows (default a whole chunk) gets ⌈H / :data:`V2_STEP_UNITS`⌉
   threadgroups, each a block of the units, so that a step's product spreads over many cores
-  and each element of R loaded serves every row of the group (:func:`step_blocks`). Its cost is
-  T dispatches per forward; the backward recurrences, and a GRU without reset_after (its o gate
-  reads r of every unit), follow the rule. Only when forced: not yet timed on a GPU.
+  and each element of R loaded serves every row of the group (:func:`step_blocks`). The
+  backward moves each step's dA·R to the start of the next dispatch, which reads dA of every
+  unit back from memory (T + 1 dispatches). The GRU's backward, and a GRU's forward without
+  reset_after (its o gate reads r of every unit), follow the rule. Only when forced: not yet
+  timed on a GPU.
 
 The rule (``auto``): **v2 when H ≤** :data:`V2_MAX_H` **(and a row fits v2's threadgroup
 memory), with one row per threadgroup; else v1 in its grid.** Measured on an H100 through
@@ -185,12 +187,13 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                          f"{V2_STAGE_PER_ROW[(cell, direction)] * H} floats, more than the "
                          f"{V2_STAGE} of threadgroup memory v2 has; use packed or rows")
     if setting == "v2-steps":
-        if direction == "forward" and (cell != "gru" or reset_after):
+        if (direction == "forward" and (cell != "gru" or reset_after)) or (
+                direction == "backward" and cell != "gru"):
             rows, blocks = step_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
             return Choice("v2-steps", v2, f"{shape}: forced by {source}=v2-steps: one dispatch a "
                                           f"step, threadgroups of {rows} row(s) × {blocks} "
                                           f"block(s) of units")
-        why = ("the backward recurrences have no one-step grid" if direction != "forward"
+        why = ("the GRU's backward has no one-step grid" if direction != "forward"
                else "a GRU without reset_after needs r of every unit before its o gate")
         setting = "auto"
         shape = f"{shape}: {source}=v2-steps, but {why}, so the rule"
