@@ -42,3 +42,32 @@ def test_the_output_folder_holds_a_record_and_one_archive_of_the_logs(tmp_path):
     with tarfile.open(tmp_path / "logs.tar.gz") as archive:
         names = {Path(n).name for n in archive.getnames()}
     assert {"environment.log", "compile.log"} <= names
+
+
+def _fake_row(cell, shape):
+    labels = ("auto", *gpu_run.STEP_LABELS)
+    return dict(cell=cell, shape=shape, rnngrad_kernel_ms=2.0, rnngrad_wall_ms=3.0,
+                rnngrad_wall_unpoisoned_ms=2.5, cudnn_kernel_ms=1.0, cudnn_wall_ms=1.5,
+                dispatches=7, per_kernel_ms={"GEMMs": 1.0, "lstm_forward_v2": 1.0},
+                per_kernel={"GEMMs": dict(us_per_step=10.0, flop_fraction=0.1, bandwidth_fraction=0.01)},
+                v1_kernel_ms=4.0, v1_per_kernel_ms={"GEMMs": 2.0, "lstm_forward": 2.0},
+                kernels=["lstm_forward_v2", "strided_gemm"],
+                gemm_ms={v: 1.0 for v in ("v1", "v2", "v3", "auto")}, gflops=100.0,
+                steps_forward_ms={c: 1.0 for c in labels}, steps_backward_ms={c: 1.5 for c in labels},
+                steps_dispatches={c: 51 for c in gpu_run.STEP_LABELS})
+
+
+def test_the_bench_tables_print_from_the_bench_rows(tmp_path, monkeypatch, capsys):
+    """The tables after the bench (run only on the GPU machine) print from rows of the fields
+    bench() returns: a format error there would cost a lent machine's time."""
+    monkeypatch.setattr(gpu_run, "step", lambda name, cmd, out, timeout=900, env=None: (0, ""))
+    monkeypatch.setattr(gpu_run, "ceilings", lambda: (3.0e12, 5.0e13))
+    monkeypatch.setattr(gpu_run, "bench", lambda out, quick, cells, shapes: [
+        _fake_row("LSTM", "50x1x64x64"), _fake_row("GRU", "100x32x256x256")])
+    code = gpu_run.main(["--out", str(tmp_path), "--skip", "tests", "verify", "sanitizer",
+                         "fast-math", "cli-bench"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "| LSTM | 50x1x64x64 | 2.000 | 4.000 | 2.0 | 1.000 | 2.00 | 3.000 | 2.500 | 1.500 | 7 |" in printed
+    assert "| GRU | 100x32x256x256 | 1.000 / 1.500 | 1.000 / 1.500 (51) |" in printed
+    assert "bench                                         2 rows, bench.json" in printed

@@ -55,7 +55,7 @@ SANITIZER_CONFIGS = {  # name: (RNNGRAD_METAL_GEMM, RNNGRAD_METAL_RECURRENCE, ro
     "gemm-v3": ("v3", "auto", None),
     "v1": ("auto", "v1", None),              # v1's recurrences
     "v2x8": ("auto", "v2", 8),               # v2's with 8 rows a threadgroup (its chunks)
-    "v2-steps": ("auto", "v2-steps", None),  # v2's one-step forward grid, H = 33 in 3 blocks
+    "v2-steps": ("auto", "v2-steps", None),  # v2's one-step grid, H = 33 in 3 blocks
 }
 #: extra arguments of gpu_sanitize.py under a configuration
 SANITIZER_ARGS = {"v2x8": ("--v2-group-rows", "8"), "v2-steps": ("--v2-step-units", "12")}
@@ -133,7 +133,7 @@ def kernel_work(kernel, cell, T, N, I, H):
 
 
 CELL_MODES = {"RNN": "RNN_TANH", "GRU": "GRU", "LSTM": "LSTM"}  # --cells: the bench's names
-#: v2's one-step forward grid, as (label, versions settings) (versions.V2_STEP_UNITS, V2_STEP_ROWS)
+#: v2's one-step grid, as (label, versions settings) (versions.V2_STEP_UNITS, V2_STEP_ROWS)
 STEP_KNOBS = (("steps 128u", dict(V2_STEP_UNITS=128, V2_STEP_ROWS=None)),
               ("steps 64u", dict(V2_STEP_UNITS=64, V2_STEP_ROWS=None)),
               ("steps 128u 2r", dict(V2_STEP_UNITS=128, V2_STEP_ROWS=2)))
@@ -142,6 +142,12 @@ STEP_LABELS = tuple(label for label, _ in STEP_KNOBS)
 STEP_CONFIGS = (("v1", "v1", "v1", {}), ("gemm v2", "auto", "v2", {}), ("gemm v3", "auto", "v3", {}),
                 *((label, "v2-steps", "auto", knobs) for label, knobs in STEP_KNOBS),
                 ("auto", "auto", "auto", {}))
+
+
+def recurrence_ms(measured: dict, direction: str) -> float:
+    """The ms of a configuration's forward or backward recurrence dispatches (either version)."""
+    return sum(v for k, v in measured["per_kernel"].items()
+               if k.endswith(f"_{direction}") or k.endswith(f"_{direction}_v2"))
 
 
 def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
@@ -209,8 +215,8 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
             measured = {}
             from rnngrad.backends.metal import versions
             with cuda_device() as dev:
-                # v1 everywhere (the baseline), each tiled GEMM forced, v2's one-step forward
-                # grid in three shapes of threadgroup, then the version rule
+                # v1 everywhere (the baseline), each tiled GEMM forced, v2's one-step grid in
+                # three shapes of threadgroup, then the version rule
                 for config, recurrence, gemm, knobs in STEP_CONFIGS:
                     os.environ["RNNGRAD_METAL_GEMM"] = gemm
                     os.environ["RNNGRAD_METAL_RECURRENCE"] = recurrence
@@ -284,10 +290,10 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                        gemm_ms={v: measured[c]["per_kernel"].get("GEMMs") for v, c in
                                 (("v1", "v1"), ("v2", "gemm v2"), ("v3", "gemm v3"), ("auto", "auto"))},
                        gflops=flops / kernel_ms / 1e6,
-                       steps_forward_ms={c: next((v for k, v in measured[c]["per_kernel"].items()
-                                                  if k.endswith("_forward_v2")
-                                                  or k.endswith("_forward")), None)
+                       steps_forward_ms={c: recurrence_ms(measured[c], "forward")
                                          for c in ("auto", *STEP_LABELS)},
+                       steps_backward_ms={c: recurrence_ms(measured[c], "backward")
+                                          for c in ("auto", *STEP_LABELS)},
                        steps_dispatches={c: measured[c]["dispatches"] for c in STEP_LABELS})
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -476,13 +482,15 @@ def _run(args, out: Path) -> int:
             for r in rows:
                 print(f"| {r['cell']} | {r['shape']} | "
                       + " | ".join(f"{r['gemm_ms'][v]:.3f}" for v in ("v1", "v2", "v3", "auto")) + " |")
-            print("\n| cell | T×N×I×H | forward recurrence ms by the rule | "
-                  + " | ".join(f"v2-steps {label[6:]} ms (dispatches)" for label in STEP_LABELS) + " |")
+            print("\n| cell | T×N×I×H | recurrences by the rule, forward / backward ms | "
+                  + " | ".join(f"v2-steps {label[6:]}, forward / backward ms (dispatches)"
+                               for label in STEP_LABELS) + " |")
             print("|---|---|---|" + "---|" * len(STEP_LABELS))
             for r in rows:
-                ms = r["steps_forward_ms"]
-                print(f"| {r['cell']} | {r['shape']} | {ms['auto']:.3f} | "
-                      + " | ".join(f"{ms[c]:.3f} ({r['steps_dispatches'][c]})" for c in STEP_LABELS) + " |")
+                fw, bw = r["steps_forward_ms"], r["steps_backward_ms"]
+                print(f"| {r['cell']} | {r['shape']} | {fw['auto']:.3f} / {bw['auto']:.3f} | "
+                      + " | ".join(f"{fw[c]:.3f} / {bw[c]:.3f} ({r['steps_dispatches'][c]})"
+                                   for c in STEP_LABELS) + " |")
             print("\n| cell | T×N×I×H | kernel | µs/step | % FLOP rate | % bandwidth |")
             print("|---|---|---|---|---|---|")
             for r in rows:
