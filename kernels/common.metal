@@ -325,13 +325,14 @@ inline uint rg_chunk(uint r0, uint end, uint N, uint cap) {
 // The carry of a backward in v2's one-step grid (p.unit_blocks != 0), for the rows r0 .. r0 + nb
 // − 1 of one direction and the units [units.x, units.y): dhn[(row, j)] = m_j[c] Σ_q dA_q[c]
 // R[q, j] (R[q, j] = Rt[j·GH + q]), with dA[c] of every unit of the rows read from dx
-// ([T,N,D·GH], input time), where the dispatch of step c wrote it. That is phase B of step c,
-// moved to the start of the next dispatch, since it reads dA of units other threadgroups own.
-// Every thread of the threadgroup calls it; it ends with a barrier.
+// ([T,N,D·GH], input time), where the dispatch of step c wrote it; with accumulate, added to
+// what dhn holds (the GRU's element-wise part). That is phase B of step c, moved to the start
+// of the next dispatch, since it reads dA of units other threadgroups own. Every thread of the
+// threadgroup calls it; it ends with a barrier.
 inline void rg_carry(threadgroup float* stage, constant RecurrenceParams& p,
                      device const float* dx, device const float* Rt, device const float* mask,
                      device float* dhn, uint r0, uint nb, uint c, uint2 units, uint GH,
-                     uint lid, uint tpg) {
+                     bool accumulate, uint lid, uint tpg) {
     uint N = p.N, H = p.H, DH = p.D * p.H, DGH = p.D * GH;
     uint d = r0 / N;
     for (uint e = lid; e < nb * GH; e += tpg) {
@@ -354,7 +355,8 @@ inline void rg_carry(threadgroup float* stage, constant RecurrenceParams& p,
         for (uint b = 0; b < RG_BMAX; ++b) {
             if (j < units.y && b < nb && b % S == lane) {
                 uint own = ((r0 + b) % N) * DH + d * H + j;
-                dhn[own] = acc.v[0][b] * mask[rg_mask_step(p, c) + own];
+                float carry = acc.v[0][b] * mask[rg_mask_step(p, c) + own];
+                dhn[own] = accumulate ? dhn[own] + carry : carry;
             }
         }
     }

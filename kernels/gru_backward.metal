@@ -32,6 +32,10 @@
 //      r blocks only without reset_after, over all three with it. Rᵀ [D,H,3H] comes instead
 //      of R (the gate index contiguous). Two barriers per step and chunk, three without
 //      reset_after.
+//      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1, reset_after only): the threadgroups
+//      of a group of rows each own a block of the units, one dispatch per step; phase A leaves
+//      dh ⊙ keep in dhn, and phase C's product lhs·R moves to the start of the next dispatch
+//      (rg_carry, lhs of every unit read back); T + 1 dispatches, the last one the carry alone.
 //
 // Buffers of gru_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
@@ -236,16 +240,49 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
     threadgroup float stage[RG_STAGE];
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
-    uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
+    uint U = max(p.unit_blocks, 1u);  // threadgroups a row group (rg_units)
+    uint2 rows = rg_rows(p.D * N, p.count, tpg * U, tgid / U);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
+    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / (4 * H));
+    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
+    if (p.unit_blocks != 0) {
+        // The one-step grid, with reset_after only: step s = p.s_begin (none when s_end =
+        // s_begin, the last dispatch), its carry from step c = p.s_end first (none at c = T:
+        // dhn holds the host's). Phase A leaves dh ⊙ keep in dhn; the carry adds m ⊙ (lhs R).
+        uint2 units = rg_units(p, tgid);
+        uint nu = units.y - units.x;
+        for (uint r0 = rows.x; r0 < rows.y;) {
+            uint nb = rg_chunk(r0, rows.y, N, cap);
+            if (p.s_end < p.T) {
+                rg_carry(stage, p, lhs, Rt, mask, dhn, r0, nb, p.s_end, units, GH, true, lid,
+                         tpg);
+            }
+            if (p.s_end > p.s_begin) {
+                uint s = p.s_begin;
+                for (uint e = lid; e < nb * nu; e += tpg) {
+                    uint row = r0 + e / nu, j = units.x + e % nu;
+                    gru_gate_gradients(p, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, s, row,
+                                       j);
+                    uint d = row / N, n = row % N, own = n * DH + d * H + j;
+                    uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+                    float z = rg_activate(p.act0, zs[zrow + qz + j]);
+                    float keep = p.flip_z != 0 ? 1.0f - z : z;
+                    dhn[own] = (dy[(rg_out_time(p, d, s) * N + n) * DH + d * H + j] + dhn[own]) * keep;
+                }
+                // the next chunk's carry stages only after this
+                threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+            }
+            r0 += nb;
+        }
+        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+        return;
+    }
     uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
     uint passes = (H + per - 1) / per;
-    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / (4 * H));
     threadgroup float* staged_o = stage + cap * GH;
-    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
         for (uint r0 = rows.x; r0 < rows.y;) {

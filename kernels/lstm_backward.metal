@@ -215,7 +215,8 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
         for (uint r0 = rows.x; r0 < rows.y;) {
             uint nb = rg_chunk(r0, rows.y, N, cap);
             if (p.s_end < p.T) {
-                rg_carry(stage, p, dx, Rt, mask, dhn, r0, nb, p.s_end, units, GH, lid, tpg);
+                rg_carry(stage, p, dx, Rt, mask, dhn, r0, nb, p.s_end, units, GH, false, lid,
+                         tpg);
             }
             if (p.s_end > p.s_begin) {
                 for (uint e = lid; e < nb * nu; e += tpg) {

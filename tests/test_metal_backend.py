@@ -295,8 +295,8 @@ def test_v2_steps_blocks_of_units_one_step_a_dispatch(cell, N, H, units, rows, t
                                                       monkeypatch):
     """Threadgroups over groups of rows × blocks of units, one dispatch a step (the backward's
     last dispatch its carry alone); bidirectional, every optional input, against the reference
-    under the adversarial schedule. The GRU's backward, and its forward without reset_after,
-    have no one-step grid: the rule's v2 runs."""
+    under the adversarial schedule. A GRU without reset_after has no one-step grid: the rule's
+    v2 runs."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
     monkeypatch.setattr(versions, "V2_STEP_UNITS", units)
     monkeypatch.setattr(versions, "V2_STEP_ROWS", rows)
@@ -321,7 +321,7 @@ def test_v2_steps_blocks_of_units_one_step_a_dispatch(cell, N, H, units, rows, t
         assert {d.kernel for d in backward} == {f"{cell}_backward_v2"}
         v2_count = 2 * N * 1024 // versions.V2_GROUP_ROWS
         for direction, runs, steps in (("forward", forward, T), ("backward", backward, T + 1)):
-            if reset_after is False and direction == "forward" or cell == "gru" and direction == "backward":
+            if reset_after is False:
                 assert len(runs) == 1 and runs[0].count == v2_count  # the rule's v2
                 continue
             chunk = versions.v2_rows(cell=cell, direction=direction, H=H)
@@ -369,12 +369,16 @@ def test_v2_steps_choice_and_its_limits(monkeypatch):
     assert (back.version, back.kernel) == ("v2-steps", "lstm_backward_v2")
     assert "6 row(s) × 2 block(s)" in back.reason  # 6144 // (4·256) = 6 rows a chunk
     # where it does not apply, the rule chooses: v2 up to H = 256, v1 above
-    gru_back = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=256)
-    assert gru_back.version == "v2" and "the GRU's backward has no one-step grid, so the rule" in gru_back.reason
-    wide = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=512)
+    gru = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=256)
+    assert (gru.version, gru.kernel) == ("v2-steps", "gru_backward_v2")
+    gru_back = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=256,
+                                   reset_after=False)
+    assert gru_back.version == "v2"
+    assert "a GRU without reset_after needs da_o of every unit within a step, so the rule" in gru_back.reason
+    wide = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=512, reset_after=False)
     assert wide.version == "rows" and wide.kernel == "gru_backward"
     gru = versions.recurrence(cell="gru", direction="forward", D=1, N=4, H=8, reset_after=False)
-    assert gru.version == "v2" and "without reset_after" in gru.reason
+    assert gru.version == "v2" and "needs r of every unit" in gru.reason
     with pytest.raises(ValueError, match=r"RNNGRAD_METAL_RECURRENCE=v2-steps: lstm_forward, D=1, "
                                          r"N=1, H=7000: one row stages 1·H = 7000 floats"):
         versions.recurrence(cell="lstm", direction="forward", D=1, N=1, H=7000)

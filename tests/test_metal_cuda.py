@@ -111,7 +111,7 @@ def test_every_gemm_version_matches_the_reference(cell, cap, version):
 @pytest.mark.parametrize("cell", CELLS)
 def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
     """v2's one-step grid on the GPU: H = 70 in ⌈70 / 16⌉ = 5 blocks of 14 units, 26 rows (13
-    a direction) in groups of 3, one dispatch a step (the GRU's backward follows the rule)."""
+    a direction) in groups of 3, one dispatch a step (the backward's last the carry alone)."""
     from rnngrad.backends.metal import versions
     from rnngrad.backends.metal.host import cuda_device
 
@@ -128,10 +128,9 @@ def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
             assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
     forward = [x for x in d.trace if x.kernel == f"{cell}_forward_v2"]
     assert len(forward) >= 6 and {x.count for x in forward} == {-(-26 // 3) * 5 * 1024}
-    if cell != "gru":  # the backward too: a dispatch a step and the last carry
-        backward = [x for x in d.trace if x.kernel == f"{cell}_backward_v2"]
-        assert len(backward) >= 7 and len(backward) % 7 == 0
-        assert {x.count for x in backward} == {-(-26 // 3) * 5 * 1024}
+    backward = [x for x in d.trace if x.kernel == f"{cell}_backward_v2"]  # and the last carry
+    assert len(backward) >= 7 and len(backward) % 7 == 0
+    assert {x.count for x in backward} == {-(-26 // 3) * 5 * 1024}
 
 
 @pytest.mark.parametrize("op", OPS)

@@ -20,9 +20,8 @@ The recurrences (``kernels/<cell>_{forward,backward}.metal``) have two versions:
   threadgroups, each a block of the units, so that a step's product spreads over many cores
   and each element of R loaded serves every row of the group (:func:`step_blocks`). The
   backward moves each step's dA·R to the start of the next dispatch, which reads dA of every
-  unit back from memory (T + 1 dispatches). The GRU's backward, and a GRU's forward without
-  reset_after (its o gate reads r of every unit), follow the rule. Only when forced: not yet
-  timed on a GPU.
+  unit back from memory (T + 1 dispatches). A GRU without reset_after (its step reads r, and
+  backward da_o, of every unit) follows the rule. Only when forced: not yet timed on a GPU.
 
 The rule (``auto``): **v2 when H ≤** :data:`V2_MAX_H` **(and a row fits v2's threadgroup
 memory), with one row per threadgroup; else v1 in its grid.** Measured on an H100 through
@@ -187,14 +186,13 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                          f"{V2_STAGE_PER_ROW[(cell, direction)] * H} floats, more than the "
                          f"{V2_STAGE} of threadgroup memory v2 has; use packed or rows")
     if setting == "v2-steps":
-        if (direction == "forward" and (cell != "gru" or reset_after)) or (
-                direction == "backward" and cell != "gru"):
+        if cell != "gru" or reset_after:
             rows, blocks = step_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
             return Choice("v2-steps", v2, f"{shape}: forced by {source}=v2-steps: one dispatch a "
                                           f"step, threadgroups of {rows} row(s) × {blocks} "
                                           f"block(s) of units")
-        why = ("the GRU's backward has no one-step grid" if direction != "forward"
-               else "a GRU without reset_after needs r of every unit before its o gate")
+        why = (f"a GRU without reset_after needs {'r' if direction == 'forward' else 'da_o'} "
+               f"of every unit within a step")
         setting = "auto"
         shape = f"{shape}: {source}=v2-steps, but {why}, so the rule"
     if setting not in ("auto", "v1"):
