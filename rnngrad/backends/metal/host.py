@@ -273,12 +273,15 @@ class _Runs:
         if not problems:
             return
         size = ", ".join(f"{k}={v}" for k, v in self.sizes.items() if v is not None)
-        if span is not None:
-            where = f"processing steps [{span[0]}, {span[1]}) of T={self.sizes['T']}, "
+        if span is None:
+            where, hint = "", ""
+        else:
+            T = self.sizes["T"]
+            where = (f"processing steps [{span[0]}, {span[1]}) of T={T}, " if span[0] != span[1]
+                     # v2-steps: a backward's last dispatch runs no step, only the carry
+                     else f"no step, the carry of processing step {span[1]} of T={T}, ")
             hint = (f" A long sequence runs in shorter dispatches with a smaller work budget "
                     f"({BUDGET_ENV}; now {self.host.budget()}).")
-        else:
-            where, hint = "", ""
         raise IncompleteDispatch(
             f"{self.op}: kernel {kernel} did not finish on the device (dispatch {number} of the "
             f"op, counting from 0; {where}{count} threads; problem {size}): "
