@@ -276,10 +276,16 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
     }
 }
 
-// The units [x, y) of threadgroup tgid of a v2 dispatch: block tgid mod U of
-// U = p.unit_blocks (0 reads as 1) blocks of ⌈H / U⌉. Its rows are those of row group tgid / U
-// (rg_rows over tpg · U threads a group). With U > 1 the threadgroups of one row group share
-// the step's rows, so the host dispatches one step at a time: h[t−1] of every unit is then in
+// The rows [x, y) of threadgroup tgid of a v2 dispatch: those of its row group tgid / U, with
+// U = p.unit_blocks (0 reads as 1) threadgroups a group (rg_rows over tpg · U threads a group).
+inline uint2 rg_group_rows(constant RecurrenceParams& p, uint tpg, uint tgid) {
+    uint U = max(p.unit_blocks, 1u);
+    return rg_rows(p.D * p.N, p.count, tpg * U, tgid / U);
+}
+
+// The units [x, y) of threadgroup tgid of a v2 dispatch: block tgid mod U of U blocks of
+// ⌈H / U⌉ (U as in rg_group_rows). With U > 1 the threadgroups of one row group share the
+// step's rows, so the host dispatches one step at a time: h[t−1] of every unit is then in
 // device memory before any threadgroup stages it.
 inline uint2 rg_units(constant RecurrenceParams& p, uint tgid) {
     uint U = max(p.unit_blocks, 1u);

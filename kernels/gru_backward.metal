@@ -128,6 +128,20 @@ inline float4 gru_gate_gradients(constant RecurrenceParams& p, device const floa
     return float4(da_z, 0.0f, da_o, 0.0f);
 }
 
+// dh ⊙ keep of (row, j) at processing step s, with dh = dy + dh_next and keep = z (1 − z
+// with flip_z): the part of dh_next that passes the update gate, in every version.
+inline float gru_kept(constant RecurrenceParams& p, device const float* dy,
+                      device const float* zs, device const float* dhn, uint s, uint row,
+                      uint j) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
+    uint d = row / N, n = row % N;
+    uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+    float z = rg_activate(p.act0, zs[zrow + p.gate0 * H + j]);
+    float keep = p.flip_z != 0 ? 1.0f - z : z;
+    float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + d * H + j] + dhn[n * DH + d * H + j];
+    return dh * keep;
+}
+
 kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
                          device const float* R [[buffer(1)]],
                          device const float* h0 [[buffer(2)]],
@@ -202,11 +216,8 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
                     acc += lhs[xrow + q] * Rd[q * H + j];
                 }
             }
-            float z = rg_activate(p.act0, zs[zrow + qz + j]);
-            float keep = p.flip_z != 0 ? 1.0f - z : z;
             float m = mask[rg_mask_step(p, s) + own];
-            float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
-            float next = dh * keep;
+            float next = gru_kept(p, dy, zs, dhn, s, row, j);
             if (p.reset_after == 0) {
                 next += work[row * H + j] * rg_activate(p.act1, zs[zrow + qr + j]) * m;
             }
@@ -240,8 +251,7 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
     threadgroup float stage[RG_STAGE];
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
-    uint U = max(p.unit_blocks, 1u);  // threadgroups a row group (rg_units)
-    uint2 rows = rg_rows(p.D * N, p.count, tpg * U, tgid / U);
+    uint2 rows = rg_group_rows(p, tpg, tgid);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
@@ -266,11 +276,7 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                     uint row = r0 + e / nu, j = units.x + e % nu;
                     gru_gate_gradients(p, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, s, row,
                                        j);
-                    uint d = row / N, n = row % N, own = n * DH + d * H + j;
-                    uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-                    float z = rg_activate(p.act0, zs[zrow + qz + j]);
-                    float keep = p.flip_z != 0 ? 1.0f - z : z;
-                    dhn[own] = (dy[(rg_out_time(p, d, s) * N + n) * DH + d * H + j] + dhn[own]) * keep;
+                    dhn[(row % N) * DH + (row / N) * H + j] = gru_kept(p, dy, zs, dhn, s, row, j);
                 }
                 // the next chunk's carry stages only after this
                 threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
@@ -356,11 +362,8 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                         uint col = d * H + j;
                         uint own = n * DH + col;
                         uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-                        float z = rg_activate(p.act0, zs[zrow + qz + j]);
-                        float keep = p.flip_z != 0 ? 1.0f - z : z;
                         float m = mask[rg_mask_step(p, s) + own];
-                        float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
-                        float next = dh * keep;
+                        float next = gru_kept(p, dy, zs, dhn, s, row, j);
                         if (p.reset_after == 0) {  // g from phase B of this thread
                             next += work[row * H + j] * rg_activate(p.act1, zs[zrow + qr + j]) * m;
                         }

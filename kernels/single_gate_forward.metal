@@ -104,8 +104,7 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                    uint tpg [[threads_per_threadgroup]]) {
     threadgroup float stage[RG_STAGE];  // [b][k]: h[t−1] ⊙ m of the chunk's rows
     uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint U = max(p.unit_blocks, 1u);  // threadgroups a row group (rg_units)
-    uint2 rows = rg_rows(p.D * N, p.count, tpg * U, tgid / U);
+    uint2 rows = rg_group_rows(p, tpg, tgid);
     uint2 units = rg_units(p, tgid);
     if (rows.x >= rows.y) {
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
