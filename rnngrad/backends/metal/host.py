@@ -439,13 +439,27 @@ class MetalHost:
         the layout its kernel reads (its buffer table names it R or Rt)."""
         sizes = dict(cell=problem.cell, direction=direction, D=problem.D, N=problem.N,
                      H=problem.H)
-        choice = versions.recurrence(**sizes, device=self.name,
-                                     reset_after=bool(getattr(problem.descriptor, "reset_after", True)))
+        reset_after = bool(getattr(problem.descriptor, "reset_after", True))  # the GRU's
+        choice = versions.recurrence(**sizes, device=self.name, reset_after=reset_after)
         _LOG.debug("%s: %s", self.name, choice)
         R = problem.recurrent_weight  # [D,GH,H]
         name = library.BUFFERS[choice.kernel][3 if direction == "forward" else 1]
         weight = self.buffer(R.transpose(0, 2, 1) if name == "Rt" else R)
         return choice, versions.recurrence_count(choice, **sizes), {name: weight}
+
+    def recurrence_spans(self, problem, choice, direction):
+        """(unit_blocks, [(s_begin, s_end)] in processing order) of the recurrence dispatches
+        under ``choice``: a kernel's own grid (0) over the budget's step ranges, or v2's
+        one-step grid (its unit blocks) a step a dispatch, the backward ending with the carry
+        of step 0 alone (0, 0)."""
+        T = problem.T
+        if choice.version != "v2-steps":
+            spans = self.step_ranges(problem)
+            return 0, spans if direction == "forward" else spans[::-1]
+        blocks = versions.step_blocks(cell=problem.cell, direction=direction, H=problem.H)[1]
+        if direction == "forward":
+            return blocks, [(s, s + 1) for s in range(T)]
+        return blocks, [(s, s + 1) for s in reversed(range(T))] + [(0, 0)]
 
     def words(self, buf, n):
         """The first ``n`` uint32 words of a buffer, as a NumPy copy (from the GPU too)."""
@@ -560,10 +574,8 @@ class MetalHost:
                 x_bias = self.buffer(problem.bias if problem.bias is not None else Constant(DGH))
             h0, mask = self._common(problem)
             choice, count, weight = self.recurrence(problem, "forward")
-            kernel, blocks, spans = choice.kernel, 0, self.step_ranges(problem)
-            if choice.version == "v2-steps":  # one step a dispatch: blocks of units share a step
-                blocks = versions.step_blocks(cell=cell, direction="forward", D=D, N=N, H=H)[1]
-                spans = [(s, s + 1) for s in range(T)]
+            kernel = choice.kernel
+            blocks, spans = self.recurrence_spans(problem, choice, "forward")
             h = self.empty(T * N * DH)
             keeps_z = desc.training or cell == "gru"  # GRU stages a_r in z_state
             zs = self.empty(T * N * D * Z * H) if keeps_z else self.empty(1)
@@ -602,10 +614,8 @@ class MetalHost:
         with self._lock, self.runs(f"{cell}_gradients", problem) as handles:
             h0, mask = self._common(problem)
             choice, count, weight = self.recurrence(problem, "backward")
-            kernel, blocks, spans = choice.kernel, 0, list(reversed(self.step_ranges(problem)))
-            if choice.version == "v2-steps":  # a step a dispatch, then the last step's carry
-                blocks = versions.step_blocks(cell=cell, direction="backward", D=D, N=N, H=H)[1]
-                spans = [(s, s + 1) for s in reversed(range(T))] + [(0, 0)]
+            kernel = choice.kernel
+            blocks, spans = self.recurrence_spans(problem, choice, "backward")
             dy = self.buffer(problem.source_gradient)
             zs = self.buffer(problem.z_state)
             sg = problem.state_gradient

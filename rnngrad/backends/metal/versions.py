@@ -36,8 +36,8 @@ pay where L2 is slow; on the H100 the single row wins (the profile of LSTM 200×
 the cores issuing at 55% of their rate with 8 warps each: instruction-bound, a step's work too
 small per threadgroup). Not measured on Apple hardware. Override it with
 ``RNNGRAD_METAL_RECURRENCE`` = ``v2`` | ``v2-steps`` | ``v1`` | ``packed`` | ``rows`` | ``auto``
-(``v1``: v1 in the grid its rule picks) or the module setting :data:`RECURRENCE`; :data:`V2_GROUP_ROWS` sets
-v2's rows per threadgroup. The two grids of v1 give bitwise the same results (only the rows'
+(``v1``: v1 in the grid its rule picks) or the module setting :data:`RECURRENCE`;
+:data:`V2_GROUP_ROWS` sets v2's rows per threadgroup. The two grids of v1 give bitwise the same results (only the rows'
 assignment to threadgroups changes); v2 sums in another order, within the float32 tolerance.
 
 The matrix products outside the recurrence have three versions
@@ -159,7 +159,7 @@ def group_rows(*, cell: str, direction: str, H: int) -> int:
     return max(1, min(V2_GROUP_ROWS, v2_rows(cell=cell, direction=direction, H=H)))
 
 
-def step_blocks(*, cell: str, direction: str, D: int, N: int, H: int) -> tuple:
+def step_blocks(*, cell: str, direction: str, H: int) -> tuple:
     """(rows per threadgroup, unit blocks U) of v2's one-step grid: :data:`V2_STEP_ROWS` rows
     (default a whole chunk) and ⌈H / :data:`V2_STEP_UNITS`⌉ blocks of units."""
     chunk = max(1, v2_rows(cell=cell, direction=direction, H=H))
@@ -187,7 +187,7 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                          f"{V2_STAGE} of threadgroup memory v2 has; use packed or rows")
     if setting == "v2-steps":
         if cell != "gru" or reset_after:
-            rows, blocks = step_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
+            rows, blocks = step_blocks(cell=cell, direction=direction, H=H)
             return Choice("v2-steps", v2, f"{shape}: forced by {source}=v2-steps: one dispatch a "
                                           f"step, threadgroups of {rows} row(s) × {blocks} "
                                           f"block(s) of units")
@@ -224,7 +224,7 @@ def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: in
     if choice.version == "v2":
         return -(-D * N // group_rows(cell=cell, direction=direction, H=H)) * V2_THREADS
     if choice.version == "v2-steps":
-        rows, blocks = step_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
+        rows, blocks = step_blocks(cell=cell, direction=direction, H=H)
         return -(-D * N // rows) * blocks * V2_THREADS
     return D * N * (1024 if choice.version == "rows" else H)
 
