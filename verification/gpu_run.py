@@ -49,16 +49,17 @@ def _env(extra=None):
 
 #: time.time() by which every step must have ended (``--deadline``); None: no limit
 DEADLINE = None
-SANITIZER_CONFIGS = {  # name: (RNNGRAD_METAL_GEMM, RNNGRAD_METAL_RECURRENCE, rows a v2 threadgroup)
-    "auto": ("auto", "auto", None),          # the versions the rules pick
-    "gemm-v2": ("v2", "auto", None),         # each tiled GEMM everywhere
-    "gemm-v3": ("v3", "auto", None),
-    "v1": ("auto", "v1", None),              # v1's recurrences
-    "v2x8": ("auto", "v2", 8),               # v2's with 8 rows a threadgroup (its chunks)
-    "v2-steps": ("auto", "v2-steps", None),  # v2's one-step grid, H = 33 in 3 blocks
+#: name: (RNNGRAD_METAL_GEMM, RNNGRAD_METAL_RECURRENCE, extra arguments of gpu_sanitize.py, what
+#: they do): the versions the rules pick, each tiled GEMM everywhere, v1's recurrences, v2's
+#: chunks, v2's one-step grid
+SANITIZER_CONFIGS = {
+    "auto": ("auto", "auto", (), ""),
+    "gemm-v2": ("v2", "auto", (), ""),
+    "gemm-v3": ("v3", "auto", (), ""),
+    "v1": ("auto", "v1", (), ""),
+    "v2x8": ("auto", "v2", ("--v2-group-rows", "8"), ", 8 rows a v2 threadgroup"),
+    "v2-steps": ("auto", "v2-steps", ("--v2-step-units", "12"), ", H = 33 in 3 blocks of units"),
 }
-#: extra arguments of gpu_sanitize.py under a configuration
-SANITIZER_ARGS = {"v2x8": ("--v2-group-rows", "8"), "v2-steps": ("--v2-step-units", "12")}
 
 
 def step(name, cmd, out: Path, timeout=900, env=None):
@@ -142,6 +143,19 @@ STEP_LABELS = tuple(label for label, _ in STEP_KNOBS)
 STEP_CONFIGS = (("v1", "v1", "v1", {}), ("gemm v2", "auto", "v2", {}), ("gemm v3", "auto", "v3", {}),
                 *((label, "v2-steps", "auto", knobs) for label, knobs in STEP_KNOBS),
                 ("auto", "auto", "auto", {}))
+
+
+def wall(fn, reps: int) -> float:
+    """ms per call of ``fn`` over ``reps`` calls, from a synchronised GPU to a synchronised GPU,
+    as a user times it."""
+    import cupy as cp
+
+    cp.cuda.Device().synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    cp.cuda.Device().synchronize()
+    return (time.perf_counter() - start) * 1e3 / reps
 
 
 def recurrence_ms(measured: dict, direction: str) -> float:
@@ -240,21 +254,12 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                         setattr(versions, k, v)
                 kernel_ms = sum(per_kernel.values())
                 dispatches = len(dev.trace)
-                start = time.perf_counter()
-                for _ in range(reps):
-                    rnngrad_step()
-                cp.cuda.Device().synchronize()
-                wall_ms = (time.perf_counter() - start) * 1e3 / reps
+                wall_ms = wall(rnngrad_step, reps)
             # the same without filling new buffers with NaN (the harness's poison, which a Mac
             # does not do): how much of the host overhead the fills are
             with cuda_device(poison=False):
                 rnngrad_step()
-                cp.cuda.Device().synchronize()
-                start = time.perf_counter()
-                for _ in range(reps):
-                    rnngrad_step()
-                cp.cuda.Device().synchronize()
-                wall_unpoisoned_ms = (time.perf_counter() - start) * 1e3 / reps
+                wall_unpoisoned_ms = wall(rnngrad_step, reps)
             if (T, N, mode) == (50, 1, "LSTM"):  # where the host overhead dominates: where it goes
                 import cProfile
                 import io
@@ -422,10 +427,9 @@ def _run(args, out: Path) -> int:
                         text if code is None else "passed" if code == 0 else f"FAILED (exit {code})"))
     if "sanitizer" not in args.skip:
         for config in args.sanitize:
-            gemm, recurrence, rows = SANITIZER_CONFIGS[config]
+            gemm, recurrence, extra, note = SANITIZER_CONFIGS[config]
             what = f"GEMM {gemm}" + (f", recurrences {recurrence}" if recurrence != "auto" else "")
-            what += f", {rows} rows a v2 threadgroup" if rows else ""
-            extra = list(SANITIZER_ARGS.get(config, ()))
+            what += note
             for tool in TOOLS:
                 code, text = step(f"sanitizer {tool} {what}", ["compute-sanitizer", "--tool", tool,
                                                                *TOOL_OPTIONS.get(tool, ()), py,
