@@ -309,13 +309,11 @@ def test_v2_steps_blocks_of_units_one_step_a_dispatch(cell, N, H, units, rows, t
                            optional=ALL_OPTIONAL, cell_gradient_form="per_step")
         device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
         check_both(case, **device)
-        h, c, z = case.training_forward(backend="reference")
         with emulated_device(**device) as dev:
             case.training_forward(backend=BACKEND)
             forward = [d for d in dev.trace if not d.kernel.startswith("strided")]
             dev.trace.clear()
-            BACKEND_FN = getattr(__import__("rnngrad"), {"single_gate": "single_gate_rnn"}.get(cell, cell) + "_gradients")
-            BACKEND_FN(**case.gradient_kwargs(h, c, z), backend=BACKEND)
+            case.gradients(BACKEND, forward_backend="reference")
             backward = [d for d in dev.trace if not d.kernel.startswith("strided")]
         assert {d.kernel for d in forward} == {f"{cell}_forward_v2"}
         assert {d.kernel for d in backward} == {f"{cell}_backward_v2"}
@@ -403,18 +401,15 @@ def test_a_stopped_v2_steps_dispatch_raises_naming_it(which, monkeypatch):
     rng = np.random.default_rng(41)
     case = random_case(rng, "lstm", T=3, N=2, H=8, I=3, dtype=np.float32,
                        descriptor=random_descriptor(rng, "lstm", training=True))
-    h, c, z = case.training_forward(backend="reference")
-    import rnngrad
-
     with emulated_device() as dev:
-        rnngrad.lstm_gradients(**case.gradient_kwargs(h, c, z), backend=BACKEND)
+        case.gradients(BACKEND, forward_backend="reference")
     backward = [i for i, d in enumerate(dev.trace) if d.kernel == "lstm_backward_v2"]
     assert len(backward) == 4  # T steps, then the carry of step 0
     index = backward[-1] if which == "the last carry" else backward[1]
     groups = dev.trace[index].threadgroups
     with emulated_device(stop=(index, 1)):
         with pytest.raises(IncompleteDispatch) as info:
-            rnngrad.lstm_gradients(**case.gradient_kwargs(h, c, z), backend=BACKEND)
+            case.gradients(BACKEND, forward_backend="reference")
     assert info.value.kernel == "lstm_backward_v2" and info.value.missing == tuple(range(1, groups))
     where = ("no step, the carry of processing step 0 of T=3" if which == "the last carry"
              else "processing steps [1, 2) of T=3")
