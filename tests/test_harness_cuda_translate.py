@@ -15,7 +15,7 @@ def test_every_kernel_gets_a_launcher_with_its_buffers_in_order():
     unit, kernels = _build.translate_source(library.source())
     assert [k.name for k in kernels] == list(library.BUFFERS)
     for k in kernels:
-        m = re.search(r'extern "C" __global__ void __launch_bounds__\(' + re.escape(k.max_threads) + r'\) '
+        m = re.search(r'extern "C" __global__ void __launch_bounds__\(' + re.escape(k.max_threads) + r', 1\) '
                       + _build.LAUNCHER_PREFIX + k.name + r"\(([^)]*)\)", unit)
         assert m, k.name
         assert m.group(1) == ", ".join(f"void* __b{i}" for i in range(len(library.BUFFERS[k.name])))
