@@ -386,3 +386,174 @@ inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
         stage[e] = hp * mask[rg_mask_step(p, s) + n * DH + col];
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Helpers of the v3 recurrence kernels (<cell>_{forward,backward}_v3): one step a dispatch,
+// each threadgroup a tile of the step's recurrent product, a register-blocked matrix product
+// with both factors staged through threadgroup memory, then the cell's element-wise work for
+// the tile as its epilogue.
+//
+// A tile is rows n0 .. n0 + rows − 1 of one direction d (4·WR rows, WR = min(4, ⌈N / 4⌉)) ×
+// a block of units u0 .. u0 + units − 1 (p.unit_blocks = U blocks of ⌈H / U⌉). Its product is
+// C[r, c] = Σ_k A[r, k] · B[c, k] over k < K, where a unit has cpu columns c (the forward of
+// the LSTM and GRU: one per gate, so that the epilogue finds a unit's gates together; else 1).
+// Workers: w = wc + WC · wr owns the 4×4 block of C at rows 4wr.., columns 4wc.. (WC = ⌈cpu ·
+// ⌈H / U⌉ / 4⌉, so at most RS_COLS / 4); consecutive lanes take consecutive wc, so a lane's
+// loads of A are broadcasts and of B distinct rows of the pitch-RS_LD stage (no bank
+// conflicts). The threads split each staged chunk of RS_K k into KS slices (the largest power
+// of two ≤ RS_KS with KS · W ≤ tpg); the slices' partial blocks meet in threadgroup memory
+// (rs_sum). With fewer threads than workers (a threadgroup below 64) the workers run in rounds,
+// each walking K again. Tiles are numbered t = (d · ⌈N / (4 WR)⌉ + row tile) · U + unit block.
+
+#define RS_ROWS 16            // rows of a tile at most (4 · WR)
+#define RS_COLS 64            // columns of a tile at most (4 · WC)
+#define RS_K 32               // k per staged chunk
+#define RS_LD 33              // pitch of a staged row: odd, so a row's 32 k hit 32 banks
+#define RS_KS 8               // slices of a chunk at most (RS_K / RS_KS = 4 k a slice at least)
+#define RS_RED 4096           // floats of partial blocks: KS · W · 16 <= 256 · 16 (or W · 16)
+
+// One tile of a v3 dispatch and the split of its product over the threadgroup.
+struct RsTile {
+    uint d, n0, rows;         // direction, first batch index, rows (<= 4 · WR)
+    uint u0, units;           // first unit, units
+    uint WR, WC, W;           // workers down the rows and across the columns; W = WR · WC
+    uint KS, KC;              // slices of a chunk, k of a slice
+};
+
+// Row tiles of one direction.
+inline uint rs_row_tiles(constant RecurrenceParams& p) {
+    uint WR = min(4u, (p.N + 3) / 4);
+    return (p.N + 4 * WR - 1) / (4 * WR);
+}
+
+// Tiles of the dispatch: D · row tiles · U.
+inline uint rs_tiles(constant RecurrenceParams& p) {
+    return p.D * rs_row_tiles(p) * max(p.unit_blocks, 1u);
+}
+
+// Tile t with cpu columns a unit, for a threadgroup of tpg threads.
+inline RsTile rs_tile(constant RecurrenceParams& p, uint t, uint cpu, uint tpg) {
+    RsTile g;
+    uint U = max(p.unit_blocks, 1u);
+    uint per = (p.H + U - 1) / U;
+    uint rt = rs_row_tiles(p);
+    g.WR = min(4u, (p.N + 3) / 4);
+    uint ub = t % U;
+    uint rb = (t / U) % rt;
+    g.d = t / (U * rt);
+    g.n0 = rb * 4 * g.WR;
+    g.rows = min(4 * g.WR, p.N - g.n0);
+    g.u0 = min(ub * per, p.H);
+    g.units = min(per, p.H - g.u0);
+    g.WC = (per * cpu + 3) / 4;
+    g.W = g.WR * g.WC;
+    uint ks = 1;
+    while (ks < RS_KS && 2 * ks * g.W <= tpg) {
+        ks *= 2;
+    }
+    g.KS = ks;
+    g.KC = RS_K / ks;
+    return g;
+}
+
+// Whether the host's unit blocks fit the kernel's tile (a unit block of at most RS_COLS
+// columns); a threadgroup whose tiles do not fit leaves no completion mark.
+inline bool rs_fits(constant RecurrenceParams& p, uint cpu) {
+    uint U = max(p.unit_blocks, 1u);
+    return ((p.H + U - 1) / U) * cpu <= RS_COLS;
+}
+
+// The tile's product, left in red for rs_sum: C[r, c] = Σ_{k<K} A[r, k] · B[c, k] with
+//   A[r, k] = a[r · lda + k] (· am[r · lda + k] when masked) for r < g.rows, else 0;
+//   B[c, k] = w[(o + g.u0 + c / cpu) · K + k], o = goff's entry c mod cpu, for
+//             c / cpu < g.units and c mod cpu < ng, else 0.
+// Every thread of the threadgroup calls it (g uniform); it ends with a barrier.
+inline void rs_product(threadgroup float* As, threadgroup float* Bs, threadgroup float* red,
+                       RsTile g, uint K, device const float* a, device const float* am,
+                       bool masked, uint lda, device const float* w, uint cpu, uint4 goff,
+                       uint ng, uint lid, uint tpg) {
+    uint rows = 4 * g.WR, cols = 4 * g.WC;
+    uint rounds = (g.W + tpg - 1) / tpg;  // > 1 only when tpg < W (then KS = 1)
+    uint chunks = (K + RS_K - 1) / RS_K;
+    for (uint turn = 0; turn < rounds; ++turn) {
+        uint slot = lid + turn * tpg;
+        uint sl = slot / g.W, wk = slot % g.W;
+        bool active = sl < g.KS;
+        uint wr = wk / g.WC, wc = wk % g.WC;
+        float acc[4][4];
+        #pragma unroll
+        for (uint i = 0; i < 4; ++i) {
+            #pragma unroll
+            for (uint j = 0; j < 4; ++j) {
+                acc[i][j] = 0.0f;
+            }
+        }
+        for (uint ch = 0; ch < chunks; ++ch) {
+            uint k0 = ch * RS_K;
+            uint kn = min(K - k0, (uint)RS_K);
+            // Stage A[rows, k0 ..] and B[cols, k0 ..] as [row][k], zero past the edges;
+            // consecutive threads load consecutive k.
+            for (uint e = lid; e < rows * RS_K; e += tpg) {
+                uint r = e / RS_K, k = e % RS_K;
+                float v = 0.0f;
+                if (r < g.rows && k < kn) {
+                    uint i = r * lda + k0 + k;
+                    v = masked ? a[i] * am[i] : a[i];
+                }
+                As[r * RS_LD + k] = v;
+            }
+            for (uint e = lid; e < cols * RS_K; e += tpg) {
+                uint c = e / RS_K, k = e % RS_K;
+                uint u = c / cpu, gs = c % cpu;
+                float v = 0.0f;
+                if (u < g.units && gs < ng && k < kn) {
+                    uint o = gs == 0 ? goff.x : (gs == 1 ? goff.y : (gs == 2 ? goff.z : goff.w));
+                    v = w[(o + g.u0 + u) * K + k0 + k];
+                }
+                Bs[c * RS_LD + k] = v;
+            }
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            if (active) {
+                for (uint kk = 0; kk < g.KC; ++kk) {
+                    uint k = sl * g.KC + kk;
+                    float fa[4], fb[4];
+                    #pragma unroll
+                    for (uint i = 0; i < 4; ++i) {
+                        fa[i] = As[(4 * wr + i) * RS_LD + k];
+                        fb[i] = Bs[(4 * wc + i) * RS_LD + k];
+                    }
+                    #pragma unroll
+                    for (uint i = 0; i < 4; ++i) {
+                        #pragma unroll
+                        for (uint j = 0; j < 4; ++j) {
+                            acc[i][j] += fa[i] * fb[j];
+                        }
+                    }
+                }
+            }
+            // Every slice is done with this chunk before the next is staged.
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+        }
+        if (active) {
+            #pragma unroll
+            for (uint i = 0; i < 4; ++i) {
+                #pragma unroll
+                for (uint j = 0; j < 4; ++j) {
+                    red[(sl * g.W + wk) * 16 + i * 4 + j] = acc[i][j];
+                }
+            }
+        }
+    }
+    // The partial blocks are in red before any thread sums them.
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+}
+
+// C[r, c] of the tile rs_product left in red: its KS slices' partial sums, in slice order.
+inline float rs_sum(threadgroup const float* red, RsTile g, uint r, uint c) {
+    uint w = c / 4 + g.WC * (r / 4), e = (r % 4) * 4 + c % 4;
+    float s = 0.0f;
+    for (uint sl = 0; sl < g.KS; ++sl) {
+        s += red[(sl * g.W + w) * 16 + e];
+    }
+    return s;
+}

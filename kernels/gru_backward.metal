@@ -36,6 +36,12 @@
 //      of a group of rows each own a block of the units, one dispatch per step; phase A leaves
 //      dh ⊙ keep in dhn, and phase C's product lhs·R moves to the start of the next dispatch
 //      (rg_carry, lhs of every unit read back); T + 1 dispatches, the last one the carry alone.
+//   v3 gru_backward_v3 (reset_after only): one dispatch a step, threadgroups of 256 over tiles
+//      of up to 16 rows of one direction × a block of units (p.unit_blocks blocks): first the
+//      carry of the step before, m ⊙ (lhs R) added to the dh ⊙ keep that phase A left in dhn,
+//      a matrix product over the 3H gate rows staged and blocked as the LSTM's (common.metal,
+//      rs_product); then phase A for each (row, unit) of the tile, which leaves dh ⊙ keep in
+//      dhn. T + 1 dispatches, the last one the carry alone.
 //
 // Buffers of gru_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
@@ -70,6 +76,9 @@
 //   11     device float*                   work  [D·N,H] scratch: g
 //   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
 //   13     device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of gru_backward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
+// gru_backward_v2, in the same order.
 
 // Phase A of both versions for (row, j) at processing step s: the element-wise gate gradients
 // of unit j. Writes dx (da_z, da_o, and da_r with reset_after), lhs, rhs and, with reset_after,
@@ -376,5 +385,62 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
             r0 += nb;
         }
     }
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+[[max_total_threads_per_threadgroup(256)]]
+kernel void gru_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
+                            device const float* Rt [[buffer(1)]],
+                            device const float* h0 [[buffer(2)]],
+                            device const float* mask [[buffer(3)]],
+                            device const float* dy [[buffer(4)]],
+                            device const float* zs [[buffer(5)]],
+                            device const float* hfwd [[buffer(6)]],
+                            device float* dx [[buffer(7)]],
+                            device float* lhs [[buffer(8)]],
+                            device float* rhs [[buffer(9)]],
+                            device float* dhn [[buffer(10)]],
+                            device float* work [[buffer(11)]],
+                            device float* prow [[buffer(12)]],
+                            device uint2* status [[buffer(13)]],
+                            uint lid [[thread_position_in_threadgroup]],
+                            uint tgid [[threadgroup_position_in_grid]],
+                            uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float As[RS_ROWS * RS_LD];
+    threadgroup float Bs[RS_COLS * RS_LD];
+    threadgroup float red[RS_RED];
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
+    uint s = p.s_begin, c = p.s_end;  // step s (none when s_end = s_begin), the carry of step c
+    if (p.reset_after == 0) {
+        return;  // its da_r reads da_o of every unit: no completion mark, the host reports it
+    }
+    if (!rs_fits(p, 1u)) {
+        return;  // a unit block wider than the tile: no completion mark, the host reports it
+    }
+    uint2 mine = rg_rows(rs_tiles(p), p.count, tpg, tgid);
+    for (uint t = mine.x; t < mine.y; ++t) {
+        RsTile g = rs_tile(p, t, 1u, tpg);
+        uint d = g.d;
+        if (c < p.T) {  // none at c = T: dhn holds the host's
+            device const float* a = lhs + (rg_x_time(p, d, c) * N + g.n0) * DGH + d * GH;
+            rs_product(As, Bs, red, g, GH, a, a, false, DGH, Rt + d * H * GH, 1u, uint4(0u), 1u,
+                       lid, tpg);
+        }
+        for (uint e = lid; e < g.rows * g.units; e += tpg) {
+            uint r = e / g.units, u = e % g.units;
+            uint row = d * N + g.n0 + r, j = g.u0 + u;
+            uint own = (g.n0 + r) * DH + d * H + j;
+            if (c < p.T) {
+                float carry = rs_sum(red, g, r, u) * mask[rg_mask_step(p, c) + own];
+                dhn[own] = dhn[own] + carry;
+            }
+            if (c > s) {
+                gru_gate_gradients(p, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, s, row, j);
+                dhn[own] = gru_kept(p, dy, zs, dhn, s, row, j);
+            }
+        }
+    }
+    // Every thread has written its part of the step.
+    threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

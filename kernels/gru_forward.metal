@@ -29,6 +29,11 @@
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
 //      Only with reset_after: without it a step's o gate reads r of every unit of the row.
+//   v3 gru_forward_v3 (reset_after only): one dispatch a step (the host's spans),
+//      threadgroups of 256 over tiles of up to 16 rows of one direction × a block of units
+//      (p.unit_blocks blocks); the tile's three gate products are one matrix product whose
+//      columns are the block's units × gates z, r, o (and an empty fourth), staged and blocked
+//      as the LSTM's (common.metal, rs_product); then gru_cell_after for each (row, unit).
 //
 // Buffers of gru_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
@@ -55,6 +60,38 @@
 //   7      device float*                   h     [T,N,D·H] output time
 //   8      device float*                   zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
 //   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of gru_forward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
+// gru_forward_v2, in the same order.
+
+// The step of every version with reset_after for (row, j) at processing step s, from the
+// three gates' recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the order z, r, o: writes
+// z_state (a_z, a_r, a_o, then q) and h[t].
+inline void gru_cell_after(constant RecurrenceParams& p, device const float* x,
+                           device const float* bias, device const float* h0,
+                           device const float* b2, device float* h, device float* zs, uint s,
+                           uint row, uint j, float3 dots) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
+    uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
+    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
+    uint d = row / N, n = row % N;
+    uint col = d * H;
+    uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+    uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+    float a_z = (x[xrow + qz + j] + bias[d * GH + qz + j]) + dots.x;
+    float a_r = (x[xrow + qr + j] + bias[d * GH + qr + j]) + dots.y;
+    zs[zrow + qz + j] = a_z;
+    zs[zrow + qr + j] = a_r;
+    float hp = s == 0 ? h0[n * DH + col + j] : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col + j];
+    float q = dots.z + b2[col + j];
+    float a_o = (x[xrow + qo + j] + bias[d * GH + qo + j]) + q * rg_activate(p.act1, a_r);
+    zs[zrow + qo + j] = a_o;
+    zs[zrow + 3 * H + j] = q;
+    float z = rg_activate(p.act0, a_z);
+    float o = rg_activate(p.act2, a_o);
+    h[(rg_out_time(p, d, s) * N + n) * DH + col + j] =
+        p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
+}
 
 kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
                         device const float* x [[buffer(1)]],
@@ -95,21 +132,13 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
                 sr += hm * Rk[k * GH + qr];
                 so += hm * Rk[k * GH + qo];
             }
-            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-            float a_z = (x[xrow + qz + j] + bias[d * GH + qz + j]) + sz;
-            float a_r = (x[xrow + qr + j] + bias[d * GH + qr + j]) + sr;
-            zs[zrow + qz + j] = a_z;
-            zs[zrow + qr + j] = a_r;
             if (p.reset_after != 0) {
-                float q = so + b2[col + j];
-                float a_o = (x[xrow + qo + j] + bias[d * GH + qo + j]) + q * rg_activate(p.act1, a_r);
-                zs[zrow + qo + j] = a_o;
-                zs[zrow + 3 * H + j] = q;
-                float z = rg_activate(p.act0, a_z);
-                float o = rg_activate(p.act2, a_o);
-                h[(rg_out_time(p, d, s) * N + n) * DH + col + j] =
-                    p.flip_z != 0 ? (1.0f - z) * hp[j] + z * o : z * hp[j] + (1.0f - z) * o;
+                gru_cell_after(p, x, bias, h0, b2, h, zs, s, row, j, float3(sz, sr, so));
+            } else {
+                uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+                uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+                zs[zrow + qz + j] = (x[xrow + qz + j] + bias[d * GH + qz + j]) + sz;
+                zs[zrow + qr + j] = (x[xrow + qr + j] + bias[d * GH + qr + j]) + sr;
             }
         }
         // Phase 2 reads r of every unit of its row.
@@ -193,26 +222,17 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
                     if (j < units.y && b < nb && b % S == lane) {
-                        uint n = (r0 + b) % N;
-                        uint col = d * H;
-                        uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-                        uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-                        float a_z = (x[xrow + qz + j] + bias[d * GH + qz + j]) + acc.v[0][b];
-                        float a_r = (x[xrow + qr + j] + bias[d * GH + qr + j]) + acc.v[1][b];
-                        zs[zrow + qz + j] = a_z;
-                        zs[zrow + qr + j] = a_r;
                         if (p.reset_after != 0) {
-                            float hp = s == 0 ? h0[n * DH + col + j]
-                                              : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col + j];
-                            float q = acc.v[2][b] + b2[col + j];
-                            float a_o = (x[xrow + qo + j] + bias[d * GH + qo + j]) + q * rg_activate(p.act1, a_r);
-                            zs[zrow + qo + j] = a_o;
-                            zs[zrow + 3 * H + j] = q;
-                            float z = rg_activate(p.act0, a_z);
-                            float o = rg_activate(p.act2, a_o);
-                            h[(rg_out_time(p, d, s) * N + n) * DH + col + j] =
-                                p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
+                            gru_cell_after(p, x, bias, h0, b2, h, zs, s, r0 + b, j,
+                                           float3(acc.v[0][b], acc.v[1][b], acc.v[2][b]));
                         } else {
+                            uint n = (r0 + b) % N;
+                            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+                            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
+                            float a_z = (x[xrow + qz + j] + bias[d * GH + qz + j]) + acc.v[0][b];
+                            float a_r = (x[xrow + qr + j] + bias[d * GH + qr + j]) + acc.v[1][b];
+                            zs[zrow + qz + j] = a_z;
+                            zs[zrow + qr + j] = a_r;
                             staged_r[b * H + j] = stage[b * H + j] * rg_activate(p.act1, a_r);
                         }
                     }
@@ -253,5 +273,51 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
             r0 += nb;
         }
     }
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+[[max_total_threads_per_threadgroup(256)]]
+kernel void gru_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
+                           device const float* x [[buffer(1)]],
+                           device const float* bias [[buffer(2)]],
+                           device const float* R [[buffer(3)]],
+                           device const float* h0 [[buffer(4)]],
+                           device const float* mask [[buffer(5)]],
+                           device const float* b2 [[buffer(6)]],
+                           device float* h [[buffer(7)]],
+                           device float* zs [[buffer(8)]],
+                           device uint2* status [[buffer(9)]],
+                           uint lid [[thread_position_in_threadgroup]],
+                           uint tgid [[threadgroup_position_in_grid]],
+                           uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float As[RS_ROWS * RS_LD];
+    threadgroup float Bs[RS_COLS * RS_LD];
+    threadgroup float red[RS_RED];
+    uint N = p.N, H = p.H, DH = p.D * p.H;
+    uint s = p.s_begin;
+    if (p.reset_after == 0) {
+        return;  // its o gate reads r of every unit: no completion mark, the host reports it
+    }
+    if (!rs_fits(p, 4u)) {
+        return;  // a unit block wider than the tile: no completion mark, the host reports it
+    }
+    uint2 mine = rg_rows(p.s_end > p.s_begin ? rs_tiles(p) : 0u, p.count, tpg, tgid);
+    for (uint t = mine.x; t < mine.y; ++t) {
+        RsTile g = rs_tile(p, t, 4u, tpg);
+        uint d = g.d;
+        uint at = g.n0 * DH + d * H;
+        device const float* a = s == 0 ? h0 + at
+                                       : (device const float*)h + rg_out_time(p, d, s - 1) * N * DH + at;
+        rs_product(As, Bs, red, g, H, a, mask + rg_mask_step(p, s) + at, true, DH,
+                   R + d * 3 * H * H, 4u, uint4(p.gate0 * H, p.gate1 * H, p.gate2 * H, 0u), 3u, lid, tpg);
+        for (uint e = lid; e < g.rows * g.units; e += tpg) {
+            uint r = e / g.units, u = e % g.units;
+            gru_cell_after(p, x, bias, h0, b2, h, zs, s, d * N + g.n0 + r, g.u0 + u,
+                           float3(rs_sum(red, g, r, 4 * u), rs_sum(red, g, r, 4 * u + 1),
+                                  rs_sum(red, g, r, 4 * u + 2)));
+        }
+    }
+    // Every thread has written its part of the step.
+    threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

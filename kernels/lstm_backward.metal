@@ -28,6 +28,13 @@
 //      each own a block of the units, one dispatch per step, phase B moved to the start of the
 //      next dispatch (rg_carry: dA of every unit read back from dx), then phase A of the
 //      block's units; T + 1 dispatches, the last one the carry alone.
+//   v3 lstm_backward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16
+//      rows of one direction × a block of units (p.unit_blocks blocks): first the carry of the
+//      step before, dh_next = m ⊙ (dA R) for the tile, a matrix product over the 4H gate rows
+//      with dA (read back from dx) and the block's rows of Rᵀ staged through threadgroup
+//      memory, each thread a 4×4 block of it over a slice of k (common.metal, rs_product);
+//      then phase A (lstm_cell_gradients) for each (row, unit) of the tile. T + 1 dispatches,
+//      the last one the carry alone.
 //
 // Buffers of lstm_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name      layout
@@ -66,6 +73,9 @@
 //   13     device float*                   dcn       [N,D·H] in: final cell_gradient (or zeros); out: init_cell gradient
 //   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
 //   15     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of lstm_backward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
+// lstm_backward_v2, in the same order.
 
 // Phase A of both versions for (row, j) at processing step s: the cell chain of unit j. Writes
 // da of the four gates (dx), dc_next (dcn), the peephole partials (prow) and h[t−1] ⊙ m (rhs);
@@ -270,5 +280,61 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
             r0 += nb;
         }
     }
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+[[max_total_threads_per_threadgroup(256)]]
+kernel void lstm_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
+                             device const float* Rt [[buffer(1)]],
+                             device const float* h0 [[buffer(2)]],
+                             device const float* c0 [[buffer(3)]],
+                             device const float* mask [[buffer(4)]],
+                             device const float* peephole [[buffer(5)]],
+                             device const float* dy [[buffer(6)]],
+                             device const float* zs [[buffer(7)]],
+                             device const float* cfwd [[buffer(8)]],
+                             device const float* cg [[buffer(9)]],
+                             device float* dx [[buffer(10)]],
+                             device float* rhs [[buffer(11)]],
+                             device float* dhn [[buffer(12)]],
+                             device float* dcn [[buffer(13)]],
+                             device float* prow [[buffer(14)]],
+                             device uint2* status [[buffer(15)]],
+                             uint lid [[thread_position_in_threadgroup]],
+                             uint tgid [[threadgroup_position_in_grid]],
+                             uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float As[RS_ROWS * RS_LD];
+    threadgroup float Bs[RS_COLS * RS_LD];
+    threadgroup float red[RS_RED];
+    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
+    uint s = p.s_begin, c = p.s_end;  // step s (none when s_end = s_begin), the carry of step c
+    if (!rs_fits(p, 1u)) {
+        return;  // a unit block wider than the tile: no completion mark, the host reports it
+    }
+    uint2 mine = rg_rows(rs_tiles(p), p.count, tpg, tgid);
+    for (uint t = mine.x; t < mine.y; ++t) {
+        RsTile g = rs_tile(p, t, 1u, tpg);
+        uint d = g.d;
+        if (c < p.T) {  // none at c = T: dhn holds the host's
+            device const float* a = dx + (rg_x_time(p, d, c) * N + g.n0) * DGH + d * GH;
+            rs_product(As, Bs, red, g, GH, a, a, false, DGH, Rt + d * H * GH, 1u, uint4(0u), 1u,
+                       lid, tpg);
+        }
+        for (uint e = lid; e < g.rows * g.units; e += tpg) {
+            uint r = e / g.units, u = e % g.units;
+            uint row = d * N + g.n0 + r, j = g.u0 + u;
+            uint own = (g.n0 + r) * DH + d * H + j;
+            if (c < p.T) {
+                float carry = rs_sum(red, g, r, u) * mask[rg_mask_step(p, c) + own];
+                dhn[own] = carry;
+            }
+            if (c > s) {
+                lstm_cell_gradients(p, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn,
+                                    dcn, prow, s, row, j);
+            }
+        }
+    }
+    // Every thread has written its part of the step.
+    threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

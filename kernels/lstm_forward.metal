@@ -22,6 +22,12 @@
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
+//   v3 lstm_forward_v3: one dispatch a step (the host's spans), threadgroups of 256 over tiles
+//      of up to 16 rows of one direction × a block of units (p.unit_blocks blocks); the tile's
+//      four gate products (h[t−1] ⊙ m) R_kᵀ are one matrix product whose columns are the
+//      block's units × gates i, f, z, o, with h[t−1] ⊙ m and those rows of R staged through
+//      threadgroup memory, each thread a 4×4 block of it over a slice of k (common.metal,
+//      rs_product); then the cell update (lstm_cell) for each (row, unit) of the tile.
 //
 // Buffers of lstm_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name      layout
@@ -52,6 +58,9 @@
 //   9      device float*                   c         [T,N,D·H] output time
 //   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
 //   11     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of lstm_forward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
+// lstm_forward_v2, in the same order.
 
 // The cell update of both versions for (row, j) at processing step s, from the four gates'
 // recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the cell's order i, f, z, o: writes
@@ -191,5 +200,50 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
             r0 += nb;
         }
     }
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+[[max_total_threads_per_threadgroup(256)]]
+kernel void lstm_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
+                            device const float* x [[buffer(1)]],
+                            device const float* bias [[buffer(2)]],
+                            device const float* R [[buffer(3)]],
+                            device const float* h0 [[buffer(4)]],
+                            device const float* c0 [[buffer(5)]],
+                            device const float* mask [[buffer(6)]],
+                            device const float* peephole [[buffer(7)]],
+                            device float* h [[buffer(8)]],
+                            device float* c [[buffer(9)]],
+                            device float* zs [[buffer(10)]],
+                            device uint2* status [[buffer(11)]],
+                            uint lid [[thread_position_in_threadgroup]],
+                            uint tgid [[threadgroup_position_in_grid]],
+                            uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float As[RS_ROWS * RS_LD];
+    threadgroup float Bs[RS_COLS * RS_LD];
+    threadgroup float red[RS_RED];
+    uint N = p.N, H = p.H, DH = p.D * p.H;
+    uint s = p.s_begin;
+    if (!rs_fits(p, 4u)) {
+        return;  // a unit block wider than the tile: no completion mark, the host reports it
+    }
+    uint2 mine = rg_rows(p.s_end > p.s_begin ? rs_tiles(p) : 0u, p.count, tpg, tgid);
+    for (uint t = mine.x; t < mine.y; ++t) {
+        RsTile g = rs_tile(p, t, 4u, tpg);
+        uint d = g.d;
+        uint at = g.n0 * DH + d * H;
+        device const float* a = s == 0 ? h0 + at
+                                       : (device const float*)h + rg_out_time(p, d, s - 1) * N * DH + at;
+        rs_product(As, Bs, red, g, H, a, mask + rg_mask_step(p, s) + at, true, DH,
+                   R + d * 4 * H * H, 4u, uint4(p.gate0 * H, p.gate1 * H, p.gate2 * H, p.gate3 * H), 4u, lid, tpg);
+        for (uint e = lid; e < g.rows * g.units; e += tpg) {
+            uint r = e / g.units, u = e % g.units;
+            lstm_cell(p, x, bias, c0, peephole, h, c, zs, s, d * N + g.n0 + r, g.u0 + u,
+                      float4(rs_sum(red, g, r, 4 * u), rs_sum(red, g, r, 4 * u + 1),
+                             rs_sum(red, g, r, 4 * u + 2), rs_sum(red, g, r, 4 * u + 3)));
+        }
+    }
+    // Every thread has written its part of the step.
+    threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

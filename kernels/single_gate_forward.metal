@@ -19,6 +19,11 @@
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
+//   v3 single_gate_forward_v3: one dispatch a step (the host's spans), threadgroups of 256 over
+//      tiles of up to 16 rows of one direction × a block of units (p.unit_blocks blocks); the
+//      tile's (h[t−1] ⊙ m) Rᵀ is a matrix product with h[t−1] ⊙ m and the block's rows of R
+//      staged through threadgroup memory, each thread a 4×4 block of it over a slice of k
+//      (common.metal, rs_product), then the activation for each (row, unit) of the tile.
 //
 // Buffers of single_gate_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
@@ -43,6 +48,25 @@
 //   6      device float*                   h     [T,N,D·H] output time
 //   7      device float*                   zs    [T,N,D·H] output time (written when p.training)
 //   8      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+
+// Buffers of single_gate_forward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
+// single_gate_forward_v2, in the same order.
+
+// The step of every version for (row, j) at processing step s, from the recurrent product
+// (h[t−1] ⊙ m) Rᵀ of unit j: writes z_state (when training) and h[t].
+inline void single_gate_cell(constant RecurrenceParams& p, device const float* x,
+                             device const float* bias, device float* h, device float* zs,
+                             uint s, uint row, uint j, float dot) {
+    uint N = p.N, DH = p.D * p.H;
+    uint d = row / N, n = row % N;
+    uint col = d * p.H + j;
+    float a = (x[(rg_x_time(p, d, s) * N + n) * DH + col] + bias[col]) + dot;
+    uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
+    if (p.training != 0) {
+        zs[out] = a;
+    }
+    h[out] = rg_activate(p.act0, a);
+}
 
 kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
                                 device const float* x [[buffer(1)]],
@@ -76,12 +100,7 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
             for (uint k = 0; k < H; ++k) {
                 acc += hp[k] * m[k] * Rk[k * H];
             }
-            float a = (x[(rg_x_time(p, d, s) * N + n) * DH + col + j] + bias[col + j]) + acc;
-            uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
-            h[out] = rg_activate(p.act0, a);
-            if (p.training != 0) {
-                zs[out] = a;
-            }
+            single_gate_cell(p, x, bias, h, zs, s, row, j, acc);
         }
         // h[t] must be complete before any thread of the block reads it as h[t−1].
         threadgroup_barrier(mem_flags::mem_device);
@@ -130,15 +149,7 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
                     if (j < units.y && b < nb && b % S == lane) {
-                        uint n = (r0 + b) % N;
-                        uint col = d * H + j;
-                        uint xin = (rg_x_time(p, d, s) * N + n) * DH + col;
-                        uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
-                        float a = (x[xin] + bias[col]) + acc.v[0][b];
-                        if (p.training != 0) {
-                            zs[out] = a;
-                        }
-                        h[out] = rg_activate(p.act0, a);
+                        single_gate_cell(p, x, bias, h, zs, s, r0 + b, j, acc.v[0][b]);
                     }
                 }
             }
@@ -147,5 +158,45 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
             r0 += nb;
         }
     }
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+[[max_total_threads_per_threadgroup(256)]]
+kernel void single_gate_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
+                                   device const float* x [[buffer(1)]],
+                                   device const float* bias [[buffer(2)]],
+                                   device const float* R [[buffer(3)]],
+                                   device const float* h0 [[buffer(4)]],
+                                   device const float* mask [[buffer(5)]],
+                                   device float* h [[buffer(6)]],
+                                   device float* zs [[buffer(7)]],
+                                   device uint2* status [[buffer(8)]],
+                                   uint lid [[thread_position_in_threadgroup]],
+                                   uint tgid [[threadgroup_position_in_grid]],
+                                   uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float As[RS_ROWS * RS_LD];
+    threadgroup float Bs[RS_COLS * RS_LD];
+    threadgroup float red[RS_RED];
+    uint N = p.N, H = p.H, DH = p.D * p.H;
+    uint s = p.s_begin;
+    if (!rs_fits(p, 1u)) {
+        return;  // a unit block wider than the tile: no completion mark, the host reports it
+    }
+    uint2 mine = rg_rows(p.s_end > p.s_begin ? rs_tiles(p) : 0u, p.count, tpg, tgid);
+    for (uint t = mine.x; t < mine.y; ++t) {
+        RsTile g = rs_tile(p, t, 1u, tpg);
+        uint d = g.d;
+        uint at = g.n0 * DH + d * H;
+        device const float* a = s == 0 ? h0 + at
+                                       : (device const float*)h + rg_out_time(p, d, s - 1) * N * DH + at;
+        rs_product(As, Bs, red, g, H, a, mask + rg_mask_step(p, s) + at, true, DH,
+                   R + d * H * H, 1u, uint4(0u), 1u, lid, tpg);
+        for (uint e = lid; e < g.rows * g.units; e += tpg) {
+            uint r = e / g.units, u = e % g.units;
+            single_gate_cell(p, x, bias, h, zs, s, d * N + g.n0 + r, g.u0 + u, rs_sum(red, g, r, u));
+        }
+    }
+    // Every thread has written its part of the step.
+    threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

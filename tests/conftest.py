@@ -40,9 +40,10 @@ def numba_cache_home(tmp_path, monkeypatch):
     nb.kernel_cache_dir.cache_clear()  # before monkeypatch restores the environment
 
 
-@pytest.fixture(params=["v1", "v2"])
+@pytest.fixture(params=["v1", "v2", "v3"])
 def recurrence_version(request, monkeypatch):
     """The Metal recurrences' kernel version for the test (``$RNNGRAD_METAL_RECURRENCE``): each
-    test that asks for it runs with v1 and with v2."""
+    test that asks for it runs with v1, v2 and v3 (v3 one dispatch a step; a GRU without
+    reset_after, which v3 cannot run, gets the rule's version)."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", request.param)
     return request.param

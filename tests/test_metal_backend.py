@@ -244,15 +244,23 @@ def test_saturated_activations(cell):
 
 @both_versions
 @pytest.mark.parametrize("cell", CELLS)
-def test_dispatch_count_does_not_grow_with_T(cell):
+def test_dispatch_count_does_not_grow_with_T(cell, recurrence_version):
+    """v1 and v2: the same dispatches at T = 1 and T = 1000, at most 8. v3 (one dispatch a
+    step): T forward and T + 1 backward recurrence dispatches, the rest the same."""
     counts = {}
+    desc = random_descriptor(np.random.default_rng(0), cell, bidirectional=True)
+    steps = recurrence_version == "v3" and (cell != "gru" or desc.reset_after)
     for T in (1, 1000):
-        desc = random_descriptor(np.random.default_rng(0), cell, bidirectional=True)
         case = random_case(1, cell, descriptor=desc, T=T, N=1, H=2, I=2, dtype=np.float32,
                            optional=ALL_OPTIONAL)
         with emulated_device() as dev:
             assert_matches(case, True)  # a training forward, then the gradients
-            counts[T] = [d.kernel for d in dev.trace]
+            kernels = [d.kernel for d in dev.trace]
+        if steps:
+            assert kernels.count(f"{cell}_forward_v3") == T
+            assert kernels.count(f"{cell}_backward_v3") == T + 1
+            kernels = [k for k in kernels if not k.endswith("_v3")]
+        counts[T] = kernels
     assert counts[1] == counts[1000]
     assert len(counts[1000]) <= 8, counts[1000]
 
@@ -388,6 +396,72 @@ def test_v2_steps_choice_and_its_limits(monkeypatch):
     with pytest.raises(ValueError, match=r"recurrence_params: 2 unit block\(s\) need at most "
                                          r"one step a dispatch, got steps 0..3"):
         MetalHost.recurrence_params(problem, 1024, (0, 3), 2)
+
+
+# -- v3's tiles, one step a dispatch ---------------------------------------------------------------
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("N, H, min_tiles, threads", [
+    (13, 70, 1, 32),     # the widest blocks: 36-56 workers over 32 threads, in two rounds
+    (17, 20, 1, 1024),   # two row tiles (16 + 1 rows) a direction; k split over 4 slices
+    (5, 9, 128, 64),     # the narrowest blocks: 4 columns a tile, 8 slices of k
+])
+def test_v3_tiles_one_step_a_dispatch(cell, N, H, min_tiles, threads, monkeypatch):
+    """v3 against the reference, bidirectional, every optional input, adversarial schedule: T
+    forward dispatches and T + 1 backward ones (the last the carry alone), each of
+    versions.tile_blocks' tiles; a GRU without reset_after gets the rule's version."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v3")
+    monkeypatch.setattr(versions, "V3_MIN_TILES", min_tiles)
+    rng = np.random.default_rng(N * H + min_tiles)
+    T = 3
+    for reset_after in ((True, False) if cell == "gru" else (None,)):
+        fixed = {} if reset_after is None else dict(reset_after=reset_after)
+        desc = random_descriptor(rng, cell, bidirectional=True, training=True, **fixed)
+        case = random_case(rng, cell, descriptor=desc, T=T, N=N, H=H, I=3, dtype=np.float32,
+                           optional=ALL_OPTIONAL, cell_gradient_form="per_step")
+        device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
+        check_both(case, **device)
+        with emulated_device(**device) as dev:
+            case.training_forward(backend=BACKEND)
+            forward = [d for d in dev.trace if not d.kernel.startswith("strided")]
+            dev.trace.clear()
+            case.gradients(BACKEND, forward_backend="reference")
+            backward = [d for d in dev.trace if not d.kernel.startswith("strided")]
+        for direction, runs, steps in (("forward", forward, T), ("backward", backward, T + 1)):
+            if reset_after is False:
+                assert len(runs) == 1 and not runs[0].kernel.endswith("_v3")  # the rule's
+                continue
+            row_tiles, blocks = versions.tile_blocks(cell=cell, direction=direction, D=2, N=N,
+                                                     H=H)
+            assert row_tiles == -(-N // 16)
+            assert {d.kernel for d in runs} == {f"{cell}_{direction}_v3"}
+            assert len(runs) == steps
+            assert {d.count for d in runs} == {2 * row_tiles * blocks * versions.V3_THREADS}
+
+
+def test_v3_tile_blocks_and_choice():
+    """The widest power-of-two block of units within 64 columns that still gives V3_MIN_TILES
+    tiles, else the narrowest (4 columns); the choice names the grid."""
+    assert versions.tile_blocks(cell="lstm", direction="forward", D=1, N=64, H=512) == (4, 32)
+    assert versions.tile_blocks(cell="lstm", direction="backward", D=1, N=64, H=512) == (4, 32)
+    assert versions.tile_blocks(cell="single_gate", direction="forward", D=2, N=64, H=512) == (4, 16)
+    assert versions.tile_blocks(cell="gru", direction="forward", D=1, N=1, H=64) == (1, 64)
+    assert versions.tile_blocks(cell="gru", direction="backward", D=1, N=1, H=64) == (1, 16)
+    choice = versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512)
+    assert choice.version != "v3"  # only when forced
+    import os
+    os.environ["RNNGRAD_METAL_RECURRENCE"] = "v3"
+    try:
+        choice = versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512)
+        assert (choice.version, choice.kernel) == ("v3", "lstm_forward_v3")
+        assert "128 tile(s) of 16 row(s) × 16 unit(s)" in choice.reason
+        assert versions.recurrence_count(choice, cell="lstm", direction="forward", D=1, N=64,
+                                         H=512) == 128 * 256
+        gru = versions.recurrence(cell="gru", direction="forward", D=1, N=4, H=8,
+                                  reset_after=False)
+        assert gru.version != "v3" and "needs r of every unit" in gru.reason
+    finally:
+        del os.environ["RNNGRAD_METAL_RECURRENCE"]
 
 
 @pytest.mark.parametrize("which", ["a step", "the last carry"])

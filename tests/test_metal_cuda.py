@@ -133,6 +133,35 @@ def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
     assert {x.count for x in backward} == {-(-26 // 3) * 5 * 1024}
 
 
+@pytest.mark.parametrize("min_tiles", [1, 128])
+@pytest.mark.parametrize("cap", [1024, 64])
+@pytest.mark.parametrize("cell", CELLS)
+def test_v3_matches_the_reference(cell, cap, min_tiles, monkeypatch):
+    """v3's tiles on the GPU, one dispatch a step (the backward's last the carry alone): 13 rows
+    a direction in one tile of 16, H = 70 in the widest blocks (min_tiles 1: 2 blocks of 35
+    units, 5 blocks of 14 units × 4 gates forward for the LSTM and GRU; 36 or 56 workers, so
+    at 64 threads one slice, at 256 a split of k) or the narrowest (min_tiles 128: 4 columns a
+    tile, 70 or 18 blocks)."""
+    from rnngrad.backends.metal import versions
+    from rnngrad.backends.metal.host import cuda_device
+
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v3")
+    monkeypatch.setattr(versions, "V3_MIN_TILES", min_tiles)
+    rng = np.random.default_rng(len(cell) + cap + min_tiles)
+    extra = dict(reset_after=True) if cell == "gru" else {}
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
+    case = random_case(rng, cell, descriptor=desc, T=6, N=13, I=9, H=70, dtype=np.float32)
+    with cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True) as d:
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "metal-cuda", gradients)
+            assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+    for direction, steps in (("forward", 6), ("backward", 7)):
+        runs = [x for x in d.trace if x.kernel == f"{cell}_{direction}_v3"]
+        row_tiles, blocks = versions.tile_blocks(cell=cell, direction=direction, D=2, N=13, H=70)
+        assert len(runs) >= steps and len(runs) % steps == 0
+        assert {x.count for x in runs} == {2 * row_tiles * blocks * versions.V3_THREADS}
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_property_check_backend(op):
     """The regression set, then hypothesis over every descriptor option and optional input."""

@@ -26,6 +26,14 @@ pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
 #: the tests that run a recurrence run it with v1 and with v2
 both_versions = pytest.mark.usefixtures("recurrence_version")
 
+
+@pytest.fixture(params=["v1", "v2"])
+def recurrence_version(request, monkeypatch):
+    """conftest's, without v3: v3 runs one step a dispatch whatever the budget, so it has no
+    range of steps to split."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", request.param)
+    return request.param
+
 BACKEND = "metal-emulated"
 ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
                     peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)

@@ -51,7 +51,7 @@ def _env(extra=None):
 DEADLINE = None
 #: name: (RNNGRAD_METAL_GEMM, RNNGRAD_METAL_RECURRENCE, extra arguments of gpu_sanitize.py, what
 #: they do): the versions the rules pick, each tiled GEMM everywhere, v1's recurrences, v2's
-#: chunks, v2's one-step grid
+#: chunks, v2's one-step grid, v3's tiles at their narrowest and widest
 SANITIZER_CONFIGS = {
     "auto": ("auto", "auto", (), ""),
     "gemm-v2": ("v2", "auto", (), ""),
@@ -59,6 +59,8 @@ SANITIZER_CONFIGS = {
     "v1": ("auto", "v1", (), ""),
     "v2x8": ("auto", "v2", ("--v2-group-rows", "8"), ", 8 rows a v2 threadgroup"),
     "v2-steps": ("auto", "v2-steps", ("--v2-step-units", "12"), ", H = 33 in 3 blocks of units"),
+    "v3": ("auto", "v3", (), ", tiles of 4 columns"),
+    "v3-wide": ("auto", "v3", ("--v3-min-tiles", "1"), ", the widest tiles"),
 }
 
 
@@ -123,7 +125,7 @@ def kernel_work(kernel, cell, T, N, I, H):
     Z = 4 if cell == "gru" else G  # the GRU of the bench has reset_after: q in z_state
     rows, GH = T * N, G * H
     cells = 2 if cell == "lstm" else 1  # h (and c) per step
-    kernel = kernel.removesuffix("_v2")
+    kernel = kernel.removesuffix("_v2").removesuffix("_v3")
     if kernel.endswith("_forward"):
         return 2 * rows * GH * H, 4 * (rows * GH + rows * H * cells + rows * Z * H + GH * H)
     if kernel.endswith("_backward"):
@@ -134,14 +136,16 @@ def kernel_work(kernel, cell, T, N, I, H):
 
 
 CELL_MODES = {"RNN": "RNN_TANH", "GRU": "GRU", "LSTM": "LSTM"}  # --cells: the bench's names
-#: v2's one-step grid, as (label, versions settings) (versions.V2_STEP_UNITS, V2_STEP_ROWS)
-STEP_KNOBS = (("steps 128u", dict(V2_STEP_UNITS=128, V2_STEP_ROWS=None)),
-              ("steps 64u", dict(V2_STEP_UNITS=64, V2_STEP_ROWS=None)),
-              ("steps 128u 2r", dict(V2_STEP_UNITS=128, V2_STEP_ROWS=2)))
-STEP_LABELS = tuple(label for label, _ in STEP_KNOBS)
+#: the one-step grids, as (label, RNNGRAD_METAL_RECURRENCE, versions settings): v2-steps
+#: (versions.V2_STEP_UNITS, V2_STEP_ROWS) and v3 at three widths of tile (versions.V3_MIN_TILES)
+STEP_KNOBS = (("v2-steps 64u", "v2-steps", dict(V2_STEP_UNITS=64, V2_STEP_ROWS=None)),
+              ("v3", "v3", {}),
+              ("v3 wide", "v3", dict(V3_MIN_TILES=32)),
+              ("v3 narrow", "v3", dict(V3_MIN_TILES=1024)))
+STEP_LABELS = tuple(label for label, _, _ in STEP_KNOBS)
 #: the bench's configurations, the version rule last: (label, recurrence, GEMM, versions settings)
 STEP_CONFIGS = (("v1", "v1", "v1", {}), ("gemm v2", "auto", "v2", {}), ("gemm v3", "auto", "v3", {}),
-                *((label, "v2-steps", "auto", knobs) for label, knobs in STEP_KNOBS),
+                *((label, recurrence, "auto", knobs) for label, recurrence, knobs in STEP_KNOBS),
                 ("auto", "auto", "auto", {}))
 
 
@@ -161,7 +165,7 @@ def wall(fn, reps: int) -> float:
 def recurrence_ms(measured: dict, direction: str) -> float:
     """The ms of a configuration's forward or backward recurrence dispatches (either version)."""
     return sum(v for k, v in measured["per_kernel"].items()
-               if k.endswith(f"_{direction}") or k.endswith(f"_{direction}_v2"))
+               if k.endswith((f"_{direction}", f"_{direction}_v2", f"_{direction}_v3")))
 
 
 def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
@@ -487,7 +491,7 @@ def _run(args, out: Path) -> int:
                 print(f"| {r['cell']} | {r['shape']} | "
                       + " | ".join(f"{r['gemm_ms'][v]:.3f}" for v in ("v1", "v2", "v3", "auto")) + " |")
             print("\n| cell | T×N×I×H | recurrences by the rule, forward / backward ms | "
-                  + " | ".join(f"v2-steps {label[6:]}, forward / backward ms (dispatches)"
+                  + " | ".join(f"{label}, forward / backward ms (dispatches)"
                                for label in STEP_LABELS) + " |")
             print("|---|---|---|" + "---|" * len(STEP_LABELS))
             for r in rows:

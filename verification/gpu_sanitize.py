@@ -115,6 +115,9 @@ def main(argv=None) -> int:
                         help="units per threadgroup of v2's one-step grid (versions.V2_STEP_UNITS, "
                              "with RNNGRAD_METAL_RECURRENCE=v2-steps): fewer than H split the units "
                              "into blocks")
+    parser.add_argument("--v3-min-tiles", type=int, default=None,
+                        help="the fewest tiles v3 aims for (versions.V3_MIN_TILES, with "
+                             "RNNGRAD_METAL_RECURRENCE=v3): 1 gives the widest tiles")
     args = parser.parse_args(argv)
     from rnngrad.backends.metal import versions
 
@@ -122,6 +125,8 @@ def main(argv=None) -> int:
         versions.V2_GROUP_ROWS = args.v2_group_rows
     if args.v2_step_units is not None:
         versions.V2_STEP_UNITS = args.v2_step_units
+    if args.v3_min_tiles is not None:
+        versions.V3_MIN_TILES = args.v3_min_tiles
     print(run_defect(args.defect) if args.defect else run_ops(), flush=True)
     return 0
 

@@ -453,10 +453,14 @@ class MetalHost:
         one-step grid (its unit blocks) a step a dispatch, the backward ending with the carry
         of step 0 alone (0, 0)."""
         T = problem.T
-        if choice.version != "v2-steps":
+        if choice.version == "v2-steps":
+            blocks = versions.step_blocks(cell=problem.cell, direction=direction, H=problem.H)[1]
+        elif choice.version == "v3":
+            blocks = versions.tile_blocks(cell=problem.cell, direction=direction, D=problem.D,
+                                          N=problem.N, H=problem.H)[1]
+        else:
             spans = self.step_ranges(problem)
             return 0, spans if direction == "forward" else spans[::-1]
-        blocks = versions.step_blocks(cell=problem.cell, direction=direction, H=problem.H)[1]
         if direction == "forward":
             return blocks, [(s, s + 1) for s in range(T)]
         return blocks, [(s, s + 1) for s in reversed(range(T))] + [(0, 0)]

@@ -145,7 +145,36 @@ V2_STEP_UNITS = 128
 #: rows per threadgroup in v2's one-step grid; None: a whole chunk (each R element loaded serves
 #: every row of it)
 V2_STEP_ROWS = None
-_GRIDS = ("v2", "v2-steps", "v1", "packed", "rows", "auto")
+#: threads the host asks for per v3 tile (RS threadgroups in common.metal: the kernels' limit)
+V3_THREADS = 256
+#: rows of a v3 tile at most (RS_ROWS), and columns (RS_COLS): units × gates forward for the
+#: LSTM and GRU (4 columns a unit), units elsewhere
+V3_ROWS = 16
+V3_COLS = 64
+#: the fewest v3 tiles the host aims for (about one per core of a large GPU): it takes the
+#: widest block of units (a power of two) that still gives this many, else the narrowest
+V3_MIN_TILES = 128
+_GRIDS = ("v2", "v2-steps", "v3", "v1", "packed", "rows", "auto")
+
+
+def tile_columns(*, cell: str, direction: str) -> int:
+    """Columns of a v3 tile a unit: its gates in the forward of the LSTM and the GRU, else 1."""
+    return 4 if direction == "forward" and cell in ("lstm", "gru") else 1
+
+
+def tile_blocks(*, cell: str, direction: str, D: int, N: int, H: int) -> tuple:
+    """(row tiles of a direction, unit blocks U) of v3's grid: tiles of 4·⌈N / 4⌉ rows (at most
+    :data:`V3_ROWS`) × ⌈H / U⌉ units, with the widest power-of-two block of units within
+    :data:`V3_COLS` columns that gives at least :data:`V3_MIN_TILES` tiles (else the
+    narrowest: 4 columns)."""
+    cpu = tile_columns(cell=cell, direction=direction)
+    rows = 4 * min(V3_ROWS // 4, max(1, -(-N // 4)))
+    row_tiles = -(-max(N, 1) // rows)
+    width = V3_COLS // cpu
+    narrowest = max(1, 4 // cpu)
+    while width > narrowest and D * row_tiles * -(-H // width) < V3_MIN_TILES:
+        width //= 2
+    return row_tiles, max(1, -(-H // width))
 
 
 def v2_rows(*, cell: str, direction: str, H: int) -> int:
@@ -195,6 +224,18 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                f"of every unit within a step")
         setting = "auto"
         shape = f"{shape}: {source}=v2-steps, but {why}, so the rule"
+    if setting == "v3":
+        if cell != "gru" or reset_after:
+            row_tiles, blocks = tile_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
+            return Choice("v3", f"{v1}_v3", f"{shape}: forced by {source}=v3: one dispatch a "
+                                            f"step, {D * row_tiles * blocks} tile(s) of "
+                                            f"{4 * min(V3_ROWS // 4, -(-N // 4))} row(s) × "
+                                            f"{-(-H // blocks)} "
+                                            f"unit(s)")
+        why = (f"a GRU without reset_after needs {'r' if direction == 'forward' else 'da_o'} "
+               f"of every unit within a step")
+        setting = "auto"
+        shape = f"{shape}: {source}=v3, but {why}, so the rule"
     if setting not in ("auto", "v1"):
         return Choice(setting, v2 if setting == "v2" else v1,
                       f"{shape}: forced by {source}={setting}")
@@ -226,6 +267,9 @@ def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: in
     if choice.version == "v2-steps":
         rows, blocks = step_blocks(cell=cell, direction=direction, H=H)
         return -(-D * N // rows) * blocks * V2_THREADS
+    if choice.version == "v3":
+        row_tiles, blocks = tile_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
+        return D * row_tiles * blocks * V3_THREADS
     return D * N * (1024 if choice.version == "rows" else H)
 
 
