@@ -77,8 +77,22 @@
 //   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
 //   13     device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of gru_backward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
-// gru_backward_v2, in the same order.
+// Buffers of gru_backward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             Rt    [D,H,3H] recurrent weight transposed: Rt[d,j,q] = R[d,q,j]
+//   2      device const float*             h0    [N,D·H] (zeros when absent)
+//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
+//   5      device const float*             zs    [T,N,D·Z·H] z_state, output time
+//   6      device const float*             hfwd  [T,N,D·H] output_fwd, output time
+//   7      device float*                   dx    [T,N,D·3H] dA, input time
+//   8      device float*                   lhs   [T,N,D·3H] left factor of dR, input time
+//   9      device float*                   rhs   [T,N,D·B·H] right factor of dR, input time; B = 1 (reset_after) or 3
+//   10     device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
+//   11     device float*                   work  [D·N,H] scratch: g
+//   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
+//   13     device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
 // Phase A of both versions for (row, j) at processing step s: the element-wise gate gradients
 // of unit j. Writes dx (da_z, da_o, and da_r with reset_after), lhs, rhs and, with reset_after,

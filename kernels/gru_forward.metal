@@ -61,8 +61,18 @@
 //   8      device float*                   zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
 //   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of gru_forward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
-// gru_forward_v2, in the same order.
+// Buffers of gru_forward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             x     [T,N,D·3H] projected input, input time
+//   2      device const float*             bias  [D·3H] added to x (zeros when the projection added it)
+//   3      device const float*             R     [D,3H,H] recurrent weight as given
+//   4      device const float*             h0    [N,D·H] (zeros when absent)
+//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   6      device const float*             b2    [D·H] secondary bias (zeros when absent)
+//   7      device float*                   h     [T,N,D·H] output time
+//   8      device float*                   zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
+//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
 // The step of every version with reset_after for (row, j) at processing step s, from the
 // three gates' recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the order z, r, o: writes

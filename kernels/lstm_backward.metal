@@ -74,8 +74,24 @@
 //   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
 //   15     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of lstm_backward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
-// lstm_backward_v2, in the same order.
+// Buffers of lstm_backward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
+//   index  type                            name      layout
+//   0      constant RecurrenceParams&      p         scalars
+//   1      device const float*             Rt        [D,H,4H] recurrent weight transposed: Rt[d,j,q] = R[d,q,j]
+//   2      device const float*             h0        [N,D·H] (zeros when absent)
+//   3      device const float*             c0        [N,D·H] (zeros when absent)
+//   4      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
+//   5      device const float*             peephole  [D,4H] (read when p.has_peephole)
+//   6      device const float*             dy        [T,N,D·H] source_gradient, output time
+//   7      device const float*             zs        [T,N,D·4H] z_state, output time
+//   8      device const float*             cfwd      [T,N,D·H] cell_output_fwd, output time
+//   9      device const float*             cg        [T,N,D·H] per-step cell_gradient (read when p.cell_gradient_per_step)
+//   10     device float*                   dx        [T,N,D·4H] dA, input time
+//   11     device float*                   rhs       [T,N,D·H] h[t−1] ⊙ m, input time
+//   12     device float*                   dhn       [N,D·H] in: state_gradient (or zeros); out: init_state gradient
+//   13     device float*                   dcn       [N,D·H] in: final cell_gradient (or zeros); out: init_cell gradient
+//   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
+//   15     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
 
 // Phase A of both versions for (row, j) at processing step s: the cell chain of unit j. Writes
 // da of the four gates (dx), dc_next (dcn), the peephole partials (prow) and h[t−1] ⊙ m (rhs);

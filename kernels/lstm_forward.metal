@@ -59,8 +59,20 @@
 //   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
 //   11     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of lstm_forward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
-// lstm_forward_v2, in the same order.
+// Buffers of lstm_forward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
+//   index  type                            name      layout
+//   0      constant RecurrenceParams&      p         scalars
+//   1      device const float*             x         [T,N,D·4H] projected input, input time
+//   2      device const float*             bias      [D·4H] added to x (zeros when the projection added it)
+//   3      device const float*             R         [D,4H,H] recurrent weight as given
+//   4      device const float*             h0        [N,D·H] (zeros when absent)
+//   5      device const float*             c0        [N,D·H] (zeros when absent)
+//   6      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
+//   7      device const float*             peephole  [D,4H] (read when p.has_peephole)
+//   8      device float*                   h         [T,N,D·H] output time
+//   9      device float*                   c         [T,N,D·H] output time
+//   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
+//   11     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
 
 // The cell update of both versions for (row, j) at processing step s, from the four gates'
 // recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the cell's order i, f, z, o: writes

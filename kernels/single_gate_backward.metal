@@ -57,8 +57,18 @@
 //   8      device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
 //   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of single_gate_backward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
-// single_gate_backward_v2, in the same order.
+// Buffers of single_gate_backward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             Rt    [D,H,H] recurrent weight transposed: Rt[d,j,k] = R[d,k,j]
+//   2      device const float*             h0    [N,D·H] (zeros when absent)
+//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
+//   5      device const float*             zs    [T,N,D·H] z_state, output time
+//   6      device float*                   dx    [T,N,D·H] da, input time
+//   7      device float*                   rhs   [T,N,D·H] h[t−1] ⊙ m, input time
+//   8      device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
+//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
 // Phase A of both versions for (row, j) at processing step s: da = (dy + dh_next) ⊙ f'(a)
 // into dx, and h[t−1] ⊙ m into rhs (the right factor of dR); returns da.

@@ -49,8 +49,17 @@
 //   7      device float*                   zs    [T,N,D·H] output time (written when p.training)
 //   8      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of single_gate_forward_v3 (count = 256 threads per tile, rnngrad/backends/metal/versions.py): those of
-// single_gate_forward_v2, in the same order.
+// Buffers of single_gate_forward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
+//   index  type                            name  layout
+//   0      constant RecurrenceParams&      p     scalars
+//   1      device const float*             x     [T,N,D·H] projected input, input time
+//   2      device const float*             bias  [D·H] added to x (zeros when the projection added it)
+//   3      device const float*             R     [D,H,H] recurrent weight as given
+//   4      device const float*             h0    [N,D·H] (zeros when absent)
+//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
+//   6      device float*                   h     [T,N,D·H] output time
+//   7      device float*                   zs    [T,N,D·H] output time (written when p.training)
+//   8      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
 // The step of every version for (row, j) at processing step s, from the recurrent product
 // (h[t−1] ⊙ m) Rᵀ of unit j: writes z_state (when training) and h[t].
