@@ -323,12 +323,12 @@ def test_v2_steps_blocks_of_units_one_step_a_dispatch(cell, N, H, units, rows, t
             dev.trace.clear()
             case.gradients(BACKEND, forward_backend="reference")
             backward = [d for d in dev.trace if not d.kernel.startswith("strided")]
-        assert {d.kernel for d in forward} == {f"{cell}_forward_v2"}
-        assert {d.kernel for d in backward} == {f"{cell}_backward_v2"}
-        v2_count = 2 * N * 1024 // versions.V2_GROUP_ROWS
+        v2 = "" if reset_after is False else "_v2"
+        assert {d.kernel for d in forward} == {f"{cell}_forward{v2}"}
+        assert {d.kernel for d in backward} == {f"{cell}_backward{v2}"}
         for direction, runs, steps in (("forward", forward, T), ("backward", backward, T + 1)):
             if reset_after is False:
-                assert len(runs) == 1 and runs[0].count == v2_count  # the rule's v2
+                assert len(runs) == 1 and runs[0].count == 2 * N * H  # the rule's v1, packed
                 continue
             chunk = versions.v2_rows(cell=cell, direction=direction, H=H)
             groups = -(-2 * N // min(rows, chunk)) * -(-H // units)
@@ -374,17 +374,17 @@ def test_v2_steps_choice_and_its_limits(monkeypatch):
     back = versions.recurrence(cell="lstm", direction="backward", D=1, N=64, H=256)
     assert (back.version, back.kernel) == ("v2-steps", "lstm_backward_v2")
     assert "6 row(s) × 2 block(s)" in back.reason  # 6144 // (4·256) = 6 rows a chunk
-    # where it does not apply, the rule chooses: v2 up to H = 256, v1 above
+    # where it does not apply, the rule chooses: v1 in its grid
     gru = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=256)
     assert (gru.version, gru.kernel) == ("v2-steps", "gru_backward_v2")
     gru_back = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=256,
                                    reset_after=False)
-    assert gru_back.version == "v2"
+    assert gru_back.version == "rows"
     assert "a GRU without reset_after needs da_o of every unit within a step, so the rule" in gru_back.reason
     wide = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=512, reset_after=False)
     assert wide.version == "rows" and wide.kernel == "gru_backward"
     gru = versions.recurrence(cell="gru", direction="forward", D=1, N=4, H=8, reset_after=False)
-    assert gru.version == "v2" and "needs r of every unit" in gru.reason
+    assert gru.version == "rows" and "needs r of every unit" in gru.reason
     with pytest.raises(ValueError, match=r"RNNGRAD_METAL_RECURRENCE=v2-steps: lstm_forward, D=1, "
                                          r"N=1, H=7000: one row stages 1·H = 7000 floats"):
         versions.recurrence(cell="lstm", direction="forward", D=1, N=1, H=7000)

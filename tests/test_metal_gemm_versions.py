@@ -547,7 +547,13 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
     rule = functools.partial(versions.recurrence, cell="lstm")
     count = functools.partial(versions.recurrence_count, cell="lstm")
-    small = rule(direction="forward", D=1, N=8, H=128)  # 1000x8x128x128: a threadgroup a row
+    # the rule: v1 in its grid (1000x8x128x128: a threadgroup a row)
+    v1 = rule(direction="forward", D=1, N=8, H=128)
+    assert (v1.version, v1.kernel) == ("rows", "lstm_forward") and "auto, v1" in v1.reason
+    assert rule(direction="forward", D=1, N=64, H=64, device="metal-emulated").version == "packed"
+    # v2 up to V2_MAX_H where that is set (0 now: never)
+    monkeypatch.setattr(versions, "V2_MAX_H", 256)
+    small = rule(direction="forward", D=1, N=8, H=128)
     assert (small.version, small.kernel) == ("v2", "lstm_forward_v2")
     assert "H <= 256, 1 row(s) a threadgroup" in small.reason
     assert count(small, direction="forward", D=1, N=8, H=128) == 8 * 1024
@@ -579,8 +585,8 @@ def test_recurrence_rule_and_overrides(monkeypatch):
                                          r"H=2000: one row stages 4·H = 8000 floats"):
         rule(direction="backward", D=1, N=1, H=2000)
     monkeypatch.setenv(versions.RECURRENCE_ENV, "wide")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_RECURRENCE: expected one of v2, v2-steps, v1, "
-                                         "packed, rows, auto, got 'wide'"):
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_RECURRENCE: expected one of v2, v2-steps, v3, "
+                                         "v1, packed, rows, auto, got 'wide'"):
         rule(direction="forward", D=1, N=1, H=4)
 
 

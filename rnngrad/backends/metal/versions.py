@@ -21,24 +21,43 @@ The recurrences (``kernels/<cell>_{forward,backward}.metal``) have two versions:
   and each element of R loaded serves every row of the group (:func:`step_blocks`). The
   backward moves each step's dA·R to the start of the next dispatch, which reads dA of every
   unit back from memory (T + 1 dispatches). A GRU without reset_after (its step reads r, and
-  backward da_o, of every unit) follows the rule. Only when forced: not yet timed on a GPU.
+  backward da_o, of every unit) follows the rule. Only when forced.
+- ``v3`` ``<cell>_<direction>_v3``: one dispatch per step too, each threadgroup of
+  :data:`V3_THREADS` a tile of up to :data:`V3_ROWS` rows of one direction × a block of units,
+  whose recurrent product is a register-blocked matrix product (4×4 a thread, k split over the
+  threads left) with both factors staged through threadgroup memory, the cell's element-wise
+  work its epilogue (:func:`tile_blocks` picks the width; T + 1 dispatches backward, as
+  v2-steps). A GRU without reset_after follows the rule. Only when forced.
 
-The rule (``auto``): **v2 when H ≤** :data:`V2_MAX_H` **(and a row fits v2's threadgroup
-memory), with one row per threadgroup; else v1 in its grid.** Measured on an H100 through
-metal-cuda, kernel ms of forward + backward recurrences, v1 (its grid rule) → v2 with 1 / 2 / 8
-rows per threadgroup: 100×32×256×256 RNN 4.5 → 2.4 / 2.7 / 5.1, GRU 7.6 → 6.3 / 6.9 / 10.8,
-LSTM 13.3 → 8.6 / 9.4 / 14.7; 1000×8×128×128 RNN 8.0 → 7.8 / 9.3 / 19.5, GRU 18.4 → 15.9 / 20.0
-/ 44.2, LSTM 62.8 → 22.4 / 28.7 / 60.5; 50×1×64×64 RNN 0.30 → 0.30, GRU 0.47 → 0.51, LSTM 0.69
-→ 0.62; 200×64×512×512 RNN 26.0 → 29.4, GRU 30.5 → 84.7, LSTM 53.9 → 115.1 (one row per
-threadgroup: every threadgroup reads all of R from L2 at every step, which at H = 512 costs more
-than v1's one thread per unit saves). Chunks of several rows read R once per chunk, which would
-pay where L2 is slow; on the H100 the single row wins (the profile of LSTM 200×8×128×128 shows
-the cores issuing at 55% of their rate with 8 warps each: instruction-bound, a step's work too
-small per threadgroup). Not measured on Apple hardware. Override it with
-``RNNGRAD_METAL_RECURRENCE`` = ``v2`` | ``v2-steps`` | ``v1`` | ``packed`` | ``rows`` | ``auto``
-(``v1``: v1 in the grid its rule picks) or the module setting :data:`RECURRENCE`;
-:data:`V2_GROUP_ROWS` sets v2's rows per threadgroup. The two grids of v1 give bitwise the same results (only the rows'
-assignment to threadgroups changes); v2 sums in another order, within the float32 tolerance.
+The rule (``auto``): **v1 in its grid** (v2 when H ≤ :data:`V2_MAX_H`, now 0: never). Measured
+on an H100 through metal-cuda (2026-11-25, the CUDA launchers asking for one resident
+threadgroup a core, so that ptxas gives v1's threads the registers they use), kernel ms of the
+forward / backward recurrences, v1 (its grid rule) against v2 (one row a threadgroup),
+v2-steps (64 units a block), v3 (the default width):
+
+- 100×32×256×256: RNN v1 1.32 / 0.68, v2 1.19 / 1.23, v2-steps 3.34 / 3.21, v3 3.17 / 3.41;
+  GRU 2.16 / 2.33, 3.04 / 3.37, 4.56 / 4.34, 3.70 / 5.28; LSTM 2.40 / 2.64, 4.02 / 4.33,
+  5.83 / 4.51, 3.94 / 6.37.
+- 50×1×64×64: RNN 0.12 / 0.14 against v2's 0.17 / 0.16; GRU 0.17 / 0.26 against 0.28 / 0.27;
+  LSTM 0.21 / 0.29 against 0.34 / 0.31 (the one-step grids 0.8–1.5 each way).
+- 200×64×512×512: RNN 5.88 / 2.93, v2-steps 5.91 / 5.50, v3 7.57 / 7.09; GRU 10.80 / 10.37,
+  10.09 / 13.00, 13.93 / 16.77; LSTM 12.09 / 11.05, 15.27 / 16.37, 15.45 / 21.42.
+- 1000×8×128×128: RNN 2.56 / 2.42 against v2's 3.71 / 3.71; GRU 6.01 / 8.43 against 7.90 /
+  8.79; LSTM 11.15 / 13.06 against 10.36 / 11.51 (the one-step grids 20–50 each way).
+
+v1 is fastest at 11 of the 12 shapes and cells (v2 beats it by 10% for the LSTM at 1000×8).
+The one-step grids pay a dispatch a step: through metal-cuda about 17 µs each (1000×8: 2006
+dispatches in 34–38 ms), CuPy's launch and the harness's bookkeeping included, more than v1's
+whole step at every shape but 200×64, where their kernels were no faster either. Before the
+launchers asked for one threadgroup a core, ptxas kept v1's kernels at 32–59 registers and v2
+won below H = 256 (100×32 LSTM: v1 13.3, v2 8.6 ms). Not measured on Apple hardware, where
+Apple's compiler, not ptxas, allots the registers: set :data:`V2_MAX_H` (256 was the rule)
+from ``rnngrad bench`` there. Override it with
+``RNNGRAD_METAL_RECURRENCE`` = ``v2`` | ``v2-steps`` | ``v3`` | ``v1`` | ``packed`` | ``rows`` |
+``auto`` (``v1``: v1 in the grid its rule picks) or the module setting :data:`RECURRENCE`;
+:data:`V2_GROUP_ROWS` sets v2's rows per threadgroup. The two grids of v1 give bitwise the same
+results (only the rows' assignment to threadgroups changes); v2 and v3 sum in other orders,
+within the float32 tolerance.
 
 The matrix products outside the recurrence have three versions
 (``kernels/gemm.metal``; shapes as ``GemmParams`` in ``kernels/common.metal``: C[batch, M, P] =
@@ -137,8 +156,9 @@ V2_STAGE_PER_ROW = {("single_gate", "forward"): 1, ("single_gate", "backward"): 
 V2_THREADS = 1024
 #: rows per v2 threadgroup the host asks for (the kernels take more in chunks of V2_ROWS)
 V2_GROUP_ROWS = 1
-#: the largest H the rule gives v2
-V2_MAX_H = 256
+#: the largest H the rule gives v2 (0: none; it was 256 until v1 got its registers, module
+#: docstring)
+V2_MAX_H = 0
 #: units per threadgroup at most in v2's one-step grid (v2-steps): H splits into
 #: ⌈H / V2_STEP_UNITS⌉ blocks, so that at most 1024 / V2_STEP_UNITS lanes share a unit's sum
 V2_STEP_UNITS = 128
