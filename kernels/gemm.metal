@@ -44,6 +44,13 @@
 //      Correct for any shape and any threadgroup size of whole SIMD-groups up to 1024; the
 //      host sizes the grid at 256 threads per tile and the kernel splits the tiles over the
 //      threadgroups it gets (rg_rows).
+//   v4 strided_gemm_split: for few elements of C over a long K (the reductions to one row): a
+//      threadgroup per row of C and 32 columns (one a lane), K split into tpg / 32 contiguous
+//      slices, one SIMD-group each, summed in chunks of 64 as v1 does; the slices' sums meet in
+//      threadgroup memory, added in slice order by the first SIMD-group, which stores the 32
+//      elements with the bias. Two barriers per 32 elements. Correct for any shape and any
+//      threadgroup size of whole SIMD-groups up to 256; the host sizes the grid at 256 threads
+//      per 32 elements of a row and the kernel splits them over the threadgroups it gets.
 //
 // Buffers of strided_gemm
 //   index  type                       name    layout
@@ -397,6 +404,77 @@ kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
                 }
             }
         }
+    }
+    // Every thread of the threadgroup has stored its elements (or had none to store).
+    threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.K);
+}
+
+// Shape of strided_gemm_split; mirrored by rnngrad.backends.metal.versions (SPLIT_COLUMNS,
+// SPLIT_THREADS), where the host counts the blocks of columns to size the grid.
+enum GemmSplit : uint {
+    GS_COLS = 32,           // columns of C per block, one a lane
+    GS_THREADS = 256,       // 8 slices of K; the kernel's threadgroup limit
+};
+
+// Buffers of strided_gemm_split (count = GS_THREADS · batch · M · ⌈P / GS_COLS⌉)
+//   index  type                       name    layout
+//   0      constant GemmParams&       p       scalars (p.count: the threads dispatched)
+//   1      device const float*        A       strided by p.a_batch, p.a_row, p.a_k
+//   2      device const float*        B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
+//   3      device const float*        bias    [P] (read only when p.has_bias)
+//   4      device float*              C       [batch, M, P]
+//   5      device uint2*              status  [ceil(count/32)] completion marks (steps: K)
+
+[[max_total_threads_per_threadgroup(256)]]
+kernel void strided_gemm_split(constant GemmParams& p [[buffer(0)]],
+                               device const float* A [[buffer(1)]],
+                               device const float* B [[buffer(2)]],
+                               device const float* bias [[buffer(3)]],
+                               device float* C [[buffer(4)]],
+                               device uint2* status [[buffer(5)]],
+                               uint lid [[thread_position_in_threadgroup]],
+                               uint tgid [[threadgroup_position_in_grid]],
+                               uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float sums[GS_THREADS];  // [slice][column] of one block
+    uint blocks = (p.P + GS_COLS - 1) / GS_COLS;
+    uint2 mine = rg_rows(p.batch * p.M * blocks, p.count, tpg, tgid);
+    uint slices = min(tpg, (uint)GS_THREADS) / GS_COLS;
+    uint c = lid % GS_COLS, sl = lid / GS_COLS;
+    uint kc = (p.K + slices - 1) / slices;
+    for (uint u = mine.x; u < mine.y; ++u) {
+        uint j = (u % blocks) * GS_COLS + c;
+        uint rest = u / blocks;
+        uint i = rest % p.M;
+        uint b = rest / p.M;
+        float total = 0.0f;
+        if (sl < slices && j < p.P) {
+            device const float* a = A + b * p.a_batch + i * p.a_row;
+            device const float* bb = B + b * p.b_batch + j * p.b_col + (i / p.block) * p.b_block;
+            uint k0 = min(sl * kc, p.K), k1 = min(k0 + kc, p.K);
+            float chunk = 0.0f;
+            for (uint k = k0; k < k1; ++k) {
+                chunk += a[k * p.a_k] * bb[k * p.b_k];
+                if (((k - k0) & 63u) == 63u) {
+                    total += chunk;
+                    chunk = 0.0f;
+                }
+            }
+            total += chunk;
+        }
+        if (sl < slices) {
+            sums[sl * GS_COLS + c] = total;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (sl == 0 && j < p.P) {
+            float s = 0.0f;
+            for (uint q = 0; q < slices; ++q) {
+                s += sums[q * GS_COLS + c];
+            }
+            C[(b * p.M + i) * p.P + j] = s + (p.has_bias != 0 ? bias[j] : 0.0f);
+        }
+        // The sums are read before the next block's are stored.
+        threadgroup_barrier(mem_flags::mem_threadgroup);
     }
     // Every thread of the threadgroup has stored its elements (or had none to store).
     threadgroup_barrier(mem_flags::mem_device);

@@ -464,27 +464,30 @@ def test_v3_tile_blocks_and_choice():
         del os.environ["RNNGRAD_METAL_RECURRENCE"]
 
 
+@pytest.mark.parametrize("grid, kernel", [("v2-steps", "lstm_backward_v2"),
+                                          ("v3", "lstm_backward_v3")])
 @pytest.mark.parametrize("which", ["a step", "the last carry"])
-def test_a_stopped_v2_steps_dispatch_raises_naming_it(which, monkeypatch):
-    """A backward dispatch of the one-step grid whose later threadgroups never ran: no result,
-    and the error names the dispatch, its step (or the carry alone) and what is missing."""
+def test_a_stopped_v2_steps_dispatch_raises_naming_it(which, grid, kernel, monkeypatch):
+    """A backward dispatch of a one-step grid (v2-steps, v3) whose later threadgroups never ran:
+    no result, and the error names the dispatch, its step (or the carry alone) and what is
+    missing."""
     from rnngrad.backends.metal import IncompleteDispatch
 
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", grid)
     monkeypatch.setattr(versions, "V2_STEP_UNITS", 4)
     rng = np.random.default_rng(41)
     case = random_case(rng, "lstm", T=3, N=2, H=8, I=3, dtype=np.float32,
                        descriptor=random_descriptor(rng, "lstm", training=True))
     with emulated_device() as dev:
         case.gradients(BACKEND, forward_backend="reference")
-    backward = [i for i, d in enumerate(dev.trace) if d.kernel == "lstm_backward_v2"]
+    backward = [i for i, d in enumerate(dev.trace) if d.kernel == kernel]
     assert len(backward) == 4  # T steps, then the carry of step 0
     index = backward[-1] if which == "the last carry" else backward[1]
     groups = dev.trace[index].threadgroups
     with emulated_device(stop=(index, 1)):
         with pytest.raises(IncompleteDispatch) as info:
             case.gradients(BACKEND, forward_backend="reference")
-    assert info.value.kernel == "lstm_backward_v2" and info.value.missing == tuple(range(1, groups))
+    assert info.value.kernel == kernel and info.value.missing == tuple(range(1, groups))
     where = ("no step, the carry of processing step 0 of T=3" if which == "the last carry"
              else "processing steps [1, 2) of T=3")
     assert where in str(info.value)

@@ -24,6 +24,15 @@ pytestmark = [pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                  reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}"),
               pytest.mark.usefixtures("recurrence_version")]  # every test with v1 and v2
 
+
+@pytest.fixture(params=["v1", "v2"])
+def recurrence_version(request, monkeypatch):
+    """conftest's, without v3: these tests expect a dispatch to run a range of steps; a stopped
+    dispatch of the one-step grids (v2-steps, v3) is named by its step in
+    test_metal_backend.py."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", request.param)
+    return request.param
+
 BACKEND = "metal-emulated"
 ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
                     peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
@@ -221,8 +230,9 @@ def test_injection_options_say_what_was_expected(options, message):
 def test_marks_cover_every_kernel_and_sit_in_the_last_binding():
     for kernel, names in library.BUFFERS.items():
         assert names[-1] == "status", kernel
-    assert KERNELS == {"strided_gemm", "strided_gemm_tiled", "strided_gemm_blocked"} | {
-        f"{c}_{p}{v}" for c in CELLS for p in ("forward", "backward") for v in ("", "_v2")}
+    assert KERNELS == {"strided_gemm", "strided_gemm_tiled", "strided_gemm_blocked",
+                       "strided_gemm_split"} | {
+        f"{c}_{p}{v}" for c in CELLS for p in ("forward", "backward") for v in ("", "_v2", "_v3")}
 
 
 # -- on the harness's CUDA target ----------------------------------------------------------------

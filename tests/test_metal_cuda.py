@@ -84,7 +84,7 @@ def test_every_cell_at_boundary_sizes_matches_the_reference(cell, sizes):
             assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
 
 
-@pytest.mark.parametrize("version", ["v1", "v2", "v3"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
 @pytest.mark.parametrize("cap", [1024, 64])
 @pytest.mark.parametrize("cell", CELLS)
 def test_every_gemm_version_matches_the_reference(cell, cap, version):

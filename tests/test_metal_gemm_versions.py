@@ -38,10 +38,14 @@ ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=Tru
 NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
 TILED = versions.GEMM_KERNELS["v2"]
 BLOCKED = versions.GEMM_KERNELS["v3"]
-#: the tiled versions, and for each the sides of M and P, and of K, around its tiles and chunks
-VERSIONS = ("v2", "v3")
+#: the versions past v1 (the tiled v2 and v3, v4's split of K), and for each the sides of M
+#: and P, and of K, around its tiles, chunks and slices
+VERSIONS = ("v2", "v3", "v4")
 TAILS = {"v2": (SIDES, SIDES),
-         "v3": ((1, 4, 15, 17, 63, 64, 65, 129), (0, 1, 31, 32, 33, 127, 129))}
+         "v3": ((1, 4, 15, 17, 63, 64, 65, 129), (0, 1, 31, 32, 33, 127, 129)),
+         "v4": ((1, 3, 31, 33, 65), (0, 1, 7, 8, 9, 63, 64, 65, 520))}
+#: threads each version asks for per threadgroup
+THREADS = {"v2": versions.THREADS, "v3": versions.BLOCKED_THREADS, "v4": versions.SPLIT_THREADS}
 
 
 @pytest.fixture(autouse=True)
@@ -156,7 +160,7 @@ def test_tiled_every_tail_of_m_p_k(device, version):
     for M, P, K in itertools.product(sides, sides, ks):
         assert_product(dev, Product(rng, 1, M, P, K, bias=bool((M + P + K) % 2)), version)
     assert {d.kernel for d in dev.trace} == {versions.GEMM_KERNELS[version]}
-    threads = versions.TILED[version][1]
+    threads = THREADS[version]
     assert dev.trace[-1].threadgroup_size == device.get("max_threads_per_threadgroup", threads)
     assert dev.trace[-1].threadgroup_memory <= 32 * 1024
 
@@ -179,7 +183,7 @@ def test_tiled_strides_batches_and_bias_under_harsh_schedules(device, version):
                           b_t=bool(n // 2 % 2), pad=int(rng.integers(0, 3)),
                           bias=bool(rng.integers(2)), shared_b=bool(rng.integers(2)))
         assert_product(dev, product, version)
-    threads = versions.TILED[version][1]
+    threads = THREADS[version]
     assert dev.trace[-1].threadgroup_size == min(device.get("max_threads_per_threadgroup", threads), threads)
 
 
@@ -223,8 +227,8 @@ def test_tiled_gru_row_blocks_read_their_own_b(H):
 def test_long_k_reduction_is_as_accurate_as_v1():
     """A weight-gradient-like reduction over K = 13000 rows (dAᵀ·source; operands with a mean,
     so partial sums grow): every version within the parameter tolerance of the float64 product,
-    v2 and v3 no worse than twice v1's error, and all far better than one running sum. A v3
-    without its running totals (one sum over K per element) must fail that last check."""
+    v2, v3 and v4 no worse than twice v1's error, and all far better than one running sum. A
+    v3 without its running totals (one sum over K per element) must fail that last check."""
     rng = np.random.default_rng(21)
     M, P, K = 40, 33, 13000
     product = Product(rng, 1, M, P, K, a_t=True)
@@ -245,7 +249,7 @@ def test_long_k_reduction_is_as_accurate_as_v1():
     for k in range(K):  # one float32 running sum per element, in order
         running += np.outer(A[k], B[k])
     naive = np.abs(running - want).max() / scale
-    assert errors["v2"] <= 2 * errors["v1"] and errors["v3"] <= 2 * errors["v1"], errors
+    assert all(errors[v] <= 2 * errors["v1"] for v in VERSIONS), errors
     assert max(errors[v] for v in ("v1",) + VERSIONS) < naive / 3, (errors, naive)
     assert errors["v3 without running totals"] >= naive / 3, (errors, naive)
 
@@ -311,6 +315,15 @@ MUTANTS = {"v2": {
                             "uint span = max(p.M, 1u);")],
     # One sum over K per element (checked by test_long_k_reduction_is_as_accurate_as_v1).
     "no running total": [("if (c % GB_GROUP == GB_GROUP - 1) {", "if (false) {")],
+}, "v4": {
+    # the slices' sums read before every slice has stored its own
+    "missing barrier": [("threadgroup_barrier(mem_flags::mem_threadgroup);\n        if (sl == 0",
+                         "if (sl == 0")],
+    # Threadgroup size assumed to be 256: with fewer threads, slices of K are never summed.
+    "assumes 256 threads": [("uint slices = min(tpg, (uint)GS_THREADS) / GS_COLS;",
+                             "uint slices = GS_THREADS / GS_COLS;")],
+    # One sum over K per element (checked by test_long_k_reduction_is_as_accurate_as_v1).
+    "no running total": [("if (((k - k0) & 63u) == 63u) {", "if (false) {")],
 }}
 
 
@@ -349,8 +362,14 @@ def test_the_rule():
     assert versions.TILED_VERSION == "v3"  # the tiled version the rule uses, measured
     assert versions.gemm(**big).version == "v3"
     assert "tiled" in versions.gemm(**big).reason
-    for shape, why in [(dict(batch=1, M=1, P=2048, K=12800), "M=1 < 8 (a reduction to one row)"),
-                       (dict(batch=2, M=1, P=512, K=64), "M=1 < 8"),
+    # v4 for a reduction to one row over a long K (the bias gradient of 200x64x512x512)
+    bias = versions.gemm(batch=1, M=1, P=2048, K=12800)
+    assert (bias.version, bias.kernel) == ("v4", "strided_gemm_split"), bias
+    assert "M=1 < 8 (a reduction to one row)" in bias.reason
+    assert "2048 element(s) < 32768 over K = 12800 >= 256: v4" in bias.reason
+    assert versions.gemm(batch=1, M=1, P=32768, K=12800).version == "v1"  # enough threads
+    assert versions.gemm(batch=1, M=1, P=2048, K=255).version == "v1"  # too short a K
+    for shape, why in [(dict(batch=2, M=1, P=512, K=64), "M=1 < 8"),
                        (dict(batch=1, M=12800, P=2048, K=2), "K=2 < 8"),
                        (dict(batch=1, M=64, P=64, K=64), "262144 < 1048576")]:
         choice = versions.gemm(**shape)
@@ -375,10 +394,10 @@ def test_overrides_and_their_errors(monkeypatch):
     assert versions.GEMM is None
     monkeypatch.setenv(versions.GEMM_ENV, " AUTO ")
     assert versions.gemm(**small).version == "v1"
-    monkeypatch.setenv(versions.GEMM_ENV, "v4")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, auto, got 'v4'"):
+    monkeypatch.setenv(versions.GEMM_ENV, "v5")
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, v4, auto, got 'v5'"):
         versions.gemm(**small)
-    with pytest.raises(ValueError, match="forced: expected one of v1, v2, v3, auto or None, got 'tiled'"):
+    with pytest.raises(ValueError, match="forced: expected one of v1, v2, v3, v4, auto or None, got 'tiled'"):
         with versions.forced("tiled"):
             pass
 
@@ -433,7 +452,8 @@ def _descriptors(cell):
 
 
 #: T, N (T·N = 65 rows: two 64-row tiles of v3) and H, I of the whole-op checks per version
-BACKEND_SHAPES = {"v2": dict(T=3, N=3, H=9, I=5), "v3": dict(T=5, N=13, H=9, I=5)}
+BACKEND_SHAPES = {"v2": dict(T=3, N=3, H=9, I=5), "v3": dict(T=5, N=13, H=9, I=5),
+                  "v4": dict(T=4, N=5, H=9, I=5)}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -515,13 +535,13 @@ def test_backend_refuses_an_unknown_setting(monkeypatch):
     case = random_case(3, "gru", T=2, N=2, H=2, I=2, dtype=np.float32,
                        optional=dict(input_weight=True))
     monkeypatch.setenv(versions.GEMM_ENV, "fast")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, auto, got 'fast'"):
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, v4, auto, got 'fast'"):
         case.forward(backend=BACKEND)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_stopped_tiled_dispatch_raises(version):
-    """The completion marks of v2 and v3: a dispatch whose later threadgroups never ran is
+    """The completion marks of v2, v3 and v4: a dispatch whose later threadgroups never ran is
     named."""
     TILED = versions.GEMM_KERNELS[version]
     rng = np.random.default_rng(2)

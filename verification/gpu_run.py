@@ -56,6 +56,7 @@ SANITIZER_CONFIGS = {
     "auto": ("auto", "auto", (), ""),
     "gemm-v2": ("v2", "auto", (), ""),
     "gemm-v3": ("v3", "auto", (), ""),
+    "gemm-v4": ("v4", "auto", (), ""),
     "v1": ("auto", "v1", (), ""),
     "v2x8": ("auto", "v2", ("--v2-group-rows", "8"), ", 8 rows a v2 threadgroup"),
     "v2-steps": ("auto", "v2-steps", ("--v2-step-units", "12"), ", H = 33 in 3 blocks of units"),

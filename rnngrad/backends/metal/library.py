@@ -55,6 +55,7 @@ BUFFERS = {
     "strided_gemm": ("p", "A", "B", "bias", "C", "status"),
     "strided_gemm_tiled": ("p", "A", "B", "bias", "C", "status"),
     "strided_gemm_blocked": ("p", "A", "B", "bias", "C", "status"),
+    "strided_gemm_split": ("p", "A", "B", "bias", "C", "status"),
     "single_gate_forward": ("p", "x", "bias", "Rt", "h0", "mask", "h", "zs", "status"),
     "single_gate_backward": ("p", "R", "h0", "mask", "dy", "zs", "dx", "rhs", "dhn", "status"),
     "gru_forward": ("p", "x", "bias", "Rt", "h0", "mask", "b2", "h", "zs", "status"),

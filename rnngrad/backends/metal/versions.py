@@ -1,6 +1,7 @@
 """Which kernel version runs each Metal dispatch, and why: the one place the host chooses.
 
-The recurrences (``kernels/<cell>_{forward,backward}.metal``) have two versions:
+The recurrences (``kernels/<cell>_{forward,backward}.metal``) have three versions, v2 in two
+grids:
 
 - ``v1`` ``<cell>_<direction>``: a thread per (row, unit), each a dot product of length H per
   gate straight from device memory, run in one of two grids: ``packed`` (``count = D·N·H``
@@ -59,7 +60,7 @@ from ``rnngrad bench`` there. Override it with
 results (only the rows' assignment to threadgroups changes); v2 and v3 sum in other orders,
 within the float32 tolerance.
 
-The matrix products outside the recurrence have three versions
+The matrix products outside the recurrence have four versions
 (``kernels/gemm.metal``; shapes as ``GemmParams`` in ``kernels/common.metal``: C[batch, M, P] =
 A·B over K):
 
@@ -70,18 +71,29 @@ A·B over K):
 - ``v3`` ``strided_gemm_blocked``: one threadgroup of up to :data:`BLOCKED_THREADS` threads per
   :data:`BLOCKED_TILE`×:data:`BLOCKED_TILE` tile of C, K staged through threadgroup memory in
   chunks of 32, each thread a 4×4 block of C in registers (no ``simdgroup_matrix``).
+- ``v4`` ``strided_gemm_split``: one threadgroup of up to :data:`SPLIT_THREADS` threads per
+  :data:`SPLIT_COLUMNS` elements of a row of C, K split into a slice per SIMD-group, the
+  slices' sums added in order through threadgroup memory (for few elements over a long K).
 
 The rule (``auto``): **the tiled version** :data:`TILED_VERSION` **(v3) when M, P and K are
 each at least 8, batch·M·P·K is at least** :data:`TILED_MIN_WORK` **(2**20 multiply-adds) and C
-has at least** :data:`TILED_MIN_TILES` **32×32 tiles, else v1.** Below 8 in M or P a
-tile is mostly padding: the 1-row reductions (bias, peephole and secondary-bias gradients,
-M = 1) stay one thread per output, each summing its column over K. Below 8 in K the staged chunk is mostly zeros. Below 2**20 multiply-adds the
+has at least** :data:`TILED_MIN_TILES` **32×32 tiles; else v4 when C has fewer than**
+:data:`SPLIT_MAX_ELEMENTS` **elements and K is at least** :data:`SPLIT_MIN_K`**, else v1.** Below
+8 in M or P a tile is mostly padding: the 1-row reductions (bias, peephole and secondary-bias
+gradients, M = 1) are untiled. Below 8 in K the staged chunk is mostly zeros. Below 2**20 multiply-adds the
 dispatch costs more than the product either way, and v1 makes fewer threads wait on barriers.
 With fewer tiles than the GPU has cores the few threadgroups each walk a long K alone, where
 v1's thousands of threads hide the latency better: measured on an H100 through metal-cuda
 (132 cores), the weight gradients of 1000×8×128×128 (C of 64 tiles, K = 8000) took 2.9 ms of
 GEMMs with v1 and 3.7–4.4 ms with v2, while at 200×64×512×512 v2 halved them (LSTM 39.9 → 19.4
 ms, GRU 30.5 → 17.0 ms). The thresholds are measured on that GPU only, not on Apple hardware.
+v1 gives a C of P elements one thread each, so a bias gradient over T·N rows ran on two to four
+threadgroups: 1.65 ms of 200×64×512×512 LSTM's GEMMs under Nsight Compute
+(``verification/gpu_profile.py``). v4 spreads each element's sum over 8 SIMD-groups: GEMM ms
+of a whole op by the rule, v1 → v4 for the untiled products of fewer than 32768 elements, same
+H100: 200×64×512×512 RNN 9.85 → 7.74, GRU 12.36 → 10.18, LSTM 13.69 → 11.48; 1000×8×128×128
+RNN 2.09 → 0.39 (its dR and dW too: C of 16384 elements over K = 8000), GRU 2.47 → 2.01, LSTM
+2.59 → 2.05; 100×32×256×256 LSTM 1.77 → 1.55.
 
 The tiled version the rule uses is v3: GEMM ms of a whole op, every product forced to v2 → v3
 on the H100: 100×32×256×256 RNN 1.78 → 1.68, GRU 2.17 → 1.95, LSTM 2.29 → 1.97;
@@ -89,7 +101,7 @@ on the H100: 100×32×256×256 RNN 1.78 → 1.68, GRU 2.17 → 1.95, LSTM 2.29 �
 is counted in 32×32 tiles whichever version tiles (an area of C).
 
 Override it with the environment variable ``RNNGRAD_METAL_GEMM`` = ``v1`` | ``v2`` | ``v3`` |
-``auto`` (read at every product) or the module setting :data:`GEMM` (``versions.GEMM = "v2"``;
+``v4`` | ``auto`` (read at every product) or the module setting :data:`GEMM` (``versions.GEMM = "v2"``;
 ``None`` defers to the variable), which wins over the variable; :func:`forced` sets it inside a block.
 Every version computes every shape (any strides, batch, GRU's ``block``/``b_block``) within
 the float32 tolerance.
@@ -106,12 +118,14 @@ import contextlib
 import dataclasses
 import os
 
-#: environment variable that overrides the rule: v1, v2, v3 or auto
+#: environment variable that overrides the rule: v1, v2, v3, v4 or auto
 GEMM_ENV = "RNNGRAD_METAL_GEMM"
-#: module setting that overrides the rule and the variable: "v1", "v2", "v3", "auto" or None
+#: module setting that overrides the rule and the variable: "v1", "v2", "v3", "v4", "auto" or
+#: None
 GEMM = None
 #: the versions of the matrix product: version -> kernel
-GEMM_KERNELS = {"v1": "strided_gemm", "v2": "strided_gemm_tiled", "v3": "strided_gemm_blocked"}
+GEMM_KERNELS = {"v1": "strided_gemm", "v2": "strided_gemm_tiled", "v3": "strided_gemm_blocked",
+                "v4": "strided_gemm_split"}
 #: rows and columns of a v2 tile of C, and k per staged chunk (GT_TILE in gemm.metal)
 TILE = 32
 #: threads the host dispatches per v2 tile: the kernel's threadgroup limit (GT_THREADS)
@@ -132,7 +146,15 @@ TILED_MIN_SIDE = 8
 #: the fewest 32×32 tiles of C that the rule tiles (about one per core of a large GPU)
 TILED_MIN_TILES = 128
 
-_SETTINGS = ("v1", "v2", "v3", "auto")
+#: columns of C per v4 block (GS_COLS in gemm.metal) and threads the host dispatches per block
+#: (GS_THREADS: 8 slices of K)
+SPLIT_COLUMNS = 32
+SPLIT_THREADS = 256
+#: v4 where v1 would run with fewer than this many threads (too few threadgroups for the
+#: cores) over a K of at least SPLIT_MIN_K
+SPLIT_MAX_ELEMENTS = 32768
+SPLIT_MIN_K = 256
+_SETTINGS = ("v1", "v2", "v3", "v4", "auto")
 
 #: environment variable that overrides the recurrences' version: v2, v2-steps, v1, packed, rows
 #: or auto
@@ -344,18 +366,28 @@ def gemm(*, batch: int, M: int, P: int, K: int, product: str = "") -> Choice:
         kind = " (a reduction to one row)" if M == 1 else ""
         why = (f"{name}={side} < {TILED_MIN_SIDE}{kind}: a {tile}x{tile} tile would be mostly "
                f"padding")
-        return Choice("v1", GEMM_KERNELS["v1"], f"{what}: auto, {why}")
+        return _untiled(f"{what}: auto, {why}", batch * M * P, K)
     if work < TILED_MIN_WORK:
-        return Choice("v1", GEMM_KERNELS["v1"],
-                      f"{what}: auto, batch·M·P·K = {work} < {TILED_MIN_WORK}: too small to tile")
+        return _untiled(f"{what}: auto, batch·M·P·K = {work} < {TILED_MIN_WORK}: too small to "
+                        f"tile", batch * M * P, K)
     tiles = batch * -(-M // TILE) * -(-P // TILE)
     if tiles < TILED_MIN_TILES:
-        return Choice("v1", GEMM_KERNELS["v1"],
-                      f"{what}: auto, {tiles} 32x32 tiles of C < {TILED_MIN_TILES}: too few "
-                      f"threadgroups for a K of {K}")
+        return _untiled(f"{what}: auto, {tiles} 32x32 tiles of C < {TILED_MIN_TILES}: too few "
+                        f"threadgroups for a K of {K}", batch * M * P, K)
     return Choice(tiled, GEMM_KERNELS[tiled],
                   f"{what}: auto, batch·M·P·K = {work} >= {TILED_MIN_WORK}, M, P, K >= "
                   f"{TILED_MIN_SIDE} and {tiles} 32x32 tiles: tiled")
+
+
+def _untiled(reason: str, elements: int, K: int) -> Choice:
+    """An untiled product: v4 where v1's thread an element would leave most cores idle over a
+    long K (fewer than :data:`SPLIT_MAX_ELEMENTS` elements, K of at least :data:`SPLIT_MIN_K`),
+    else v1."""
+    if elements < SPLIT_MAX_ELEMENTS and K >= SPLIT_MIN_K:
+        return Choice("v4", GEMM_KERNELS["v4"],
+                      f"{reason}; {elements} element(s) < {SPLIT_MAX_ELEMENTS} over K = {K} >= "
+                      f"{SPLIT_MIN_K}: v4, K split over {SPLIT_THREADS // SPLIT_COLUMNS} slices")
+    return Choice("v1", GEMM_KERNELS["v1"], reason)
 
 
 def gemm_tiles(*, batch: int, M: int, P: int, block: int, b_block: int, tile: int = TILE) -> int:
@@ -370,10 +402,13 @@ def gemm_tiles(*, batch: int, M: int, P: int, block: int, b_block: int, tile: in
 
 def gemm_threads(choice: Choice, *, batch: int, M: int, P: int, block: int, b_block: int) -> int:
     """The threads to dispatch for ``choice``: one per element of C for v1, :data:`THREADS`
-    per 32×32 tile for v2, :data:`BLOCKED_THREADS` per 64×64 tile for v3 (each kernel splits
+    per 32×32 tile for v2, :data:`BLOCKED_THREADS` per 64×64 tile for v3,
+    :data:`SPLIT_THREADS` per :data:`SPLIT_COLUMNS` elements of a row for v4 (each kernel splits
     its work over the threadgroups it gets)."""
     if choice.version == "v1":
         return batch * M * P
+    if choice.version == "v4":
+        return batch * M * -(-P // SPLIT_COLUMNS) * SPLIT_THREADS
     tile, threads = TILED[choice.version]
     return threads * gemm_tiles(batch=batch, M=M, P=P, block=block, b_block=b_block, tile=tile)
 

@@ -1,0 +1,107 @@
+"""Nsight Compute's view of rnngrad's kernels on the GPU machine: one forward + gradients of a
+cell through ``metal-cuda``, each kernel the version rule picks (or ``--recurrence`` /
+``--gemm`` force) profiled once, with the sections that say what bounds it.
+
+    python verification/gpu_profile.py [--cell lstm] [--shape 200x64x512x512]
+                                       [--kernels REGEX] [--out DIR]
+
+Runs ``ncu`` on itself (``--child``) and prints, per kernel launch, its duration, the compute
+and memory throughput as a share of the GPU's peak, the achieved occupancy and registers, and
+the warp stall reasons that dominate; the full report goes to ``DIR/profile.txt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats")
+#: the metrics pulled from each kernel's report into the summary: (label, regex on the report)
+METRICS = (("duration", r"Duration\s+(\S+)\s+(\S+)"),
+           ("compute % peak", r"Compute \(SM\) Throughput\s+%\s+(\S+)"),
+           ("memory % peak", r"Memory Throughput\s+%\s+(\S+)"),
+           ("occupancy %", r"Achieved Occupancy\s+%\s+(\S+)"),
+           ("registers", r"Registers Per Thread\s+register/thread\s+(\S+)"),
+           ("block", r"Block Size\s+(\S+)"),
+           ("grid", r"Grid Size\s+(\S+)"),
+           ("cycles between issues", r"Warp Cycles Per Issued Instruction\s+cycle\s+(\S+)"))
+
+
+def child(cell: str, shape: str) -> None:
+    """One warm-up and one profiled forward + gradients (ncu profiles the second's kernels)."""
+    sys.path[:0] = [str(ROOT)]
+    import cupy as cp
+    import numpy as np
+
+    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.testing.cases import random_case, random_descriptor
+
+    T, N, I, H = (int(v) for v in shape.split("x"))
+    rng = np.random.default_rng(0)
+    extra = dict(reset_after=True) if cell == "gru" else {}
+    desc = random_descriptor(rng, cell, training=True, **extra)
+    case = random_case(rng, cell, descriptor=desc, T=T, N=N, I=I, H=H, dtype=np.float32)
+    with cuda_device(poison=False):
+        for _ in range(2):
+            case.gradients("metal-cuda", forward_backend="metal-cuda")
+            cp.cuda.Device().synchronize()
+
+
+def summary(report: str) -> str:
+    """One line per kernel launch with the METRICS, then the first three of ncu's findings."""
+    out = []
+    for block in re.split(r"\n(?=  \S+\(.*\) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\))", report):
+        name = re.match(r"\s*(\S+?)\(", block)
+        if not name or "__mtl_launch_" not in name.group(1):
+            continue
+        values = []
+        for label, pattern in METRICS:
+            m = re.search(pattern, block)
+            if m:
+                values.append(f"{label} {' '.join(m.groups())}")
+        out.append(f"{name.group(1).replace('__mtl_launch_', '')}: " + "; ".join(values))
+        for line in re.findall(r"(?m)^\s+(?:WRN|OPT)\s+(.*)$", block)[:3]:
+            out.append(f"    {line.strip()[:400]}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cell", default="lstm", choices=("single_gate", "gru", "lstm"))
+    parser.add_argument("--shape", default="200x64x512x512", metavar="TxNxIxH")
+    parser.add_argument("--kernels", default=".", metavar="REGEX",
+                        help="profile only the kernels whose name this matches")
+    parser.add_argument("--recurrence", default=None, help="RNNGRAD_METAL_RECURRENCE")
+    parser.add_argument("--gemm", default=None, help="RNNGRAD_METAL_GEMM")
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.cell, args.shape)
+        return 0
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for key, value in (("RNNGRAD_METAL_RECURRENCE", args.recurrence),
+                       ("RNNGRAD_METAL_GEMM", args.gemm)):
+        if value:
+            env[key] = value
+    cmd = ["ncu", "--kernel-name", f"regex:__mtl_launch_.*({args.kernels})",
+           *(x for s in SECTIONS for x in ("--section", s)),
+           "--launch-skip", os.environ.get("NCU_SKIP", "0"), "--launch-count",
+           os.environ.get("NCU_COUNT", "40"),
+           sys.executable, __file__, "--child", "--cell", args.cell, "--shape", args.shape]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    report = done.stdout + done.stderr
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"profile-{args.cell}-{args.shape}.txt").write_text(report)
+    print(summary(report) or report[-3000:])
+    return done.returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
