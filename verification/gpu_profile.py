@@ -52,11 +52,26 @@ def child(cell: str, shape: str) -> None:
             cp.cuda.Device().synchronize()
 
 
-def summary(report: str) -> str:
-    """One line per kernel launch with the METRICS, then the first three of ncu's findings."""
+def findings(block: str) -> list:
+    """ncu's advice in one kernel's report, one line each: "est. speedup X%: first sentence",
+    largest estimated speedup first (notes about metrics it could not collect left out)."""
     out = []
-    for block in re.split(r"\n(?=  \S+\(.*\) \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\))", report):
-        name = re.match(r"\s*(\S+?)\(", block)
+    for m in re.finditer(r"(?m)^    (?:OPT|WRN)   (.*)\n((?:^ {10}\S.*\n?)*)", block):
+        head, text = m.group(1).strip(), " ".join(m.group(2).split())
+        if "could not be found" in head + text:
+            continue
+        speedup = re.search(r"Speedup: ([\d.]+)%", head)
+        sentence = re.split(r"(?<=\.) ", text or head, maxsplit=1)[0]
+        out.append((float(speedup.group(1)) if speedup else 0.0,
+                    f"est. speedup {speedup.group(1)}%: {sentence}" if speedup else sentence))
+    return [text for _, text in sorted(out, key=lambda x: -x[0])]
+
+
+def summary(report: str) -> str:
+    """One line per kernel launch with the METRICS, then ncu's three largest findings."""
+    out = []
+    for block in re.split(r"\n(?=  \S+ \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\))", report):
+        name = re.match(r"\s*(\S+) \(\d+, \d+, \d+\)x", block)
         if not name or "__mtl_launch_" not in name.group(1):
             continue
         values = []
@@ -65,8 +80,8 @@ def summary(report: str) -> str:
             if m:
                 values.append(f"{label} {' '.join(m.groups())}")
         out.append(f"{name.group(1).replace('__mtl_launch_', '')}: " + "; ".join(values))
-        for line in re.findall(r"(?m)^\s+(?:WRN|OPT)\s+(.*)$", block)[:3]:
-            out.append(f"    {line.strip()[:400]}")
+        for finding in findings(block)[:3]:
+            out.append(f"    {finding}")
     return "\n".join(out)
 
 
