@@ -245,7 +245,8 @@ def test_saturated_activations(cell):
 @both_versions
 @pytest.mark.parametrize("cell", CELLS)
 def test_dispatch_count_does_not_grow_with_T(cell, recurrence_version):
-    """v1 and v2: the same dispatches at T = 1 and T = 1000, at most 8. v3 (one dispatch a
+    """v1 and v2: the same dispatches at T = 1 and T = 1000, at most 8 (a product may take
+    another version at T = 1000: v4 for a bias gradient over 1000 rows). v3 (one dispatch a
     step): T forward and T + 1 backward recurrence dispatches, the rest the same."""
     counts = {}
     desc = random_descriptor(np.random.default_rng(0), cell, bidirectional=True)
@@ -255,7 +256,8 @@ def test_dispatch_count_does_not_grow_with_T(cell, recurrence_version):
                            optional=ALL_OPTIONAL)
         with emulated_device() as dev:
             assert_matches(case, True)  # a training forward, then the gradients
-            kernels = [d.kernel for d in dev.trace]
+            kernels = ["a product" if d.kernel.startswith("strided_gemm") else d.kernel
+                       for d in dev.trace]
         if steps:
             assert kernels.count(f"{cell}_forward_v3") == T
             assert kernels.count(f"{cell}_backward_v3") == T + 1
