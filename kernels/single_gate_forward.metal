@@ -196,10 +196,12 @@ kernel void single_gate_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
         RsTile g = rs_tile(p, t, 1u, tpg);
         uint d = g.d;
         uint at = g.n0 * DH + d * H;
-        device const float* a = s == 0 ? h0 + at
-                                       : (device const float*)h + rg_out_time(p, d, s - 1) * N * DH + at;
-        rs_product(As, Bs, red, g, H, a, mask + rg_mask_step(p, s) + at, true, DH,
-                   R + d * H * H, 1u, uint4(0u), 1u, lid, tpg);
+        device const float* hp = h;  // read only here: h[t−1], the previous step's output
+        device const float* a = s == 0 ? h0 + at : hp + rg_out_time(p, d, s - 1) * N * DH + at;
+        uint4 gates = uint4(0u);
+        device const float* m = mask + rg_mask_step(p, s) + at;
+        rs_product(As, Bs, red, g, H, a, m, true, DH, R + d * H * H,
+                   1u, gates, 1u, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
             uint r = e / g.units, u = e % g.units;
             single_gate_cell(p, x, bias, h, zs, s, d * N + g.n0 + r, g.u0 + u, rs_sum(red, g, r, u));
