@@ -227,6 +227,49 @@ def test_injection_options_say_what_was_expected(options, message):
         metalcompute.Device(**options)
 
 
+def _marks(groups, extra=0, size=64, steps=7):
+    """Status words of a dispatch of ``groups`` threadgroups of ``size``, every one marked done
+    with ``steps``, and ``extra`` zeroed entries past them."""
+    words = np.zeros((groups + extra, 2), np.uint32)
+    words[:groups] = (library.DONE | steps, size)
+    return words
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (None, None),
+    (lambda w: w.__setitem__((3, 0), library.DONE | 6),
+     "expected marks of 7 steps, got [6] from threadgroup(s) 3"),
+    (lambda w: w.__setitem__(5, (library.DONE | 7, 64)),
+     "expected no mark past threadgroup 4, got marks from 5"),
+    (lambda w: w.__setitem__((2, 1), 32), "expected one threadgroup size of at least 32 in the "
+                                          "marks, got [32, 64]"),
+    (lambda w: w.__setitem__(1, (0, 0)), "got none from threadgroup(s) 1"),
+    (lambda w: w.__setitem__(slice(None), 0), "got none (no threadgroup finished)"),
+])
+def test_each_kind_of_wrong_mark_is_named(edit, expected):
+    """The completion check on crafted status words: 5 threadgroups of 64 threads (320 threads)
+    asked for 7 steps. Correct marks pass; a wrong step count, a mark past the grid, two sizes,
+    a missing mark and no mark at all are each named."""
+    case = random_case(0, "lstm", T=3, N=2, H=4, I=3, dtype=np.float32)
+    from rnngrad.validation import forward_problem
+
+    problem = forward_problem("lstm", case.descriptor, **case.inputs)[0]
+    runs = metal_host._Runs(EMULATED_HOST, "lstm_forward", problem)
+    words = _marks(5, extra=3)
+    if edit is not None:
+        edit(words)
+    check = dict(kernel="lstm_forward", count=320, status=None, marks=8, steps=7, span=(0, 3),
+                 number=0, reported=None, words=words)
+    if expected is None:
+        runs._check(**check)
+        return
+    with pytest.raises(IncompleteDispatch) as info:
+        runs._check(**check)
+    assert expected in str(info.value), str(info.value)
+    with pytest.raises(IncompleteDispatch, match="the device reported: a fault"):
+        runs._check(**dict(check, words=_marks(5, extra=3), reported="a fault"))
+
+
 def test_marks_cover_every_kernel_and_sit_in_the_last_binding():
     for kernel, names in library.BUFFERS.items():
         assert names[-1] == "status", kernel
