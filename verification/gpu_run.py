@@ -137,9 +137,11 @@ def kernel_work(kernel, cell, T, N, I, H):
 
 
 CELL_MODES = {"RNN": "RNN_TANH", "GRU": "GRU", "LSTM": "LSTM"}  # --cells: the bench's names
-#: the one-step grids, as (label, RNNGRAD_METAL_RECURRENCE, versions settings): v2-steps
-#: (versions.V2_STEP_UNITS, V2_STEP_ROWS) and v3 at three widths of tile (versions.V3_MIN_TILES)
-STEP_KNOBS = (("v2-steps 64u", "v2-steps", dict(V2_STEP_UNITS=64, V2_STEP_ROWS=None)),
+#: the recurrence versions the rule does not pick, as (label, RNNGRAD_METAL_RECURRENCE, versions
+#: settings): v2 (one row a threadgroup), the one-step grids v2-steps (versions.V2_STEP_UNITS,
+#: V2_STEP_ROWS) and v3 at three widths of tile (versions.V3_MIN_TILES)
+STEP_KNOBS = (("v2", "v2", dict(V2_GROUP_ROWS=1)),
+              ("v2-steps 64u", "v2-steps", dict(V2_STEP_UNITS=64, V2_STEP_ROWS=None)),
               ("v3", "v3", {}),
               ("v3 wide", "v3", dict(V3_MIN_TILES=32)),
               ("v3 narrow", "v3", dict(V3_MIN_TILES=1024)))
@@ -234,8 +236,8 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
             measured = {}
             from rnngrad.backends.metal import versions
             with cuda_device() as dev:
-                # v1 everywhere (the baseline), each tiled GEMM forced, v2's one-step grid in
-                # three shapes of threadgroup, then the version rule
+                # v1 everywhere (the baseline), each tiled GEMM forced, the recurrence versions
+                # the rule does not pick (STEP_KNOBS), then the version rule
                 for config, recurrence, gemm, knobs in STEP_CONFIGS:
                     os.environ["RNNGRAD_METAL_GEMM"] = gemm
                     os.environ["RNNGRAD_METAL_RECURRENCE"] = recurrence
