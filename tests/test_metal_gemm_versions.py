@@ -404,7 +404,7 @@ def test_overrides_and_their_errors(monkeypatch):
 
 def test_the_tile_count_mirrors_the_kernel():
     text = library.read("gemm.metal")
-    enum = dict(re.findall(r"\b(G[TB]_\w+)\s*=\s*(\d+)", text))
+    enum = dict(re.findall(r"\b(G[TBS]_\w+)\s*=\s*(\d+)", text))
     assert int(enum["GT_TILE"]) == versions.TILE and int(enum["GT_THREADS"]) == versions.THREADS
     assert f"[[max_total_threads_per_threadgroup({versions.THREADS})]]" in text
     assert re.search(r"//\s+v2 strided_gemm_tiled: ", text)
@@ -420,6 +420,13 @@ def test_the_tile_count_mirrors_the_kernel():
     tiles = dict(batch=2, M=130, P=65, block=65, tile=versions.BLOCKED_TILE)
     assert versions.gemm_tiles(**tiles, b_block=0) == 2 * 3 * 2
     assert versions.gemm_tiles(**tiles, b_block=7) == 2 * 2 * 2 * 2  # 65 rows: 2 tiles per block
+    # v4: GS_THREADS threads per GS_COLS elements of a row, its threadgroup limit
+    assert (int(enum["GS_COLS"]), int(enum["GS_THREADS"])) == (versions.SPLIT_COLUMNS,
+                                                                versions.SPLIT_THREADS)
+    assert re.search(r"\[\[max_total_threads_per_threadgroup\(" + str(versions.SPLIT_THREADS)
+                     + r"\)\]\]\s*kernel void strided_gemm_split\(", text)
+    v4 = versions.Choice("v4", versions.GEMM_KERNELS["v4"], "test")
+    assert versions.gemm_threads(v4, batch=2, M=3, P=65, block=3, b_block=0) == 2 * 3 * 3 * 256
     v3 = versions.Choice("v3", BLOCKED, "test")
     assert versions.gemm_threads(v3, batch=2, M=130, P=65, block=65, b_block=7) == 256 * 16
     assert versions.gemm_threads(v3, batch=1, M=64, P=64, block=64, b_block=0) == 256
