@@ -64,12 +64,15 @@ def _rank(rank, folder):
         loss = torch.nn.functional.mse_loss(ddp(x[part]), y[part])  # DDP averages the gradients
         loss.backward()
         np.savez(os.path.join(folder, f"rank{rank}.npz"), **_gradients(ddp))
-        # both ranks past their last collective before either tears gloo down: a rank that
-        # destroys its group while the other still talks to it can abort in gloo's threads
-        # ("terminate called without an active exception", seen once in a full-suite run)
-        dist.barrier()
-    finally:
+        dist.barrier()  # both ranks past their last collective
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # Leave without tearing gloo down: destroy_process_group (or the interpreter's exit, which
+    # runs gloo's destructors) can abort in gloo's threads with "terminate called without an
+    # active exception", even after a barrier (one run in three here). The results are on disk;
+    # os._exit skips the destructors and exits with status 0.
+    os._exit(0)
 
 
 def test_two_gloo_processes_with_ddp_give_the_whole_batch_gradients(tmp_path):
