@@ -65,7 +65,8 @@ struct RecurrenceParams {
                            //   between dispatches in the output buffers (h, c; dhn, dcn, prow)
     uint unit_blocks;      // v2: 0, its own grid; else its one-step grid: this many threadgroups
                            //   per group of rows, each a block of the units (rg_units), one
-                           //   step a dispatch (the backward: rg_carry, then phase A)
+                           //   step a dispatch (the backward: rg_carry, then phase A);
+                           //   v3: the blocks of units of its tiles (rs_tile)
 };
 
 // Scalars of strided_gemm and strided_gemm_tiled; mirrored by rnngrad.backends.metal.library.GEMM_PARAMS.

@@ -457,9 +457,9 @@ class MetalHost:
 
     def recurrence_spans(self, problem, choice, direction):
         """(unit_blocks, [(s_begin, s_end)] in processing order) of the recurrence dispatches
-        under ``choice``: a kernel's own grid (0) over the budget's step ranges, or v2's
-        one-step grid (its unit blocks) a step a dispatch, the backward ending with the carry
-        of step 0 alone (0, 0)."""
+        under ``choice``: a kernel's own grid (0) over the budget's step ranges, or a one-step
+        grid (v2-steps, v3: its unit blocks) a step a dispatch, the backward ending with the
+        carry of step 0 alone (0, 0)."""
         T = problem.T
         if choice.version == "v2-steps":
             blocks = versions.step_blocks(cell=problem.cell, direction=direction, H=problem.H)[1]
@@ -516,8 +516,8 @@ class MetalHost:
     def recurrence_params(problem, count, span=None, unit_blocks=0):
         """The RecurrenceParams struct of one dispatch running processing steps ``span`` =
         ``(s_begin, s_end)`` (default all T); ``unit_blocks``: 0 for a kernel's own grid, else
-        v2's one-step grid with that many threadgroups to a group of rows (a span of one step,
-        or none: a backward's last carry)."""
+        a one-step grid (v2-steps, v3) with that many blocks of units to a group of rows (a
+        span of one step, or none: a backward's last carry)."""
         desc, cell = problem.descriptor, problem.cell
         p = np.zeros(1, library.RECURRENCE_PARAMS)
         acts = [Activation.NONE] * 5

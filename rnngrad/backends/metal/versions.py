@@ -204,14 +204,17 @@ def tile_columns(*, cell: str, direction: str) -> int:
     return 4 if direction == "forward" and cell in ("lstm", "gru") else 1
 
 
+def tile_rows(N: int) -> int:
+    """Rows of a v3 tile: 4·⌈N / 4⌉, at most :data:`V3_ROWS` (rs_tile's 4·WR in common.metal)."""
+    return 4 * min(V3_ROWS // 4, max(1, -(-N // 4)))
+
+
 def tile_blocks(*, cell: str, direction: str, D: int, N: int, H: int) -> tuple:
-    """(row tiles of a direction, unit blocks U) of v3's grid: tiles of 4·⌈N / 4⌉ rows (at most
-    :data:`V3_ROWS`) × ⌈H / U⌉ units, with the widest power-of-two block of units within
-    :data:`V3_COLS` columns that gives at least :data:`V3_MIN_TILES` tiles (else the
-    narrowest: 4 columns)."""
+    """(row tiles of a direction, unit blocks U) of v3's grid: tiles of :func:`tile_rows` rows
+    × ⌈H / U⌉ units, with the widest power-of-two block of units within :data:`V3_COLS`
+    columns that gives at least :data:`V3_MIN_TILES` tiles (else the narrowest: 4 columns)."""
     cpu = tile_columns(cell=cell, direction=direction)
-    rows = 4 * min(V3_ROWS // 4, max(1, -(-N // 4)))
-    row_tiles = -(-max(N, 1) // rows)
+    row_tiles = -(-max(N, 1) // tile_rows(N))
     width = V3_COLS // cpu
     narrowest = max(1, 4 // cpu)
     while width > narrowest and D * row_tiles * -(-H // width) < V3_MIN_TILES:
@@ -242,11 +245,12 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                reset_after: bool = True) -> Choice:
     """The version of a recurrence dispatch (``<cell>_<direction>``, direction "forward" or
     "backward") and why: ``Choice.version`` is "v2", "v2-steps" (v2 one step a dispatch, its
-    threadgroups over rows and blocks of units: :func:`step_blocks`), or "packed" / "rows" (v1
-    in one of its two grids); ``Choice.kernel`` the kernel; its thread count is
+    threadgroups over rows and blocks of units: :func:`step_blocks`), "v3" (one step a
+    dispatch, tiles of rows × units: :func:`tile_blocks`), or "packed" / "rows" (v1 in one of
+    its two grids); ``Choice.kernel`` the kernel; its thread count is
     :func:`recurrence_count`. ``device`` is the backend's name: on the CPU harness
     ("metal-emulated") v1 always packs. ``reset_after``: the GRU's (without it a GRU step
-    needs r of every unit before its o gate, so v2-steps does not apply)."""
+    needs r of every unit before its o gate, so the one-step grids do not apply)."""
     setting, source = _setting(RECURRENCE, "RECURRENCE", RECURRENCE_ENV, _GRIDS)
     v1, v2 = f"{cell}_{direction}", f"{cell}_{direction}_v2"
     shape = f"{v1}, D={D}, N={N}, H={H}"
@@ -256,28 +260,21 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                          f"{V2_STAGE_PER_ROW[(cell, direction)]}·H = "
                          f"{V2_STAGE_PER_ROW[(cell, direction)] * H} floats, more than the "
                          f"{V2_STAGE} of threadgroup memory v2 has; use packed or rows")
-    if setting == "v2-steps":
+    if setting in ("v2-steps", "v3"):  # the one-step grids
         if cell != "gru" or reset_after:
-            rows, blocks = step_blocks(cell=cell, direction=direction, H=H)
-            return Choice("v2-steps", v2, f"{shape}: forced by {source}=v2-steps: one dispatch a "
-                                          f"step, threadgroups of {rows} row(s) × {blocks} "
-                                          f"block(s) of units")
-        why = (f"a GRU without reset_after needs {'r' if direction == 'forward' else 'da_o'} "
-               f"of every unit within a step")
-        setting = "auto"
-        shape = f"{shape}: {source}=v2-steps, but {why}, so the rule"
-    if setting == "v3":
-        if cell != "gru" or reset_after:
+            if setting == "v2-steps":
+                rows, blocks = step_blocks(cell=cell, direction=direction, H=H)
+                return Choice("v2-steps", v2, f"{shape}: forced by {source}=v2-steps: one "
+                                              f"dispatch a step, threadgroups of {rows} row(s) "
+                                              f"× {blocks} block(s) of units")
             row_tiles, blocks = tile_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
             return Choice("v3", f"{v1}_v3", f"{shape}: forced by {source}=v3: one dispatch a "
                                             f"step, {D * row_tiles * blocks} tile(s) of "
-                                            f"{4 * min(V3_ROWS // 4, -(-N // 4))} row(s) × "
-                                            f"{-(-H // blocks)} "
-                                            f"unit(s)")
+                                            f"{tile_rows(N)} row(s) × {-(-H // blocks)} unit(s)")
         why = (f"a GRU without reset_after needs {'r' if direction == 'forward' else 'da_o'} "
                f"of every unit within a step")
+        shape = f"{shape}: {source}={setting}, but {why}, so the rule"
         setting = "auto"
-        shape = f"{shape}: {source}=v3, but {why}, so the rule"
     if setting not in ("auto", "v1"):
         return Choice(setting, v2 if setting == "v2" else v1,
                       f"{shape}: forced by {source}={setting}")
