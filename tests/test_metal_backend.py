@@ -293,6 +293,27 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
         cell=cell, direction=d.kernel.split("_")[-2], H=H))) * 1024 for d in recurrences}
 
 
+def one_step_runs(rng, cell, T, N, H, threads):
+    """For each descriptor a one-step grid test runs (a GRU both with and without reset_after,
+    which has no one-step grid): checks forward and gradients against the reference,
+    bidirectional, every optional input, adversarial schedule; yields (reset_after, forward
+    recurrence dispatches, backward ones), reset_after None for the other cells."""
+    for reset_after in ((True, False) if cell == "gru" else (None,)):
+        fixed = {} if reset_after is None else dict(reset_after=reset_after)
+        desc = random_descriptor(rng, cell, bidirectional=True, training=True, **fixed)
+        case = random_case(rng, cell, descriptor=desc, T=T, N=N, H=H, I=3, dtype=np.float32,
+                           optional=ALL_OPTIONAL, cell_gradient_form="per_step")
+        device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
+        check_both(case, **device)
+        with emulated_device(**device) as dev:
+            case.training_forward(backend=BACKEND)
+            forward = [d for d in dev.trace if not d.kernel.startswith("strided")]
+            dev.trace.clear()
+            case.gradients(BACKEND, forward_backend="reference")
+            backward = [d for d in dev.trace if not d.kernel.startswith("strided")]
+        yield reset_after, forward, backward
+
+
 # -- v2's one-step grid (v2-steps) ----------------------------------------------------------------
 
 @pytest.mark.parametrize("cell", CELLS)
@@ -312,19 +333,7 @@ def test_v2_steps_blocks_of_units_one_step_a_dispatch(cell, N, H, units, rows, t
     monkeypatch.setattr(versions, "V2_STEP_ROWS", rows)
     rng = np.random.default_rng(N * H + units)
     T = 4
-    for reset_after in ((True, False) if cell == "gru" else (None,)):
-        fixed = {} if reset_after is None else dict(reset_after=reset_after)
-        desc = random_descriptor(rng, cell, bidirectional=True, training=True, **fixed)
-        case = random_case(rng, cell, descriptor=desc, T=T, N=N, H=H, I=3, dtype=np.float32,
-                           optional=ALL_OPTIONAL, cell_gradient_form="per_step")
-        device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
-        check_both(case, **device)
-        with emulated_device(**device) as dev:
-            case.training_forward(backend=BACKEND)
-            forward = [d for d in dev.trace if not d.kernel.startswith("strided")]
-            dev.trace.clear()
-            case.gradients(BACKEND, forward_backend="reference")
-            backward = [d for d in dev.trace if not d.kernel.startswith("strided")]
+    for reset_after, forward, backward in one_step_runs(rng, cell, T, N, H, threads):
         v2 = "" if reset_after is False else "_v2"
         assert {d.kernel for d in forward} == {f"{cell}_forward{v2}"}
         assert {d.kernel for d in backward} == {f"{cell}_backward{v2}"}
@@ -416,19 +425,7 @@ def test_v3_tiles_one_step_a_dispatch(cell, N, H, min_tiles, threads, monkeypatc
     monkeypatch.setattr(versions, "V3_MIN_TILES", min_tiles)
     rng = np.random.default_rng(N * H + min_tiles)
     T = 3
-    for reset_after in ((True, False) if cell == "gru" else (None,)):
-        fixed = {} if reset_after is None else dict(reset_after=reset_after)
-        desc = random_descriptor(rng, cell, bidirectional=True, training=True, **fixed)
-        case = random_case(rng, cell, descriptor=desc, T=T, N=N, H=H, I=3, dtype=np.float32,
-                           optional=ALL_OPTIONAL, cell_gradient_form="per_step")
-        device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
-        check_both(case, **device)
-        with emulated_device(**device) as dev:
-            case.training_forward(backend=BACKEND)
-            forward = [d for d in dev.trace if not d.kernel.startswith("strided")]
-            dev.trace.clear()
-            case.gradients(BACKEND, forward_backend="reference")
-            backward = [d for d in dev.trace if not d.kernel.startswith("strided")]
+    for reset_after, forward, backward in one_step_runs(rng, cell, T, N, H, threads):
         for direction, runs, steps in (("forward", forward, T), ("backward", backward, T + 1)):
             if reset_after is False:
                 assert len(runs) == 1 and not runs[0].kernel.endswith("_v3")  # the rule's

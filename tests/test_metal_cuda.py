@@ -107,18 +107,13 @@ def test_every_gemm_version_matches_the_reference(cell, cap, version):
     assert {x.kernel for x in d.trace if "gemm" in x.kernel} == {versions.GEMM_KERNELS[version]}
 
 
-@pytest.mark.parametrize("cap", [1024, 64])
-@pytest.mark.parametrize("cell", CELLS)
-def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
-    """v2's one-step grid on the GPU: H = 70 in ⌈70 / 16⌉ = 5 blocks of 14 units, 26 rows (13
-    a direction) in groups of 3, one dispatch a step (the backward's last the carry alone)."""
-    from rnngrad.backends.metal import versions
+def _one_step_trace(cell, cap, seed):
+    """A one-step grid (the version the test set) on the GPU against the reference, forward and
+    gradients: bidirectional, T = 6, N = 13, I = 9, H = 70 (a GRU with reset_after, which the
+    grids need); the device, for its trace."""
     from rnngrad.backends.metal.host import cuda_device
 
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
-    monkeypatch.setattr(versions, "V2_STEP_UNITS", 16)
-    monkeypatch.setattr(versions, "V2_STEP_ROWS", 3)
-    rng = np.random.default_rng(len(cell) + cap + 1)
+    rng = np.random.default_rng(seed)
     extra = dict(reset_after=True) if cell == "gru" else {}
     desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
     case = random_case(rng, cell, descriptor=desc, T=6, N=13, I=9, H=70, dtype=np.float32)
@@ -126,6 +121,20 @@ def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
         for gradients in (False, True):
             worst, mismatches = check_case(case, "metal-cuda", gradients)
             assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+    return d
+
+
+@pytest.mark.parametrize("cap", [1024, 64])
+@pytest.mark.parametrize("cell", CELLS)
+def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
+    """v2's one-step grid on the GPU: H = 70 in ⌈70 / 16⌉ = 5 blocks of 14 units, 26 rows (13
+    a direction) in groups of 3, one dispatch a step (the backward's last the carry alone)."""
+    from rnngrad.backends.metal import versions
+
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
+    monkeypatch.setattr(versions, "V2_STEP_UNITS", 16)
+    monkeypatch.setattr(versions, "V2_STEP_ROWS", 3)
+    d = _one_step_trace(cell, cap, seed=len(cell) + cap + 1)
     forward = [x for x in d.trace if x.kernel == f"{cell}_forward_v2"]
     assert len(forward) >= 6 and {x.count for x in forward} == {-(-26 // 3) * 5 * 1024}
     backward = [x for x in d.trace if x.kernel == f"{cell}_backward_v2"]  # and the last carry
@@ -143,18 +152,10 @@ def test_v3_matches_the_reference(cell, cap, min_tiles, monkeypatch):
     at 64 threads one slice, at 256 a split of k) or the narrowest (min_tiles 128: 4 columns a
     tile, 70 or 18 blocks)."""
     from rnngrad.backends.metal import versions
-    from rnngrad.backends.metal.host import cuda_device
 
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v3")
     monkeypatch.setattr(versions, "V3_MIN_TILES", min_tiles)
-    rng = np.random.default_rng(len(cell) + cap + min_tiles)
-    extra = dict(reset_after=True) if cell == "gru" else {}
-    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
-    case = random_case(rng, cell, descriptor=desc, T=6, N=13, I=9, H=70, dtype=np.float32)
-    with cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True) as d:
-        for gradients in (False, True):
-            worst, mismatches = check_case(case, "metal-cuda", gradients)
-            assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+    d = _one_step_trace(cell, cap, seed=len(cell) + cap + min_tiles)
     for direction, steps in (("forward", 6), ("backward", 7)):
         runs = [x for x in d.trace if x.kernel == f"{cell}_{direction}_v3"]
         row_tiles, blocks = versions.tile_blocks(cell=cell, direction=direction, D=2, N=13, H=70)
