@@ -74,7 +74,8 @@ struct RecurrenceParams {
 //            (+ bias[j] when has_bias); C is contiguous [batch, M, P].
 struct GemmParams {
     uint count;            // threads the host dispatched: batch·M·P (strided_gemm), 128 per tile
-                           // (strided_gemm_tiled), 256 per tile (strided_gemm_blocked)
+                           // (strided_gemm_tiled), 256 per tile (strided_gemm_blocked),
+                           // 256 per tile and slice of K (strided_gemm_wide)
     uint batch;
     uint M;
     uint P;
@@ -88,6 +89,8 @@ struct GemmParams {
     uint block;            // rows of C per block of B (H for the GRU recurrent weight gradient)
     uint b_block;          // offset of B per block of C rows (0: every row reads the same B)
     uint has_bias;
+    uint k_split;          // strided_gemm_wide: k per slice of K (0: one slice); slice s of
+                           // C[batch, M, P] goes to C + s·batch·M·P (others ignore it)
 };
 
 // MPSGraphRNNActivation

@@ -51,6 +51,20 @@
 //      elements with the bias. Two barriers per 32 elements. Correct for any shape and any
 //      threadgroup size of whole SIMD-groups up to 256; the host sizes the grid at 256 threads
 //      per 32 elements of a row and the kernel splits them over the threadgroups it gets.
+//   v5 strided_gemm_wide: one threadgroup per 128×128 tile of C and slice of K (at most 256
+//      threads, each an 8×8 block of C in registers: rows 4·ty + i and 64 + 4·ty + i, columns
+//      4·tx + j and 64 + 4·tx + j, i, j < 4, so that each k of a staged chunk is four float4
+//      reads of threadgroup memory for 64 multiply-adds). K walked in chunks of 8 through two
+//      threadgroup buffers: while a chunk is multiplied, each thread holds its share of the
+//      next in registers (loaded before, stored after), one barrier per chunk. Every 16 chunks
+//      (128 k) the partial sums join running totals, as v3 does. With p.k_split != 0 the K
+//      range splits into slices of p.k_split k, each its own threadgroups, and slice s is
+//      stored at C + s·batch·M·P without the bias: the host adds the slices in order (v1 over
+//      them) where a product has too few tiles for the cores. With fewer than 256 threads the
+//      8×8 blocks are done in rounds, each walking K again. Tiles never straddle a block of
+//      p.block rows when p.b_block != 0. 16,896 bytes of threadgroup memory. Correct for any
+//      shape and any threadgroup size of whole SIMD-groups up to 256; the host sizes the grid
+//      at 256 threads per tile and slice.
 //
 // Buffers of strided_gemm
 //   index  type                       name    layout
@@ -475,6 +489,233 @@ kernel void strided_gemm_split(constant GemmParams& p [[buffer(0)]],
         }
         // The sums are read before the next block's are stored.
         threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    // Every thread of the threadgroup has stored its elements (or had none to store).
+    threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.K);
+}
+
+// Tile shape of strided_gemm_wide; mirrored by rnngrad.backends.metal.versions (WIDE_TILE,
+// WIDE_THREADS, WIDE_K), where the host counts the tiles and slices to size the grid.
+enum GemmWide : uint {
+    GW_TILE = 128,          // rows and columns of C per tile
+    GW_HALF = 64,           // a thread's rows (and columns) are two quads of 4, GW_HALF apart
+    GW_K = 8,               // k per staged chunk
+    GW_LD4 = GW_TILE / 4 + 1,  // pitch of a staged k in float4 (132 floats)
+    GW_SIDE = 16,           // threads across a tile (each 2 quads of 4)
+    GW_THREADS = 256,       // one 8×8 block each; the kernel's threadgroup limit
+    GW_STAGE = GW_K * GW_TILE,  // floats of one operand per chunk
+    GW_PRE = 4,             // of them, a thread's share held in registers (GW_STAGE / GW_THREADS)
+    GW_GROUP = 16,          // chunks summed before they join the running total (128 k)
+};
+
+// Where element e of a staged chunk goes, as (row or column of the tile, k): consecutive e
+// along k when that operand is contiguous in k (by_k), else along the tile's index.
+inline uint2 gw_place(uint e, bool by_k) {
+    return by_k ? uint2(e / GW_K, e % GW_K) : uint2(e % GW_TILE, e / GW_TILE);
+}
+
+// Element e of the A chunk at k0 (zero past the tile's rows or the slice's kn), and its place
+// [k][i] in the staged chunk (in floats).
+inline float gw_a(constant GemmParams& p, device const float* a, bool by_k, uint e, uint k0,
+                  uint kn, uint rows, thread uint& at) {
+    uint2 ik = gw_place(e, by_k);
+    at = ik.y * GW_LD4 * 4 + ik.x;
+    return (ik.x < rows && ik.y < kn) ? a[ik.x * p.a_row + (k0 + ik.y) * p.a_k] : 0.0f;
+}
+
+// Element e of the B chunk at k0 (zero past the tile's columns or kn), and its place [k][j].
+inline float gw_b(constant GemmParams& p, device const float* b, bool by_k, uint e, uint k0,
+                  uint kn, uint cols, thread uint& at) {
+    uint2 jk = gw_place(e, by_k);
+    at = jk.y * GW_LD4 * 4 + jk.x;
+    return (jk.x < cols && jk.y < kn) ? b[(k0 + jk.y) * p.b_k + jk.x * p.b_col] : 0.0f;
+}
+
+// Buffers of strided_gemm_wide (count = GW_THREADS · tiles · slices: versions.py counts them)
+//   index  type                       name    layout
+//   0      constant GemmParams&       p       scalars (p.count: the threads dispatched)
+//   1      device const float*        A       strided by p.a_batch, p.a_row, p.a_k
+//   2      device const float*        B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
+//   3      device const float*        bias    [P] (read only when p.has_bias, by slice 0)
+//   4      device float*              C       [slices, batch, M, P]
+//   5      device uint2*              status  [ceil(count/32)] completion marks (steps: K)
+
+[[max_total_threads_per_threadgroup(256)]]
+kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
+                              device const float* A [[buffer(1)]],
+                              device const float* B [[buffer(2)]],
+                              device const float* bias [[buffer(3)]],
+                              device float* C [[buffer(4)]],
+                              device uint2* status [[buffer(5)]],
+                              uint lid [[thread_position_in_threadgroup]],
+                              uint tgid [[threadgroup_position_in_grid]],
+                              uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 As[2 * GW_K * GW_LD4];  // two chunks of the tile's A rows, [k][i]
+    threadgroup float4 Bs[2 * GW_K * GW_LD4];  // two chunks of its B columns, [k][j]
+    threadgroup float* as = (threadgroup float*)As;
+    threadgroup float* bs = (threadgroup float*)Bs;
+    const uint chunk_floats = GW_K * GW_LD4 * 4;
+
+    // Rows of C that read one B: a block when B moves with the row block, else all M.
+    uint span = p.b_block != 0 ? max(p.block, 1u) : max(p.M, 1u);
+    uint blocks = (p.M + span - 1) / span;
+    uint tiles_m = (span + GW_TILE - 1) / GW_TILE;  // per block
+    uint tiles_n = (p.P + GW_TILE - 1) / GW_TILE;
+    uint kslice = p.k_split != 0 ? p.k_split : max(p.K, 1u);
+    uint slices = max((p.K + kslice - 1) / kslice, 1u);
+    uint2 mine = rg_rows(slices * p.batch * blocks * tiles_m * tiles_n, p.count, tpg, tgid);
+    uint rounds = (GW_THREADS + tpg - 1) / tpg;
+    uint per = (GW_STAGE + tpg - 1) / tpg;  // elements of each operand a thread stages
+    bool a_by_k = p.a_k == 1;
+    bool b_by_k = !(p.b_col == 1 || p.b_k != 1);
+
+    for (uint t = mine.x; t < mine.y; ++t) {
+        uint tn = t % tiles_n;
+        uint rest = t / tiles_n;
+        uint tm = rest % tiles_m;
+        rest /= tiles_m;
+        uint blk = rest % blocks;
+        rest /= blocks;
+        uint b = rest % p.batch;
+        uint slice = rest / p.batch;
+        uint row0 = blk * span + tm * GW_TILE;
+        uint row_end = min(min(blk * span + span, p.M), row0 + GW_TILE);
+        if (row0 >= row_end) {
+            continue;  // past the last (short) block: the same for every thread
+        }
+        uint rows = row_end - row0;
+        uint col0 = tn * GW_TILE;
+        uint cols = min(p.P - col0, (uint)GW_TILE);
+        uint kb = min(slice * kslice, p.K);
+        uint kn_all = min(p.K - kb, kslice);
+        uint chunks = (kn_all + GW_K - 1) / GW_K;
+        device const float* a = A + b * p.a_batch + row0 * p.a_row + kb * p.a_k;
+        device const float* bb = B + b * p.b_batch + col0 * p.b_col + blk * p.b_block + kb * p.b_k;
+        device float* out = C + slice * p.batch * p.M * p.P + (b * p.M + row0) * p.P + col0;
+
+        for (uint turn = 0; turn < rounds; ++turn) {
+            uint m = lid + turn * tpg;
+            bool active = m < GW_THREADS;
+            uint tx = m % GW_SIDE;
+            uint ty = (m / GW_SIDE) % GW_SIDE;
+            float part[8][8];
+            float total[8][8];
+            #pragma unroll
+            for (uint x = 0; x < 8; ++x) {
+                #pragma unroll
+                for (uint y = 0; y < 8; ++y) {
+                    part[x][y] = 0.0f;
+                    total[x][y] = 0.0f;
+                }
+            }
+            // Chunk 0 into buffer 0.
+            uint kn = min(kn_all, (uint)GW_K);
+            for (uint q = 0; q < per && chunks > 0; ++q) {
+                uint e = lid + q * tpg;
+                if (e < GW_STAGE) {
+                    uint at;
+                    float v = gw_a(p, a, a_by_k, e, 0, kn, rows, at);
+                    as[at] = v;
+                    v = gw_b(p, bb, b_by_k, e, 0, kn, cols, at);
+                    bs[at] = v;
+                }
+            }
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            for (uint c = 0; c < chunks; ++c) {
+                uint cur = c % 2;
+                bool more = c + 1 < chunks;  // the same for every thread
+                uint k1 = (c + 1) * GW_K;
+                uint kn1 = more ? min(kn_all - k1, (uint)GW_K) : 0u;
+                // This thread's first GW_PRE elements of the next chunk, loaded now and stored
+                // after the multiply-adds, so that their loads are in flight meanwhile.
+                float pa[GW_PRE];
+                float pb[GW_PRE];
+                uint at_a[GW_PRE];
+                uint at_b[GW_PRE];
+                #pragma unroll
+                for (uint q = 0; q < GW_PRE; ++q) {
+                    uint e = lid + q * tpg;
+                    pa[q] = 0.0f;
+                    pb[q] = 0.0f;
+                    at_a[q] = 0u;
+                    at_b[q] = 0u;
+                    if (more && e < GW_STAGE) {
+                        pa[q] = gw_a(p, a, a_by_k, e, k1, kn1, rows, at_a[q]);
+                        pb[q] = gw_b(p, bb, b_by_k, e, k1, kn1, cols, at_b[q]);
+                    }
+                }
+                if (active) {
+                    threadgroup const float4* ak = As + cur * GW_K * GW_LD4;
+                    threadgroup const float4* bk = Bs + cur * GW_K * GW_LD4;
+                    #pragma unroll
+                    for (uint k = 0; k < GW_K; ++k) {
+                        float4 a0 = ak[k * GW_LD4 + ty];
+                        float4 a1 = ak[k * GW_LD4 + GW_SIDE + ty];
+                        float4 b0 = bk[k * GW_LD4 + tx];
+                        float4 b1 = bk[k * GW_LD4 + GW_SIDE + tx];
+                        float fa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+                        float fb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+                        #pragma unroll
+                        for (uint x = 0; x < 8; ++x) {
+                            #pragma unroll
+                            for (uint y = 0; y < 8; ++y) {
+                                part[x][y] += fa[x] * fb[y];
+                            }
+                        }
+                    }
+                    // The sum of GW_GROUP chunks joins the running total (as v3 does every
+                    // 128 k), which keeps a long reduction over T·N rows accurate in float32.
+                    if (c % GW_GROUP == GW_GROUP - 1) {
+                        #pragma unroll
+                        for (uint x = 0; x < 8; ++x) {
+                            #pragma unroll
+                            for (uint y = 0; y < 8; ++y) {
+                                total[x][y] += part[x][y];
+                                part[x][y] = 0.0f;
+                            }
+                        }
+                    }
+                }
+                if (more) {  // the next chunk into the other buffer (no thread reads it now)
+                    uint nxt = (1 - cur) * chunk_floats;
+                    #pragma unroll
+                    for (uint q = 0; q < GW_PRE; ++q) {
+                        if (lid + q * tpg < GW_STAGE) {
+                            as[nxt + at_a[q]] = pa[q];
+                            bs[nxt + at_b[q]] = pb[q];
+                        }
+                    }
+                    for (uint q = GW_PRE; q < per; ++q) {  // threadgroups under 256 threads
+                        uint e = lid + q * tpg;
+                        if (e < GW_STAGE) {
+                            uint at;
+                            float v = gw_a(p, a, a_by_k, e, k1, kn1, rows, at);
+                            as[nxt + at] = v;
+                            v = gw_b(p, bb, b_by_k, e, k1, kn1, cols, at);
+                            bs[nxt + at] = v;
+                        }
+                    }
+                }
+                // The next chunk is staged, and every thread is done with this one (which the
+                // chunk after next overwrites).
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+            }
+            if (active) {
+                #pragma unroll
+                for (uint x = 0; x < 8; ++x) {
+                    uint r = (x < 4 ? 0u : (uint)GW_HALF) + 4 * ty + x % 4;
+                    #pragma unroll
+                    for (uint y = 0; y < 8; ++y) {
+                        uint j = (y < 4 ? 0u : (uint)GW_HALF) + 4 * tx + y % 4;
+                        if (r < rows && j < cols) {
+                            out[r * p.P + j] = (total[x][y] + part[x][y])
+                                               + (p.has_bias != 0 && slice == 0 ? bias[col0 + j] : 0.0f);
+                        }
+                    }
+                }
+            }
+        }
     }
     // Every thread of the threadgroup has stored its elements (or had none to store).
     threadgroup_barrier(mem_flags::mem_device);

@@ -52,9 +52,14 @@ def _fake_row(cell, shape):
                 per_kernel={"GEMMs": dict(us_per_step=10.0, flop_fraction=0.1, bandwidth_fraction=0.01)},
                 v1_kernel_ms=4.0, v1_per_kernel_ms={"GEMMs": 2.0, "lstm_forward": 2.0},
                 kernels=["lstm_forward_v2", "strided_gemm"],
-                gemm_ms={v: 1.0 for v in ("v1", "v2", "v3", "auto")}, gflops=100.0,
+                gemm_ms={v: 1.0 for v in gpu_run.GEMM_LABELS}, gflops=100.0,
                 steps_forward_ms={c: 1.0 for c in labels}, steps_backward_ms={c: 1.5 for c in labels},
-                steps_dispatches={c: 51 for c in gpu_run.STEP_LABELS})
+                steps_dispatches={c: 51 for c in gpu_run.STEP_LABELS},
+                rnngrad_device_ms=1.25, rnngrad_device_all_ms=1.5, rnngrad_span_ms=2.75,
+                v1_device_ms=3.5, device_per_kernel_ms={"GEMMs": 0.5, "lstm_forward": 0.75, "other": 0.25,
+                                                        "span": 2.75},
+                steps_device_ms={c: (0.5, 0.75) for c in ("v1", *labels)},
+                gemm_device_ms={"v1": 0.5, "v2": None, "v3": 0.25, "v5": 0.125, "auto": 0.25})
 
 
 def test_the_bench_tables_print_from_the_bench_rows(tmp_path, monkeypatch, capsys):
@@ -70,4 +75,7 @@ def test_the_bench_tables_print_from_the_bench_rows(tmp_path, monkeypatch, capsy
     assert code == 0, printed
     assert "| LSTM | 50x1x64x64 | 2.000 | 4.000 | 2.0 | 1.000 | 2.00 | 3.000 | 2.500 | 1.500 | 7 |" in printed
     assert "| GRU | 100x32x256x256 | 1.000 / 1.500 | 1.000 / 1.500 (51) |" in printed
+    assert "| LSTM | 50x1x64x64 | 1.250 | 1.25 | 1.500 | 2.750 | 3.500 | 1.000 |" in printed
+    assert ("| LSTM | 50x1x64x64 | " + " | ".join(["0.500 / 0.750"] * (len(gpu_run.STEP_LABELS) + 1))
+            + " | 0.500 / 0.000 / 0.250 / 0.125 / 0.250 |") in printed
     assert "bench                                         2 rows, bench.json" in printed

@@ -84,7 +84,7 @@ def test_every_cell_at_boundary_sizes_matches_the_reference(cell, sizes):
             assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
 
 
-@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4"])
+@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4", "v5"])
 @pytest.mark.parametrize("cap", [1024, 64])
 @pytest.mark.parametrize("cell", CELLS)
 def test_every_gemm_version_matches_the_reference(cell, cap, version):
@@ -105,6 +105,34 @@ def test_every_gemm_version_matches_the_reference(cell, cap, version):
             worst, mismatches = check_case(case, "metal-cuda", gradients)
             assert not mismatches, f"{version} {desc}: {[str(m) for m in mismatches]}"
     assert {x.kernel for x in d.trace if "gemm" in x.kernel} == {versions.GEMM_KERNELS[version]}
+
+
+@pytest.mark.parametrize("cap", [1024, 64])
+def test_wide_gemm_slices_of_k_match_the_reference(cap, monkeypatch, caplog):
+    """v5 as the rule's tiled version with slices small enough to split the weight gradients
+    of T·N = 520 rows (each split product: v5 over its slices, then v1 adding them in order),
+    every cell against the reference."""
+    from rnngrad.backends.metal import versions
+    from rnngrad.backends.metal.host import cuda_device
+
+    monkeypatch.setattr(versions, "TILED_VERSION", "v5")
+    monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
+    monkeypatch.setattr(versions, "TILED_MIN_WORK", 1)
+    monkeypatch.setattr(versions, "WIDE_MIN_SLICE", 64)
+    rng = np.random.default_rng(cap)
+    for cell in CELLS:
+        desc = random_descriptor(rng, cell, bidirectional=True, training=True)
+        case = random_case(rng, cell, descriptor=desc, T=40, N=13, I=65, H=70, dtype=np.float32)
+        caplog.clear()
+        with caplog.at_level("DEBUG", logger="rnngrad.backends.metal"), \
+                cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True):
+            for gradients in (False, True):
+                worst, mismatches = check_case(case, "metal-cuda", gradients)
+                assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+        said = [r.getMessage() for r in caplog.records]
+        split = [m for m in said if m.startswith("metal-cuda: v5 ") and "slices of" in m]
+        sums = [m for m in said if m.startswith("metal-cuda: v1 ") and "the sum of" in m]
+        assert len(split) >= 2 and len(sums) == len(split), said
 
 
 def _one_step_trace(cell, cap, seed):

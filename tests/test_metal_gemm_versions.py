@@ -40,12 +40,14 @@ TILED = versions.GEMM_KERNELS["v2"]
 BLOCKED = versions.GEMM_KERNELS["v3"]
 #: the versions past v1 (the tiled v2 and v3, v4's split of K), and for each the sides of M
 #: and P, and of K, around its tiles, chunks and slices
-VERSIONS = ("v2", "v3", "v4")
+VERSIONS = ("v2", "v3", "v4", "v5")
 TAILS = {"v2": (SIDES, SIDES),
          "v3": ((1, 4, 15, 17, 63, 64, 65, 129), (0, 1, 31, 32, 33, 127, 129)),
-         "v4": ((1, 3, 31, 33, 65), (0, 1, 7, 8, 9, 63, 64, 65, 520))}
+         "v4": ((1, 3, 31, 33, 65), (0, 1, 7, 8, 9, 63, 64, 65, 520)),
+         "v5": ((1, 5, 64, 67, 128, 131), (0, 1, 7, 8, 9, 129))}
 #: threads each version asks for per threadgroup
-THREADS = {"v2": versions.THREADS, "v3": versions.BLOCKED_THREADS, "v4": versions.SPLIT_THREADS}
+THREADS = {"v2": versions.THREADS, "v3": versions.BLOCKED_THREADS, "v4": versions.SPLIT_THREADS,
+           "v5": versions.WIDE_THREADS}
 
 
 @pytest.fixture(autouse=True)
@@ -83,8 +85,9 @@ class Product:
         self.B = rng.standard_normal(max(b_size, 1)).astype(np.float32)
         self.bias = rng.standard_normal(P).astype(np.float32) if bias else None
 
-    def params(self, count):
+    def params(self, count, k_split=0):
         p = np.zeros(1, library.GEMM_PARAMS)
+        p["k_split"] = k_split
         for key in ("batch", "M", "P", "K", "a_batch", "a_row", "a_k", "b_batch", "b_k", "b_col",
                     "block", "b_block"):
             p[key] = getattr(self, key)
@@ -117,19 +120,26 @@ def _function(dev, source, kernel):
     return dev.kernel(source).function(kernel)
 
 
-def run(dev, product, version="v2", source=None):
-    """Run one version of the product on ``dev``; (C, completion marks)."""
+def run(dev, product, version="v2", source=None, k_split=0):
+    """Run one version of the product on ``dev``; (C, completion marks). ``k_split`` (v5): k
+    per slice of K; the slices' products are then added in order, in float32, as the host
+    does."""
     choice = versions.Choice(version, versions.GEMM_KERNELS[version], "test")
+    slices = max(1, -(-product.K // k_split)) if k_split else 1
     count = versions.gemm_threads(choice, batch=product.batch, M=product.M, P=product.P,
-                                  block=product.block, b_block=product.b_block)
+                                  block=product.block, b_block=product.b_block, slices=slices)
     fn = _function(dev, source or library.source(), choice.kernel)
     n = product.batch * product.M * product.P
-    C = dev.buffer(np.full(max(n, 1), np.nan, np.float32))  # an element never written stays NaN
+    C = dev.buffer(np.full(max(slices * n, 1), np.nan, np.float32))  # never written: NaN
     status = dev.buffer(np.zeros(2 * -(-count // library.MIN_THREADGROUP), np.uint32))
     bias = product.bias if product.bias is not None else np.zeros(1, np.float32)
-    fn(count, dev.buffer(product.params(count).view(np.uint8)), dev.buffer(product.A),
+    fn(count, dev.buffer(product.params(count, k_split).view(np.uint8)), dev.buffer(product.A),
        dev.buffer(product.B), dev.buffer(bias), C, status)
-    out = np.frombuffer(C, np.float32, count=n).reshape(product.batch, product.M, product.P).copy()
+    parts = np.frombuffer(C, np.float32, count=slices * n).reshape(slices, product.batch,
+                                                                    product.M, product.P)
+    out = parts[0].copy()
+    for part in parts[1:]:
+        out += part
     marks = np.frombuffer(status, np.uint32).reshape(-1, 2).copy()
     return out, marks
 
@@ -187,6 +197,74 @@ def test_tiled_strides_batches_and_bias_under_harsh_schedules(device, version):
     assert dev.trace[-1].threadgroup_size == min(device.get("max_threads_per_threadgroup", threads), threads)
 
 
+@pytest.mark.parametrize("device", [dict(), HARSH, dict(schedule="reverse", max_threads_per_threadgroup=32)],
+                         ids=["default", "adversarial-64", "reverse-32"])
+def test_wide_slices_of_k(device):
+    """v5 with K split into slices (each its own threadgroups, stored apart, added in order):
+    tails of K around the slice and chunk, batches, transposed operands, GRU's row blocks, and
+    a bias (added by slice 0 alone); every threadgroup marks with the whole K."""
+    dev = metalcompute.Device(**device)
+    rng = np.random.default_rng(5 + len(device))
+    products = [(Product(rng, 1, 70, 150, 1000, a_t=True), 504),
+                (Product(rng, 2, 9, 131, 33, b_t=True, pad=1), 8),
+                (Product(rng, 3, 130, 5, 17, bias=True, shared_b=True), 16),
+                (Product(rng, 1, 64, 64, 64, a_t=True, b_t=True), 64),
+                (_row_blocks(rng, 2, 9, 37), 8)]
+    for product, k_split in products:
+        got, marks = run(dev, product, "v5", k_split=k_split)
+        slices = -(-product.K // k_split)
+        ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
+        assert mismatch is None, f"K = {product.K} in {slices} slices: {mismatch}"
+        groups = dev.trace[-1].threadgroups
+        assert (marks[:groups, 0] == library.DONE | product.K).all()
+        tiles = versions.gemm_tiles(batch=product.batch, M=product.M, P=product.P, block=product.block,
+                                    b_block=product.b_block, tile=versions.WIDE_TILE)
+        assert dev.trace[-1].count == versions.WIDE_THREADS * tiles * slices
+
+
+def test_wide_slice_rule():
+    """K splits only for few tiles and no bias, into slices of at least WIDE_MIN_SLICE k, a
+    multiple of the chunk; the slices cover K."""
+    few = dict(batch=1, M=512, P=128, block=512, b_block=0)  # 4 tiles
+    slices, k = versions.wide_slices(**few, K=8000, has_bias=False)
+    assert k % versions.WIDE_K == 0 and k >= versions.WIDE_MIN_SLICE
+    assert slices == -(-8000 // k) and (slices - 1) * k < 8000 <= slices * k
+    assert slices * 4 <= versions.WIDE_SPLIT_TILES + 4 * 2
+    assert versions.wide_slices(**few, K=8000, has_bias=True) == (1, 0)
+    assert versions.wide_slices(**few, K=2 * versions.WIDE_MIN_SLICE - 1, has_bias=False) == (1, 0)
+    many = dict(batch=1, M=12800, P=2048, block=12800, b_block=0)
+    assert versions.wide_slices(**many, K=512, has_bias=False) == (1, 0)
+
+
+def test_backend_splits_k_of_the_weight_gradients(monkeypatch, caplog):
+    """Through the backend, with v5 the rule's tiled version and slices made small enough to
+    split the weight gradients of a small op: each split product is v5 over slices followed
+    by v1 adding them (M = 1, K = the slices), and every result matches the reference."""
+    monkeypatch.setattr(versions, "TILED_VERSION", "v5")
+    monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
+    monkeypatch.setattr(versions, "TILED_MIN_WORK", 1)
+    monkeypatch.setattr(versions, "WIDE_MIN_SLICE", 8)
+    rng = np.random.default_rng(8)
+    for cell in CELLS:
+        desc = random_descriptor(rng, cell, training=True, **(dict(reset_after=False) if cell == "gru" else {}))
+        case = random_case(rng, cell, descriptor=desc, T=7, N=9, H=9, I=10, dtype=np.float32,
+                           optional=ALL_OPTIONAL)
+        caplog.clear()
+        with caplog.at_level("DEBUG", logger="rnngrad.backends.metal"), emulated_device(**HARSH) as dev:
+            for gradients in (False, True):
+                ratio, mismatches = check_case(case, BACKEND, gradients)
+                assert not mismatches, f"{cell}: " + "\n".join(map(str, mismatches[:5]))
+        said = [r.getMessage() for r in caplog.records]
+        split = [m for m in said if "slices of" in m and "added by a second product" in m]
+        sums = [m for m in said if "the sum of" in m]
+        assert len(split) >= 2 and len(sums) == len(split), (cell, said)
+        assert all(m.startswith(f"{BACKEND}: v5 ") for m in split), split
+        assert all(m.startswith(f"{BACKEND}: v1 ") for m in sums), sums
+        kernels = [d.kernel for d in dev.trace]
+        after = [kernels[i + 1] for i, k in enumerate(kernels[:-1]) if k == versions.GEMM_KERNELS["v5"]]
+        assert after.count(versions.GEMM_KERNELS["v1"]) >= len(split), kernels
+
+
 @pytest.mark.parametrize("limit, device_max", [(1024, 1024), (1024, 384), (512, 160)])
 def test_blocked_with_larger_threadgroups_than_it_asks_for(limit, device_max):
     """v3 asks for 256 threads per threadgroup; given more (its limit raised in the source, as
@@ -241,8 +319,10 @@ def test_long_k_reduction_is_as_accurate_as_v1():
     for version in ("v1",) + VERSIONS:
         assert_product(dev, product, version, quantity="input_weight")
         errors[version] = np.abs(run(dev, product, version)[0] - want).max() / scale
-    one_sum = _mutant(BLOCKED, *MUTANTS["v3"]["no running total"])
-    errors["v3 without running totals"] = np.abs(run(dev, product, "v3", one_sum)[0] - want).max() / scale
+    for version in ("v3", "v5"):
+        one_sum = _mutant(versions.GEMM_KERNELS[version], *MUTANTS[version]["no running total"])
+        errors[f"{version} without running totals"] = (
+            np.abs(run(dev, product, version, one_sum)[0] - want).max() / scale)
     A = product.A[:K * M].reshape(K, M)
     B = product.B[:K * P].reshape(K, P)
     running = np.zeros((M, P), np.float32)
@@ -252,6 +332,7 @@ def test_long_k_reduction_is_as_accurate_as_v1():
     assert all(errors[v] <= 2 * errors["v1"] for v in VERSIONS), errors
     assert max(errors[v] for v in ("v1",) + VERSIONS) < naive / 3, (errors, naive)
     assert errors["v3 without running totals"] >= naive / 3, (errors, naive)
+    assert errors["v5 without running totals"] >= naive / 3, (errors, naive)
 
 
 def test_tiled_nan_and_infinity_stay_where_the_product_puts_them():
@@ -324,6 +405,26 @@ MUTANTS = {"v2": {
                              "uint slices = GS_THREADS / GS_COLS;")],
     # One sum over K per element (checked by test_long_k_reduction_is_as_accurate_as_v1).
     "no running total": [("if (((k - k0) & 63u) == 63u) {", "if (false) {")],
+}, "v5": {
+    # the next chunk staged while others still multiply the one it overwrites two chunks on
+    "missing barrier": [("threadgroup_barrier(mem_flags::mem_threadgroup);\n            }\n            if (active) {",
+                         "\n            }\n            if (active) {")],
+    # the next chunk stored over the one being multiplied instead of into the other buffer
+    "one buffer": [("uint nxt = (1 - cur) * chunk_floats;", "uint nxt = cur * chunk_floats;")],
+    # Every element staged as if the tile and the chunk were whole: the edges read past them.
+    "no zero padding": [
+        ("gw_a(p, a, a_by_k, e, 0, kn, rows, at)", "gw_a(p, a, a_by_k, e, 0, GW_K, GW_TILE, at)"),
+        ("gw_b(p, bb, b_by_k, e, 0, kn, cols, at)", "gw_b(p, bb, b_by_k, e, 0, GW_K, GW_TILE, at)"),
+        ("gw_a(p, a, a_by_k, e, k1, kn1, rows, at_a[q])", "gw_a(p, a, a_by_k, e, k1, GW_K, GW_TILE, at_a[q])"),
+        ("gw_b(p, bb, b_by_k, e, k1, kn1, cols, at_b[q])", "gw_b(p, bb, b_by_k, e, k1, GW_K, GW_TILE, at_b[q])"),
+        ("gw_a(p, a, a_by_k, e, k1, kn1, rows, at)", "gw_a(p, a, a_by_k, e, k1, GW_K, GW_TILE, at)"),
+        ("gw_b(p, bb, b_by_k, e, k1, kn1, cols, at)", "gw_b(p, bb, b_by_k, e, k1, GW_K, GW_TILE, at)")],
+    # Threadgroup size assumed to be 256: with fewer threads, most 8×8 blocks are never done.
+    "assumes 256 threads": [("uint rounds = (GW_THREADS + tpg - 1) / tpg;", "uint rounds = 1;")],
+    "ignores row blocks": [("uint span = p.b_block != 0 ? max(p.block, 1u) : max(p.M, 1u);",
+                            "uint span = max(p.M, 1u);")],
+    # One sum over K per element (checked by test_long_k_reduction_is_as_accurate_as_v1).
+    "no running total": [("if (c % GW_GROUP == GW_GROUP - 1) {", "if (false) {")],
 }}
 
 
@@ -349,9 +450,14 @@ def test_mutants_of_the_tiled_kernels_fail(version, mutant):
     else:
         product = Product(rng, 2, 33, 31, 65, bias=True)
     dev = metalcompute.Device(**HARSH)
-    got, _ = run(dev, product, version, source=source)
-    ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
-    assert mismatch is not None, f"mutant '{mutant}' passed (worst ratio {ratio})"
+    try:
+        got, _ = run(dev, product, version, source=source)
+    except metalcompute.error as exc:  # the harness stopped it reading past a buffer
+        assert "past its end" in str(exc), exc
+        dev = metalcompute.Device(**HARSH)
+    else:
+        ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
+        assert mismatch is not None, f"mutant '{mutant}' passed (worst ratio {ratio})"
     assert_product(dev, product, version)  # the real kernel passes on the same device
 
 
@@ -394,10 +500,10 @@ def test_overrides_and_their_errors(monkeypatch):
     assert versions.GEMM is None
     monkeypatch.setenv(versions.GEMM_ENV, " AUTO ")
     assert versions.gemm(**small).version == "v1"
-    monkeypatch.setenv(versions.GEMM_ENV, "v5")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, v4, auto, got 'v5'"):
+    monkeypatch.setenv(versions.GEMM_ENV, "v6")
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, v4, v5, auto, got 'v6'"):
         versions.gemm(**small)
-    with pytest.raises(ValueError, match="forced: expected one of v1, v2, v3, v4, auto or None, got 'tiled'"):
+    with pytest.raises(ValueError, match="forced: expected one of v1, v2, v3, v4, v5, auto or None, got 'tiled'"):
         with versions.forced("tiled"):
             pass
 
@@ -436,7 +542,8 @@ def test_the_rule_tiles_with_the_chosen_version(monkeypatch):
     """TILED_VERSION picks which tiled version the rule uses; the tile count is an area of C,
     in 32×32 tiles, whichever version tiles."""
     big = dict(batch=1, M=12800, P=2048, K=512)
-    for tiled, kernel, side in (("v3", BLOCKED, 64), ("v2", TILED, 32)):
+    for tiled, kernel, side in (("v3", BLOCKED, 64), ("v2", TILED, 32),
+                                ("v5", versions.GEMM_KERNELS["v5"], 128)):
         monkeypatch.setattr(versions, "TILED_VERSION", tiled)
         choice = versions.gemm(**big)
         assert (choice.version, choice.kernel) == (tiled, kernel), choice
@@ -445,7 +552,7 @@ def test_the_rule_tiles_with_the_chosen_version(monkeypatch):
         assert few.version == "v1" and "64 32x32 tiles of C < 128" in few.reason, few
         assert f"a {side}x{side} tile" in versions.gemm(batch=1, M=1, P=2048, K=12800).reason
     monkeypatch.setattr(versions, "TILED_VERSION", "v1")
-    with pytest.raises(ValueError, match="TILED_VERSION: expected one of v2, v3, got 'v1'"):
+    with pytest.raises(ValueError, match="TILED_VERSION: expected one of v2, v3, v5, got 'v1'"):
         versions.gemm(**big)
 
 
@@ -460,7 +567,7 @@ def _descriptors(cell):
 
 #: T, N (T·N = 65 rows: two 64-row tiles of v3) and H, I of the whole-op checks per version
 BACKEND_SHAPES = {"v2": dict(T=3, N=3, H=9, I=5), "v3": dict(T=5, N=13, H=9, I=5),
-                  "v4": dict(T=4, N=5, H=9, I=5)}
+                  "v4": dict(T=4, N=5, H=9, I=5), "v5": dict(T=5, N=13, H=9, I=5)}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -542,7 +649,7 @@ def test_backend_refuses_an_unknown_setting(monkeypatch):
     case = random_case(3, "gru", T=2, N=2, H=2, I=2, dtype=np.float32,
                        optional=dict(input_weight=True))
     monkeypatch.setenv(versions.GEMM_ENV, "fast")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, v4, auto, got 'fast'"):
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, v4, v5, auto, got 'fast'"):
         case.forward(backend=BACKEND)
 
 

@@ -57,6 +57,8 @@ SANITIZER_CONFIGS = {
     "gemm-v2": ("v2", "auto", (), ""),
     "gemm-v3": ("v3", "auto", (), ""),
     "gemm-v4": ("v4", "auto", (), ""),
+    "gemm-v5": ("v5", "auto", (), ""),
+    "gemm-v5-split": ("v5", "auto", ("--wide-min-slice", "8"), ", K split into slices"),
     "v1": ("auto", "v1", (), ""),
     "v2x8": ("auto", "v2", ("--v2-group-rows", "8"), ", 8 rows a v2 threadgroup"),
     "v2-steps": ("auto", "v2-steps", ("--v2-step-units", "12"), ", H = 33 in 3 blocks of units"),
@@ -136,6 +138,8 @@ def kernel_work(kernel, cell, T, N, I, H):
     return flops, 4 * (rows * I * 2 + rows * GH * 4 + rows * H + GH * (I + H) * 2)
 
 
+#: the GEMM versions the bench times, each forced for a whole op, and the rule ("auto")
+GEMM_LABELS = ("v1", "v2", "v3", "v5", "auto")
 CELL_MODES = {"RNN": "RNN_TANH", "GRU": "GRU", "LSTM": "LSTM"}  # --cells: the bench's names
 #: the recurrence versions the rule does not pick, as (label, RNNGRAD_METAL_RECURRENCE, versions
 #: settings): v2 (one row a threadgroup), the one-step grids v2-steps (versions.V2_STEP_UNITS,
@@ -148,6 +152,7 @@ STEP_KNOBS = (("v2", "v2", dict(V2_GROUP_ROWS=1)),
 STEP_LABELS = tuple(label for label, _, _ in STEP_KNOBS)
 #: the bench's configurations, the version rule last: (label, recurrence, GEMM, versions settings)
 STEP_CONFIGS = (("v1", "v1", "v1", {}), ("gemm v2", "auto", "v2", {}), ("gemm v3", "auto", "v3", {}),
+                ("gemm v5", "auto", "v5", {}),
                 *((label, recurrence, "auto", knobs) for label, recurrence, knobs in STEP_KNOBS),
                 ("auto", "auto", "auto", {}))
 
@@ -165,9 +170,51 @@ def wall(fn, reps: int) -> float:
     return (time.perf_counter() - start) * 1e3 / reps
 
 
-def recurrence_ms(measured: dict, direction: str) -> float:
+LAUNCHER = "__mtl_launch_"  # the CUDA harness's launcher of MSL kernel k: __mtl_launch_k
+
+
+def device_ms(fn) -> dict:
+    """One call of ``fn`` under torch.profiler (CUPTI: the device's own start and end of every
+    kernel, copy and fill, whoever launched it): ms of device time by kernel name, the dispatches
+    of Metal kernel k as k (the GEMMs as "GEMMs"), anything else (the harness's fills and copies,
+    CuPy's kernels) as "other"; and "span", the ms from the first activity's start to the last
+    one's end (device time plus the gaps where the GPU waited for the host).
+
+    The CUDA events around each dispatch (``Dispatch.seconds``) start when the stream reaches
+    them, so they also count the host's time to launch the kernel whenever the GPU is waiting
+    for it: a few µs per dispatch, which decides the one-step grids' totals."""
+    import cupy as cp
+    import torch
+
+    cp.cuda.Device().synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        cp.cuda.Device().synchronize()
+    out, first, last = {}, None, None
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.name
+        if name.startswith(LAUNCHER):
+            name = name[len(LAUNCHER):]
+            name = "GEMMs" if name.startswith("strided_gemm") else name
+        else:
+            name = "other"
+        out[name] = out.get(name, 0.0) + e.time_range.elapsed_us() / 1e3
+        first = e.time_range.start if first is None else min(first, e.time_range.start)
+        last = e.time_range.end if last is None else max(last, e.time_range.end)
+    out["span"] = 0.0 if first is None else (last - first) / 1e3
+    return out
+
+
+def dispatch_ms(per_kernel: dict) -> float:
+    """The ms of a device_ms result's Metal dispatches (without "other" and "span")."""
+    return sum(v for k, v in per_kernel.items() if k not in ("other", "span"))
+
+
+def recurrence_ms(measured: dict, direction: str, key: str = "per_kernel") -> float:
     """The ms of a configuration's forward or backward recurrence dispatches (either version)."""
-    return sum(v for k, v in measured["per_kernel"].items()
+    return sum(v for k, v in measured[key].items()
                if k.endswith((f"_{direction}", f"_{direction}_v2", f"_{direction}_v3")))
 
 
@@ -256,7 +303,8 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                         per_kernel[name] = per_kernel.get(name, 0.0) + d.seconds * 1e3
                     measured[config] = dict(per_kernel=per_kernel,
                                             kernels=sorted({d.kernel for d in dev.trace}),
-                                            dispatches=len(dev.trace))
+                                            dispatches=len(dev.trace),
+                                            device=device_ms(rnngrad_step))
                     for k, v in saved.items():
                         setattr(versions, k, v)
                 kernel_ms = sum(per_kernel.values())
@@ -293,20 +341,30 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                                  bandwidth_fraction=nbytes / (ms / 1e3) / CEILINGS[0])
             G = {"RNN_TANH": 1, "GRU": 3, "LSTM": 4}[mode]
             flops = 6 * T * N * (I + H) * G * H
+            device = measured["auto"]["device"]
             row = dict(cell=mode, shape=f"{T}x{N}x{I}x{H}", rnngrad_kernel_ms=kernel_ms,
+                       rnngrad_device_ms=dispatch_ms(device), rnngrad_device_all_ms=
+                       dispatch_ms(device) + device.get("other", 0.0), rnngrad_span_ms=device["span"],
+                       device_per_kernel_ms=device,
+                       v1_device_ms=dispatch_ms(measured["v1"]["device"]),
                        rnngrad_wall_ms=wall_ms, rnngrad_wall_unpoisoned_ms=wall_unpoisoned_ms,
                        cudnn_kernel_ms=torch_kernel, cudnn_wall_ms=torch_wall,
                        dispatches=dispatches, per_kernel_ms=per_kernel, per_kernel=shares,
                        v1_kernel_ms=v1_ms, v1_per_kernel_ms=measured["v1"]["per_kernel"],
                        kernels=measured["auto"]["kernels"],
                        gemm_ms={v: measured[c]["per_kernel"].get("GEMMs") for v, c in
-                                (("v1", "v1"), ("v2", "gemm v2"), ("v3", "gemm v3"), ("auto", "auto"))},
+                                (("v1", "v1"), ("v2", "gemm v2"), ("v3", "gemm v3"), ("v5", "gemm v5"), ("auto", "auto"))},
                        gflops=flops / kernel_ms / 1e6,
                        steps_forward_ms={c: recurrence_ms(measured[c], "forward")
                                          for c in ("auto", *STEP_LABELS)},
                        steps_backward_ms={c: recurrence_ms(measured[c], "backward")
                                           for c in ("auto", *STEP_LABELS)},
-                       steps_dispatches={c: measured[c]["dispatches"] for c in STEP_LABELS})
+                       steps_dispatches={c: measured[c]["dispatches"] for c in STEP_LABELS},
+                       steps_device_ms={c: (recurrence_ms(measured[c], "forward", "device"),
+                                            recurrence_ms(measured[c], "backward", "device"))
+                                        for c in ("v1", "auto", *STEP_LABELS)},
+                       gemm_device_ms={v: measured[c]["device"].get("GEMMs") for v, c in
+                                       (("v1", "v1"), ("v2", "gemm v2"), ("v3", "gemm v3"), ("v5", "gemm v5"), ("auto", "auto"))})
             rows.append(row)
             print(json.dumps(row), flush=True)
     (out / "bench.json").write_text(json.dumps(rows, indent=1))
@@ -482,17 +540,36 @@ def _run(args, out: Path) -> int:
                       f"{r['rnngrad_kernel_ms'] / r['cudnn_kernel_ms']:.2f} | {r['rnngrad_wall_ms']:.3f} | "
                       f"{r['rnngrad_wall_unpoisoned_ms']:.3f} | "
                       f"{r['cudnn_wall_ms']:.3f} | {r['dispatches']} |")
+            print("\nDevice time (torch.profiler, the method of cuDNN's column): the rule's dispatches, "
+                  "with the harness's fills and copies, and the span from the first to the last "
+                  "activity on the GPU")
+            print("\n| cell | T×N×I×H | dispatches' device ms | ÷ cuDNN | + fills and copies ms | "
+                  "span ms | v1 device ms | cuDNN kernel ms |")
+            print("|---|---|---|---|---|---|---|---|")
+            for r in rows:
+                print(f"| {r['cell']} | {r['shape']} | {r['rnngrad_device_ms']:.3f} | "
+                      f"{r['rnngrad_device_ms'] / r['cudnn_kernel_ms']:.2f} | {r['rnngrad_device_all_ms']:.3f} | "
+                      f"{r['rnngrad_span_ms']:.3f} | {r['v1_device_ms']:.3f} | {r['cudnn_kernel_ms']:.3f} |")
+            print("\n| cell | T×N×I×H | " + " | ".join(f"{c} fwd / bwd device ms" for c in ("v1", *STEP_LABELS))
+                  + " | GEMMs device ms v1 / v2 / v3 / v5 / rule |")
+            print("|---|---|" + "---|" * (len(STEP_LABELS) + 2))
+            for r in rows:
+                sd, gd = r["steps_device_ms"], r["gemm_device_ms"]
+                print(f"| {r['cell']} | {r['shape']} | "
+                      + " | ".join(f"{sd[c][0]:.3f} / {sd[c][1]:.3f}" for c in ("v1", *STEP_LABELS))
+                      + " | " + " / ".join(f"{gd[v] or 0:.3f}" for v in GEMM_LABELS) + " |")
             print("\n| cell | T×N×I×H | kernels by the rule | v1 ms by kernel | rule ms by kernel |")
             print("|---|---|---|---|---|")
             for r in rows:
                 v1 = ", ".join(f"{k} {v:.2f}" for k, v in r["v1_per_kernel_ms"].items())
                 now = ", ".join(f"{k} {v:.2f}" for k, v in r["per_kernel_ms"].items())
                 print(f"| {r['cell']} | {r['shape']} | {', '.join(r['kernels'])} | {v1} | {now} |")
-            print("\n| cell | T×N×I×H | GEMMs v1 ms | GEMMs v2 ms | GEMMs v3 ms | GEMMs by the rule ms |")
-            print("|---|---|---|---|---|---|")
+            print("\n| cell | T×N×I×H | GEMMs v1 ms | GEMMs v2 ms | GEMMs v3 ms | GEMMs v5 ms | "
+                  "GEMMs by the rule ms |")
+            print("|---|---|---|---|---|---|---|")
             for r in rows:
                 print(f"| {r['cell']} | {r['shape']} | "
-                      + " | ".join(f"{r['gemm_ms'][v]:.3f}" for v in ("v1", "v2", "v3", "auto")) + " |")
+                      + " | ".join(f"{r['gemm_ms'][v]:.3f}" for v in GEMM_LABELS) + " |")
             print("\n| cell | T×N×I×H | recurrences by the rule, forward / backward ms | "
                   + " | ".join(f"{label}, forward / backward ms (dispatches)"
                                for label in STEP_LABELS) + " |")

@@ -118,6 +118,10 @@ def main(argv=None) -> int:
     parser.add_argument("--v3-min-tiles", type=int, default=None,
                         help="the fewest tiles v3 aims for (versions.V3_MIN_TILES, with "
                              "RNNGRAD_METAL_RECURRENCE=v3): 1 gives the widest tiles")
+    parser.add_argument("--wide-min-slice", type=int, default=None,
+                        help="the fewest k of a v5 slice of K (versions.WIDE_MIN_SLICE, with "
+                             "RNNGRAD_METAL_GEMM=v5): 8 splits the weight gradients of T·N = 165 "
+                             "rows into slices")
     args = parser.parse_args(argv)
     from rnngrad.backends.metal import versions
 
@@ -127,6 +131,8 @@ def main(argv=None) -> int:
         versions.V2_STEP_UNITS = args.v2_step_units
     if args.v3_min_tiles is not None:
         versions.V3_MIN_TILES = args.v3_min_tiles
+    if args.wide_min_slice is not None:
+        versions.WIDE_MIN_SLICE = args.wide_min_slice
     print(run_defect(args.defect) if args.defect else run_ops(), flush=True)
     return 0
 

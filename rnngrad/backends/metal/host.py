@@ -500,16 +500,28 @@ class MetalHost:
             return
         block = block or max(M, 1)
         choice = versions.gemm(batch=batch, M=M, P=P, K=K, product=product)
-        count = versions.gemm_threads(choice, batch=batch, M=M, P=P, block=block, b_block=b_block)
-        _LOG.debug("%s: %s", self.name, choice)
+        slices, k_split = 1, 0
+        if choice.version == "v5":
+            slices, k_split = versions.wide_slices(batch=batch, M=M, P=P, K=K, block=block,
+                                                   b_block=b_block, has_bias=bias is not None)
+        count = versions.gemm_threads(choice, batch=batch, M=M, P=P, block=block, b_block=b_block,
+                                      slices=slices)
+        _LOG.debug("%s: %s%s", self.name, choice,
+                   f"; {slices} slices of {k_split} k, added by a second product" if slices > 1 else "")
         params = np.zeros(1, library.GEMM_PARAMS)
         values = dict(count=count, batch=batch, M=M, P=P, K=K, a_batch=a_batch, a_row=a_row,
                       a_k=a_k, b_batch=b_batch, b_k=b_k, b_col=b_col,
-                      block=block, b_block=b_block, has_bias=int(bias is not None))
+                      block=block, b_block=b_block, has_bias=int(bias is not None),
+                      k_split=k_split)
         for key, value in values.items():
             params[key] = value
+        parts = self.empty(slices * batch * M * P) if slices > 1 else C
         self.launch(choice.kernel, count, handles, steps=K, p=self.buffer(params), A=A, B=B,
-                    bias=bias if bias is not None else self.buffer(Constant(1)), C=C)
+                    bias=bias if bias is not None else self.buffer(Constant(1)), C=parts)
+        if slices > 1:  # C = the slices' sum, in slice order: 1ᵀ · parts[slices, batch·M·P]
+            self.gemm(handles, self.buffer(Constant(1, 1.0)), parts, C, batch=1, M=1,
+                      P=batch * M * P, K=slices, b_k=batch * M * P, b_col=1,
+                      product=f"the sum of {product or 'a product'}'s {slices} slices of K")
 
     # -- parameters ---------------------------------------------------------------------------
     @staticmethod

@@ -46,7 +46,7 @@ RECURRENCE_PARAMS = _struct((
 #: mirror of ``struct GemmParams`` in common.metal
 GEMM_PARAMS = _struct((
     "count", "batch", "M", "P", "K", "a_batch", "a_row", "a_k", "b_batch", "b_k", "b_col",
-    "block", "b_block", "has_bias",
+    "block", "b_block", "has_bias", "k_split",
 ))
 
 #: the buffers of every kernel, in ``[[buffer(i)]]`` order; the launcher binds them by these names
@@ -56,6 +56,7 @@ BUFFERS = {
     "strided_gemm_tiled": ("p", "A", "B", "bias", "C", "status"),
     "strided_gemm_blocked": ("p", "A", "B", "bias", "C", "status"),
     "strided_gemm_split": ("p", "A", "B", "bias", "C", "status"),
+    "strided_gemm_wide": ("p", "A", "B", "bias", "C", "status"),
     "single_gate_forward": ("p", "x", "bias", "Rt", "h0", "mask", "h", "zs", "status"),
     "single_gate_backward": ("p", "R", "h0", "mask", "dy", "zs", "dx", "rhs", "dhn", "status"),
     "gru_forward": ("p", "x", "bias", "Rt", "h0", "mask", "b2", "h", "zs", "status"),

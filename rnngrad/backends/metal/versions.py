@@ -125,7 +125,7 @@ GEMM_ENV = "RNNGRAD_METAL_GEMM"
 GEMM = None
 #: the versions of the matrix product: version -> kernel
 GEMM_KERNELS = {"v1": "strided_gemm", "v2": "strided_gemm_tiled", "v3": "strided_gemm_blocked",
-                "v4": "strided_gemm_split"}
+                "v4": "strided_gemm_split", "v5": "strided_gemm_wide"}
 #: rows and columns of a v2 tile of C, and k per staged chunk (GT_TILE in gemm.metal)
 TILE = 32
 #: threads the host dispatches per v2 tile: the kernel's threadgroup limit (GT_THREADS)
@@ -135,8 +135,18 @@ BLOCKED_TILE = 64
 #: threads the host dispatches per v3 tile: one per 4×4 block of C, the kernel's threadgroup
 #: limit (GB_THREADS)
 BLOCKED_THREADS = 256
+#: rows and columns of a v5 tile of C (GW_TILE in gemm.metal), k per staged chunk (GW_K)
+WIDE_TILE = 128
+WIDE_K = 8
+#: threads the host dispatches per v5 tile and slice of K: one per 8×8 block of C (GW_THREADS)
+WIDE_THREADS = 256
+#: v5 splits K into slices where C has fewer tiles than this (about two threadgroups a core of
+#: a large GPU), for products without a bias, into at most K / WIDE_MIN_SLICE slices
+WIDE_SPLIT_TILES = 264
+WIDE_MIN_SLICE = 512
 #: version -> (tile side, threads per tile) of the tiled versions
-TILED = {"v2": (TILE, THREADS), "v3": (BLOCKED_TILE, BLOCKED_THREADS)}
+TILED = {"v2": (TILE, THREADS), "v3": (BLOCKED_TILE, BLOCKED_THREADS),
+         "v5": (WIDE_TILE, WIDE_THREADS)}
 #: the tiled version the rule (auto) picks for large products: "v2" or "v3"
 TILED_VERSION = "v3"
 #: the smallest batch·M·P·K that the rule gives to v2
@@ -154,7 +164,7 @@ SPLIT_THREADS = 256
 #: cores) over a K of at least SPLIT_MIN_K
 SPLIT_MAX_ELEMENTS = 32768
 SPLIT_MIN_K = 256
-_SETTINGS = ("v1", "v2", "v3", "v4", "auto")
+_SETTINGS = ("v1", "v2", "v3", "v4", "v5", "auto")
 
 #: environment variable that overrides the recurrences' version: v2, v2-steps, v1, packed, rows
 #: or auto
@@ -397,17 +407,36 @@ def gemm_tiles(*, batch: int, M: int, P: int, block: int, b_block: int, tile: in
     return batch * blocks * -(-span // tile) * -(-P // tile)
 
 
-def gemm_threads(choice: Choice, *, batch: int, M: int, P: int, block: int, b_block: int) -> int:
+def wide_slices(*, batch: int, M: int, P: int, K: int, block: int, b_block: int,
+                has_bias: bool) -> tuple:
+    """(slices, k per slice) of a v5 product: one slice (k per slice 0) unless C has fewer than
+    :data:`WIDE_SPLIT_TILES` tiles and no bias; then enough slices for that many threadgroups,
+    each at least :data:`WIDE_MIN_SLICE` k (a multiple of :data:`WIDE_K`)."""
+    tiles = gemm_tiles(batch=batch, M=M, P=P, block=block, b_block=b_block, tile=WIDE_TILE)
+    if has_bias or tiles >= WIDE_SPLIT_TILES:
+        return 1, 0
+    slices = min(-(-WIDE_SPLIT_TILES // max(tiles, 1)), K // WIDE_MIN_SLICE)
+    if slices < 2:
+        return 1, 0
+    k_split = -(-K // slices)
+    k_split = -(-k_split // WIDE_K) * WIDE_K
+    return -(-K // k_split), k_split
+
+
+def gemm_threads(choice: Choice, *, batch: int, M: int, P: int, block: int, b_block: int,
+                 slices: int = 1) -> int:
     """The threads to dispatch for ``choice``: one per element of C for v1, :data:`THREADS`
     per 32×32 tile for v2, :data:`BLOCKED_THREADS` per 64×64 tile for v3,
-    :data:`SPLIT_THREADS` per :data:`SPLIT_COLUMNS` elements of a row for v4 (each kernel splits
-    its work over the threadgroups it gets)."""
+    :data:`SPLIT_THREADS` per :data:`SPLIT_COLUMNS` elements of a row for v4,
+    :data:`WIDE_THREADS` per 128×128 tile and slice of K for v5 (each kernel splits its work
+    over the threadgroups it gets)."""
     if choice.version == "v1":
         return batch * M * P
     if choice.version == "v4":
         return batch * M * -(-P // SPLIT_COLUMNS) * SPLIT_THREADS
     tile, threads = TILED[choice.version]
-    return threads * gemm_tiles(batch=batch, M=M, P=P, block=block, b_block=b_block, tile=tile)
+    tiles = gemm_tiles(batch=batch, M=M, P=P, block=block, b_block=b_block, tile=tile)
+    return threads * tiles * (slices if choice.version == "v5" else 1)
 
 
 @contextlib.contextmanager
