@@ -132,7 +132,7 @@ def test_wide_gemm_slices_of_k_match_the_reference(cap, monkeypatch, caplog):
         said = [r.getMessage() for r in caplog.records]
         split = [m for m in said if m.startswith("metal-cuda: v5 ") and "slices of" in m]
         sums = [m for m in said if m.startswith("metal-cuda: v1 ") and "the sum of" in m]
-        assert len(split) >= 2 and len(sums) == len(split), said
+        assert split and len(sums) == len(split), said
 
 
 def _one_step_trace(cell, cap, seed):

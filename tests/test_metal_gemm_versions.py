@@ -465,9 +465,17 @@ def test_mutants_of_the_tiled_kernels_fail(version, mutant):
 
 def test_the_rule():
     big = dict(batch=1, M=12800, P=2048, K=512)
-    assert versions.TILED_VERSION == "v3"  # the tiled version the rule uses, measured
-    assert versions.gemm(**big).version == "v3"
-    assert "tiled" in versions.gemm(**big).reason
+    assert versions.TILED_VERSION == "v3"  # the tiled version where v5 has too few threadgroups
+    assert versions.gemm(**big).version == "v5"
+    assert "tiled, v5: 1600 128x128 tile(s), 1600 threadgroups >= 64" in versions.gemm(**big).reason
+    # v5 splits the weight gradients of 200x64x512x512 (64 tiles) into 5 slices of K
+    dw = versions.gemm(batch=1, M=2048, P=512, K=12800)
+    assert dw.version == "v5" and "64 128x128 tile(s) over 5 slices of K, 320 threadgroups" in dw.reason
+    # too few threadgroups for v5 (and no long K to split: the source gradient of 1000x8x128x128)
+    d_source = versions.gemm(batch=1, M=8000, P=128, K=512)
+    assert d_source.version == "v3" and "63 128x128 threadgroup(s) < 64" in d_source.reason
+    # a bias is added once, so a product with one is never split
+    assert "slices" not in versions.gemm(batch=1, M=2048, P=512, K=12800, has_bias=True).reason
     # v4 for a reduction to one row over a long K (the bias gradient of 200x64x512x512)
     bias = versions.gemm(batch=1, M=1, P=2048, K=12800)
     assert (bias.version, bias.kernel) == ("v4", "strided_gemm_split"), bias
@@ -485,7 +493,13 @@ def test_the_rule():
     assert versions.gemm(**edge).version == "v3"  # 128 32x32 tiles, 2**20 multiply-adds
     assert versions.gemm(**dict(edge, P=32 * 8 - 1)).version == "v1"
     few = versions.gemm(batch=1, M=512, P=128, K=8000)  # dR of 1000x8x128x128: 64 tiles
-    assert few.version == "v1" and "64 32x32 tiles of C < 128" in few.reason, few
+    assert few.version == "v5" and "64 32x32 tiles of C < 128" in few.reason, few
+    assert "4 128x128 tile(s) over 15 slices of K" in few.reason, few
+    # where v4 applies (C under 32768 elements), it keeps the product: dR of RNN 1000x8x128x128
+    assert versions.gemm(batch=1, M=128, P=128, K=8000).version == "v4"
+    # with a bias (no split) or a short K, few tiles stay untiled
+    assert versions.gemm(batch=1, M=512, P=128, K=8000, has_bias=True).version == "v1"
+    assert versions.gemm(batch=1, M=512, P=128, K=1000).version == "v1"
     assert "input weight gradient (batch=1" in str(versions.gemm(**big, product="input weight gradient"))
 
 
@@ -542,6 +556,8 @@ def test_the_rule_tiles_with_the_chosen_version(monkeypatch):
     """TILED_VERSION picks which tiled version the rule uses; the tile count is an area of C,
     in 32×32 tiles, whichever version tiles."""
     big = dict(batch=1, M=12800, P=2048, K=512)
+    monkeypatch.setattr(versions, "WIDE_MIN_GROUPS", 10 ** 9)  # v5 only as TILED_VERSION
+    monkeypatch.setattr(versions, "WIDE_MIN_SLICE", 10 ** 9)  # and never over slices of K
     for tiled, kernel, side in (("v3", BLOCKED, 64), ("v2", TILED, 32),
                                 ("v5", versions.GEMM_KERNELS["v5"], 128)):
         monkeypatch.setattr(versions, "TILED_VERSION", tiled)
@@ -621,6 +637,7 @@ def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch, tiled, tiles)
     monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
     monkeypatch.setenv(versions.RECURRENCE_ENV, "v2")
     monkeypatch.setattr(versions, "TILED_VERSION", tiled)
+    monkeypatch.setattr(versions, "WIDE_MIN_GROUPS", 2)  # v5 only with two threadgroups
     TILED = versions.GEMM_KERNELS[tiled]
     rng = np.random.default_rng(8)
     desc = random_descriptor(rng, "lstm", bidirectional=False, training=True)
@@ -641,7 +658,8 @@ def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch, tiled, tiles)
     logged = [m for m in logged if m not in recurrences]
     assert len(logged) == 6
     assert logged[0] == (f"metal-emulated: {tiled} {TILED}: batch=1, M=128, P=128, K=64: "
-                         f"auto, batch·M·P·K = 1048576 >= 1048576, M, P, K >= 8 and {tiles} 32x32 tiles: tiled")
+                         f"auto, batch·M·P·K = 1048576 >= 1048576, M, P, K >= 8 and {tiles} 32x32 tiles: "
+                         f"tiled, {tiled}: 1 128x128 threadgroup(s) < 2")
     assert "v1 strided_gemm: batch=1, M=1, P=128, K=128: auto, M=1 < 8" in logged[4]
 
 

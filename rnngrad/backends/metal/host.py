@@ -499,7 +499,8 @@ class MetalHost:
         if batch * M * P == 0:
             return
         block = block or max(M, 1)
-        choice = versions.gemm(batch=batch, M=M, P=P, K=K, product=product)
+        choice = versions.gemm(batch=batch, M=M, P=P, K=K, product=product,
+                               has_bias=bias is not None, block=block, b_block=b_block)
         slices, k_split = 1, 0
         if choice.version == "v5":
             slices, k_split = versions.wide_slices(batch=batch, M=M, P=P, K=K, block=block,

@@ -144,6 +144,9 @@ WIDE_THREADS = 256
 #: a large GPU), for products without a bias, into at most K / WIDE_MIN_SLICE slices
 WIDE_SPLIT_TILES = 264
 WIDE_MIN_SLICE = 512
+#: the rule takes v5 for a tiled product when it gives at least this many threadgroups (tiles
+#: × slices of K; about half the cores of a large GPU), else :data:`TILED_VERSION`
+WIDE_MIN_GROUPS = 64
 #: version -> (tile side, threads per tile) of the tiled versions
 TILED = {"v2": (TILE, THREADS), "v3": (BLOCKED_TILE, BLOCKED_THREADS),
          "v5": (WIDE_TILE, WIDE_THREADS)}
@@ -353,9 +356,11 @@ def gemm_setting() -> tuple:
     return _setting(GEMM, "GEMM", GEMM_ENV, _SETTINGS)
 
 
-def gemm(*, batch: int, M: int, P: int, K: int, product: str = "") -> Choice:
-    """The version that runs C[batch, M, P] = A·B over K, and why. ``product`` names it in the
-    reason (for example "input weight gradient")."""
+def gemm(*, batch: int, M: int, P: int, K: int, product: str = "", has_bias: bool = False,
+         block: int | None = None, b_block: int = 0) -> Choice:
+    """The version that runs C[batch, M, P] = A·B over K (``has_bias``: + bias; ``block``,
+    ``b_block``: GRU's row blocks, as GemmParams), and why. ``product`` names it in the reason
+    (for example "input weight gradient")."""
     setting, source = gemm_setting()
     shape = f"batch={batch}, M={M}, P={P}, K={K}"
     what = f"{product} ({shape})" if product else shape
@@ -378,12 +383,24 @@ def gemm(*, batch: int, M: int, P: int, K: int, product: str = "") -> Choice:
         return _untiled(f"{what}: auto, batch·M·P·K = {work} < {TILED_MIN_WORK}: too small to "
                         f"tile", batch * M * P, K)
     tiles = batch * -(-M // TILE) * -(-P // TILE)
+    rows = dict(batch=batch, M=M, P=P, block=block or max(M, 1), b_block=b_block)
+    wide = gemm_tiles(**rows, tile=WIDE_TILE)
+    slices = wide_slices(**rows, K=K, has_bias=has_bias)[0]
+    split = f" over {slices} slices of K" if slices > 1 else ""
     if tiles < TILED_MIN_TILES:
-        return _untiled(f"{what}: auto, {tiles} 32x32 tiles of C < {TILED_MIN_TILES}: too few "
-                        f"threadgroups for a K of {K}", batch * M * P, K)
-    return Choice(tiled, GEMM_KERNELS[tiled],
-                  f"{what}: auto, batch·M·P·K = {work} >= {TILED_MIN_WORK}, M, P, K >= "
-                  f"{TILED_MIN_SIDE} and {tiles} 32x32 tiles: tiled")
+        why = (f"{what}: auto, {tiles} 32x32 tiles of C < {TILED_MIN_TILES}: too few "
+               f"threadgroups for a K of {K}")
+        v4 = batch * M * P < SPLIT_MAX_ELEMENTS and K >= SPLIT_MIN_K
+        if slices > 1 and not v4:
+            return Choice("v5", GEMM_KERNELS["v5"], f"{why}; v5: {wide} 128x128 tile(s){split}")
+        return _untiled(why, batch * M * P, K)
+    reason = (f"{what}: auto, batch·M·P·K = {work} >= {TILED_MIN_WORK}, M, P, K >= "
+              f"{TILED_MIN_SIDE} and {tiles} 32x32 tiles: tiled")
+    if wide * slices >= WIDE_MIN_GROUPS:
+        return Choice("v5", GEMM_KERNELS["v5"], f"{reason}, v5: {wide} 128x128 tile(s){split}, "
+                                                f"{wide * slices} threadgroups >= {WIDE_MIN_GROUPS}")
+    return Choice(tiled, GEMM_KERNELS[tiled], f"{reason}, {tiled}: {wide * slices} 128x128 "
+                                              f"threadgroup(s) < {WIDE_MIN_GROUPS}")
 
 
 def _untiled(reason: str, elements: int, K: int) -> Choice:
