@@ -718,8 +718,11 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     assert count(wide, direction="forward", D=2, N=32, H=256) == 8 * 1024
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
     # Past V2_MAX_H, v1 in its grid; past one row of threadgroup memory, v2 cannot run.
+    assert rule(direction="forward", D=1, N=8, H=512).version == "rows"  # 2**23 multiply-adds a step
+    monkeypatch.setattr(versions, "STEPS_MIN_WORK", 10 ** 12)
     assert rule(direction="forward", D=1, N=64, H=512).version == "rows"
     assert rule(direction="forward", D=2, N=512, H=300).version == "packed"
+    monkeypatch.setattr(versions, "STEPS_MIN_WORK", 2 ** 24)
     assert versions.v2_rows(cell="lstm", direction="backward", H=1537) == 0
     gru = versions.recurrence(cell="gru", direction="backward", D=1, N=8, H=2000)
     assert gru.version == "packed" and gru.kernel == "gru_backward"
@@ -740,6 +743,32 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     with pytest.raises(ValueError, match="RNNGRAD_METAL_RECURRENCE: expected one of v2, v2-steps, v3, "
                                          "v1, packed, rows, auto, got 'wide'"):
         rule(direction="forward", D=1, N=1, H=4)
+
+
+def test_the_rule_takes_the_one_step_grid_for_large_steps(monkeypatch):
+    """v2-steps where a step's product D·N·G·H² reaches STEPS_MIN_WORK (2**24: 200x64x512x512),
+    forward for every cell and backward for the GRU and the LSTM; v1 below it, for the
+    single-gate backward, for a GRU without reset_after, and on the CPU harness."""
+    monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
+    for cell, direction in (("lstm", "forward"), ("lstm", "backward"), ("gru", "forward"),
+                            ("gru", "backward"), ("single_gate", "forward")):
+        choice = versions.recurrence(cell=cell, direction=direction, D=1, N=64, H=512)
+        G = {"single_gate": 1, "gru": 3, "lstm": 4}[cell]
+        assert (choice.version, choice.kernel) == ("v2-steps", f"{cell}_{direction}_v2"), choice
+        assert f"D·N·G·H² = {64 * G * 512 * 512} >= {2 ** 24}" in choice.reason, choice
+        rows, blocks = versions.step_blocks(cell=cell, direction=direction, H=512)
+        assert blocks == 512 // versions.V2_STEP_UNITS
+        assert versions.recurrence_count(choice, cell=cell, direction=direction, D=1, N=64,
+                                         H=512) == -(-64 // rows) * blocks * versions.V2_THREADS
+    assert versions.recurrence(cell="single_gate", direction="backward", D=1, N=64, H=512).version == "rows"
+    assert versions.recurrence(cell="gru", direction="forward", D=1, N=64, H=512,
+                               reset_after=False).version == "rows"
+    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=63, H=512).version == "rows"
+    assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512,
+                               device="metal-emulated").version == "packed"
+    # a forced version wins over it
+    monkeypatch.setenv(versions.RECURRENCE_ENV, "v1")
+    assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512).version == "rows"
 
 
 @pytest.mark.parametrize("cell", CELLS)

@@ -308,7 +308,7 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                     for k, v in saved.items():
                         setattr(versions, k, v)
                 kernel_ms = sum(per_kernel.values())
-                dispatches = len(dev.trace)
+                dispatches = measured["auto"]["dispatches"]
                 wall_ms = wall(rnngrad_step, reps)
             # the same without filling new buffers with NaN (the harness's poison, which a Mac
             # does not do): how much of the host overhead the fills are

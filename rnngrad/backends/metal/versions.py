@@ -196,7 +196,11 @@ V2_GROUP_ROWS = 1
 V2_MAX_H = 0
 #: units per threadgroup at most in v2's one-step grid (v2-steps): H splits into
 #: ⌈H / V2_STEP_UNITS⌉ blocks, so that at most 1024 / V2_STEP_UNITS lanes share a unit's sum
-V2_STEP_UNITS = 128
+V2_STEP_UNITS = 64
+#: the rule runs v2-steps where a step's recurrent product has at least this many multiply-adds
+#: (D·N·G·H²; the backward of a single-gate RNN excepted), so that each dispatch's work hides
+#: the host's cost of issuing the next
+STEPS_MIN_WORK = 2 ** 24
 #: rows per threadgroup in v2's one-step grid; None: a whole chunk (each R element loaded serves
 #: every row of it)
 V2_STEP_ROWS = None
@@ -302,6 +306,13 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
         return Choice("packed", v1, f"{shape}: auto, v1 packed on the CPU harness, which runs "
                                     f"every GPU thread as a fiber: idle threads cost there what "
                                     f"they save on a GPU")
+    work = D * N * {"single_gate": 1, "gru": 3, "lstm": 4}[cell] * H * H
+    if (setting == "auto" and fits and work >= STEPS_MIN_WORK and (cell != "gru" or reset_after)
+            and (direction == "forward" or cell != "single_gate")):
+        rows, blocks = step_blocks(cell=cell, direction=direction, H=H)
+        return Choice("v2-steps", v2, f"{shape}: auto, v2-steps: a step's product is D·N·G·H² = "
+                                      f"{work} >= {STEPS_MIN_WORK} multiply-adds, threadgroups of "
+                                      f"{rows} row(s) × {blocks} block(s) of units")
     if H <= ROWS_MAX_H and packed_groups < ROWS_MIN_GROUPS and D * N > packed_groups:
         return Choice("rows", v1, f"{shape}: auto, v1, H <= {ROWS_MAX_H} and packing leaves "
                                   f"{packed_groups} threadgroup(s) for {D * N} rows: one per row")
