@@ -101,10 +101,6 @@ _LOG = logging.getLogger(__package__)
 #: read-only constant buffers (zeros, ones, parameter structs) a host keeps per device, least
 #: recently used dropped first
 CONSTANTS_KEPT = 256
-#: parameter structs a host keeps per device, least recently used dropped first: a one-step
-#: grid makes one a step (about 2·T an op), and one made anew costs a copy to the device, which
-#: on the CUDA target waits for the kernels before it
-PARAMS_KEPT = 8192
 #: bytes of one status arena (see _Runs); a dispatch that needs more gets an arena of its own
 ARENA_BYTES = 1 << 16
 #: alignment of each dispatch's slice of a status arena, in bytes (as cudaMalloc aligns)
@@ -316,7 +312,6 @@ class MetalHost:
         self._device = None
         self._functions = {}
         self._constants = collections.OrderedDict()  # key -> read-only buffer (see buffer)
-        self._params = collections.OrderedDict()  # bytes -> params struct buffer (see buffer)
         self._lock = threading.Lock()
         self._device_lock = threading.Lock()
         #: work budget of one recurrence dispatch in units; None: $RNNGRAD_METAL_DISPATCH_BUDGET,
@@ -359,7 +354,6 @@ class MetalHost:
         self._device = device
         self._functions = {}
         self._constants = collections.OrderedDict()
-        self._params = collections.OrderedDict()
 
     def function(self, name):
         if name not in self._functions:
@@ -376,10 +370,10 @@ class MetalHost:
     def buffer(self, array):
         """A device buffer holding a copy of ``array`` (float32 unless it is a params struct).
 
-        Read-only constants are made once per device and kept, least recently used dropped
-        first: a :class:`Constant` (:data:`CONSTANTS_KEPT` of them), made on the device where
-        it can fill memory itself, and a params struct (:data:`PARAMS_KEPT`), kept by its
-        bytes (every kernel's ``p`` is ``constant``). A buffer a kernel writes must be new each call: :meth:`empty`,
+        Read-only constants are made once per device and kept (:data:`CONSTANTS_KEPT` of them,
+        least recently used dropped first): a :class:`Constant`, made on the device where it can
+        fill memory itself, and a params struct, kept by its bytes (every kernel's ``p`` is
+        ``constant``). A buffer a kernel writes must be new each call: :meth:`empty`,
         :meth:`zeroed`, or a copy of an array."""
         if isinstance(array, Constant):
             n, value = max(int(array.n), 1), float(array.value)
@@ -391,23 +385,20 @@ class MetalHost:
         array = np.ascontiguousarray(array)
         if array.dtype.names is not None:  # a params struct: plain bytes for metalcompute
             array = array.view(np.uint8)
-            return self._kept(array.tobytes(), lambda: self.device.buffer(array), self._params,
-                              PARAMS_KEPT)
+            return self._kept(("params", array.tobytes()), lambda: self.device.buffer(array))
         array = array.astype(F32, copy=False)
         if array.nbytes == 0:
             array = np.zeros(1, F32)  # Metal has no empty buffers; never read
         return self.device.buffer(array)
 
-    def _kept(self, key, make, kept=None, limit=None):
-        """The constant buffer under ``key`` in ``kept`` (default the fills, at most
-        :data:`CONSTANTS_KEPT`; else at most ``limit``), made by ``make()`` when not kept (LRU)."""
-        kept = self._constants if kept is None else kept
-        limit = CONSTANTS_KEPT if limit is None else limit
+    def _kept(self, key, make):
+        """The constant buffer under ``key``, made by ``make()`` when not kept (LRU)."""
+        kept = self._constants
         if key in kept:
             kept.move_to_end(key)
             return kept[key]
         buf = kept[key] = make()
-        while len(kept) > limit:
+        while len(kept) > CONSTANTS_KEPT:
             kept.popitem(last=False)
         return buf
 
@@ -894,12 +885,12 @@ CUDA_BACKEND = registry.Backend(
 
 @contextlib.contextmanager
 def _running_on(host, device):
-    previous = host._device, host._functions, host._constants, host._params
+    previous = host._device, host._functions, host._constants
     host.use(device)
     try:
         yield device
     finally:
-        host._device, host._functions, host._constants, host._params = previous
+        host._device, host._functions, host._constants = previous
 
 
 def emulated_device(**options):
