@@ -718,11 +718,8 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     assert count(wide, direction="forward", D=2, N=32, H=256) == 8 * 1024
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
     # Past V2_MAX_H, v1 in its grid; past one row of threadgroup memory, v2 cannot run.
-    assert rule(direction="forward", D=1, N=8, H=512).version == "rows"  # 2**23 multiply-adds a step
-    monkeypatch.setattr(versions, "STEPS_MIN_WORK", 10 ** 12)
     assert rule(direction="forward", D=1, N=64, H=512).version == "rows"
     assert rule(direction="forward", D=2, N=512, H=300).version == "packed"
-    monkeypatch.setattr(versions, "STEPS_MIN_WORK", 2 ** 24)
     assert versions.v2_rows(cell="lstm", direction="backward", H=1537) == 0
     gru = versions.recurrence(cell="gru", direction="backward", D=1, N=8, H=2000)
     assert gru.version == "packed" and gru.kernel == "gru_backward"
@@ -746,10 +743,14 @@ def test_recurrence_rule_and_overrides(monkeypatch):
 
 
 def test_the_rule_takes_the_one_step_grid_for_large_steps(monkeypatch):
-    """v2-steps where a step's product D·N·G·H² reaches STEPS_MIN_WORK (2**24: 200x64x512x512),
-    forward for every cell and backward for the GRU and the LSTM; v1 below it, for the
-    single-gate backward, for a GRU without reset_after, and on the CPU harness."""
+    """With STEPS_MIN_WORK set (None, the default, never: v1 everywhere), v2-steps where a
+    step's product D·N·G·H² reaches it (2**24: 200x64x512x512), forward for every cell and
+    backward for the GRU and the LSTM; v1 below it, for the single-gate backward, for a GRU
+    without reset_after, and on the CPU harness."""
     monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
+    assert versions.STEPS_MIN_WORK is None
+    assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512).version == "rows"
+    monkeypatch.setattr(versions, "STEPS_MIN_WORK", 2 ** 24)
     for cell, direction in (("lstm", "forward"), ("lstm", "backward"), ("gru", "forward"),
                             ("gru", "backward"), ("single_gate", "forward")):
         choice = versions.recurrence(cell=cell, direction=direction, D=1, N=64, H=512)

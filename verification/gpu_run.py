@@ -11,10 +11,11 @@
    planted defect kernel;
 5. the bench: metal-cuda beside PyTorch's cuDNN ``nn.RNN``/``nn.GRU``/``nn.LSTM``, forward +
    backward, float32, TF32 off, at the four default shapes: kernel time (rnngrad: CUDA events
-   around its dispatches; cuDNN: its kernels' device time from torch.profiler) and end-to-end
-   time of one call with the inputs already on the GPU (also without the harness's NaN fill of
-   new buffers); dispatches per op; time per step; a profile of the host's own time where it
-   dominates (LSTM 50×1×64×64).
+   around its dispatches, and the device's own time of each dispatch from torch.profiler, the
+   method of cuDNN's column: its kernels' device time), every version setting of the bench
+   timed both ways, and end-to-end time of one call with the inputs already on the GPU (also
+   without the harness's NaN fill of new buffers); dispatches per op; time per step; a profile
+   of the host's own time where it dominates (LSTM 50×1×64×64).
 
 DIR (default ``$OUT`` or ``gpu-results``) receives few files: ``run.txt`` (what was printed),
 ``logs.tar.gz`` (each step's full output), ``bench.json``, ``rnngrad-bench.json`` and

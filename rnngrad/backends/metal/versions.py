@@ -47,9 +47,19 @@ v2-steps (64 units a block), v3 (the default width):
   8.79; LSTM 11.15 / 13.06 against 10.36 / 11.51 (the one-step grids 20–50 each way).
 
 v1 is fastest at 11 of the 12 shapes and cells (v2 beats it by 10% for the LSTM at 1000×8).
-The one-step grids pay a dispatch a step: through metal-cuda about 17 µs each (1000×8: 2006
-dispatches in 34–38 ms), CuPy's launch and the harness's bookkeeping included, more than v1's
-whole step at every shape but 200×64, where their kernels were no faster either. Before the
+Those times come from CUDA events around each dispatch, which also count the host's time to
+launch a kernel while the GPU waits for it: about 17 µs a dispatch through metal-cuda (1000×8:
+2006 dispatches in 34–38 ms). The device's own time of each kernel (torch.profiler, as cuDNN's
+is measured; same H100, 2026-11-25, four runs within 2%) puts the one-step grids ahead on the
+device where a step is large: at 200×64×512×512 v2-steps (64 units a block) takes 3.88 / 3.49
+ms against v1's 5.87 / 2.92 (RNN), 5.77 / 8.55 against 10.77 / 10.36 (GRU), 9.20 / 10.13
+against 12.13 / 11.04 (LSTM), and at 100×32×256×256 v3's forward 1.09 / 1.50 / 1.66 against
+1.30 / 2.12 / 2.35. End to end they lose: with v2-steps taken by the rule at 200×64 (forward,
+and the GRU's and LSTM's backward), the op's device time fell (LSTM 32.1 → 28.4 ms, GRU 28.4 →
+21.7, RNN 11.5 → 9.5: 1.8× cuDNN) but one call, synchronised, took 41 / 84 / 138 ms against v1's
+14 / 34 / 37 (RNN / GRU / LSTM): the GPU waits for the host between the 408 dispatches. So
+:data:`STEPS_MIN_WORK`, the step size from which the rule would take v2-steps (2**24
+multiply-adds a step there), is None until a dispatch costs the host less. Before the
 launchers asked for one threadgroup a core, ptxas kept v1's kernels at 32–59 registers and v2
 won below H = 256 (100×32 LSTM: v1 13.3, v2 8.6 ms). Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_MAX_H` (256 was the rule)
@@ -74,11 +84,28 @@ A·B over K):
 - ``v4`` ``strided_gemm_split``: one threadgroup of up to :data:`SPLIT_THREADS` threads per
   :data:`SPLIT_COLUMNS` elements of a row of C, K split into a slice per SIMD-group, the
   slices' sums added in order through threadgroup memory (for few elements over a long K).
+- ``v5`` ``strided_gemm_wide``: one threadgroup of up to :data:`WIDE_THREADS` threads per
+  :data:`WIDE_TILE`×:data:`WIDE_TILE` tile of C and slice of K, each thread an 8×8 block of C
+  in registers read as float4 from two staged buffers of :data:`WIDE_K` k (the next chunk's
+  loads in flight while one is multiplied). Where C has too few tiles for the cores and no
+  bias, K splits into slices (:func:`wide_slices`), each stored apart, and a v1 product over
+  the slices adds them in order (``MetalHost.gemm``: two dispatches).
 
-The rule (``auto``): **the tiled version** :data:`TILED_VERSION` **(v3) when M, P and K are
-each at least 8, batch·M·P·K is at least** :data:`TILED_MIN_WORK` **(2**20 multiply-adds) and C
-has at least** :data:`TILED_MIN_TILES` **32×32 tiles; else v4 when C has fewer than**
-:data:`SPLIT_MAX_ELEMENTS` **elements and K is at least** :data:`SPLIT_MIN_K`**, else v1.** Below
+The rule (``auto``): **a tiled version when M, P and K are each at least 8, batch·M·P·K is at
+least** :data:`TILED_MIN_WORK` **(2**20 multiply-adds) and C has at least**
+:data:`TILED_MIN_TILES` **32×32 tiles: v5 where its tiles × slices of K make at least**
+:data:`WIDE_MIN_GROUPS` **threadgroups, else** :data:`TILED_VERSION` **(v3); with fewer tiles,
+v4 when C has fewer than** :data:`SPLIT_MAX_ELEMENTS` **elements and K is at least**
+:data:`SPLIT_MIN_K`**, else v5 over slices of K where it splits (no bias, K of at least
+2·**:data:`WIDE_MIN_SLICE`**), else v1.** Measured on the H100 (device time, torch.profiler),
+GEMM ms of a whole op, the previous rule (v3, v4, v1) → this one: 100×32×256×256 RNN 0.70 →
+0.40, GRU 1.48 → 0.67, LSTM 1.50 → 0.68; 200×64×512×512 RNN 7.72 → 2.69, GRU 10.12 → 7.36,
+LSTM 11.45 → 9.05; 1000×8×128×128 GRU 1.95 → 0.58, LSTM 1.99 → 0.62 (its dR and dW over K =
+8000, 64 32×32 tiles, ran on v1: now v5 over 15 slices), RNN 0.35 (v3, v4: unchanged); every
+product forced to v5: 0.57 / 0.94 / 1.14, 2.93 / 8.01 / 10.11, 0.50 / 0.71 / 0.75 (v5 is
+slower than v3 on few tiles and than v4 on one-row reductions). Under Nsight Compute v5's input
+projection at 200×64 issues at 45% of the cores' peak with one threadgroup of 8 warps a core
+(228 registers a thread): latency, not the FLOP rate, bounds it. Below
 8 in M or P a tile is mostly padding: the 1-row reductions (bias, peephole and secondary-bias
 gradients, M = 1) are untiled. Below 8 in K the staged chunk is mostly zeros. Below 2**20 multiply-adds the
 dispatch costs more than the product either way, and v1 makes fewer threads wait on barriers.
@@ -197,10 +224,10 @@ V2_MAX_H = 0
 #: units per threadgroup at most in v2's one-step grid (v2-steps): H splits into
 #: ⌈H / V2_STEP_UNITS⌉ blocks, so that at most 1024 / V2_STEP_UNITS lanes share a unit's sum
 V2_STEP_UNITS = 64
-#: the rule runs v2-steps where a step's recurrent product has at least this many multiply-adds
-#: (D·N·G·H²; the backward of a single-gate RNN excepted), so that each dispatch's work hides
-#: the host's cost of issuing the next
-STEPS_MIN_WORK = 2 ** 24
+#: the rule would run v2-steps where a step's recurrent product has at least this many
+#: multiply-adds (D·N·G·H²; the backward of a single-gate RNN excepted); None: never (the
+#: module docstring says why)
+STEPS_MIN_WORK = None
 #: rows per threadgroup in v2's one-step grid; None: a whole chunk (each R element loaded serves
 #: every row of it)
 V2_STEP_ROWS = None
@@ -307,7 +334,8 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                                     f"every GPU thread as a fiber: idle threads cost there what "
                                     f"they save on a GPU")
     work = D * N * {"single_gate": 1, "gru": 3, "lstm": 4}[cell] * H * H
-    if (setting == "auto" and fits and work >= STEPS_MIN_WORK and (cell != "gru" or reset_after)
+    if (setting == "auto" and fits and STEPS_MIN_WORK is not None and work >= STEPS_MIN_WORK
+            and (cell != "gru" or reset_after)
             and (direction == "forward" or cell != "single_gate")):
         rows, blocks = step_blocks(cell=cell, direction=direction, H=H)
         return Choice("v2-steps", v2, f"{shape}: auto, v2-steps: a step's product is D·N·G·H² = "
