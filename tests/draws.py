@@ -5,7 +5,10 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
+from hypothesis import assume
+
 from rnngrad import Activation
+from rnngrad.testing import input_sensitivity
 from rnngrad.testing.cases import random_case
 from rnngrad.descriptors import GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 
@@ -13,6 +16,22 @@ OPTIONAL = ("input_weight", "bias", "init_state", "init_cell", "mask", "mask_per
             "secondary_bias", "state_gradient", "cell_gradient")
 GATE = st.sampled_from([Activation.SIGMOID, Activation.HARD_SIGMOID])
 ANY = st.sampled_from(list(Activation))
+
+
+#: the most input_sensitivity a drawn case may have (well-conditioned cases sit near 1e-3)
+SENSITIVITY_LIMIT = 0.1
+
+
+def conditioned(case):
+    """``case``, or a rejected draw (hypothesis.assume) where the float64 reference itself moves
+    by more than SENSITIVITY_LIMIT of the tolerance when the inputs move by half a unit in the
+    last place of the case's dtype (rnngrad.testing.input_sensitivity): an exploding recurrence
+    that no implementation in that dtype can match within the tolerance. Random descriptors
+    (rnngrad.testing.random_descriptor) make a few: a tanh update gate lets a GRU's 1 − z reach
+    2 (seed 569 of a float32 GRU: the reference moves by 1.1 of the tolerance forward, 21
+    through the gradients)."""
+    assume(max(input_sensitivity(case, False), input_sensitivity(case, True)) < SENSITIVITY_LIMIT)
+    return case
 
 
 @st.composite

@@ -15,6 +15,7 @@ from rnngrad.testing.cases import CELLS, random_case  # noqa: E402
 from rnngrad.descriptors import DESCRIPTORS, Activation  # noqa: E402
 from rnngrad.backends.reference import activations as ref  # noqa: E402
 from rnngrad.testing import TOLERANCES, check_case  # noqa: E402
+from draws import conditioned  # noqa: E402
 from rnngrad import validation  # noqa: E402
 from rnngrad.backends.numba import (activations as act, blas, common, driver, gemm, gru, lstm,  # noqa: E402
                                    overlap, single_gate)
@@ -146,7 +147,7 @@ def test_unpacked_weights_are_row_major_copies(P, K, N, seed, dtype, layout):
 def test_forced_parts_match_reference(seed, cell, dtype, parts):
     """Every cell and option with the hidden units split into 2 or 3 parts (uneven splits, a
     part of one unit), whatever the size: the parallel code path on small problems."""
-    case = random_case(seed, cell, dtype=dtype, H=int(np.random.default_rng(seed).integers(parts, 9)))
+    case = conditioned(random_case(seed, cell, dtype=dtype, H=int(np.random.default_rng(seed).integers(parts, 9))))
     original = driver.schedule
     driver.schedule = lambda N, H, G: min(parts, H)
     try:
@@ -165,7 +166,7 @@ def test_forced_row_parts_match_reference(seed, cell, dtype, parts):
     splits, a part of one row), whatever the size: the row-parallel forward on small problems,
     its outputs and the gradients it feeds."""
     rng = np.random.default_rng(seed)
-    case = random_case(seed, cell, dtype=dtype, N=int(rng.integers(parts, 9)))
+    case = conditioned(random_case(seed, cell, dtype=dtype, N=int(rng.integers(parts, 9))))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(driver, "forward_schedule", lambda T, N, H, G: (1, parts))
         for gradients in (False, True):
@@ -181,7 +182,7 @@ def test_forced_gradient_row_parts_match_reference(seed, cell, dtype, parts):
     splits, a part of one row), whatever the size: the row-parallel gradient recurrence on
     small problems, each part running its rows through every step."""
     rng = np.random.default_rng(seed)
-    case = random_case(seed, cell, dtype=dtype, N=int(rng.integers(parts, 9)))
+    case = conditioned(random_case(seed, cell, dtype=dtype, N=int(rng.integers(parts, 9))))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(driver, "gradient_schedule", lambda P: (1, parts))
         worst, mismatches = check_case(case, "numba", gradients=True)
@@ -227,7 +228,7 @@ def test_forced_overlap_matches_reference(seed, cell, dtype, chunk, eager):
     problems (reverse and bidirectional ops, masks, every optional input), with each chunk
     of the gradients handed over and finished at the earliest moment (eager) or as the
     threads run."""
-    case = random_case(seed, cell, dtype=dtype, T=int(np.random.default_rng(seed).integers(2, 9)))
+    case = conditioned(random_case(seed, cell, dtype=dtype, T=int(np.random.default_rng(seed).integers(2, 9))))
     calls = []
 
     def bounds(T, N, parts, flops):
@@ -301,7 +302,7 @@ def test_one_call_and_kernel_calls_match_reference(seed, cell, dtype, one_call):
     per op (each cell's ``forward_op`` and ``gradient_op``); forced off, the driver calls the
     kernels and the products one by one. Both against the float64 reference, and each time
     the path taken is the one asked for."""
-    case = random_case(seed, cell, dtype=dtype)
+    case = conditioned(random_case(seed, cell, dtype=dtype))
     module = {"single_gate": single_gate, "gru": gru, "lstm": lstm}[cell]
     calls = []
     with pytest.MonkeyPatch.context() as mp:

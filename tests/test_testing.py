@@ -114,3 +114,31 @@ def test_check_case_keeps_its_meaning_for_named_backends():
     bad = dataclasses.replace(case, source_gradient=case.source_gradient)
     worst, mismatches = check_case(bad, lambda **kw: rg.gru_gradients(**dict(kw, source_gradient=kw["source_gradient"] * 2)), True)
     assert mismatches or not np.any(case.source_gradient)
+
+
+def _exploding_gru():
+    """Seed 569's float32 GRU: a tanh update gate with flip_z lets 1 − z reach 2, and the state
+    grows to about 10⁴ over 8 steps."""
+    rng = np.random.default_rng(569)
+    return random_case(569, "gru", dtype=np.float32, N=int(rng.integers(2, 9)))
+
+
+def test_input_sensitivity_tells_an_exploding_recurrence_from_a_tame_one():
+    """The float64 reference moves by about 10⁻³ of the float32 tolerance under a half-ulp
+    nudge of the inputs of ordinary cases, by more than the whole tolerance for an exploding
+    GRU (where a float32 candidate then fails, numba's by 1.7× the tolerance), and by nothing
+    to speak of for the same GRU in float64 (half an ulp of float64)."""
+    from rnngrad.testing import check_case, input_sensitivity
+
+    for seed in range(3):
+        for cell in ("single_gate", "gru", "lstm"):
+            case = random_case(seed, cell, dtype=np.float32)
+            assert input_sensitivity(case, False) < 0.01 and input_sensitivity(case, True) < 0.01
+    wild = _exploding_gru()
+    assert wild.descriptor.update_gate_activation == rg.Activation.TANH
+    assert input_sensitivity(wild, False) > 1 and input_sensitivity(wild, True) > 10
+    ratio, mismatches = check_case(wild, "numba", False)
+    assert mismatches and ratio > 1  # what the sensitivity predicts for any float32 candidate
+    assert input_sensitivity(wild.astype(np.float64), True) < 0.01
+    # a different nudge gives the same verdict
+    assert input_sensitivity(wild, False, seed=1) > 0.5

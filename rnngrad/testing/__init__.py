@@ -24,12 +24,13 @@ Dependencies run one way: compare ← cases ← check ← vectors; strategies �
 
 from .cases import Case, random_case, random_descriptor
 from .check import (ReferenceMismatch, assert_matches_reference, case_source, check_backend,
-                    check_case, reference_result, reproduction, run_candidate)
+                    check_case, input_sensitivity, reference_result, reproduction,
+                    run_candidate)
 from .compare import KINDS, TOLERANCES, Mismatch, compare_array, compare_results, tolerance
 from .vectors import check_vectors, load_vectors
 
 __all__ = ["TOLERANCES", "KINDS", "tolerance", "Mismatch", "compare_array", "compare_results",
            "Case", "random_case", "random_descriptor",
-           "check_case", "run_candidate", "reference_result", "reproduction", "case_source",
+           "check_case", "input_sensitivity", "run_candidate", "reference_result", "reproduction", "case_source",
            "ReferenceMismatch", "assert_matches_reference", "check_backend", "load_vectors",
            "check_vectors"]

@@ -105,6 +105,34 @@ def reference_result(case, op):
     return reference.gradients(backend="reference") if gradients else reference.forward(backend="reference")
 
 
+def input_sensitivity(case, gradients: bool, *, seed: int = 0) -> float:
+    """How far the float64 reference itself moves when every floating-point input (and upstream
+    gradient) of ``case`` is nudged by up to half a unit in the last place of the case's dtype
+    (relative 2⁻²⁴ for float32): the worst ratio of the nudged reference's error to the
+    allowed error, as :func:`check_case` reports it. An implementation in that dtype rounds its
+    inputs and every step at least that much, so a case near or above 1 is too ill-conditioned
+    for the dtype's tolerance (an exploding recurrence, such as a GRU whose tanh update gate
+    lets 1 − z reach 2): no implementation can be expected to match it. Well-conditioned cases
+    sit near 10⁻³."""
+    op = op_name(case.cell, gradients)
+    want = reference_result(case, op)
+    rng = np.random.default_rng(seed)
+    half_ulp = float(np.finfo(case.dtype).eps) / 2
+
+    def nudge(a):
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
+            return a
+        return a * (1.0 + half_ulp * rng.uniform(-1.0, 1.0, a.shape))
+
+    reference = case.astype(np.float64)
+    nudged = dataclasses.replace(
+        reference, inputs={k: nudge(v) for k, v in reference.inputs.items()},
+        source_gradient=nudge(reference.source_gradient), state_gradient=nudge(reference.state_gradient),
+        cell_gradient=nudge(reference.cell_gradient))
+    got = nudged.gradients(backend="reference") if gradients else nudged.forward(backend="reference")
+    return compare_results(got, want, case.dtype)[0]
+
+
 def check_case(case, backend, gradients: bool, *, forward_backend=None, forward=None):
     """Run one :class:`~rnngrad.testing.cases.Case` through ``backend`` (a backend name, or a callable
     with the signature of the rnngrad function) and through the float64 reference on the same
