@@ -70,7 +70,7 @@ from ``rnngrad bench`` there. Override it with
 results (only the rows' assignment to threadgroups changes); v2 and v3 sum in other orders,
 within the float32 tolerance.
 
-The matrix products outside the recurrence have four versions
+The matrix products outside the recurrence have five versions
 (``kernels/gemm.metal``; shapes as ``GemmParams`` in ``kernels/common.metal``: C[batch, M, P] =
 A·B over K):
 
@@ -145,9 +145,9 @@ import contextlib
 import dataclasses
 import os
 
-#: environment variable that overrides the rule: v1, v2, v3, v4 or auto
+#: environment variable that overrides the rule: v1, v2, v3, v4, v5 or auto
 GEMM_ENV = "RNNGRAD_METAL_GEMM"
-#: module setting that overrides the rule and the variable: "v1", "v2", "v3", "v4", "auto" or
+#: module setting that overrides the rule and the variable: "v1", "v2", "v3", "v4", "v5", "auto" or
 #: None
 GEMM = None
 #: the versions of the matrix product: version -> kernel
@@ -366,7 +366,7 @@ def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: in
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The version that runs one product: ``version`` ("v1", "v2", "v3"), ``kernel`` (its name in
+    """The version that runs one product: ``version`` ("v1" to "v5", or a recurrence grid), ``kernel`` (its name in
     ``kernels/``) and ``reason`` (a sentence)."""
     version: str
     kernel: str
