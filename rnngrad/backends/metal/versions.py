@@ -366,8 +366,9 @@ def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: in
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The version that runs one product: ``version`` ("v1" to "v5", or a recurrence grid), ``kernel`` (its name in
-    ``kernels/``) and ``reason`` (a sentence)."""
+    """The version that runs one dispatch: ``version`` ("v1" to "v5" for a product, or a
+    recurrence's version or grid), ``kernel`` (its name in ``kernels/``) and ``reason`` (a
+    sentence)."""
     version: str
     kernel: str
     reason: str
