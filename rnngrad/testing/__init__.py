@@ -31,6 +31,7 @@ from .vectors import check_vectors, load_vectors
 
 __all__ = ["TOLERANCES", "KINDS", "tolerance", "Mismatch", "compare_array", "compare_results",
            "Case", "random_case", "random_descriptor",
-           "check_case", "input_sensitivity", "run_candidate", "reference_result", "reproduction", "case_source",
+           "check_case", "input_sensitivity", "run_candidate", "reference_result", "reproduction",
+           "case_source",
            "ReferenceMismatch", "assert_matches_reference", "check_backend", "load_vectors",
            "check_vectors"]

@@ -57,11 +57,15 @@ class Case:
         return self.inputs["source"].dtype
 
     def astype(self, dtype) -> "Case":
-        cast = lambda a: None if a is None else np.asarray(a, dtype=dtype)  # noqa: E731
+        return self.mapped(lambda a: np.asarray(a, dtype=dtype))
+
+    def mapped(self, fn) -> "Case":
+        """The case with ``fn`` applied to every input and upstream gradient present."""
+        call = lambda a: None if a is None else fn(a)  # noqa: E731
         return dataclasses.replace(
-            self, inputs={k: cast(v) for k, v in self.inputs.items()},
-            source_gradient=cast(self.source_gradient), state_gradient=cast(self.state_gradient),
-            cell_gradient=cast(self.cell_gradient))
+            self, inputs={k: call(v) for k, v in self.inputs.items()},
+            source_gradient=call(self.source_gradient), state_gradient=call(self.state_gradient),
+            cell_gradient=call(self.cell_gradient))
 
     # -- calls --------------------------------------------------------------------------------
     def forward(self, backend=None, descriptor=None, fn=None):

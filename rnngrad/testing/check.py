@@ -124,13 +124,8 @@ def input_sensitivity(case, gradients: bool, *, seed: int = 0) -> float:
             return a
         return a * (1.0 + half_ulp * rng.uniform(-1.0, 1.0, a.shape))
 
-    reference = case.astype(np.float64)
-    nudged = dataclasses.replace(
-        reference, inputs={k: nudge(v) for k, v in reference.inputs.items()},
-        source_gradient=nudge(reference.source_gradient), state_gradient=nudge(reference.state_gradient),
-        cell_gradient=nudge(reference.cell_gradient))
-    got = nudged.gradients(backend="reference") if gradients else nudged.forward(backend="reference")
-    return compare_results(got, want, case.dtype)[0]
+    nudged = case.astype(np.float64).mapped(nudge)
+    return compare_results(reference_result(nudged, op), want, case.dtype)[0]
 
 
 def check_case(case, backend, gradients: bool, *, forward_backend=None, forward=None):
