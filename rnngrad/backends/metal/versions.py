@@ -145,6 +145,8 @@ import contextlib
 import dataclasses
 import os
 
+from ...descriptors import DESCRIPTORS
+
 #: environment variable that overrides the rule: v1, v2, v3, v4, v5 or auto
 GEMM_ENV = "RNNGRAD_METAL_GEMM"
 #: module setting that overrides the rule and the variable: "v1", "v2", "v3", "v4", "v5", "auto" or
@@ -333,7 +335,7 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
         return Choice("packed", v1, f"{shape}: auto, v1 packed on the CPU harness, which runs "
                                     f"every GPU thread as a fiber: idle threads cost there what "
                                     f"they save on a GPU")
-    work = D * N * {"single_gate": 1, "gru": 3, "lstm": 4}[cell] * H * H
+    work = D * N * DESCRIPTORS[cell].gates * H * H
     if (setting == "auto" and fits and STEPS_MIN_WORK is not None and work >= STEPS_MIN_WORK
             and (cell != "gru" or reset_after)
             and (direction == "forward" or cell != "single_gate")):
@@ -430,8 +432,7 @@ def gemm(*, batch: int, M: int, P: int, K: int, product: str = "", has_bias: boo
     if tiles < TILED_MIN_TILES:
         why = (f"{what}: auto, {tiles} 32x32 tiles of C < {TILED_MIN_TILES}: too few "
                f"threadgroups for a K of {K}")
-        v4 = batch * M * P < SPLIT_MAX_ELEMENTS and K >= SPLIT_MIN_K
-        if slices > 1 and not v4:
+        if slices > 1 and not _splits_rows(batch * M * P, K):
             return Choice("v5", GEMM_KERNELS["v5"], f"{why}; v5: {wide} 128x128 tile(s){split}")
         return _untiled(why, batch * M * P, K)
     reason = (f"{what}: auto, batch·M·P·K = {work} >= {TILED_MIN_WORK}, M, P, K >= "
@@ -443,11 +444,16 @@ def gemm(*, batch: int, M: int, P: int, K: int, product: str = "", has_bias: boo
                                               f"threadgroup(s) < {WIDE_MIN_GROUPS}")
 
 
+def _splits_rows(elements: int, K: int) -> bool:
+    """Whether v4 takes an untiled product of ``elements`` elements over ``K``: fewer than
+    :data:`SPLIT_MAX_ELEMENTS` (where v1's thread an element would leave most cores idle) over
+    a K of at least :data:`SPLIT_MIN_K`."""
+    return elements < SPLIT_MAX_ELEMENTS and K >= SPLIT_MIN_K
+
+
 def _untiled(reason: str, elements: int, K: int) -> Choice:
-    """An untiled product: v4 where v1's thread an element would leave most cores idle over a
-    long K (fewer than :data:`SPLIT_MAX_ELEMENTS` elements, K of at least :data:`SPLIT_MIN_K`),
-    else v1."""
-    if elements < SPLIT_MAX_ELEMENTS and K >= SPLIT_MIN_K:
+    """An untiled product: v4 where :func:`_splits_rows`, else v1."""
+    if _splits_rows(elements, K):
         return Choice("v4", GEMM_KERNELS["v4"],
                       f"{reason}; {elements} element(s) < {SPLIT_MAX_ELEMENTS} over K = {K} >= "
                       f"{SPLIT_MIN_K}: v4, K split over {SPLIT_THREADS // SPLIT_COLUMNS} slices")
