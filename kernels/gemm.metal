@@ -532,6 +532,24 @@ inline float gw_b(constant GemmParams& p, device const float* b, bool by_k, uint
     return (jk.x < cols && jk.y < kn) ? b[(k0 + jk.y) * p.b_k + jk.x * p.b_col] : 0.0f;
 }
 
+// Stage this thread's elements e = lid + q·tpg, q in [q0, per), of the A and B chunks at k0
+// (kn k of them) into the buffers at float offset at0 (elements past GW_STAGE: none).
+inline void gw_stage(threadgroup float* as, threadgroup float* bs, uint at0,
+                     constant GemmParams& p, device const float* a, device const float* b,
+                     bool a_by_k, bool b_by_k, uint rows, uint cols, uint k0, uint kn,
+                     uint q0, uint per, uint lid, uint tpg) {
+    for (uint q = q0; q < per; ++q) {
+        uint e = lid + q * tpg;
+        if (e < GW_STAGE) {
+            uint at;
+            float v = gw_a(p, a, a_by_k, e, k0, kn, rows, at);
+            as[at0 + at] = v;
+            v = gw_b(p, b, b_by_k, e, k0, kn, cols, at);
+            bs[at0 + at] = v;
+        }
+    }
+}
+
 // Buffers of strided_gemm_wide (count = GW_THREADS · tiles · slices: versions.py counts them)
 //   index  type                       name    layout
 //   0      constant GemmParams&       p       scalars (p.count: the threads dispatched)
@@ -610,16 +628,9 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
                 }
             }
             // Chunk 0 into buffer 0.
-            uint kn = min(kn_all, (uint)GW_K);
-            for (uint q = 0; q < per && chunks > 0; ++q) {
-                uint e = lid + q * tpg;
-                if (e < GW_STAGE) {
-                    uint at;
-                    float v = gw_a(p, a, a_by_k, e, 0, kn, rows, at);
-                    as[at] = v;
-                    v = gw_b(p, bb, b_by_k, e, 0, kn, cols, at);
-                    bs[at] = v;
-                }
+            if (chunks > 0) {
+                gw_stage(as, bs, 0, p, a, bb, a_by_k, b_by_k, rows, cols, 0,
+                         min(kn_all, (uint)GW_K), 0, per, lid, tpg);
             }
             threadgroup_barrier(mem_flags::mem_threadgroup);
             for (uint c = 0; c < chunks; ++c) {
@@ -686,16 +697,9 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
                             bs[nxt + at_b[q]] = pb[q];
                         }
                     }
-                    for (uint q = GW_PRE; q < per; ++q) {  // threadgroups under 256 threads
-                        uint e = lid + q * tpg;
-                        if (e < GW_STAGE) {
-                            uint at;
-                            float v = gw_a(p, a, a_by_k, e, k1, kn1, rows, at);
-                            as[nxt + at] = v;
-                            v = gw_b(p, bb, b_by_k, e, k1, kn1, cols, at);
-                            bs[nxt + at] = v;
-                        }
-                    }
+                    // the rest of it (threadgroups under 256 threads)
+                    gw_stage(as, bs, nxt, p, a, bb, a_by_k, b_by_k, rows, cols, k1, kn1,
+                             GW_PRE, per, lid, tpg);
                 }
                 // The next chunk is staged, and every thread is done with this one (which the
                 // chunk after next overwrites).

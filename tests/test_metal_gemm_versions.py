@@ -413,12 +413,12 @@ MUTANTS = {"v2": {
     "one buffer": [("uint nxt = (1 - cur) * chunk_floats;", "uint nxt = cur * chunk_floats;")],
     # Every element staged as if the tile and the chunk were whole: the edges read past them.
     "no zero padding": [
-        ("gw_a(p, a, a_by_k, e, 0, kn, rows, at)", "gw_a(p, a, a_by_k, e, 0, GW_K, GW_TILE, at)"),
-        ("gw_b(p, bb, b_by_k, e, 0, kn, cols, at)", "gw_b(p, bb, b_by_k, e, 0, GW_K, GW_TILE, at)"),
+        ("gw_stage(as, bs, 0, p, a, bb, a_by_k, b_by_k, rows, cols, 0,\n                         min(kn_all, (uint)GW_K),",
+         "gw_stage(as, bs, 0, p, a, bb, a_by_k, b_by_k, GW_TILE, GW_TILE, 0,\n                         GW_K,"),
         ("gw_a(p, a, a_by_k, e, k1, kn1, rows, at_a[q])", "gw_a(p, a, a_by_k, e, k1, GW_K, GW_TILE, at_a[q])"),
         ("gw_b(p, bb, b_by_k, e, k1, kn1, cols, at_b[q])", "gw_b(p, bb, b_by_k, e, k1, GW_K, GW_TILE, at_b[q])"),
-        ("gw_a(p, a, a_by_k, e, k1, kn1, rows, at)", "gw_a(p, a, a_by_k, e, k1, GW_K, GW_TILE, at)"),
-        ("gw_b(p, bb, b_by_k, e, k1, kn1, cols, at)", "gw_b(p, bb, b_by_k, e, k1, GW_K, GW_TILE, at)")],
+        ("gw_stage(as, bs, nxt, p, a, bb, a_by_k, b_by_k, rows, cols, k1, kn1,",
+         "gw_stage(as, bs, nxt, p, a, bb, a_by_k, b_by_k, GW_TILE, GW_TILE, k1, GW_K,")],
     # Threadgroup size assumed to be 256: with fewer threads, most 8×8 blocks are never done.
     "assumes 256 threads": [("uint rounds = (GW_THREADS + tpg - 1) / tpg;", "uint rounds = 1;")],
     "ignores row blocks": [("uint span = p.b_block != 0 ? max(p.block, 1u) : max(p.M, 1u);",
