@@ -105,34 +105,32 @@ def run_ops() -> str:
     return "; ".join(rows)
 
 
+#: --flag: (the rnngrad.backends.metal.versions setting it sets, help)
+SETTINGS = {
+    "--v2-group-rows": ("V2_GROUP_ROWS", "rows per v2 recurrence threadgroup (the rule's is 1): "
+                                         "more take the kernels' chunked path"),
+    "--v2-step-units": ("V2_STEP_UNITS", "units per threadgroup of v2's one-step grid (with "
+                                         "RNNGRAD_METAL_RECURRENCE=v2-steps): fewer than H split "
+                                         "the units into blocks"),
+    "--v3-min-tiles": ("V3_MIN_TILES", "the fewest tiles v3 aims for (with "
+                                       "RNNGRAD_METAL_RECURRENCE=v3): 1 gives the widest tiles"),
+    "--wide-min-slice": ("WIDE_MIN_SLICE", "the fewest k of a v5 slice of K (with "
+                                           "RNNGRAD_METAL_GEMM=v5): 8 splits the weight gradients "
+                                           "of T·N = 165 rows into slices"),
+}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--defect", choices=sorted(DEFECTS))
-    parser.add_argument("--v2-group-rows", type=int, default=None,
-                        help="rows per v2 recurrence threadgroup (versions.V2_GROUP_ROWS; the "
-                             "rule's is 1): more take the kernels' chunked path")
-    parser.add_argument("--v2-step-units", type=int, default=None,
-                        help="units per threadgroup of v2's one-step grid (versions.V2_STEP_UNITS, "
-                             "with RNNGRAD_METAL_RECURRENCE=v2-steps): fewer than H split the units "
-                             "into blocks")
-    parser.add_argument("--v3-min-tiles", type=int, default=None,
-                        help="the fewest tiles v3 aims for (versions.V3_MIN_TILES, with "
-                             "RNNGRAD_METAL_RECURRENCE=v3): 1 gives the widest tiles")
-    parser.add_argument("--wide-min-slice", type=int, default=None,
-                        help="the fewest k of a v5 slice of K (versions.WIDE_MIN_SLICE, with "
-                             "RNNGRAD_METAL_GEMM=v5): 8 splits the weight gradients of T·N = 165 "
-                             "rows into slices")
+    for flag, (attribute, help) in SETTINGS.items():
+        parser.add_argument(flag, type=int, default=None, dest=attribute, help=help)
     args = parser.parse_args(argv)
     from rnngrad.backends.metal import versions
 
-    if args.v2_group_rows is not None:
-        versions.V2_GROUP_ROWS = args.v2_group_rows
-    if args.v2_step_units is not None:
-        versions.V2_STEP_UNITS = args.v2_step_units
-    if args.v3_min_tiles is not None:
-        versions.V3_MIN_TILES = args.v3_min_tiles
-    if args.wide_min_slice is not None:
-        versions.WIDE_MIN_SLICE = args.wide_min_slice
+    for attribute, _ in SETTINGS.values():
+        if getattr(args, attribute) is not None:
+            setattr(versions, attribute, getattr(args, attribute))
     print(run_defect(args.defect) if args.defect else run_ops(), flush=True)
     return 0
 
