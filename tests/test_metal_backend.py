@@ -281,17 +281,25 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)
     rng = np.random.default_rng(N * H + threads)
-    desc = random_descriptor(rng, cell, bidirectional=True, training=True)
-    case = random_case(rng, cell, descriptor=desc, T=3, N=N, H=H, I=3, dtype=np.float32,
-                       optional=ALL_OPTIONAL, cell_gradient_form="per_step")
-    device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
-    check_both(case, **device)
+    case, device = checked_case(rng, cell, T=3, N=N, H=H, threads=threads)
     with emulated_device(**device) as dev:
         case.gradients(backend=BACKEND)
     recurrences = [d for d in dev.trace if not d.kernel.startswith("strided")]
     assert {d.kernel for d in recurrences} == {f"{cell}_forward_v2", f"{cell}_backward_v2"}
     assert {d.count for d in recurrences} == {-(-2 * N // min(8, versions.v2_rows(
         cell=cell, direction=d.kernel.split("_")[-2], H=H))) * 1024 for d in recurrences}
+
+
+def checked_case(rng, cell, T, N, H, threads, **fixed):
+    """A bidirectional training case with every optional input (descriptor options ``fixed``),
+    checked forward and gradients against the reference under the adversarial schedule at
+    ``threads`` threads a threadgroup; (case, the device's settings)."""
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **fixed)
+    case = random_case(rng, cell, descriptor=desc, T=T, N=N, H=H, I=3, dtype=np.float32,
+                       optional=ALL_OPTIONAL, cell_gradient_form="per_step")
+    device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
+    check_both(case, **device)
+    return case, device
 
 
 def one_step_runs(rng, cell, T, N, H, threads):
@@ -301,11 +309,7 @@ def one_step_runs(rng, cell, T, N, H, threads):
     recurrence dispatches, backward ones), reset_after None for the other cells."""
     for reset_after in ((True, False) if cell == "gru" else (None,)):
         fixed = {} if reset_after is None else dict(reset_after=reset_after)
-        desc = random_descriptor(rng, cell, bidirectional=True, training=True, **fixed)
-        case = random_case(rng, cell, descriptor=desc, T=T, N=N, H=H, I=3, dtype=np.float32,
-                           optional=ALL_OPTIONAL, cell_gradient_form="per_step")
-        device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
-        check_both(case, **device)
+        case, device = checked_case(rng, cell, T, N, H, threads, **fixed)
         with emulated_device(**device) as dev:
             case.training_forward(backend=BACKEND)
             forward = [d for d in dev.trace if not d.kernel.startswith("strided")]
