@@ -139,8 +139,10 @@ def kernel_work(kernel, cell, T, N, I, H):
     return flops, 4 * (rows * I * 2 + rows * GH * 4 + rows * H + GH * (I + H) * 2)
 
 
-#: the GEMM versions the bench times, each forced for a whole op, and the rule ("auto")
-GEMM_LABELS = ("v1", "v2", "v3", "v5", "auto")
+#: the GEMM versions the bench times, each forced for a whole op, and the rule ("auto"): the
+#: label of each in the tables -> the bench configuration (STEP_CONFIGS) that measures it
+GEMM_CONFIGS = {"v1": "v1", "v2": "gemm v2", "v3": "gemm v3", "v5": "gemm v5", "auto": "auto"}
+GEMM_LABELS = tuple(GEMM_CONFIGS)
 CELL_MODES = {"RNN": "RNN_TANH", "GRU": "GRU", "LSTM": "LSTM"}  # --cells: the bench's names
 #: the recurrence versions the rule does not pick, as (label, RNNGRAD_METAL_RECURRENCE, versions
 #: settings): v2 (one row a threadgroup), the one-step grids v2-steps (versions.V2_STEP_UNITS,
@@ -152,8 +154,8 @@ STEP_KNOBS = (("v2", "v2", dict(V2_GROUP_ROWS=1)),
               ("v3 narrow", "v3", dict(V3_MIN_TILES=1024)))
 STEP_LABELS = tuple(label for label, _, _ in STEP_KNOBS)
 #: the bench's configurations, the version rule last: (label, recurrence, GEMM, versions settings)
-STEP_CONFIGS = (("v1", "v1", "v1", {}), ("gemm v2", "auto", "v2", {}), ("gemm v3", "auto", "v3", {}),
-                ("gemm v5", "auto", "v5", {}),
+STEP_CONFIGS = (("v1", "v1", "v1", {}),
+                *((config, "auto", v, {}) for v, config in GEMM_CONFIGS.items() if config.startswith("gemm")),
                 *((label, recurrence, "auto", knobs) for label, recurrence, knobs in STEP_KNOBS),
                 ("auto", "auto", "auto", {}))
 
@@ -171,9 +173,6 @@ def wall(fn, reps: int) -> float:
     return (time.perf_counter() - start) * 1e3 / reps
 
 
-LAUNCHER = "__mtl_launch_"  # the CUDA harness's launcher of MSL kernel k: __mtl_launch_k
-
-
 def device_ms(fn) -> dict:
     """One call of ``fn`` under torch.profiler (CUPTI: the device's own start and end of every
     kernel, copy and fill, whoever launched it): ms of device time by kernel name, the dispatches
@@ -186,6 +185,8 @@ def device_ms(fn) -> dict:
     for it: a few µs per dispatch, which decides the one-step grids' totals."""
     import cupy as cp
     import torch
+
+    from rnngrad.backends.metal.harness.cuda._build import LAUNCHER_PREFIX as LAUNCHER
 
     cp.cuda.Device().synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -354,7 +355,7 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                        v1_kernel_ms=v1_ms, v1_per_kernel_ms=measured["v1"]["per_kernel"],
                        kernels=measured["auto"]["kernels"],
                        gemm_ms={v: measured[c]["per_kernel"].get("GEMMs") for v, c in
-                                (("v1", "v1"), ("v2", "gemm v2"), ("v3", "gemm v3"), ("v5", "gemm v5"), ("auto", "auto"))},
+                                GEMM_CONFIGS.items()},
                        gflops=flops / kernel_ms / 1e6,
                        steps_forward_ms={c: recurrence_ms(measured[c], "forward")
                                          for c in ("auto", *STEP_LABELS)},
@@ -365,7 +366,7 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                                             recurrence_ms(measured[c], "backward", "device"))
                                         for c in ("v1", "auto", *STEP_LABELS)},
                        gemm_device_ms={v: measured[c]["device"].get("GEMMs") for v, c in
-                                       (("v1", "v1"), ("v2", "gemm v2"), ("v3", "gemm v3"), ("v5", "gemm v5"), ("auto", "auto"))})
+                                       GEMM_CONFIGS.items()})
             rows.append(row)
             print(json.dumps(row), flush=True)
     (out / "bench.json").write_text(json.dumps(rows, indent=1))
