@@ -229,14 +229,41 @@ inline uint rg_slices(uint units, uint tpg) {
     return S;
 }
 
-// This lane's share (k ≡ lane mod S) of acc[g][b] += Σ_k v[b·ldv + k] · w[o_g + k] for g < ng,
-// b < nb, k < K (v in threadgroup memory, w in device memory, both contiguous in k). Four of the
-// lane's k at a time: their 4·ng weight loads are issued together, so that a thread keeps
-// several loads in flight (a loop of one load and its uses leaves it waiting on each).
+// This lane's share of acc[g][b] += Σ_k v[b·ldv + k] · w[o_g + k] for g < ng, b < nb, k < K
+// (v in threadgroup memory, w in device memory, both contiguous in k).
+// Where K, ldv and every o_g are multiples of 4 (then v lies a multiple of 4 floats into a
+// 16-byte aligned stage, and w into a buffer, at every caller), the lane takes blocks of 4 k,
+// k = 4·lane + 4S·i, read as float4: the S lanes of a unit read one contiguous span of a weight
+// row (S = 8: a 128-byte line) and of the stage per load. Else it takes k ≡ lane (mod S), four
+// k at a time. Either way the 4·ng weight loads of a round are issued together, so that a thread
+// keeps several loads in flight (a loop of one load and its uses leaves it waiting on each).
 inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
                     threadgroup const float* v, uint ldv, device const float* w,
                     uint o0, uint o1, uint o2, uint o3, uint K, uint lane, uint S) {
     uint off[4] = {o0, o1, o2, o3};
+    if (((K | ldv | o0 | o1 | o2 | o3) & 3u) == 0) {
+        for (uint k = 4 * lane; k < K; k += 4 * S) {
+            float4 wk[4];
+            #pragma unroll
+            for (uint g = 0; g < 4; ++g) {
+                wk[g] = g < ng ? *((device const float4*)(w + off[g] + k)) : float4(0.0f);
+            }
+            #pragma unroll
+            for (uint b = 0; b < RG_BMAX; ++b) {
+                if (b < nb) {
+                    float4 x = *((threadgroup const float4*)(v + b * ldv + k));
+                    #pragma unroll
+                    for (uint g = 0; g < 4; ++g) {
+                        acc.v[g][b] += wk[g].x * x.x;
+                        acc.v[g][b] += wk[g].y * x.y;
+                        acc.v[g][b] += wk[g].z * x.z;
+                        acc.v[g][b] += wk[g].w * x.w;
+                    }
+                }
+            }
+        }
+        return;
+    }
     uint k = lane;
     for (; k + 3 * S < K; k += 4 * S) {
         float wk[4][4];

@@ -271,7 +271,8 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             uint tpg [[threads_per_threadgroup]]) {
     // [b][q]: lhs of the chunk's rows (its o block unused without reset_after), then from
     // cap·3H on [b][k]: da_o (without reset_after)
-    threadgroup float stage[RG_STAGE];
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float* stage = (threadgroup float*)staged;
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
     uint2 rows = rg_group_rows(p, tpg, tgid);

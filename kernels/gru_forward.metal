@@ -198,7 +198,8 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                            uint tpg [[threads_per_threadgroup]]) {
     // [b][k]: h[t−1] ⊙ m of the chunk's rows, then (without reset_after) from cap·H on
     // h[t−1] ⊙ r ⊙ m
-    threadgroup float stage[RG_STAGE];
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float* stage = (threadgroup float*)staged;
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
     uint2 rows = rg_group_rows(p, tpg, tgid);

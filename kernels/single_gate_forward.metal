@@ -130,7 +130,8 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                    uint lid [[thread_position_in_threadgroup]],
                                    uint tgid [[threadgroup_position_in_grid]],
                                    uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float stage[RG_STAGE];  // [b][k]: h[t−1] ⊙ m of the chunk's rows
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float* stage = (threadgroup float*)staged;  // [b][k]: h[t−1] ⊙ m of the chunk's rows
     uint N = p.N, H = p.H, DH = p.D * p.H;
     uint2 rows = rg_group_rows(p, tpg, tgid);
     uint2 units = rg_units(p, tgid);

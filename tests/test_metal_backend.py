@@ -290,6 +290,25 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
         cell=cell, direction=d.kernel.split("_")[-2], H=H))) * 1024 for d in recurrences}
 
 
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("N, H, threads", [(3, 8, 1024), (2, 70, 1024), (3, 12, 32), (2, 5, 64)])
+def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
+    """v2 as the rule runs it, a threadgroup of 1024 asked for per row, against the reference:
+    bidirectional, every optional input, adversarial schedule. H = 8 and 12 (K, the stage's
+    pitch and every weight offset multiples of 4) take rg_dots' float4 reads, H = 70 and 5 its
+    scalar ones; 32 threads for 12 units leave 2 lanes a unit (two float4 blocks a lane over
+    the forward's K = 12), 64 threads for 5 units 8."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    rng = np.random.default_rng(N * H + threads + 4)
+    case, device = checked_case(rng, cell, T=3, N=N, H=H, threads=threads)
+    with emulated_device(**device) as dev:
+        case.gradients(backend=BACKEND)
+    recurrences = [d for d in dev.trace if not d.kernel.startswith("strided")]
+    assert {d.kernel for d in recurrences} == {f"{cell}_forward_v2", f"{cell}_backward_v2"}
+    assert {d.count for d in recurrences} == {2 * N * versions.V2_THREADS}
+
+
 def checked_case(rng, cell, T, N, H, threads, **fixed):
     """A bidirectional training case with every optional input (descriptor options ``fixed``),
     checked forward and gradients against the reference under the adversarial schedule at

@@ -170,6 +170,30 @@ def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
     assert {x.count for x in backward} == {-(-26 // 3) * 5 * 1024}
 
 
+@pytest.mark.parametrize("H", [70, 72])
+@pytest.mark.parametrize("cap", [1024, 64])
+@pytest.mark.parametrize("cell", CELLS)
+def test_v2_matches_the_reference(cell, cap, H, monkeypatch):
+    """v2 on the GPU as the rule runs it, a threadgroup asked for per row (26 rows): H = 72
+    through rg_dots' float4 reads, H = 70 through its scalar ones."""
+    from rnngrad.backends.metal import versions
+    from rnngrad.backends.metal.host import cuda_device
+
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    rng = np.random.default_rng(len(cell) + cap + H)
+    extra = dict(reset_after=True) if cell == "gru" else {}
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
+    case = random_case(rng, cell, descriptor=desc, T=6, N=13, I=9, H=H, dtype=np.float32)
+    with cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True) as d:
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "metal-cuda", gradients)
+            assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+    runs = [x for x in d.trace if not x.kernel.startswith("strided")]
+    assert {x.kernel for x in runs} == {f"{cell}_forward_v2", f"{cell}_backward_v2"}
+    assert {x.count for x in runs} == {26 * versions.V2_THREADS}
+
+
 @pytest.mark.parametrize("min_tiles", [1, 128])
 @pytest.mark.parametrize("cap", [1024, 64])
 @pytest.mark.parametrize("cell", CELLS)
