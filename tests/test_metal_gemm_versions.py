@@ -699,16 +699,28 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
     rule = functools.partial(versions.recurrence, cell="lstm")
     count = functools.partial(versions.recurrence_count, cell="lstm")
-    # the rule: v1 in its grid (1000x8x128x128: a threadgroup a row)
-    v1 = rule(direction="forward", D=1, N=8, H=128)
-    assert (v1.version, v1.kernel) == ("rows", "lstm_forward") and "auto, v1" in v1.reason
-    assert rule(direction="forward", D=1, N=64, H=64, device="metal-emulated").version == "packed"
-    # v2 up to V2_MAX_H where that is set (0 now: never)
-    monkeypatch.setattr(versions, "V2_MAX_H", 256)
+    # the rule: v2, one row a threadgroup, for H in [V2_MIN_H, V2_MAX_H] and D·N <= V2_MAX_ROWS
     small = rule(direction="forward", D=1, N=8, H=128)
     assert (small.version, small.kernel) == ("v2", "lstm_forward_v2")
-    assert "H <= 256, 1 row(s) a threadgroup" in small.reason
+    assert "128 <= H <= 256 and D·N = 8 <= 64, 1 row(s) a threadgroup" in small.reason
     assert count(small, direction="forward", D=1, N=8, H=128) == 8 * 1024
+    assert rule(direction="backward", D=2, N=32, H=256).version == "v2"
+    # else v1 in its grid: below the range (50x1x64x64: a threadgroup a row), past the rows,
+    # the single-gate backward, a GRU without reset_after, and on the CPU harness (packed)
+    v1 = rule(direction="forward", D=1, N=1, H=64)
+    assert (v1.version, v1.kernel) == ("packed", "lstm_forward") and "auto, v1" in v1.reason
+    assert rule(direction="forward", D=2, N=33, H=128).version == "rows"
+    single = functools.partial(versions.recurrence, cell="single_gate", D=1, N=32, H=256)
+    assert single(direction="forward").version == "v2"
+    assert single(direction="backward").version == "rows"
+    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=8,
+                               H=128).version == "rows"
+    gru = functools.partial(versions.recurrence, cell="gru", direction="forward", D=1, N=8, H=128)
+    assert gru().version == "v2" and gru(reset_after=False).version == "rows"
+    assert rule(direction="forward", D=1, N=64, H=64, device="metal-emulated").version == "packed"
+    assert rule(direction="forward", D=1, N=8, H=128, device="metal-emulated").version == "packed"
+    monkeypatch.setitem(versions.V2_MIN_H, ("lstm", "forward"), 64)
+    assert rule(direction="forward", D=1, N=1, H=64).version == "v2"
     # More rows a threadgroup, at most a chunk: the backward stages 4H floats a row, so
     # 6144 // 1024 = 6 rows a chunk at H = 256.
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)
@@ -720,12 +732,12 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     # Past V2_MAX_H, v1 in its grid; past one row of threadgroup memory, v2 cannot run.
     assert rule(direction="forward", D=1, N=64, H=512).version == "rows"
     assert rule(direction="forward", D=2, N=512, H=300).version == "packed"
+    monkeypatch.setattr(versions, "V2_MAX_H", 4000)
     assert versions.v2_rows(cell="lstm", direction="backward", H=1537) == 0
     gru = versions.recurrence(cell="gru", direction="backward", D=1, N=8, H=2000)
     assert gru.version == "packed" and gru.kernel == "gru_backward"
     harness = rule(direction="forward", D=1, N=8, H=7000, device="metal-emulated")
     assert harness.version == "packed" and "CPU harness" in harness.reason
-    assert rule(direction="forward", D=1, N=8, H=64, device="metal-emulated").version == "v2"
     monkeypatch.setenv(versions.RECURRENCE_ENV, "v1")  # v1, in the grid its rule picks
     v1 = rule(direction="forward", D=1, N=8, H=128)
     assert (v1.version, v1.kernel) == ("rows", "lstm_forward") and "v1 forced" in v1.reason

@@ -30,23 +30,37 @@ grids:
   work its epilogue (:func:`tile_blocks` picks the width; T + 1 dispatches backward, as
   v2-steps). A GRU without reset_after follows the rule. Only when forced.
 
-The rule (``auto``): **v1 in its grid** (v2 when H ≤ :data:`V2_MAX_H`, now 0: never). Measured
-on an H100 through metal-cuda (2026-11-25, the CUDA launchers asking for one resident
-threadgroup a core, so that ptxas gives v1's threads the registers they use), kernel ms of the
-forward / backward recurrences, v1 (its grid rule) against v2 (one row a threadgroup),
-v2-steps (64 units a block), v3 (the default width):
+The rule (``auto``): **v2, one row a threadgroup, where** :data:`V2_MIN_H` **of the cell and
+direction ≤ H ≤** :data:`V2_MAX_H` **and D·N ≤** :data:`V2_MAX_ROWS` **(a GRU only with
+reset_after); else v1 in its grid** (v1 packed on the CPU harness). v2 reads R and the staged
+left factor as float4 where H allows (``rg_dots``, kernels/common.metal): the lanes of a unit
+then read whole 128-byte lines of a weight row. Device ms (torch.profiler) of the forward /
+backward recurrences on an H100 through metal-cuda (2026-11-25), v1 (its grid) → v2 (one row
+a threadgroup, float4 reads):
 
-- 100×32×256×256: RNN v1 1.32 / 0.68, v2 1.19 / 1.23, v2-steps 3.34 / 3.21, v3 3.17 / 3.41;
-  GRU 2.16 / 2.33, 3.04 / 3.37, 4.56 / 4.34, 3.70 / 5.28; LSTM 2.40 / 2.64, 4.02 / 4.33,
-  5.83 / 4.51, 3.94 / 6.37.
-- 50×1×64×64: RNN 0.12 / 0.14 against v2's 0.17 / 0.16; GRU 0.17 / 0.26 against 0.28 / 0.27;
-  LSTM 0.21 / 0.29 against 0.34 / 0.31 (the one-step grids 0.8–1.5 each way).
+- 100×32×256×256: RNN 1.29 / 0.63 → 0.66 / 0.69; GRU 2.11 / 2.28 → 1.18 / 1.76; LSTM
+  2.34 / 2.59 → 1.51 / 2.22.
+- 1000×8×128×128: RNN 2.55 / 2.44 → 3.02 / 3.09; GRU 7.89 / 8.69 → 5.93 / 7.19; LSTM
+  10.95 / 12.65 → 7.28 / 8.87.
+- 50×1×64×64 (H below the range): RNN 0.09 / 0.10 → 0.14 / 0.14; GRU 0.17 / 0.25 → 0.26 /
+  0.24; LSTM 0.21 / 0.28 → 0.31 / 0.26.
+
+Before the float4 reads (lanes k ≡ lane mod S, scalar loads: each load of a SIMD-group touched
+four lines) v2 was slower than v1 at 11 of these 12 shapes and cells (1000×8 LSTM 10.4 / 11.5,
+100×32 LSTM 4.0 / 4.3). Eight rows a threadgroup instead of one (:data:`V2_GROUP_ROWS` = 8)
+took three times as long at 1000×8 (LSTM 33.8 / 25.6 ms): one core then does every row's
+product. Event-timed kernel ms of the other versions, from before the float4 reads (same
+H100, the CUDA launchers asking for one resident threadgroup a core, so that ptxas gives v1's
+threads the registers they use), v1 against v2-steps (64 units a block) and v3 (the default
+width):
+
+- 100×32×256×256: RNN v1 1.32 / 0.68, v2-steps 3.34 / 3.21, v3 3.17 / 3.41;
+  GRU 2.16 / 2.33, 4.56 / 4.34, 3.70 / 5.28; LSTM 2.40 / 2.64, 5.83 / 4.51, 3.94 / 6.37.
+- 50×1×64×64: the one-step grids 0.8–1.5 ms each way.
 - 200×64×512×512: RNN 5.88 / 2.93, v2-steps 5.91 / 5.50, v3 7.57 / 7.09; GRU 10.80 / 10.37,
   10.09 / 13.00, 13.93 / 16.77; LSTM 12.09 / 11.05, 15.27 / 16.37, 15.45 / 21.42.
-- 1000×8×128×128: RNN 2.56 / 2.42 against v2's 3.71 / 3.71; GRU 6.01 / 8.43 against 7.90 /
-  8.79; LSTM 11.15 / 13.06 against 10.36 / 11.51 (the one-step grids 20–50 each way).
+- 1000×8×128×128: the one-step grids 20–50 ms each way.
 
-v1 is fastest at 11 of the 12 shapes and cells (v2 beats it by 10% for the LSTM at 1000×8).
 Those times come from CUDA events around each dispatch, which also count the host's time to
 launch a kernel while the GPU waits for it: about 17 µs a dispatch through metal-cuda (1000×8:
 2006 dispatches in 34–38 ms). The device's own time of each kernel (torch.profiler, as cuDNN's
@@ -62,8 +76,8 @@ and the GRU's and LSTM's backward), the op's device time fell (LSTM 32.1 → 28.
 multiply-adds a step there), is None until a dispatch costs the host less. Before the
 launchers asked for one threadgroup a core, ptxas kept v1's kernels at 32–59 registers and v2
 won below H = 256 (100×32 LSTM: v1 13.3, v2 8.6 ms). Not measured on Apple hardware, where
-Apple's compiler, not ptxas, allots the registers: set :data:`V2_MAX_H` (256 was the rule)
-from ``rnngrad bench`` there. Override it with
+Apple's compiler, not ptxas, allots the registers: set :data:`V2_MIN_H`, :data:`V2_MAX_H`
+and :data:`V2_MAX_ROWS` from ``rnngrad bench`` there. Override it with
 ``RNNGRAD_METAL_RECURRENCE`` = ``v2`` | ``v2-steps`` | ``v3`` | ``v1`` | ``packed`` | ``rows`` |
 ``auto`` (``v1``: v1 in the grid its rule picks) or the module setting :data:`RECURRENCE`;
 :data:`V2_GROUP_ROWS` sets v2's rows per threadgroup. The two grids of v1 give bitwise the same
@@ -220,9 +234,15 @@ V2_STAGE_PER_ROW = {("single_gate", "forward"): 1, ("single_gate", "backward"): 
 V2_THREADS = 1024
 #: rows per v2 threadgroup the host asks for (the kernels take more in chunks of V2_ROWS)
 V2_GROUP_ROWS = 1
-#: the largest H the rule gives v2 (0: none; it was 256 until v1 got its registers, module
-#: docstring)
-V2_MAX_H = 0
+#: the smallest H the rule gives v2, by cell and direction (None: never); measured wins at
+#: H = 128 and 256 for the GRU and the LSTM, at 256 for the single-gate forward (module docstring)
+V2_MIN_H = {("single_gate", "forward"): 129, ("single_gate", "backward"): None,
+            ("gru", "forward"): 128, ("gru", "backward"): 128,
+            ("lstm", "forward"): 128, ("lstm", "backward"): 128}
+#: the largest H the rule gives v2 (each row's threadgroup reads all of R every step)
+V2_MAX_H = 256
+#: the most rows (D·N) the rule gives v2 a threadgroup each (measured: 8 and 32)
+V2_MAX_ROWS = 64
 #: units per threadgroup at most in v2's one-step grid (v2-steps): H splits into
 #: ⌈H / V2_STEP_UNITS⌉ blocks, so that at most 1024 / V2_STEP_UNITS lanes share a unit's sum
 V2_STEP_UNITS = 64
@@ -296,7 +316,8 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
     its two grids); ``Choice.kernel`` the kernel; its thread count is
     :func:`recurrence_count`. ``device`` is the backend's name: on the CPU harness
     ("metal-emulated") v1 always packs. ``reset_after``: the GRU's (without it a GRU step
-    needs r of every unit before its o gate, so the one-step grids do not apply)."""
+    needs r of every unit before its o gate, so the one-step grids do not apply; the rule's v2
+    was measured with it only)."""
     setting, source = _setting(RECURRENCE, "RECURRENCE", RECURRENCE_ENV, _GRIDS)
     v1, v2 = f"{cell}_{direction}", f"{cell}_{direction}_v2"
     shape = f"{v1}, D={D}, N={N}, H={H}"
@@ -324,10 +345,6 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
     if setting not in ("auto", "v1"):
         return Choice(setting, v2 if setting == "v2" else v1,
                       f"{shape}: forced by {source}={setting}")
-    if fits and setting == "auto" and H <= V2_MAX_H:
-        return Choice("v2", v2, f"{shape}: auto, v2: H <= {V2_MAX_H}, "
-                                f"{group_rows(cell=cell, direction=direction, H=H)} row(s) a "
-                                f"threadgroup")
     packed_groups = -(-D * N * H // 1024)
     if setting == "v1":
         shape = f"{shape}: v1 forced by {source}=v1, its grid"
@@ -335,6 +352,13 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
         return Choice("packed", v1, f"{shape}: auto, v1 packed on the CPU harness, which runs "
                                     f"every GPU thread as a fiber: idle threads cost there what "
                                     f"they save on a GPU")
+    low = V2_MIN_H.get((cell, direction))
+    if (setting == "auto" and fits and low is not None and low <= H <= V2_MAX_H
+            and D * N <= V2_MAX_ROWS and (cell != "gru" or reset_after)):
+        return Choice("v2", v2, f"{shape}: auto, v2: {low} <= H <= {V2_MAX_H} and D·N = {D * N} "
+                                f"<= {V2_MAX_ROWS}, "
+                                f"{group_rows(cell=cell, direction=direction, H=H)} row(s) a "
+                                f"threadgroup")
     work = D * N * DESCRIPTORS[cell].gates * H * H
     if (setting == "auto" and fits and STEPS_MIN_WORK is not None and work >= STEPS_MIN_WORK
             and (cell != "gru" or reset_after)
