@@ -93,10 +93,17 @@ def main(argv=None) -> int:
                         help="profile only the kernels whose name this matches")
     parser.add_argument("--recurrence", default=None, help="RNNGRAD_METAL_RECURRENCE")
     parser.add_argument("--gemm", default=None, help="RNNGRAD_METAL_GEMM")
+    parser.add_argument("--set", nargs="*", default=(), metavar="NAME=VALUE",
+                        help="integer settings of rnngrad.backends.metal.versions (V2_GROUP_ROWS=8)")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
+        from rnngrad.backends.metal import versions
+        for name, value in (item.split("=", 1) for item in args.set):
+            if not hasattr(versions, name):
+                parser.error(f"--set: expected a setting of versions, got {name!r}")
+            setattr(versions, name, int(value))
         child(args.cell, args.shape)
         return 0
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -108,7 +115,8 @@ def main(argv=None) -> int:
            *(x for s in SECTIONS for x in ("--section", s)),
            "--launch-skip", os.environ.get("NCU_SKIP", "0"), "--launch-count",
            os.environ.get("NCU_COUNT", "40"),
-           sys.executable, __file__, "--child", "--cell", args.cell, "--shape", args.shape]
+           sys.executable, __file__, "--child", "--cell", args.cell, "--shape", args.shape,
+           *(("--set", *args.set) if args.set else ())]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     report = done.stdout + done.stderr
     out = Path(args.out)
