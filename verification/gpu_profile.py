@@ -99,7 +99,9 @@ def main(argv=None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
+        sys.path[:0] = [str(ROOT)]
         from rnngrad.backends.metal import versions
+
         for name, value in (item.split("=", 1) for item in args.set):
             if not hasattr(versions, name):
                 parser.error(f"--set: expected a setting of versions, got {name!r}")
