@@ -22,7 +22,10 @@ most 32 KiB of threadgroup memory (an error above it, though the GPU has more), 
 Nothing may rely on threadgroups running together: a kernel that waits for another threadgroup
 may hang here as on a Mac.
 
-Calls are asynchronous on one CUDA stream, in order. A fault inside a kernel (an illegal
+Calls are asynchronous on one CUDA stream, in order. That stream is a blocking one: it waits
+for work queued before on the legacy default stream (CuPy's and PyTorch's unless told otherwise),
+so a kernel bound to a caller's GPU array in place (:meth:`Device.wrap`) reads it after the
+caller's kernels that wrote it. A fault inside a kernel (an illegal
 address) surfaces when the device waits: :meth:`Device.finish` raises :class:`error` naming the
 kernel, and the device refuses every later call, since the CUDA context is then unusable.
 ``Device(check_each_dispatch=True)`` waits after every dispatch instead, so that a fault is
@@ -40,6 +43,9 @@ Apple's compiler and its fast math remain the Mac's to check.
 threadgroup memory, path ``"cuda"``, and ``seconds``, the kernel's GPU time from CUDA events,
 read when first asked for). It keeps the newest ``Device(trace_limit=...)`` dispatches (4096 by
 default; None keeps every one), so a long training loop holds bounded memory.
+``Device(timing=False)`` records one event per call (the one :meth:`Device.finish` waits on)
+instead of two timing events, and its dispatches' ``seconds`` are None: the Metal backend's own
+device ("metal-cuda") runs so; ``rnngrad.backends.metal.host.cuda_device()`` times by default.
 """
 
 from __future__ import annotations
@@ -102,14 +108,13 @@ class Dispatch:
         self._events, self._seconds = events, None
 
     @property
-    def seconds(self) -> float:
-        if self._seconds is None:
-            if self._events is None:
-                self._seconds = 0.0
-            else:
-                start, end = self._events
-                end.synchronize()
-                self._seconds = _cupy().cuda.get_elapsed_time(start, end) / 1e3
+    def seconds(self) -> float | None:
+        """The kernel's GPU time in seconds (waits for it); None on a device made with
+        ``timing=False``, which records no start."""
+        if self._seconds is None and self._events is not None:
+            start, end = self._events
+            end.synchronize()
+            self._seconds = _cupy().cuda.get_elapsed_time(start, end) / 1e3
         return self._seconds
 
     def __repr__(self):
@@ -137,13 +142,16 @@ class Device:
         poison: fill new buffers with 0xFF (NaN as float32); False leaves them uninitialised.
         max_threads_per_threadgroup: cap on the threadgroup size, a multiple of 32 in [32, 1024].
         trace_limit: dispatches ``trace`` keeps, the newest (None: every one).
+        timing: record two CUDA events around every call for ``Dispatch.seconds``; False
+            records only the end (no timing), one CUDA call fewer per dispatch and a cheaper one.
     """
 
     array_module = property(lambda self: _cupy())
 
     def __init__(self, device_index: int = -1, *, fast_math: bool = False,
                  check_each_dispatch: bool = False, poison: bool = True,
-                 max_threads_per_threadgroup: int = 1024, trace_limit: int | None = dispatch.TRACE_LIMIT):
+                 max_threads_per_threadgroup: int = 1024, trace_limit: int | None = dispatch.TRACE_LIMIT,
+                 timing: bool = True):
         reason = available()
         if reason:
             raise error(reason)
@@ -157,11 +165,13 @@ class Device:
         self._cuda = cp.cuda.Device(cp.cuda.runtime.getDevice() if device_index == -1 else device_index)
         with self._cuda:
             props = cp.cuda.runtime.getDeviceProperties(self._cuda.id)
-            self.stream = cp.cuda.Stream(non_blocking=True)
+            # blocking: ordered after the legacy default stream's work (module docstring)
+            self.stream = cp.cuda.Stream(non_blocking=False)
         self.deviceName = props["name"].decode()
         self.fast_math = bool(fast_math)
         self.check_each_dispatch = bool(check_each_dispatch)
         self.poison = bool(poison)
+        self.timing = bool(timing)
         self.max_threads_per_threadgroup = max_threads_per_threadgroup
         try:
             self.trace = dispatch.Trace(trace_limit)
@@ -223,11 +233,14 @@ class Device:
             return cp.full(max(int(n), 1), value, cp.float32).view(cp.uint8)[:4 * int(n)]
 
     def wrap(self, array):
-        """The bytes of a C-contiguous GPU array, without a copy (for inputs a kernel only reads)."""
+        """The bytes of a C-contiguous GPU array, without a copy (for inputs a kernel only reads;
+        any other array is copied into that layout on the device's stream). Not in
+        metalcompute's API: the Metal host binds inputs already on the GPU through it."""
         cp = _cupy()
         a = cp.asarray(array)
         if not a.flags.c_contiguous:
-            a = cp.ascontiguousarray(a)
+            with self._cuda, self.stream:
+                a = cp.ascontiguousarray(a)
         return a.reshape(-1).view(cp.uint8)
 
     def finish(self, handles) -> None:
@@ -331,8 +344,11 @@ class Function:
         bound = [b if isinstance(b, cp.ndarray) else device.buffer(b) for b in buffers]
         n_tg = -(-count // tg)
         with device._cuda, device.stream:
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record(device.stream)
+            if device.timing:
+                start, end = cp.cuda.Event(), cp.cuda.Event()
+                start.record(device.stream)
+            else:  # only what finish waits on
+                start, end = None, cp.cuda.Event(disable_timing=True)
             if n_tg:
                 try:
                     self._raw((n_tg,), (tg,), tuple(bound[:self._info.n_buffers]))
@@ -340,7 +356,8 @@ class Function:
                     raise error(f"kernel '{self.name}' (count {count}, threadgroup size {tg}): "
                                 f"launch failed: {exc}") from None
             end.record(device.stream)
-        record = Dispatch(self.name, count, tg, n_tg, self.threadgroup_memory, (start, end))
+        record = Dispatch(self.name, count, tg, n_tg, self.threadgroup_memory,
+                          (start, end) if start is not None else None)
         device.trace.append(record)
         handle = RunHandle(self, end, record)
         if device.check_each_dispatch:
