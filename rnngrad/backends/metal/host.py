@@ -31,7 +31,11 @@ cover the inputs whose absence is not a neutral value (peephole, per-step cell g
 Those zeros and ones, and the parameter structs, are buffers no kernel writes: the host makes
 each once per device and keeps it (:meth:`MetalHost.buffer`), on the device itself where it can
 fill memory (the CUDA target's ``zeros`` and ``full``), so that from the second call of a shape
-on an op copies to the device only the arrays its caller passed.
+on an op copies to the device only the arrays its caller passed. Of those, an array already in
+GPU memory that the kernels only read is bound where it is (the CUDA target's ``wrap``; see
+:meth:`MetalHost.read_only`): only the two inputs a kernel writes (state_gradient, a final
+cell_gradient) and the weights read transposed are copied there. The buffers an op's kernels
+write are slices of one slab and one zeroed arena per op on the CUDA target (see :class:`_Runs`).
 T = 0 and N = 0 are answered on the host (contract section 4): there is nothing to dispatch.
 
 Completion checks. metalcompute 0.2.9 never checks a command buffer's status, so a dispatch
@@ -105,6 +109,11 @@ CONSTANTS_KEPT = 256
 ARENA_BYTES = 1 << 16
 #: alignment of each dispatch's slice of a status arena, in bytes (as cudaMalloc aligns)
 ARENA_ALIGN = 256
+#: bytes of one slab of new (uninitialised, or poisoned by the device) memory that an op's small
+#: output and scratch buffers are sliced from (see _Runs); a buffer over a quarter of it is made
+#: on its own. A result keeps its slab alive: at most this much memory per op whose results are
+#: held
+SLAB_BYTES = 1 << 18
 
 
 class Constant(NamedTuple):
@@ -155,6 +164,14 @@ class _Runs:
     when the op's runs are waited on: no copy to the device, one read from it. Elsewhere each
     dispatch gets a buffer copied from host zeros (metalcompute does not zero new buffers), read
     back after its run.
+
+    New buffers. On such a device the op's other new buffers are slices too (:meth:`new`), so
+    that an op asks the device for one or two allocations instead of one per buffer: those that
+    start at zero from the top of the same arenas (growing down, so the read of the marks,
+    ``[0, marks' end)``, leaves them out), the others from a slab of :data:`SLAB_BYTES` made by
+    ``device.buffer`` (which the CUDA target fills with NaN: the poison covers every slice). A
+    buffer over a quarter of an arena or slab is made on its own. Every slice is aligned to
+    :data:`ARENA_ALIGN` bytes and is the op's own: no other op's buffer shares its slab.
     """
 
     def __init__(self, host: "MetalHost", op: str, problem):
@@ -167,12 +184,19 @@ class _Runs:
         self._pending = []  # [(handle, run)] not yet waited on
         self._finish = getattr(host.device, "finish", None)
         self._arena_zeros = getattr(host.device, "zeros", None) if self._finish else None
-        self._arenas = []  # [[buffer, bytes handed out]] since the last wait
+        #: whether the op's new buffers are slices of arenas and slabs (see new)
+        self.slices = self._arena_zeros is not None
+        # [[buffer, marks' end, zeroed slices' start]] since the last wait: marks grow up from
+        # 0, zeroed buffers down from the end
+        self._arenas = []
+        self._slab = None  # [buffer, bytes handed out]: where new() slices uninitialised buffers
 
     def __enter__(self):
+        self.host._op = self
         return self
 
     def __exit__(self, kind, value, traceback):
+        self.host._op = None
         self.wait(check=kind is None)
         return False
 
@@ -194,19 +218,50 @@ class _Runs:
         if self._arena_zeros is None:
             status = self.host.zeroed(nbytes // 4)
             return status, status
-        last = self._arenas[-1] if self._arenas else None
-        if last is None or last[1] + nbytes > len(last[0]):
-            last = [self._arena_zeros(max(ARENA_BYTES, nbytes)), 0]
-            self._arenas.append(last)
+        last = self._arena(nbytes)
         offset = last[1]
         last[1] = offset + -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
         return last[0][offset:offset + nbytes], (len(self._arenas) - 1, offset)
+
+    def _arena(self, nbytes):
+        """The newest arena if ``nbytes`` fit between its marks and its zeroed slices, else a
+        new one (of its own size where ``nbytes`` exceed :data:`ARENA_BYTES`)."""
+        last = self._arenas[-1] if self._arenas else None
+        if last is None or last[1] + nbytes > last[2]:
+            buf = self._arena_zeros(max(ARENA_BYTES, nbytes))
+            last = [buf, 0, len(buf) // ARENA_ALIGN * ARENA_ALIGN]
+            self._arenas.append(last)
+        return last
+
+    def new(self, nbytes, zeroed):
+        """A new buffer of ``nbytes`` for this op's kernels to write (``zeroed``: all zeros;
+        else uninitialised, or poisoned by the device), sliced from an arena or the op's slab
+        where the device allows (``slices``; see the class docstring), else made on its own."""
+        device = self.host.device
+        if not self.slices:
+            return self.host._filled(nbytes // 4, 0.0) if zeroed else device.buffer(nbytes)
+        if zeroed:
+            if nbytes > ARENA_BYTES // 4:
+                return self._arena_zeros(nbytes)
+            last = self._arena(nbytes)
+            last[2] -= -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
+            return last[0][last[2]:last[2] + nbytes]
+        if nbytes > SLAB_BYTES // 4:
+            return device.buffer(nbytes)
+        slab = self._slab
+        if slab is None or slab[1] + nbytes > len(slab[0]):
+            slab = self._slab = [device.buffer(SLAB_BYTES), 0]
+        offset = slab[1]
+        slab[1] = offset + -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
+        return slab[0][offset:offset + nbytes]
 
     def _words(self, runs):
         """Each run's marks as uint32 words [marks, 2] (NumPy): one read per arena, or per run
         where the runs have buffers of their own."""
         arenas, self._arenas = self._arenas, []
-        read = [self.host.words(buf, min(used, len(buf)) // 4) for buf, used in arenas]
+        # (an arena that holds only zeroed buffers has no marks to read)
+        read = [self.host.words(buf, min(used, len(buf)) // 4) if used else None
+                for buf, used, _ in arenas]
         out = []
         for run in runs:
             where, n = run["status"], 2 * run["marks"]
@@ -312,6 +367,7 @@ class MetalHost:
         self._device = None
         self._functions = {}
         self._constants = collections.OrderedDict()  # key -> read-only buffer (see buffer)
+        self._op = None  # the _Runs of the op in progress (under _lock), where new buffers come from
         self._lock = threading.Lock()
         self._device_lock = threading.Lock()
         #: work budget of one recurrence dispatch in units; None: $RNNGRAD_METAL_DISPATCH_BUDGET,
@@ -380,16 +436,40 @@ class MetalHost:
             return self._kept(("fill", value, n), lambda: self._filled(n, value))
         if hasattr(array, "__cuda_array_interface__"):  # already on the GPU: copied there
             xp = self.xp
-            array = xp.ascontiguousarray(array, dtype=F32)
-            return self.device.buffer(array if array.size else xp.zeros(1, F32))
+            if not array.size:
+                return self.device.buffer(xp.zeros(1, F32))
+            wrap = getattr(self.device, "wrap", None)
+            if wrap is None or (array.dtype == F32 and array.flags.c_contiguous):
+                return self.device.buffer(xp.ascontiguousarray(array, dtype=F32))
+            # Another layout or dtype: the conversion is a new array, the op's own (one copy).
+            return wrap(xp.ascontiguousarray(array, dtype=F32))
         array = np.ascontiguousarray(array)
         if array.dtype.names is not None:  # a params struct: plain bytes for metalcompute
-            array = array.view(np.uint8)
-            return self._kept(("params", array.tobytes()), lambda: self.device.buffer(array))
+            return self.params(array.dtype, tuple(array.reshape(-1)[0].tolist()))
         array = array.astype(F32, copy=False)
         if array.nbytes == 0:
             array = np.zeros(1, F32)  # Metal has no empty buffers; never read
         return self.device.buffer(array)
+
+    def read_only(self, array):
+        """A device buffer of ``array`` for kernels that only read it (``const device`` in every
+        kernel it is bound to): a GPU array already C-contiguous float32 is bound in place where
+        the device can bind one without a copy (``device.wrap``: the CUDA target); anything else,
+        a :class:`Constant` included, as :meth:`buffer` makes it. Never for a buffer a kernel
+        writes (the caller's array would change)."""
+        if (hasattr(array, "__cuda_array_interface__") and array.dtype == F32
+                and array.flags.c_contiguous and array.size):
+            wrap = getattr(self.device, "wrap", None)
+            if wrap is not None:
+                return wrap(array)
+        return self.buffer(array)
+
+    def params(self, struct, values):
+        """The device buffer of a parameter struct (``library.GEMM_PARAMS`` or
+        ``RECURRENCE_PARAMS``) holding ``values`` (a tuple in field order), kept as
+        :meth:`buffer` keeps a struct, without building the struct when it is kept."""
+        return self._kept(("params", struct, values),
+                          lambda: self.device.buffer(np.array([values], struct).view(np.uint8)))
 
     def _kept(self, key, make):
         """The constant buffer under ``key``, made by ``make()`` when not kept (LRU)."""
@@ -412,12 +492,18 @@ class MetalHost:
         return make(4 * n) if value == 0 else make(n, value)
 
     def empty(self, n):
-        """A float32 device buffer of ``n`` elements (at least one)."""
-        return self.device.buffer(4 * max(int(n), 1))
+        """A float32 device buffer of ``n`` elements (at least one): inside an op, a slice of
+        the op's slab where the device allows (:meth:`_Runs.new`)."""
+        nbytes = 4 * max(int(n), 1)
+        op = self._op
+        return op.new(nbytes, False) if op is not None else self.device.buffer(nbytes)
 
     def zeroed(self, n):
-        """A new float32 device buffer of ``n`` zeros (at least one), for a kernel to write."""
-        return self._filled(max(int(n), 1), 0.0)
+        """A new float32 device buffer of ``n`` zeros (at least one), for a kernel to write:
+        inside an op, a slice of a zeroed arena where the device allows (:meth:`_Runs.new`)."""
+        n = max(int(n), 1)
+        op = self._op
+        return op.new(4 * n, True) if op is not None else self._filled(n, 0.0)
 
     def launch(self, kernel, count, runs, *, steps, span=None, **buffers):
         """Dispatch ``kernel`` over ``count`` threads on ``runs`` (the op's :class:`_Runs`),
@@ -452,7 +538,7 @@ class MetalHost:
         _LOG.debug("%s: %s", self.name, choice)
         R = problem.recurrent_weight  # [D,GH,H]
         name = library.BUFFERS[choice.kernel][3 if direction == "forward" else 1]
-        weight = self.buffer(R.transpose(0, 2, 1) if name == "Rt" else R)
+        weight = self.read_only(R.transpose(0, 2, 1) if name == "Rt" else R)
         return choice, versions.recurrence_count(choice, **sizes), {name: weight}
 
     def recurrence_spans(self, problem, choice, direction):
@@ -509,15 +595,14 @@ class MetalHost:
                                       slices=slices)
         _LOG.debug("%s: %s%s", self.name, choice,
                    f"; {slices} slices of {k_split} k, added by a second product" if slices > 1 else "")
-        params = np.zeros(1, library.GEMM_PARAMS)
         values = dict(count=count, batch=batch, M=M, P=P, K=K, a_batch=a_batch, a_row=a_row,
                       a_k=a_k, b_batch=b_batch, b_k=b_k, b_col=b_col,
                       block=block, b_block=b_block, has_bias=int(bias is not None),
                       k_split=k_split)
-        for key, value in values.items():
-            params[key] = value
+        params = self.params(library.GEMM_PARAMS,
+                             tuple(int(values[k]) for k in library.GEMM_PARAMS.names))
         parts = self.empty(slices * batch * M * P) if slices > 1 else C
-        self.launch(choice.kernel, count, handles, steps=K, p=self.buffer(params), A=A, B=B,
+        self.launch(choice.kernel, count, handles, steps=K, p=params, A=A, B=B,
                     bias=bias if bias is not None else self.buffer(Constant(1)), C=parts)
         if slices > 1:  # C = the slices' sum, in slice order: 1ᵀ · parts[slices, batch·M·P]
             self.gemm(handles, self.buffer(Constant(1, 1.0)), parts, C, batch=1, M=1,
@@ -531,46 +616,50 @@ class MetalHost:
         ``(s_begin, s_end)`` (default all T); ``unit_blocks``: 0 for a kernel's own grid, else
         a one-step grid (v2-steps, v3) with that many blocks of units to a group of rows (a
         span of one step, or none: a backward's last carry)."""
+        values = MetalHost.recurrence_values(problem, count, span, unit_blocks)
+        return np.array([values], library.RECURRENCE_PARAMS)
+
+    @staticmethod
+    def recurrence_values(problem, count, span=None, unit_blocks=0):
+        """:meth:`recurrence_params`' fields as a tuple of ints, in the struct's order."""
         desc, cell = problem.descriptor, problem.cell
-        p = np.zeros(1, library.RECURRENCE_PARAMS)
         acts = [Activation.NONE] * 5
         gates = [0, 0, 0, 0]
+        values = dict(count=count, T=problem.T, N=problem.N, H=problem.H, D=problem.D,
+                      G=problem.G, Z=problem.Z, reverse=int(desc.reverse and problem.D == 1),
+                      training=int(desc.training), mask_per_step=int(problem.mask_per_step),
+                      has_peephole=0, cell_gradient_per_step=0, reset_after=0, flip_z=0)
         if cell == "single_gate":
             acts[0] = desc.activation
         elif cell == "gru":
             acts[:3] = [desc.update_gate_activation, desc.reset_gate_activation,
                         desc.output_gate_activation]
             gates[:3] = [desc.gate_index[k] for k in "zro"]
-            p["reset_after"] = desc.reset_after
-            p["flip_z"] = desc.flip_z
+            values["reset_after"] = desc.reset_after
+            values["flip_z"] = desc.flip_z
         else:
             acts = [desc.input_gate_activation, desc.forget_gate_activation,
                     desc.cell_gate_activation, desc.output_gate_activation, desc.activation]
             gates = [desc.gate_index[k] for k in "ifzo"]
-            p["has_peephole"] = problem.peephole is not None
-            p["cell_gradient_per_step"] = problem.cell_gradient_per_step
-        values = dict(count=count, T=problem.T, N=problem.N, H=problem.H, D=problem.D,
-                      G=problem.G, Z=problem.Z, reverse=int(desc.reverse and problem.D == 1),
-                      training=int(desc.training), mask_per_step=int(problem.mask_per_step))
+            values["has_peephole"] = problem.peephole is not None
+            values["cell_gradient_per_step"] = problem.cell_gradient_per_step
         values["s_begin"], values["s_end"] = span if span is not None else (0, problem.T)
         if unit_blocks and values["s_end"] - values["s_begin"] > 1:
             raise ValueError(f"recurrence_params: {unit_blocks} unit block(s) need at most one "
                              f"step a dispatch, got steps {values['s_begin']}..{values['s_end']}")
         values["unit_blocks"] = unit_blocks
-        for key, value in values.items():
-            p[key] = value
         for k in range(5):
-            p[f"act{k}"] = int(acts[k])
+            values[f"act{k}"] = acts[k]
         for k in range(4):
-            p[f"gate{k}"] = gates[k]
-        return p
+            values[f"gate{k}"] = gates[k]
+        return tuple(int(values[name]) for name in library.RECURRENCE_PARAMS.names)
 
     def _common(self, problem):
         """Buffers every recurrence reads: h0 (zeros when absent) and the mask (ones)."""
         N, DH = problem.N, problem.D * problem.H
         h0 = problem.init_state if problem.init_state is not None else Constant(N * DH)
         mask = problem.mask if problem.mask is not None else Constant(N * DH, 1.0)
-        return self.buffer(h0), self.buffer(mask)
+        return self.read_only(h0), self.read_only(mask)
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, problem) -> ForwardArrays:
@@ -584,19 +673,19 @@ class MetalHost:
                 empty, empty.copy() if wants_c else None,
                 np.zeros((T, N, D * Z * H), F32) if desc.training else None))
         with self._lock, self.runs(f"{cell}_forward", problem) as handles:
-            source = self.buffer(problem.source)
+            source = self.read_only(problem.source)
             if problem.input_weight is not None:
                 I = problem.I
                 x = self.empty(T * N * DGH)
-                bias = self.buffer(problem.bias) if problem.bias is not None else None
+                bias = self.read_only(problem.bias) if problem.bias is not None else None
                 # Wᵀ [I,DGH], so that consecutive threads read consecutive addresses of B.
-                Wt = self.buffer(problem.input_weight.T)
+                Wt = self.read_only(problem.input_weight.T)
                 self.gemm(handles, source, Wt, x, batch=1, M=T * N, P=DGH, K=I, a_row=I, a_k=1,
                           b_k=DGH, b_col=1, bias=bias)
                 x_bias = self.buffer(Constant(DGH))
             else:
                 x = source
-                x_bias = self.buffer(problem.bias if problem.bias is not None else Constant(DGH))
+                x_bias = self.read_only(problem.bias if problem.bias is not None else Constant(DGH))
             h0, mask = self._common(problem)
             choice, count, weight = self.recurrence(problem, "forward")
             kernel = choice.kernel
@@ -608,17 +697,18 @@ class MetalHost:
                 buffers = dict(x=x, bias=x_bias, h0=h0, mask=mask, h=h, zs=zs)
             elif cell == "gru":
                 b2 = problem.secondary_bias if problem.secondary_bias is not None else Constant(DH)
-                buffers = dict(x=x, bias=x_bias, h0=h0, mask=mask, b2=self.buffer(b2), h=h,
+                buffers = dict(x=x, bias=x_bias, h0=h0, mask=mask, b2=self.read_only(b2), h=h,
                                zs=zs)
             else:
                 c0 = problem.init_cell if problem.init_cell is not None else Constant(N * DH)
                 peephole = problem.peephole if problem.peephole is not None else Constant(D * 4 * H)
                 c = self.empty(T * N * DH)
-                buffers = dict(x=x, bias=x_bias, h0=h0, c0=self.buffer(c0), mask=mask,
-                               peephole=self.buffer(peephole), h=h, c=c, zs=zs)
+                buffers = dict(x=x, bias=x_bias, h0=h0, c0=self.read_only(c0), mask=mask,
+                               peephole=self.read_only(peephole), h=h, c=c, zs=zs)
             # Steps upward; each dispatch starts from the h (and c) the previous one wrote.
             for span in spans:
-                p = self.buffer(self.recurrence_params(problem, count, span, blocks))
+                p = self.params(library.RECURRENCE_PARAMS,
+                                self.recurrence_values(problem, count, span, blocks))
                 self.launch(kernel, count, handles, steps=span[1] - span[0], span=span, p=p,
                             **buffers, **weight)
             handles.wait()  # waits for the GPU and checks the last dispatch
@@ -641,8 +731,8 @@ class MetalHost:
             choice, count, weight = self.recurrence(problem, "backward")
             kernel = choice.kernel
             blocks, spans = self.recurrence_spans(problem, choice, "backward")
-            dy = self.buffer(problem.source_gradient)
-            zs = self.buffer(problem.z_state)
+            dy = self.read_only(problem.source_gradient)
+            zs = self.read_only(problem.z_state)
             sg = problem.state_gradient
             dhn = self.buffer(sg) if sg is not None else self.zeroed(N * DH)  # written
             dx = self.empty(T * N * DGH)
@@ -658,7 +748,7 @@ class MetalHost:
                 lhs = self.empty(T * N * DGH)
                 prow = self.zeroed(D * N * H)
                 buffers = dict(h0=h0, mask=mask, dy=dy, zs=zs,
-                               hfwd=self.buffer(problem.output_fwd), dx=dx, lhs=lhs, rhs=rhs,
+                               hfwd=self.read_only(problem.output_fwd), dx=dx, lhs=lhs, rhs=rhs,
                                dhn=dhn, work=self.empty(D * N * H), prow=prow)
             else:
                 c0 = problem.init_cell if problem.init_cell is not None else Constant(N * DH)
@@ -668,13 +758,14 @@ class MetalHost:
                 dcn = self.buffer(cg) if final else self.zeroed(N * DH)  # written
                 prow = self.zeroed(D * N * 4 * H)
                 buffers = dict(
-                    h0=h0, c0=self.buffer(c0), mask=mask, peephole=self.buffer(peephole),
-                    dy=dy, zs=zs, cfwd=self.buffer(problem.cell_output_fwd),
-                    cg=self.buffer(cg) if problem.cell_gradient_per_step else self.empty(1),
+                    h0=h0, c0=self.read_only(c0), mask=mask, peephole=self.read_only(peephole),
+                    dy=dy, zs=zs, cfwd=self.read_only(problem.cell_output_fwd),
+                    cg=self.read_only(cg) if problem.cell_gradient_per_step else self.empty(1),
                     dx=dx, rhs=rhs, dhn=dhn, dcn=dcn, prow=prow)
             # Steps downward; dh (dc) and the per-row partial sums carry over in dhn (dcn), prow.
             for span in spans:
-                p = self.buffer(self.recurrence_params(problem, count, span, blocks))
+                p = self.params(library.RECURRENCE_PARAMS,
+                                self.recurrence_values(problem, count, span, blocks))
                 self.launch(kernel, count, handles, steps=span[1] - span[0], span=span, p=p,
                             **buffers, **weight)
             rows = T * N
@@ -686,12 +777,12 @@ class MetalHost:
             bufs = {"recurrent_weight": (dR, (D, GH, H))}
             if problem.input_weight is not None:
                 I = problem.I
-                W = self.buffer(problem.input_weight)
+                W = self.read_only(problem.input_weight)
                 d_source = self.empty(rows * I)
                 self.gemm(handles, dx, W, d_source, batch=1, M=rows, P=I, K=DGH, a_row=DGH,
                           a_k=1, b_k=I, b_col=1)
                 dW = self.empty(DGH * I)
-                self.gemm(handles, dx, self.buffer(problem.source), dW, batch=1, M=DGH, P=I,
+                self.gemm(handles, dx, self.read_only(problem.source), dW, batch=1, M=DGH, P=I,
                           K=rows, a_row=1, a_k=DGH, b_k=I, b_col=1)
                 bufs["source"] = (d_source, (T, N, I))
                 bufs["input_weight"] = (dW, (DGH, I))
@@ -794,7 +885,7 @@ def _probe_emulated():
 def _cuda_device():
     from .harness import cuda
 
-    return cuda.Device()
+    return cuda.Device(timing=False)  # no Dispatch.seconds: one CUDA event a dispatch, not two
 
 
 def _probe_cuda():
@@ -905,8 +996,9 @@ def emulated_device(**options):
 def cuda_device(**options):
     """Run ``"metal-cuda"`` on ``rnngrad.backends.metal.harness.cuda.Device(**options)`` inside
     the block (for example ``fast_math=True``, ``check_each_dispatch=True``,
-    ``max_threads_per_threadgroup=64``); yields the device, whose ``trace`` lists the dispatches
-    with their GPU times."""
+    ``max_threads_per_threadgroup=64``, ``timing=False``); yields the device, whose ``trace``
+    lists the dispatches with their GPU times (unless ``timing=False``, which the backend's own
+    device uses: one CUDA event a dispatch instead of two)."""
     from .harness import cuda
 
     return _running_on(CUDA_HOST, cuda.Device(**options))

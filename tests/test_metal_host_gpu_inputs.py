@@ -1,0 +1,142 @@
+"""The Metal host with inputs already in GPU memory, on a CPU stand-in for the CUDA target.
+
+``tests/gpu_like.py`` gives a harness device with the CUDA target's extras (``wrap``, ``zeros``,
+``full``, ``finish``) that counts what the host asks of it, and a stand-in for CuPy whose arrays
+live in that device's memory. On it: every input a kernel only reads that is already C-contiguous
+float32 is bound at the caller's own address (no copy), the two inputs a kernel writes
+(state_gradient, a final cell_gradient) are copied and the caller's arrays stay as they were; an
+op asks for one slab of new memory, one zeroed arena and one read of the marks at these sizes;
+the results are bitwise those of the plain harness with NumPy inputs; a dispatch stopped
+part-way raises the same IncompleteDispatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rnngrad.backends.metal import IncompleteDispatch
+from rnngrad.backends.metal import host as metal_host
+from rnngrad.backends.metal.harness import cpu as metalcompute
+from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST
+from rnngrad.testing.cases import CELLS, random_case, random_descriptor
+from rnngrad.validation import forward_problem, gradient_problem
+
+from gpu_like import DeviceArray, GpuLikeDevice, cupy_is
+
+pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
+                                reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
+
+ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
+                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
+#: the inputs a gradient kernel writes (dhn, dcn): copied, never bound in place
+WRITTEN = ("state_gradient", "cell_gradient")
+
+
+def _case(cell, optional):
+    rng = np.random.default_rng(len(cell) + 7)
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True)
+    return random_case(rng, cell, descriptor=desc, T=4, N=3, H=6, I=4, dtype=np.float32,
+                       optional=optional, cell_gradient_form="final")
+
+
+def _pair(cell, desc, inputs, upstream):
+    """Training forward, then gradients, through the checks and the host (the registry sends
+    GPU inputs only to GPU backends, which the emulated one is not)."""
+    forward = EMULATED_HOST.forward(forward_problem(cell, desc, **inputs)[0])
+    kw = dict(inputs, **upstream, z_state=forward.z_state)
+    if cell == "gru":
+        kw["output_fwd"] = forward.h
+    if cell == "lstm":
+        kw["cell_output_fwd"] = forward.c
+    grads = EMULATED_HOST.gradients(gradient_problem(cell, desc, **kw)[0])
+    return forward, grads
+
+
+def _arrays(out):
+    return {f.name: np.asarray(getattr(out, f.name)).view(np.ndarray).copy()
+            for f in dataclasses.fields(out) if getattr(out, f.name) is not None}
+
+
+def _run(case, device, on_gpu):
+    """(forward arrays, gradient arrays, (the caller's arrays, addresses bound in place)) of a
+    training forward and gradients on ``device``, with inputs in its memory when ``on_gpu``."""
+    if EMULATED_HOST._device is not device:
+        with metal_host._running_on(EMULATED_HOST, device):
+            return _run(case, device, on_gpu)
+    desc = dataclasses.replace(case.descriptor, training=True)
+    upstream = dict(source_gradient=case.source_gradient, state_gradient=case.state_gradient,
+                    cell_gradient=case.cell_gradient)
+    upstream = {k: v for k, v in upstream.items() if v is not None}
+    if not on_gpu:
+        forward, grads = _pair(case.cell, desc, case.inputs, upstream)
+        return _arrays(forward), _arrays(grads), None
+    with cupy_is(device.array_module):
+        inputs = {k: device.array(v) for k, v in case.inputs.items() if v is not None}
+        upstream = {k: device.array(v) for k, v in upstream.items()}
+        given = dict(inputs, **upstream)
+        before = {k: np.array(v) for k, v in given.items()}
+        bound = []
+        wrap = device.wrap
+        device.wrap = lambda a: bound.append(a._mc_addr) or wrap(a)
+        try:
+            forward, grads = _pair(case.cell, desc, inputs, upstream)
+        finally:
+            del device.wrap
+        for k, v in given.items():  # nothing the caller passed was written
+            assert np.array_equal(np.array(v), before[k]), k
+        return _arrays(forward), _arrays(grads), (given, bound)
+
+
+@pytest.mark.parametrize("optional", ["all", "none"])
+@pytest.mark.parametrize("cell", CELLS)
+def test_gpu_inputs_kernels_only_read_are_bound_in_place(cell, optional):
+    case = _case(cell, ALL_OPTIONAL if optional == "all" else {k: False for k in ALL_OPTIONAL})
+    want = _run(case, metalcompute.Device(), on_gpu=False)
+    got = _run(case, GpuLikeDevice(), on_gpu=True)
+    for w, g in zip(want[:2], got[:2]):
+        assert w.keys() == g.keys()
+        for k in w:
+            assert g[k].tobytes() == w[k].tobytes(), k
+    given, bound = got[2]
+    for name, array in given.items():
+        if name in WRITTEN:
+            assert array._mc_addr not in bound, name  # copied: the kernel writes the copy
+        elif name not in ("input_weight", "mask"):  # read transposed; maybe broadcast
+            assert array._mc_addr in bound, name
+
+
+def test_an_op_asks_for_one_slab_one_arena_and_one_read_at_small_sizes():
+    case = _case("lstm", ALL_OPTIONAL)
+    device = GpuLikeDevice()
+    with metal_host._running_on(EMULATED_HOST, device):
+        _run(case, device, on_gpu=True)  # kernels compiled, constants kept
+        device.ops.clear()
+        DeviceArray.reads = 0
+        _run(case, device, on_gpu=True)
+    # Per op: one slab (the CUDA target fills it with NaN: one fill), one zeroed arena (the
+    # marks, and dhn, dcn, prow where they start at zero), one read of the marks; nothing made
+    # from the host's data. The copies on the device: the two written inputs, and the weights
+    # read transposed (Wᵀ; Rᵀ where the version reads it), at most four.
+    assert device.ops["new"] == 2 and device.ops["zeros"] == 2, device.ops
+    assert DeviceArray.reads == 2
+    assert device.ops["full"] == 0 and device.ops["copy"] <= 4, device.ops
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_a_stopped_dispatch_with_gpu_inputs_raises_as_on_the_plain_harness(cell):
+    case = _case(cell, ALL_OPTIONAL)
+    with metal_host._running_on(EMULATED_HOST, metalcompute.Device(max_threads_per_threadgroup=32)) as d:
+        _run(case, d, on_gpu=False)
+    groups = [x.threadgroups for x in d.trace]
+    for i in (0, len(groups) // 2, len(groups) - 1):
+        errors = []
+        for kind, on_gpu in ((metalcompute.Device, False), (GpuLikeDevice, True)):
+            device = kind(max_threads_per_threadgroup=32, stop=(i, groups[i] // 2))
+            with pytest.raises(IncompleteDispatch) as info:
+                _run(case, device, on_gpu=on_gpu)
+            e = info.value
+            errors.append((str(e), e.kernel, e.op, e.dispatch, e.steps, e.missing))
+        assert errors[0] == errors[1]
