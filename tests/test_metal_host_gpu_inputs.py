@@ -140,3 +140,36 @@ def test_a_stopped_dispatch_with_gpu_inputs_raises_as_on_the_plain_harness(cell)
             e = info.value
             errors.append((str(e), e.kernel, e.op, e.dispatch, e.steps, e.missing))
         assert errors[0] == errors[1]
+
+
+def test_a_gpu_input_off_the_float4_alignment_is_copied():
+    """A caller's array 4 bytes past a 16-byte boundary (a slice may start anywhere) is copied to
+    an aligned buffer, not bound in place: v2 reads R as float4. The results are bitwise those of
+    the aligned inputs."""
+    case = _case("lstm", {k: False for k in ALL_OPTIONAL})
+    device = GpuLikeDevice()
+    desc = dataclasses.replace(case.descriptor, training=True)
+    upstream = dict(source_gradient=case.source_gradient)
+    results = []
+    with metal_host._running_on(EMULATED_HOST, device), cupy_is(device.array_module):
+        for offset in (0, 1):
+            inputs = {k: device.array(v) for k, v in case.inputs.items() if v is not None}
+            R = case.inputs["recurrent_weight"]
+            padded = device.array(np.zeros(R.size + 8, R.dtype))
+            address = padded.__cuda_array_interface__["data"][0]
+            start = (-address % 16) // 4 + offset  # floats to the next 16-byte boundary, + offset
+            inputs["recurrent_weight"] = padded[start:start + R.size].reshape(R.shape)
+            inputs["recurrent_weight"][...] = R
+            assert inputs["recurrent_weight"].__cuda_array_interface__["data"][0] % 16 == 4 * offset
+            bound = []
+            wrap = device.wrap
+            device.wrap = lambda a: bound.append(a._mc_addr) or wrap(a)
+            try:
+                forward, grads = _pair("lstm", desc, inputs,
+                                       {k: device.array(v) for k, v in upstream.items()})
+            finally:
+                del device.wrap
+            assert (inputs["recurrent_weight"]._mc_addr in bound) == (offset == 0)
+            results.append((_arrays(forward), _arrays(grads)))
+    for w, g in zip(*results):
+        assert w.keys() == g.keys() and all(w[k].tobytes() == g[k].tobytes() for k in w)

@@ -109,6 +109,9 @@ CONSTANTS_KEPT = 256
 ARENA_BYTES = 1 << 16
 #: alignment of each dispatch's slice of a status arena, in bytes (as cudaMalloc aligns)
 ARENA_ALIGN = 256
+#: alignment in bytes of a caller's GPU array bound in place (read_only): the float4 reads of
+#: rg_dots (kernels/common.metal) need 16; any other address is copied to a new buffer
+BIND_ALIGN = 16
 #: bytes of one slab of new (uninitialised, or poisoned by the device) memory that an op's small
 #: output and scratch buffers are sliced from (see _Runs); a buffer over a quarter of it is made
 #: on its own. A result keeps its slab alive: at most this much memory per op whose results are
@@ -455,10 +458,12 @@ class MetalHost:
         """A device buffer of ``array`` for kernels that only read it (``const device`` in every
         kernel it is bound to): a GPU array already C-contiguous float32 is bound in place where
         the device can bind one without a copy (``device.wrap``: the CUDA target); anything else,
-        a :class:`Constant` included, as :meth:`buffer` makes it. Never for a buffer a kernel
-        writes (the caller's array would change)."""
+        a :class:`Constant` included, as :meth:`buffer` makes it: an array at an address off
+        :data:`BIND_ALIGN` too (a slice may start anywhere; kernels read some inputs as float4).
+        Never for a buffer a kernel writes (the caller's array would change)."""
         if (hasattr(array, "__cuda_array_interface__") and array.dtype == F32
-                and array.flags.c_contiguous and array.size):
+                and array.flags.c_contiguous and array.size
+                and array.__cuda_array_interface__["data"][0] % BIND_ALIGN == 0):
             wrap = getattr(self.device, "wrap", None)
             if wrap is not None:
                 return wrap(array)
