@@ -699,7 +699,7 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
     rule = functools.partial(versions.recurrence, cell="lstm")
     count = functools.partial(versions.recurrence_count, cell="lstm")
-    # the rule: v2, one row a threadgroup, for H in [V2_MIN_H, V2_MAX_H] and D·N <= V2_MAX_ROWS
+    # the rule: v2, one row a threadgroup, for H in the range V2_H gives and D·N <= V2_MAX_ROWS
     small = rule(direction="forward", D=1, N=8, H=128)
     assert (small.version, small.kernel) == ("v2", "lstm_forward_v2")
     assert "128 <= H <= 256 and D·N = 8 <= 64, 1 row(s) a threadgroup" in small.reason
@@ -715,11 +715,13 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     assert single(direction="backward").version == "rows"
     assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=8,
                                H=128).version == "rows"
+    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=64,
+                               H=512).version == "v2"
     gru = functools.partial(versions.recurrence, cell="gru", direction="forward", D=1, N=8, H=128)
     assert gru().version == "v2" and gru(reset_after=False).version == "rows"
     assert rule(direction="forward", D=1, N=64, H=64, device="metal-emulated").version == "packed"
     assert rule(direction="forward", D=1, N=8, H=128, device="metal-emulated").version == "packed"
-    monkeypatch.setitem(versions.V2_MIN_H, ("lstm", "forward"), 64)
+    monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), (64, 256))
     assert rule(direction="forward", D=1, N=1, H=64).version == "v2"
     # More rows a threadgroup, at most a chunk: the backward stages 4H floats a row, so
     # 6144 // 1024 = 6 rows a chunk at H = 256.
@@ -729,10 +731,10 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     assert wide.version == "v2" and count(wide, direction="backward", D=2, N=32, H=256) == 11 * 1024
     assert count(wide, direction="forward", D=2, N=32, H=256) == 8 * 1024
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
-    # Past V2_MAX_H, v1 in its grid; past one row of threadgroup memory, v2 cannot run.
+    # Past the range of H, v1 in its grid; past one row of threadgroup memory, v2 cannot run.
     assert rule(direction="forward", D=1, N=64, H=512).version == "rows"
     assert rule(direction="forward", D=2, N=512, H=300).version == "packed"
-    monkeypatch.setattr(versions, "V2_MAX_H", 4000)
+    monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), (1, 4000))
     assert versions.v2_rows(cell="lstm", direction="backward", H=1537) == 0
     gru = versions.recurrence(cell="gru", direction="backward", D=1, N=8, H=2000)
     assert gru.version == "packed" and gru.kernel == "gru_backward"
@@ -757,8 +759,9 @@ def test_recurrence_rule_and_overrides(monkeypatch):
 def test_the_rule_takes_the_one_step_grid_for_large_steps(monkeypatch):
     """With STEPS_MIN_WORK set (None, the default, never: v1 everywhere), v2-steps where a
     step's product D·N·G·H² reaches it (2**24: 200x64x512x512), forward for every cell and
-    backward for the GRU and the LSTM; v1 below it, for the single-gate backward, for a GRU
-    without reset_after, and on the CPU harness."""
+    backward for the GRU and the LSTM; below it the rest of the rule (v2 for the single-gate
+    forward at H = 512), v1 for the single-gate backward, for a GRU without reset_after, and
+    on the CPU harness."""
     monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
     assert versions.STEPS_MIN_WORK is None
     assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512).version == "rows"
@@ -776,7 +779,7 @@ def test_the_rule_takes_the_one_step_grid_for_large_steps(monkeypatch):
     assert versions.recurrence(cell="single_gate", direction="backward", D=1, N=64, H=512).version == "rows"
     assert versions.recurrence(cell="gru", direction="forward", D=1, N=64, H=512,
                                reset_after=False).version == "rows"
-    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=63, H=512).version == "rows"
+    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=63, H=512).version == "v2"
     assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512,
                                device="metal-emulated").version == "packed"
     # a forced version wins over it

@@ -30,9 +30,9 @@ grids:
   work its epilogue (:func:`tile_blocks` picks the width; T + 1 dispatches backward, as
   v2-steps). A GRU without reset_after follows the rule. Only when forced.
 
-The rule (``auto``): **v2, one row a threadgroup, where** :data:`V2_MIN_H` **of the cell and
-direction ≤ H ≤** :data:`V2_MAX_H` **and D·N ≤** :data:`V2_MAX_ROWS` **(a GRU only with
-reset_after); else v1 in its grid** (v1 packed on the CPU harness). v2 reads R and the staged
+The rule (``auto``): **v2, one row a threadgroup, where H is in the cell's and direction's
+range** (:data:`V2_H`) **and D·N ≤** :data:`V2_MAX_ROWS` **(a GRU only with reset_after);
+else v1 in its grid** (v1 packed on the CPU harness). v2 reads R and the staged
 left factor as float4 where H allows (``rg_dots``, kernels/common.metal): the lanes of a unit
 then read whole 128-byte lines of a weight row. Device ms (torch.profiler) of the forward /
 backward recurrences on an H100 through metal-cuda (2026-11-25), v1 (its grid) → v2 (one row
@@ -44,6 +44,8 @@ a threadgroup, float4 reads):
   10.95 / 12.65 → 7.28 / 8.87.
 - 50×1×64×64 (H below the range): RNN 0.09 / 0.10 → 0.14 / 0.14; GRU 0.17 / 0.25 → 0.26 /
   0.24; LSTM 0.21 / 0.28 → 0.31 / 0.26.
+- 200×64×512×512: RNN 5.81 / 2.91 → 4.38 / 4.33; GRU 10.71 / 10.35 → 11.34 / 12.28; LSTM
+  11.89 / 10.96 → 14.78 / 16.03.
 
 Before the float4 reads (lanes k ≡ lane mod S, scalar loads: each load of a SIMD-group touched
 four lines) v2 was slower than v1 at 11 of these 12 shapes and cells (1000×8 LSTM 10.4 / 11.5,
@@ -76,8 +78,8 @@ and the GRU's and LSTM's backward), the op's device time fell (LSTM 32.1 → 28.
 multiply-adds a step there), is None until a dispatch costs the host less. Before the
 launchers asked for one threadgroup a core, ptxas kept v1's kernels at 32–59 registers and v2
 won below H = 256 (100×32 LSTM: v1 13.3, v2 8.6 ms). Not measured on Apple hardware, where
-Apple's compiler, not ptxas, allots the registers: set :data:`V2_MIN_H`, :data:`V2_MAX_H`
-and :data:`V2_MAX_ROWS` from ``rnngrad bench`` there. Override it with
+Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
+:data:`V2_MAX_ROWS` from ``rnngrad bench`` there. Override it with
 ``RNNGRAD_METAL_RECURRENCE`` = ``v2`` | ``v2-steps`` | ``v3`` | ``v1`` | ``packed`` | ``rows`` |
 ``auto`` (``v1``: v1 in the grid its rule picks) or the module setting :data:`RECURRENCE`;
 :data:`V2_GROUP_ROWS` sets v2's rows per threadgroup. The two grids of v1 give bitwise the same
@@ -234,13 +236,12 @@ V2_STAGE_PER_ROW = {("single_gate", "forward"): 1, ("single_gate", "backward"): 
 V2_THREADS = 1024
 #: rows per v2 threadgroup the host asks for (the kernels take more in chunks of V2_ROWS)
 V2_GROUP_ROWS = 1
-#: the smallest H the rule gives v2, by cell and direction (None: never); measured wins at
-#: H = 128 and 256 for the GRU and the LSTM, at 256 for the single-gate forward (module docstring)
-V2_MIN_H = {("single_gate", "forward"): 129, ("single_gate", "backward"): None,
-            ("gru", "forward"): 128, ("gru", "backward"): 128,
-            ("lstm", "forward"): 128, ("lstm", "backward"): 128}
-#: the largest H the rule gives v2 (each row's threadgroup reads all of R every step)
-V2_MAX_H = 256
+#: the H the rule gives v2, by cell and direction: (smallest, largest), or None (never); each
+#: row's threadgroup reads all of R every step. Measured wins (module docstring): the GRU and
+#: the LSTM at H = 128 and 256 (not 512), the single-gate forward at 256 and 512 (not 128)
+V2_H = {("single_gate", "forward"): (129, 512), ("single_gate", "backward"): None,
+        ("gru", "forward"): (128, 256), ("gru", "backward"): (128, 256),
+        ("lstm", "forward"): (128, 256), ("lstm", "backward"): (128, 256)}
 #: the most rows (D·N) the rule gives v2 a threadgroup each (measured: 8 and 32)
 V2_MAX_ROWS = 64
 #: units per threadgroup at most in v2's one-step grid (v2-steps): H splits into
@@ -352,13 +353,6 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
         return Choice("packed", v1, f"{shape}: auto, v1 packed on the CPU harness, which runs "
                                     f"every GPU thread as a fiber: idle threads cost there what "
                                     f"they save on a GPU")
-    low = V2_MIN_H.get((cell, direction))
-    if (setting == "auto" and fits and low is not None and low <= H <= V2_MAX_H
-            and D * N <= V2_MAX_ROWS and (cell != "gru" or reset_after)):
-        return Choice("v2", v2, f"{shape}: auto, v2: {low} <= H <= {V2_MAX_H} and D·N = {D * N} "
-                                f"<= {V2_MAX_ROWS}, "
-                                f"{group_rows(cell=cell, direction=direction, H=H)} row(s) a "
-                                f"threadgroup")
     work = D * N * DESCRIPTORS[cell].gates * H * H
     if (setting == "auto" and fits and STEPS_MIN_WORK is not None and work >= STEPS_MIN_WORK
             and (cell != "gru" or reset_after)
@@ -367,6 +361,13 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
         return Choice("v2-steps", v2, f"{shape}: auto, v2-steps: a step's product is D·N·G·H² = "
                                       f"{work} >= {STEPS_MIN_WORK} multiply-adds, threadgroups of "
                                       f"{rows} row(s) × {blocks} block(s) of units")
+    low, high = V2_H.get((cell, direction)) or (1, 0)
+    if (setting == "auto" and fits and low <= H <= high and D * N <= V2_MAX_ROWS
+            and (cell != "gru" or reset_after)):
+        return Choice("v2", v2, f"{shape}: auto, v2: {low} <= H <= {high} and D·N = {D * N} "
+                                f"<= {V2_MAX_ROWS}, "
+                                f"{group_rows(cell=cell, direction=direction, H=H)} row(s) a "
+                                f"threadgroup")
     if H <= ROWS_MAX_H and packed_groups < ROWS_MIN_GROUPS and D * N > packed_groups:
         return Choice("rows", v1, f"{shape}: auto, v1, H <= {ROWS_MAX_H} and packing leaves "
                                   f"{packed_groups} threadgroup(s) for {D * N} rows: one per row")
