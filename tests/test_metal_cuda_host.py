@@ -65,8 +65,13 @@ def test_gpu_inputs_are_bound_in_place_and_left_unchanged():
         assert gpu_upstream[k].data.ptr not in bound, k
 
 
-def test_an_op_makes_one_slab_and_one_arena_at_small_sizes():
+def test_an_op_makes_one_slab_and_one_arena_at_small_sizes(monkeypatch):
+    """LSTM 50x1x64x64 on CuPy: with a slab large enough for every new buffer of an op (the
+    default, 256 KiB, takes about 400 KiB here in two or three), each op asks the device for one
+    slab and one zeroed arena."""
     import cupy as cp
+
+    monkeypatch.setattr(metal_host, "SLAB_BYTES", 1 << 22)
 
     case = random_case(6, "lstm", T=50, N=1, I=64, H=64, dtype=np.float32,
                        optional={k: k in ("input_weight", "bias") for k in ALL_OPTIONAL})
