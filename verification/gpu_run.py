@@ -153,6 +153,9 @@ STEP_KNOBS = (("v2", "v2", dict(V2_GROUP_ROWS=1)),
               ("v3 wide", "v3", dict(V3_MIN_TILES=32)),
               ("v3 narrow", "v3", dict(V3_MIN_TILES=1024)))
 STEP_LABELS = tuple(label for label, _, _ in STEP_KNOBS)
+#: settings of versions under which the bench also times the rule end to end (where they change
+#: which kernels run): the one-step grids' rule (versions.STEPS_MIN_WORK) at 2**24
+E2E_VARIANTS = {"one-step grids from 2**24": dict(STEPS_MIN_WORK=2 ** 24)}
 #: the bench's configurations, the version rule last: (label, recurrence, GEMM, versions settings)
 STEP_CONFIGS = (("v1", "v1", "v1", {}),
                 *((config, "auto", v, {}) for v, config in GEMM_CONFIGS.items() if config.startswith("gemm")),
@@ -321,6 +324,23 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
             with cuda_device(poison=False, timing=False):
                 rnngrad_step()
                 wall_unpoisoned_ms = wall(rnngrad_step, reps)
+            # the rule with each of E2E_VARIANTS' settings, end to end, where it changes a choice
+            variant_wall_ms = {}
+            for name, knobs in E2E_VARIANTS.items():
+                from rnngrad.backends.metal import versions
+
+                saved = {k: getattr(versions, k) for k in knobs}
+                try:
+                    for k, v in knobs.items():
+                        setattr(versions, k, v)
+                    with cuda_device(timing=False) as variant:
+                        rnngrad_step()
+                        cp.cuda.Device().synchronize()
+                        if {d.kernel for d in variant.trace} != set(measured["auto"]["kernels"]):
+                            variant_wall_ms[name] = wall(rnngrad_step, reps)
+                finally:
+                    for k, v in saved.items():
+                        setattr(versions, k, v)
             if (T, N, mode) == (50, 1, "LSTM"):  # where the host overhead dominates: where it goes
                 import cProfile
                 import io
@@ -354,6 +374,7 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                        device_per_kernel_ms=device,
                        v1_device_ms=dispatch_ms(measured["v1"]["device"]),
                        rnngrad_wall_ms=wall_ms, rnngrad_wall_unpoisoned_ms=wall_unpoisoned_ms,
+                       variant_wall_ms=variant_wall_ms,
                        cudnn_kernel_ms=torch_kernel, cudnn_wall_ms=torch_wall,
                        dispatches=dispatches, per_kernel_ms=per_kernel, per_kernel=shares,
                        v1_kernel_ms=v1_ms, v1_per_kernel_ms=measured["v1"]["per_kernel"],
@@ -546,6 +567,13 @@ def _run(args, out: Path) -> int:
                       f"{r['rnngrad_kernel_ms'] / r['cudnn_kernel_ms']:.2f} | {r['rnngrad_wall_ms']:.3f} | "
                       f"{r['rnngrad_wall_unpoisoned_ms']:.3f} | "
                       f"{r['cudnn_wall_ms']:.3f} | {r['dispatches']} |")
+            variants = [(r, name, ms) for r in rows for name, ms in r.get("variant_wall_ms", {}).items()]
+            if variants:
+                print("\n| cell | T×N×I×H | the rule with | e2e ms | the rule's e2e ms | cuDNN wall ms |")
+                print("|---|---|---|---|---|---|")
+                for r, name, ms in variants:
+                    print(f"| {r['cell']} | {r['shape']} | {name} | {ms:.3f} | "
+                          f"{r['rnngrad_wall_ms']:.3f} | {r['cudnn_wall_ms']:.3f} |")
             print("\nDevice time (torch.profiler, the method of cuDNN's column): the rule's dispatches, "
                   "with the harness's fills and copies, and the span from the first to the last "
                   "activity on the GPU")
