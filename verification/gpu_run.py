@@ -61,6 +61,7 @@ SANITIZER_CONFIGS = {
     "gemm-v5": ("v5", "auto", (), ""),
     "gemm-v5-split": ("v5", "auto", ("--wide-min-slice", "8"), ", K split into slices"),
     "v1": ("auto", "v1", (), ""),
+    "v2": ("auto", "v2", ("--hidden", "36"), ", H = 36: rg_dots' float4 reads"),
     "v2x8": ("auto", "v2", ("--v2-group-rows", "8"), ", 8 rows a v2 threadgroup"),
     "v2-steps": ("auto", "v2-steps", ("--v2-step-units", "12"), ", H = 33 in 3 blocks of units"),
     "v3": ("auto", "v3", (), ", tiles of 4 columns"),

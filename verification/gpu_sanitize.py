@@ -81,7 +81,7 @@ def run_defect(name: str) -> str:
     return f"{name}: ran; first outputs {out[:4]}, NaN {int(np.isnan(out).sum())}"
 
 
-def run_ops() -> str:
+def run_ops(H: int = 33) -> str:
     import rnngrad as rg
     from rnngrad.backends.metal.host import cuda_device
     from rnngrad.testing import check_case
@@ -93,7 +93,7 @@ def run_ops() -> str:
                            ("gru", rg.GRUDescriptor(reset_after=True, bidirectional=True, training=True)),
                            ("gru", rg.GRUDescriptor(reverse=True, training=True)),
                            ("lstm", rg.LSTMDescriptor(bidirectional=True, training=True))):
-            case = random_case(5, cell, T=5, N=33, I=7, H=33, descriptor=desc, dtype=np.float32,
+            case = random_case(5, cell, T=5, N=33, I=7, H=H, descriptor=desc, dtype=np.float32,
                                optional={k: True for k in ("input_weight", "bias", "init_state",
                                                            "init_cell", "mask", "peephole",
                                                            "secondary_bias", "state_gradient",
@@ -125,13 +125,15 @@ def main(argv=None) -> int:
     parser.add_argument("--defect", choices=sorted(DEFECTS))
     for flag, (attribute, help) in SETTINGS.items():
         parser.add_argument(flag, type=int, default=None, dest=attribute, help=help)
+    parser.add_argument("--hidden", type=int, default=33, metavar="H",
+                        help="the cases' hidden size (33; a multiple of 4 takes v2's float4 reads)")
     args = parser.parse_args(argv)
     from rnngrad.backends.metal import versions
 
     for attribute, _ in SETTINGS.values():
         if getattr(args, attribute) is not None:
             setattr(versions, attribute, getattr(args, attribute))
-    print(run_defect(args.defect) if args.defect else run_ops(), flush=True)
+    print(run_defect(args.defect) if args.defect else run_ops(args.hidden), flush=True)
     return 0
 
 
