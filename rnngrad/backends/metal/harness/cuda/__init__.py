@@ -245,10 +245,35 @@ class Device:
 
     def finish(self, handles) -> None:
         """Wait for the calls in ``handles``, in order, and empty the list; raise :class:`error`
-        naming the kernel if one faulted."""
+        naming the kernel if one faulted.
+
+        The calls of one device run in order on its stream, so waiting on the last of them
+        waits on all: one wait, not one per call. Only when that wait fails are the calls waited
+        on one at a time, in order, to name the first that reports the fault (CUDA reports a
+        fault to later waits too, so an earlier kernel may be named:
+        ``check_each_dispatch=True`` attributes a fault exactly)."""
         try:
-            for handle in handles:
-                self._wait(handle)
+            if handles:
+                self._check_usable()
+            last = None
+            for handle in handles:  # another device's call (its own stream) is waited on itself
+                if handle.function.kernel.device is self:
+                    last = handle
+                else:
+                    self._wait(handle)
+            if last is None:
+                return
+            try:
+                self._wait(last)
+            except error:
+                # wait again, in order, to name the first call that reports the fault
+                broken, self.broken = self.broken, None
+                try:
+                    for handle in handles:
+                        self._wait(handle)
+                finally:
+                    self.broken = self.broken or broken
+                raise
         finally:
             del handles[:]
 
@@ -322,6 +347,7 @@ class Function:
             # bytes of local memory per thread: register spills and arrays indexed at run time
             self.local_memory = self._raw.attributes.get("local_size_bytes")  # None if not given
             self._compiled_limit = int(self._raw.attributes["max_threads_per_block"])
+        self._kept_size = None  # ((device cap, kernel limit), threadgroup size): see _launch_size
 
     def threadgroup_size(self) -> int:
         """metalcompute's rule: 32 x floor(min(1024, kernel limit, device limit, the compiled
@@ -330,18 +356,30 @@ class Function:
                                          self.kernel.device.max_threads_per_threadgroup,
                                          self._compiled_limit)
 
+    def _launch_size(self, device) -> int:
+        """:meth:`threadgroup_size`, kept for the two attributes it was made under (the device's
+        cap and the kernel's limit; the compiled limit does not change)."""
+        limits = (device.max_threads_per_threadgroup, self.max_total_threads_per_threadgroup)
+        kept = self._kept_size
+        if kept is None or kept[0] != limits:
+            kept = self._kept_size = (limits, self.threadgroup_size())
+        return kept[1]
+
     def __call__(self, count, *buffers) -> RunHandle:
         cp = _cupy()
         device = self.kernel.device
-        device._check_usable()
-        tg = self.threadgroup_size()
+        if device.broken:
+            device._check_usable()
+        tg = self._launch_size(device)
         try:
             count = dispatch.check_call(self.name, count, len(buffers), self._info.n_buffers, tg,
                                         self.max_total_threads_per_threadgroup)
-            dispatch.check_threadgroup_memory(self.name, self.threadgroup_memory)
+            if self.threadgroup_memory > dispatch.THREADGROUP_MEMORY:
+                dispatch.check_threadgroup_memory(self.name, self.threadgroup_memory)
         except ValueError as exc:
             raise error(str(exc)) from None
-        bound = [b if isinstance(b, cp.ndarray) else device.buffer(b) for b in buffers]
+        ndarray = cp.ndarray
+        bound = [b if isinstance(b, ndarray) else device.buffer(b) for b in buffers]
         n_tg = -(-count // tg)
         with device._cuda, device.stream:
             if device.timing:
