@@ -31,9 +31,31 @@ cell_gradient         None, [N,D·H] (final cell) or [T,N,D·H] (per step)   (LS
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Optional
 
 import numpy as np
+
+
+def on_gpu(value) -> bool:
+    """Whether ``value`` lives in CUDA device memory (a CuPy array, a CUDA tensor, anything with
+    ``__cuda_array_interface__``). A NumPy array and a CuPy array (of the module imported as
+    ``cupy``) are told by their type alone: CuPy builds the interface's dict at every access,
+    and the checks and the host ask this of every input."""
+    kind = type(value)
+    if kind is np.ndarray:
+        return False
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and kind is getattr(cupy, "ndarray", None):
+        return True
+    return hasattr(value, "__cuda_array_interface__")
+
+
+def address(array) -> int:
+    """The device address of a GPU array's first element: CuPy's ``data.ptr``, else from
+    ``__cuda_array_interface__``."""
+    ptr = getattr(array.data, "ptr", None)
+    return ptr if ptr is not None else array.__cuda_array_interface__["data"][0]
 
 
 @dataclasses.dataclass
@@ -77,7 +99,7 @@ class Problem:
     @property
     def on_gpu(self) -> bool:
         """Whether the inputs are in GPU memory (CuPy arrays)."""
-        return hasattr(self.source, "__cuda_array_interface__")
+        return on_gpu(self.source)
 
     @property
     def mask_per_step(self) -> bool:

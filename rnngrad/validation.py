@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .descriptors import DESCRIPTORS, z_width
-from .problem import Problem
+from .problem import Problem, on_gpu
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 _FLOAT_SET, _FLOAT64 = frozenset(FLOAT_DTYPES), np.dtype(np.float64)
@@ -52,12 +52,6 @@ def _common_dtype(given: dict) -> np.dtype:
     return dtypes.pop() if dtypes else _FLOAT64
 
 
-def on_gpu(value) -> bool:
-    """Whether ``value`` lives in CUDA device memory (a CuPy array, a CUDA tensor, anything with
-    ``__cuda_array_interface__``)."""
-    return hasattr(value, "__cuda_array_interface__")
-
-
 def array_module(array):
     """NumPy, or CuPy for an array already on the GPU."""
     if type(array) is np.ndarray or not on_gpu(array):
@@ -78,6 +72,8 @@ def _as_array(name, value, dtype) -> np.ndarray:
         except ImportError as exc:
             raise TypeError(f"{name}: got an array in GPU memory ({type(value).__name__}) and CuPy "
                             f"does not import ({exc}); pip install 'rnngrad[cuda]'") from None
+        if type(value) is cupy.ndarray and value.flags.c_contiguous:
+            return value  # as it is: no call into CuPy
         return cupy.ascontiguousarray(cupy.asarray(value))
     try:
         array = np.asarray(value, dtype=dtype) if not hasattr(value, "dtype") else np.asarray(value)

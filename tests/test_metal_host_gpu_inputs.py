@@ -173,3 +173,22 @@ def test_a_gpu_input_off_the_float4_alignment_is_copied():
             results.append((_arrays(forward), _arrays(grads)))
     for w, g in zip(*results):
         assert w.keys() == g.keys() and all(w[k].tobytes() == g[k].tobytes() for k in w)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_marks_all_as_expected_are_checked_in_one_pass(cell, monkeypatch):
+    """When every dispatch of an op marked as expected, the arenas' marks are compared with the
+    expected words in one pass per arena: the per-dispatch analysis (_Runs._check, which words
+    the errors) is not reached. Its errors when a mark is off: the stopped-dispatch test above."""
+    case = _case(cell, {k: False for k in ALL_OPTIONAL})
+    desc = dataclasses.replace(case.descriptor, training=True)
+    device = GpuLikeDevice()
+
+    def per_dispatch(*args, **kwargs):
+        raise AssertionError("the per-dispatch check ran")
+
+    monkeypatch.setattr(metal_host._Runs, "_check", per_dispatch)
+    with metal_host._running_on(EMULATED_HOST, device), cupy_is(device.array_module):
+        for _ in range(2):  # the expected marks made, then kept
+            inputs = {k: device.array(v) for k, v in case.inputs.items() if v is not None}
+            _pair(cell, desc, inputs, dict(source_gradient=device.array(case.source_gradient)))

@@ -90,7 +90,7 @@ import numpy as np
 
 from ... import registry
 from ...descriptors import Activation
-from ...problem import ForwardArrays, GradientArrays
+from ...problem import ForwardArrays, GradientArrays, address, on_gpu
 from . import library, versions
 from .errors import IncompleteDispatch, ranges
 
@@ -129,7 +129,7 @@ class Constant(NamedTuple):
 
 
 def _f32(a):
-    if hasattr(a, "__cuda_array_interface__"):
+    if on_gpu(a):
         return a.astype(F32)
     return np.ascontiguousarray(a, dtype=F32)
 
@@ -258,13 +258,16 @@ class _Runs:
         slab[1] = offset + -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
         return slab[0][offset:offset + nbytes]
 
-    def _words(self, runs):
-        """Each run's marks as uint32 words [marks, 2] (NumPy): one read per arena, or per run
-        where the runs have buffers of their own."""
+    def _read_arenas(self):
+        """The marks of each arena since the last wait as uint32 words (NumPy; None for an
+        arena that holds only zeroed buffers): one read per arena."""
         arenas, self._arenas = self._arenas, []
-        # (an arena that holds only zeroed buffers has no marks to read)
-        read = [self.host.words(buf, min(used, len(buf)) // 4) if used else None
+        return [self.host.words(buf, min(used, len(buf)) // 4) if used else None
                 for buf, used, _ in arenas]
+
+    def _words(self, runs, read):
+        """Each run's marks as uint32 words [marks, 2] (NumPy): from ``read`` (the arenas'
+        words), or one read per run where the runs have buffers of their own."""
         out = []
         for run in runs:
             where, n = run["status"], 2 * run["marks"]
@@ -275,6 +278,48 @@ class _Runs:
                 words = self.host.words(where, n)
             out.append(words.reshape(run["marks"], 2))
         return out
+
+    def _all_marked(self, runs, read):
+        """Whether every run's marks are exactly as expected: each of its threadgroups (of the
+        one size its first mark gives, at least MIN_THREADGROUP) marked with the steps asked
+        for, and every other word of the arenas' marks zero (what :meth:`_check` passes), in
+        one comparison per arena. False sends the runs to :meth:`_check` one at a time, which
+        finds what is off and words the error; it passes what this leaves out."""
+        layout = []
+        for run in runs:
+            where = run["status"]
+            if not isinstance(where, tuple):
+                return False
+            layout.append((where, run["count"], run["steps"]))
+        sizes = tuple(int(read[index][offset // 4 + 1]) for (index, offset), _, _ in layout)
+        key = (tuple(layout), sizes,
+               tuple(len(words) if words is not None else -1 for words in read))
+        kept = self.host._marks
+        expected = kept.get(key)
+        if expected is None:
+            expected = self._expected(layout, sizes, read)
+            if len(kept) >= CONSTANTS_KEPT:
+                kept.clear()
+            kept[key] = expected
+        if expected is False:
+            return False
+        return all(words is None or np.array_equal(words, want)
+                   for words, want in zip(read, expected))
+
+    @staticmethod
+    def _expected(layout, sizes, read):
+        """The arenas' words when every run marked as :meth:`_all_marked` expects, or False
+        where no run's marks can be (a size below MIN_THREADGROUP, more threadgroups than
+        marks: :meth:`_check` words what is off)."""
+        expected = [np.zeros_like(words) if words is not None else None for words in read]
+        for ((index, offset), count, steps), size in zip(layout, sizes):
+            if size < library.MIN_THREADGROUP:
+                return False
+            groups = -(-count // size)
+            start = offset // 4
+            expected[index][start:start + 2 * groups:2] = library.DONE | steps
+            expected[index][start + 1:start + 2 * groups:2] = size
+        return expected
 
     def wait(self, check=True):
         """Wait on the runs in flight (if any), drop them, and check their completion marks in
@@ -291,11 +336,14 @@ class _Runs:
         if self._finish is not None:  # waits, and raises naming a kernel that faulted
             self._finish(handles)
         del handles[:]  # the last references: metalcompute waits for the command buffer here
-        if check:
-            for run, said, words in zip(runs, reported, self._words(runs)):
-                self._check(reported=said, words=words, **run)
-        else:
+        if not check:
             self._arenas = []
+            return
+        read = self._read_arenas()
+        if not any(reported) and self._all_marked(runs, read):
+            return
+        for run, said, words in zip(runs, reported, self._words(runs, read)):
+            self._check(reported=said, words=words, **run)
 
     def _check(self, kernel, count, status, marks, steps, span, number, reported, words):
         # The usual case in a few array operations: every threadgroup of one size marked, with
@@ -371,6 +419,9 @@ class MetalHost:
         self._functions = {}
         self._constants = collections.OrderedDict()  # key -> read-only buffer (see buffer)
         self._op = None  # the _Runs of the op in progress (under _lock), where new buffers come from
+        #: (runs' layout, threadgroup sizes, arenas' lengths) -> the marks expected when all
+        #: went well (see _Runs._all_marked), or False
+        self._marks = {}
         self._lock = threading.Lock()
         self._device_lock = threading.Lock()
         #: work budget of one recurrence dispatch in units; None: $RNNGRAD_METAL_DISPATCH_BUDGET,
@@ -437,7 +488,7 @@ class MetalHost:
         if isinstance(array, Constant):
             n, value = max(int(array.n), 1), float(array.value)
             return self._kept(("fill", value, n), lambda: self._filled(n, value))
-        if hasattr(array, "__cuda_array_interface__"):  # already on the GPU: copied there
+        if on_gpu(array):  # already on the GPU: copied there
             xp = self.xp
             if not array.size:
                 return self.device.buffer(xp.zeros(1, F32))
@@ -461,9 +512,8 @@ class MetalHost:
         a :class:`Constant` included, as :meth:`buffer` makes it: an array at an address off
         :data:`BIND_ALIGN` too (a slice may start anywhere; kernels read some inputs as float4).
         Never for a buffer a kernel writes (the caller's array would change)."""
-        if (hasattr(array, "__cuda_array_interface__") and array.dtype == F32
-                and array.flags.c_contiguous and array.size
-                and array.__cuda_array_interface__["data"][0] % BIND_ALIGN == 0):
+        if (on_gpu(array) and array.dtype == F32 and array.flags.c_contiguous and array.size
+                and address(array) % BIND_ALIGN == 0):
             wrap = getattr(self.device, "wrap", None)
             if wrap is not None:
                 return wrap(array)
@@ -572,13 +622,14 @@ class MetalHost:
 
     def to_caller(self, problem, out):
         """Results where the inputs were: GPU inputs get GPU arrays, host inputs NumPy arrays."""
+        gpu = problem.on_gpu
         for field in dataclasses.fields(out):
             value = getattr(out, field.name)
             if value is None:
                 continue
-            if problem.on_gpu and isinstance(value, np.ndarray):
+            if gpu and isinstance(value, np.ndarray):
                 setattr(out, field.name, self.xp.asarray(value))
-            elif not problem.on_gpu and not isinstance(value, np.ndarray):
+            elif not gpu and not isinstance(value, np.ndarray):
                 setattr(out, field.name, value.get())
         return out
 
