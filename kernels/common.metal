@@ -250,15 +250,16 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
             }
             #pragma unroll
             for (uint b = 0; b < RG_BMAX; ++b) {
-                if (b < nb) {
-                    float4 x = *((threadgroup const float4*)(v + b * ldv + k));
-                    #pragma unroll
-                    for (uint g = 0; g < 4; ++g) {
-                        acc.v[g][b] += wk[g].x * x.x;
-                        acc.v[g][b] += wk[g].y * x.y;
-                        acc.v[g][b] += wk[g].z * x.z;
-                        acc.v[g][b] += wk[g].w * x.w;
-                    }
+                if (b >= nb) {
+                    break;
+                }
+                float4 x = *((threadgroup const float4*)(v + b * ldv + k));
+                #pragma unroll
+                for (uint g = 0; g < 4; ++g) {
+                    acc.v[g][b] += wk[g].x * x.x;
+                    acc.v[g][b] += wk[g].y * x.y;
+                    acc.v[g][b] += wk[g].z * x.z;
+                    acc.v[g][b] += wk[g].w * x.w;
                 }
             }
         }
@@ -338,13 +339,18 @@ inline void rg_clear(thread RgAcc& acc) {
 
 // The butterfly over the S lanes of a unit: every one of them ends with the full sums of
 // acc[g][b], g < ng, b < nb. Every lane of the SIMD-group calls it (ng, nb, S uniform).
+// (Rows past nb end the loop rather than being skipped one by one: a chunk of one row, the
+// rule's grid, then costs one row's shuffles and tests.)
 inline void rg_lane_sum(thread RgAcc& acc, uint ng, uint nb, uint S) {
     for (uint m = S / 2; m > 0; m /= 2) {
         #pragma unroll
-        for (uint g = 0; g < 4; ++g) {
+        for (uint b = 0; b < RG_BMAX; ++b) {
+            if (b >= nb) {
+                break;
+            }
             #pragma unroll
-            for (uint b = 0; b < RG_BMAX; ++b) {
-                if (g < ng && b < nb) {
+            for (uint g = 0; g < 4; ++g) {
+                if (g < ng) {
                     acc.v[g][b] += simd_shuffle_xor(acc.v[g][b], (ushort)m);
                 }
             }
