@@ -88,13 +88,18 @@ inline void gru_cell_after(constant RecurrenceParams& p, device const float* x,
     uint col = d * H;
     uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
     uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-    float a_z = (x[xrow + qz + j] + bias[d * GH + qz + j]) + dots.x;
-    float a_r = (x[xrow + qr + j] + bias[d * GH + qr + j]) + dots.y;
-    zs[zrow + qz + j] = a_z;
-    zs[zrow + qr + j] = a_r;
+    // Every load before the first store: zs may alias x for all the compiler knows, so a load
+    // after a store would wait for it.
+    float xb_z = x[xrow + qz + j] + bias[d * GH + qz + j];
+    float xb_r = x[xrow + qr + j] + bias[d * GH + qr + j];
+    float xb_o = x[xrow + qo + j] + bias[d * GH + qo + j];
     float hp = s == 0 ? h0[n * DH + col + j] : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col + j];
     float q = dots.z + b2[col + j];
-    float a_o = (x[xrow + qo + j] + bias[d * GH + qo + j]) + q * rg_activate(p.act1, a_r);
+    float a_z = xb_z + dots.x;
+    float a_r = xb_r + dots.y;
+    zs[zrow + qz + j] = a_z;
+    zs[zrow + qr + j] = a_r;
+    float a_o = xb_o + q * rg_activate(p.act1, a_r);
     zs[zrow + qo + j] = a_o;
     zs[zrow + 3 * H + j] = q;
     float z = rg_activate(p.act0, a_z);

@@ -85,18 +85,28 @@ inline void lstm_cell(constant RecurrenceParams& p, device const float* x,
     uint d = row / N, n = row % N;
     uint col = d * H;
     uint prev = s == 0 ? 0u : (rg_out_time(p, d, s - 1) * N + n) * DH + col;
-    float cp = s == 0 ? c0[n * DH + col + j] : c[prev + j];
     uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
     uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
-    float act[4];
+    // Every load before the first store: zs may alias x for all the compiler knows, so a load
+    // after a store would wait for it (one round trip to memory a gate).
+    float cp = s == 0 ? c0[n * DH + col + j] : c[prev + j];
+    uint q[4];
+    float xb[4], pw[4];
+    #pragma unroll
     for (uint k = 0; k < 4; ++k) {
-        uint q = rg_gate(p, k) * H + j;  // unit j of gate k within the direction
-        float a = (x[xrow + q] + bias[d * GH + q]) + dots[k];
+        q[k] = rg_gate(p, k) * H + j;  // unit j of gate k within the direction
+        xb[k] = x[xrow + q[k]] + bias[d * GH + q[k]];
+        pw[k] = p.has_peephole != 0 ? peephole[d * GH + q[k]] : 0.0f;
+    }
+    float act[4];
+    #pragma unroll
+    for (uint k = 0; k < 4; ++k) {
+        float a = xb[k] + dots[k];
         if (p.has_peephole != 0) {
-            a += peephole[d * GH + q] * cp;
+            a += pw[k] * cp;
         }
         if (p.training != 0) {
-            zs[zrow + q] = a;
+            zs[zrow + q[k]] = a;
         }
         act[k] = rg_activate(rg_act(p, k), a);
     }
