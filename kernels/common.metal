@@ -277,14 +277,15 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
         }
         #pragma unroll
         for (uint b = 0; b < RG_BMAX; ++b) {
-            if (b < nb) {
+            if (b >= nb) {
+                break;
+            }
+            #pragma unroll
+            for (uint u = 0; u < 4; ++u) {
+                float x = v[b * ldv + k + u * S];
                 #pragma unroll
-                for (uint u = 0; u < 4; ++u) {
-                    float x = v[b * ldv + k + u * S];
-                    #pragma unroll
-                    for (uint g = 0; g < 4; ++g) {
-                        acc.v[g][b] += wk[u][g] * x;
-                    }
+                for (uint g = 0; g < 4; ++g) {
+                    acc.v[g][b] += wk[u][g] * x;
                 }
             }
         }
@@ -297,12 +298,13 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
         }
         #pragma unroll
         for (uint b = 0; b < RG_BMAX; ++b) {
-            if (b < nb) {
-                float x = v[b * ldv + k];
-                #pragma unroll
-                for (uint g = 0; g < 4; ++g) {
-                    acc.v[g][b] += wk[g] * x;
-                }
+            if (b >= nb) {
+                break;
+            }
+            float x = v[b * ldv + k];
+            #pragma unroll
+            for (uint g = 0; g < 4; ++g) {
+                acc.v[g][b] += wk[g] * x;
             }
         }
     }
@@ -396,7 +398,10 @@ inline void rg_carry(threadgroup float* stage, constant RecurrenceParams& p,
         rg_lane_sum(acc, 1, nb, S);
         #pragma unroll
         for (uint b = 0; b < RG_BMAX; ++b) {
-            if (j < units.y && b < nb && b % S == lane) {
+            if (b >= nb) {
+                break;
+            }
+            if (j < units.y && b % S == lane) {
                 uint own = ((r0 + b) % N) * DH + d * H + j;
                 float carry = acc.v[0][b] * mask[rg_mask_step(p, c) + own];
                 dhn[own] = accumulate ? dhn[own] + carry : carry;

@@ -120,6 +120,10 @@ inline float4 gru_gate_gradients(constant RecurrenceParams& p, device const floa
     float hp = s == 0 ? h0[own] : hfwd[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
     float m = mask[rg_mask_step(p, s) + own];
     float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
+    // Every load before the first store (a store may alias any buffer for the compiler, so a
+    // load after it would wait for it).
+    float q = p.reset_after != 0 ? zs[zrow + 3 * H + j] : 0.0f;
+    float dq_before = p.reset_after != 0 ? prow[row * H + j] : 0.0f;
     float da_o, da_z;
     if (p.flip_z != 0) {
         da_o = dh * z * rg_derivative(p.act2, a_o);
@@ -134,13 +138,12 @@ inline float4 gru_gate_gradients(constant RecurrenceParams& p, device const floa
     uint rrow = (rg_x_time(p, d, s) * N + n) * p.D * B * H + d * B * H;
     float hm = hp * m;
     if (p.reset_after != 0) {
-        float q = zs[zrow + 3 * H + j];
         float da_r = da_o * q * rg_derivative(p.act1, a_r);
         float dq = da_o * r;
         dx[xrow + qr + j] = da_r;
         lhs[xrow + qr + j] = da_r;
         lhs[xrow + qo + j] = dq;
-        prow[row * H + j] += dq;
+        prow[row * H + j] = dq_before + dq;
         rhs[rrow + j] = hm;
         return float4(da_z, da_r, da_o, dq);
     }
@@ -345,7 +348,10 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                     rg_lane_sum(acc, 1, nb, S);
                     #pragma unroll
                     for (uint b = 0; b < RG_BMAX; ++b) {
-                        if (j < H && b < nb && b % S == lane) {
+                        if (b >= nb) {
+                            break;
+                        }
+                        if (j < H && b % S == lane) {
                             uint row = r0 + b, n = row % N;
                             uint col = d * H + j;
                             uint own = n * DH + col;
@@ -381,7 +387,10 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 rg_lane_sum(acc, 1, nb, S);
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
-                    if (j < H && b < nb && b % S == lane) {
+                    if (b >= nb) {
+                        break;
+                    }
+                    if (j < H && b % S == lane) {
                         uint row = r0 + b, n = row % N;
                         uint col = d * H + j;
                         uint own = n * DH + col;

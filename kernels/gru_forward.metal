@@ -237,7 +237,10 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 rg_lane_sum(acc, ng, nb, S);
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
-                    if (j < units.y && b < nb && b % S == lane) {
+                    if (b >= nb) {
+                        break;
+                    }
+                    if (j < units.y && b % S == lane) {
                         if (p.reset_after != 0) {
                             gru_cell_after(p, x, bias, h0, b2, h, zs, s, r0 + b, j,
                                            float3(acc.v[0][b], acc.v[1][b], acc.v[2][b]));
@@ -267,7 +270,10 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                     rg_lane_sum(acc, 1, nb, S);
                     #pragma unroll
                     for (uint b = 0; b < RG_BMAX; ++b) {
-                        if (j < units.y && b < nb && b % S == lane) {
+                        if (b >= nb) {
+                            break;
+                        }
+                        if (j < units.y && b % S == lane) {
                             uint n = (r0 + b) % N;
                             uint col = d * H;
                             uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;

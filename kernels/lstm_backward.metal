@@ -138,12 +138,22 @@ inline float4 lstm_cell_gradients(constant RecurrenceParams& p, device const flo
     da[1] = dc * cp * rg_derivative(p.act1, a[1]);
     da[2] = dc * g[0] * rg_derivative(p.act2, a[2]);
     float dc_next = dc * g[1];
+    // The peephole's and its partial sums' loads before the first store (a store may alias any
+    // buffer for the compiler, so a load after it would wait for it).
+    uint q[4];
+    float pw[4], pr[4];
+    #pragma unroll
     for (uint k = 0; k < 4; ++k) {
-        uint q = rg_gate(p, k) * H + j;
-        dx[xrow + q] = da[k];
+        q[k] = rg_gate(p, k) * H + j;
+        pw[k] = p.has_peephole != 0 ? peephole[d * GH + q[k]] : 0.0f;
+        pr[k] = p.has_peephole != 0 ? prow[row * GH + q[k]] : 0.0f;
+    }
+    #pragma unroll
+    for (uint k = 0; k < 4; ++k) {
+        dx[xrow + q[k]] = da[k];
         if (p.has_peephole != 0) {
-            dc_next += da[k] * peephole[d * GH + q];
-            prow[row * GH + q] += da[k] * cp;
+            dc_next += da[k] * pw[k];
+            prow[row * GH + q[k]] = pr[k] + da[k] * cp;
         }
     }
     dcn[own] = dc_next;
@@ -286,7 +296,10 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 rg_lane_sum(acc, 1, nb, S);
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
-                    if (j < H && b < nb && b % S == lane) {
+                    if (b >= nb) {
+                        break;
+                    }
+                    if (j < H && b % S == lane) {
                         uint own = ((r0 + b) % N) * DH + d * H + j;
                         dhn[own] = acc.v[0][b] * mask[rg_mask_step(p, s) + own];
                     }

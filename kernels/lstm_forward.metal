@@ -212,7 +212,10 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 rg_lane_sum(acc, 4, nb, S);
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
-                    if (j < units.y && b < nb && b % S == lane) {
+                    if (b >= nb) {
+                        break;
+                    }
+                    if (j < units.y && b % S == lane) {
                         lstm_cell(p, x, bias, c0, peephole, h, c, zs, s, r0 + b, j,
                                   float4(acc.v[0][b], acc.v[1][b], acc.v[2][b], acc.v[3][b]));
                     }

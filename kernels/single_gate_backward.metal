@@ -206,7 +206,10 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 rg_lane_sum(acc, 1, nb, S);
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
-                    if (j < H && b < nb && b % S == lane) {
+                    if (b >= nb) {
+                        break;
+                    }
+                    if (j < H && b % S == lane) {
                         uint own = ((r0 + b) % N) * DH + d * H + j;
                         dhn[own] = acc.v[0][b] * mask[rg_mask_step(p, s) + own];
                     }

@@ -158,7 +158,10 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 rg_lane_sum(acc, 1, nb, S);
                 #pragma unroll
                 for (uint b = 0; b < RG_BMAX; ++b) {
-                    if (j < units.y && b < nb && b % S == lane) {
+                    if (b >= nb) {
+                        break;
+                    }
+                    if (j < units.y && b % S == lane) {
                         single_gate_cell(p, x, bias, h, zs, s, r0 + b, j, acc.v[0][b]);
                     }
                 }
