@@ -367,6 +367,27 @@ inline uint rg_chunk(uint r0, uint end, uint N, uint cap) {
     return min(min(cap, end - r0), d_end - r0);
 }
 
+// Floats of threadgroup memory where a v2 forward keeps h[t] ⊙ m of its next step (8 KB: with
+// RG_STAGE, Apple's 32 KB) when its threadgroup's rows are one chunk that owns every unit
+// (rg_resident, the rule's grid): the cells leave h[t] ⊙ m[t+1] there (rg_leave), so that a
+// step stages nothing from device memory and waits at one barrier; the two buffers alternate.
+#define RG_NEXT 2048
+
+inline bool rg_resident(constant RecurrenceParams& p, uint2 rows, uint cap) {
+    uint nb = rows.y - rows.x;
+    return p.unit_blocks <= 1 && rg_chunk(rows.x, rows.y, p.N, cap) == nb && nb * p.H <= RG_NEXT;
+}
+
+// The stage of processing step s + 1 (when the dispatch runs it) for row b of the chunk, unit
+// j: h[t] ⊙ m, as rg_stage_hm would read it back from device memory.
+inline void rg_leave(threadgroup float* next, constant RecurrenceParams& p,
+                     device const float* mask, uint s, uint row, uint b, uint j, float ht) {
+    if (s + 1 < p.s_end) {
+        uint n = row % p.N, d = row / p.N;
+        next[b * p.H + j] = ht * mask[rg_mask_step(p, s + 1) + n * p.D * p.H + d * p.H + j];
+    }
+}
+
 // The carry of a backward in v2's one-step grid (p.unit_blocks != 0), for the rows r0 .. r0 + nb
 // − 1 of one direction and the units [units.x, units.y): dhn[(row, j)] = m_j[c] Σ_q dA_q[c]
 // R[q, j] (R[q, j] = Rt[j·GH + q]), with dA[c] of every unit of the rows read from dx

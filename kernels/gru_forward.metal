@@ -76,8 +76,8 @@
 
 // The step of every version with reset_after for (row, j) at processing step s, from the
 // three gates' recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the order z, r, o: writes
-// z_state (a_z, a_r, a_o, then q) and h[t].
-inline void gru_cell_after(constant RecurrenceParams& p, device const float* x,
+// z_state (a_z, a_r, a_o, then q) and h[t]; returns h[t].
+inline float gru_cell_after(constant RecurrenceParams& p, device const float* x,
                            device const float* bias, device const float* h0,
                            device const float* b2, device float* h, device float* zs, uint s,
                            uint row, uint j, float3 dots) {
@@ -104,8 +104,9 @@ inline void gru_cell_after(constant RecurrenceParams& p, device const float* x,
     zs[zrow + 3 * H + j] = q;
     float z = rg_activate(p.act0, a_z);
     float o = rg_activate(p.act2, a_o);
-    h[(rg_out_time(p, d, s) * N + n) * DH + col + j] =
-        p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
+    float ht = p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
+    h[(rg_out_time(p, d, s) * N + n) * DH + col + j] = ht;
+    return ht;
 }
 
 kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
@@ -205,6 +206,7 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
     // h[t−1] ⊙ r ⊙ m
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float* stage = (threadgroup float*)staged;
+    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
     uint2 rows = rg_group_rows(p, tpg, tgid);
@@ -217,21 +219,26 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
     uint passes = (units.y - units.x + per - 1) / per;
     uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / (2 * H));
     threadgroup float* staged_r = stage + cap * H;
+    bool resident = rg_resident(p, rows, cap);
+    threadgroup float* cur = stage;
+    threadgroup float* next = (threadgroup float*)nexts;
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
     uint ng = p.reset_after != 0 ? 3u : 2u;  // the gates of the first product: z, r (, o)
     for (uint s = p.s_begin; s < p.s_end; ++s) {
         for (uint r0 = rows.x; r0 < rows.y;) {
             uint nb = rg_chunk(r0, rows.y, N, cap);
             uint d = r0 / N;
-            rg_stage_hm(stage, p, h0, h, mask, r0, nb, s, lid, tpg);
-            threadgroup_barrier(mem_flags::mem_threadgroup);
+            if (!resident || s == p.s_begin) {
+                rg_stage_hm(cur, p, h0, h, mask, r0, nb, s, lid, tpg);
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+            }
             device const float* Rd = R + d * GH * H;
             for (uint pass = 0; pass < passes; ++pass) {
                 uint j = units.x + pass * per + lid / S;
                 RgAcc acc;
                 rg_clear(acc);
                 if (j < units.y) {
-                    rg_dots(acc, ng, nb, stage, H, Rd, (qz + j) * H, (qr + j) * H, (qo + j) * H,
+                    rg_dots(acc, ng, nb, cur, H, Rd, (qz + j) * H, (qr + j) * H, (qo + j) * H,
                             0, H, lane, S);
                 }
                 rg_lane_sum(acc, ng, nb, S);
@@ -242,8 +249,12 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                     }
                     if (j < units.y && b % S == lane) {
                         if (p.reset_after != 0) {
-                            gru_cell_after(p, x, bias, h0, b2, h, zs, s, r0 + b, j,
-                                           float3(acc.v[0][b], acc.v[1][b], acc.v[2][b]));
+                            float ht = gru_cell_after(p, x, bias, h0, b2, h, zs, s, r0 + b, j,
+                                                      float3(acc.v[0][b], acc.v[1][b],
+                                                             acc.v[2][b]));
+                            if (resident) {
+                                rg_leave(next, p, mask, s, r0 + b, b, j, ht);
+                            }
                         } else {
                             uint n = (r0 + b) % N;
                             uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
@@ -252,7 +263,7 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             float a_r = (x[xrow + qr + j] + bias[d * GH + qr + j]) + acc.v[1][b];
                             zs[zrow + qz + j] = a_z;
                             zs[zrow + qr + j] = a_r;
-                            staged_r[b * H + j] = stage[b * H + j] * rg_activate(p.act1, a_r);
+                            staged_r[b * H + j] = cur[b * H + j] * rg_activate(p.act1, a_r);
                         }
                     }
                 }
@@ -284,15 +295,25 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             zs[zrow + qo + j] = a_o;
                             float z = rg_activate(p.act0, zs[zrow + qz + j]);  // this thread's own
                             float o = rg_activate(p.act2, a_o);
-                            h[(rg_out_time(p, d, s) * N + n) * DH + col + j] =
-                                p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
+                            float ht = p.flip_z != 0 ? (1.0f - z) * hp + z * o
+                                                     : z * hp + (1.0f - z) * o;
+                            h[(rg_out_time(p, d, s) * N + n) * DH + col + j] = ht;
+                            if (resident) {
+                                rg_leave(next, p, mask, s, r0 + b, b, j, ht);
+                            }
                         }
                     }
                 }
             }
-            // The stages are read and h[t] written before any thread stages again.
+            // The stages are read and h[t] written (resident: the next stage left) before any
+            // thread stages again.
             threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
             r0 += nb;
+        }
+        if (resident) {
+            threadgroup float* read = cur;
+            cur = next;
+            next = read;
         }
     }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);

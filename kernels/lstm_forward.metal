@@ -76,8 +76,8 @@
 
 // The cell update of both versions for (row, j) at processing step s, from the four gates'
 // recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the cell's order i, f, z, o: writes
-// z_state (when training), c[t] and h[t].
-inline void lstm_cell(constant RecurrenceParams& p, device const float* x,
+// z_state (when training), c[t] and h[t]; returns h[t].
+inline float lstm_cell(constant RecurrenceParams& p, device const float* x,
                       device const float* bias, device const float* c0,
                       device const float* peephole, device float* h, device float* c,
                       device float* zs, uint s, uint row, uint j, float4 dots) {
@@ -113,7 +113,9 @@ inline void lstm_cell(constant RecurrenceParams& p, device const float* x,
     float ct = act[1] * cp + act[0] * act[2];
     uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
     c[out] = ct;
-    h[out] = act[3] * rg_activate(p.act4, ct);
+    float ht = act[3] * rg_activate(p.act4, ct);
+    h[out] = ht;
+    return ht;
 }
 
 kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
@@ -184,6 +186,7 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float* stage = (threadgroup float*)staged;  // [b][k]: h[t−1] ⊙ m of the chunk's rows
+    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
     uint N = p.N, H = p.H, GH = 4 * p.H;
     uint2 rows = rg_group_rows(p, tpg, tgid);
     uint2 units = rg_units(p, tgid);
@@ -194,18 +197,23 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
     uint S = rg_slices(units.y - units.x, tpg), lane = lid % S, per = tpg / S;
     uint passes = (units.y - units.x + per - 1) / per;
     uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
+    bool resident = rg_resident(p, rows, cap);
+    threadgroup float* cur = stage;
+    threadgroup float* next = (threadgroup float*)nexts;
     for (uint s = p.s_begin; s < p.s_end; ++s) {
         for (uint r0 = rows.x; r0 < rows.y;) {
             uint nb = rg_chunk(r0, rows.y, N, cap);
             uint d = r0 / N;
-            rg_stage_hm(stage, p, h0, h, mask, r0, nb, s, lid, tpg);
-            threadgroup_barrier(mem_flags::mem_threadgroup);
+            if (!resident || s == p.s_begin) {
+                rg_stage_hm(cur, p, h0, h, mask, r0, nb, s, lid, tpg);
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+            }
             for (uint pass = 0; pass < passes; ++pass) {
                 uint j = units.x + pass * per + lid / S;
                 RgAcc acc;
                 rg_clear(acc);
                 if (j < units.y) {  // gates in the cell's order i, f, z, o
-                    rg_dots(acc, 4, nb, stage, H, R + d * GH * H, (p.gate0 * H + j) * H,
+                    rg_dots(acc, 4, nb, cur, H, R + d * GH * H, (p.gate0 * H + j) * H,
                             (p.gate1 * H + j) * H, (p.gate2 * H + j) * H, (p.gate3 * H + j) * H,
                             H, lane, S);
                 }
@@ -216,14 +224,24 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                         break;
                     }
                     if (j < units.y && b % S == lane) {
-                        lstm_cell(p, x, bias, c0, peephole, h, c, zs, s, r0 + b, j,
-                                  float4(acc.v[0][b], acc.v[1][b], acc.v[2][b], acc.v[3][b]));
+                        float ht = lstm_cell(p, x, bias, c0, peephole, h, c, zs, s, r0 + b, j,
+                                             float4(acc.v[0][b], acc.v[1][b], acc.v[2][b],
+                                                    acc.v[3][b]));
+                        if (resident) {
+                            rg_leave(next, p, mask, s, r0 + b, b, j, ht);
+                        }
                     }
                 }
             }
-            // The stage is read and h[t], c[t] written before any thread stages again.
+            // The stage is read and h[t], c[t] written (resident: the next stage left) before
+            // any thread stages again.
             threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
             r0 += nb;
+        }
+        if (resident) {
+            threadgroup float* read = cur;
+            cur = next;
+            next = read;
         }
     }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);

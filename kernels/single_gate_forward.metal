@@ -62,8 +62,8 @@
 //   8      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
 // The step of every version for (row, j) at processing step s, from the recurrent product
-// (h[t−1] ⊙ m) Rᵀ of unit j: writes z_state (when training) and h[t].
-inline void single_gate_cell(constant RecurrenceParams& p, device const float* x,
+// (h[t−1] ⊙ m) Rᵀ of unit j: writes z_state (when training) and h[t]; returns h[t].
+inline float single_gate_cell(constant RecurrenceParams& p, device const float* x,
                              device const float* bias, device float* h, device float* zs,
                              uint s, uint row, uint j, float dot) {
     uint N = p.N, DH = p.D * p.H;
@@ -74,7 +74,9 @@ inline void single_gate_cell(constant RecurrenceParams& p, device const float* x
     if (p.training != 0) {
         zs[out] = a;
     }
-    h[out] = rg_activate(p.act0, a);
+    float ht = rg_activate(p.act0, a);
+    h[out] = ht;
+    return ht;
 }
 
 kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
@@ -132,6 +134,7 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                    uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float* stage = (threadgroup float*)staged;  // [b][k]: h[t−1] ⊙ m of the chunk's rows
+    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
     uint N = p.N, H = p.H, DH = p.D * p.H;
     uint2 rows = rg_group_rows(p, tpg, tgid);
     uint2 units = rg_units(p, tgid);
@@ -142,18 +145,23 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
     uint S = rg_slices(units.y - units.x, tpg), lane = lid % S, per = tpg / S;
     uint passes = (units.y - units.x + per - 1) / per;
     uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
+    bool resident = rg_resident(p, rows, cap);
+    threadgroup float* cur = stage;
+    threadgroup float* next = (threadgroup float*)nexts;
     for (uint s = p.s_begin; s < p.s_end; ++s) {
         for (uint r0 = rows.x; r0 < rows.y;) {
             uint nb = rg_chunk(r0, rows.y, N, cap);
             uint d = r0 / N;
-            rg_stage_hm(stage, p, h0, h, mask, r0, nb, s, lid, tpg);
-            threadgroup_barrier(mem_flags::mem_threadgroup);
+            if (!resident || s == p.s_begin) {
+                rg_stage_hm(cur, p, h0, h, mask, r0, nb, s, lid, tpg);
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+            }
             for (uint pass = 0; pass < passes; ++pass) {
                 uint j = units.x + pass * per + lid / S;
                 RgAcc acc;
                 rg_clear(acc);
                 if (j < units.y) {
-                    rg_dots(acc, 1, nb, stage, H, R + d * H * H, j * H, 0, 0, 0, H, lane, S);
+                    rg_dots(acc, 1, nb, cur, H, R + d * H * H, j * H, 0, 0, 0, H, lane, S);
                 }
                 rg_lane_sum(acc, 1, nb, S);
                 #pragma unroll
@@ -162,13 +170,22 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                         break;
                     }
                     if (j < units.y && b % S == lane) {
-                        single_gate_cell(p, x, bias, h, zs, s, r0 + b, j, acc.v[0][b]);
+                        float ht = single_gate_cell(p, x, bias, h, zs, s, r0 + b, j, acc.v[0][b]);
+                        if (resident) {
+                            rg_leave(next, p, mask, s, r0 + b, b, j, ht);
+                        }
                     }
                 }
             }
-            // The stage is read and h[t] written before any thread stages again.
+            // The stage is read and h[t] written (resident: the next stage left) before any
+            // thread stages again.
             threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
             r0 += nb;
+        }
+        if (resident) {
+            threadgroup float* read = cur;
+            cur = next;
+            next = read;
         }
     }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);

@@ -50,7 +50,8 @@ def test_every_kernel_is_reported():
     assert list(table) == list(library.BUFFERS)
     for name, row in table.items():
         assert 1 <= row["registers"] <= 255, (name, row)
-        assert row["spill_loads"] >= 0 and row["stack"] >= row["spill_stores"] - 8, (name, row)
+        assert row["spill_loads"] >= 0 and row["spill_stores"] >= 0, (name, row)
+        assert row["stack"] > 0 or row["spill_stores"] == 0, (name, row)  # a spill needs a frame
     # the kernels that stage in threadgroup memory say how much, within Apple's 32 KiB
     assert 0 < table["strided_gemm_blocked"]["shared"] <= 32768
     assert table["strided_gemm"]["shared"] == 0
