@@ -714,7 +714,8 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     assert single(direction="forward").version == "v2"
     assert single(direction="backward").version == "rows"
     assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=8,
-                               H=128).version == "rows"
+                               H=64).version == "rows"
+    assert versions.recurrence(cell="lstm", direction="backward", D=1, N=1, H=64).version == "v2"
     assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=64,
                                H=512).version == "v2"
     gru = functools.partial(versions.recurrence, cell="gru", direction="forward", D=1, N=8, H=128)

@@ -35,17 +35,18 @@ range** (:data:`V2_H`) **and D·N ≤** :data:`V2_MAX_ROWS` **(a GRU only with r
 else v1 in its grid** (v1 packed on the CPU harness). v2 reads R and the staged
 left factor as float4 where H allows (``rg_dots``, kernels/common.metal): the lanes of a unit
 then read whole 128-byte lines of a weight row. Device ms (torch.profiler) of the forward /
-backward recurrences on an H100 through metal-cuda (2026-11-25), v1 (its grid) → v2 (one row
-a threadgroup, float4 reads):
+backward recurrences through metal-cuda, v1 (its grid) → v2 (one row a threadgroup, float4
+reads, the cells' loads before their stores, the next step's stage left in threadgroup
+memory), on an H200 (2026-11-26; runs on an H100 the day before ranked them the same way):
 
-- 100×32×256×256: RNN 1.29 / 0.63 → 0.66 / 0.69; GRU 2.11 / 2.28 → 1.18 / 1.76; LSTM
-  2.34 / 2.59 → 1.51 / 2.22.
-- 1000×8×128×128: RNN 2.55 / 2.44 → 3.02 / 3.09; GRU 7.89 / 8.69 → 5.93 / 7.19; LSTM
-  10.95 / 12.65 → 7.28 / 8.87.
-- 50×1×64×64 (H below the range): RNN 0.09 / 0.10 → 0.14 / 0.14; GRU 0.17 / 0.25 → 0.26 /
-  0.24; LSTM 0.21 / 0.28 → 0.31 / 0.26.
-- 200×64×512×512: RNN 5.81 / 2.91 → 4.38 / 4.33; GRU 10.71 / 10.35 → 11.34 / 12.28; LSTM
-  11.89 / 10.96 → 14.78 / 16.03.
+- 100×32×256×256: RNN 1.29 / 0.62 → 0.54 / 0.57; GRU 1.95 / 2.28 → 1.08 / 1.39; LSTM
+  2.56 / 2.34 → 1.32 / 1.81.
+- 1000×8×128×128: RNN 2.53 / 2.32 → 2.17 / 2.50; GRU 7.85 / 8.41 → 4.98 / 5.57; LSTM
+  12.97 / 12.55 → 5.22 / 7.63.
+- 50×1×64×64: RNN 0.083 / 0.087 → 0.094 / 0.108; GRU 0.146 / 0.234 → 0.179 / 0.195; LSTM
+  0.199 / 0.261 → 0.197 / 0.215 (v2 for the GRU's and LSTM's backward only).
+- 200×64×512×512: RNN 5.79 / 2.88 → 4.20 / 4.30; GRU 9.28 / 10.41 → 11.21 / 12.20; LSTM
+  11.38 / 10.70 → 14.49 / 16.06 (v2 for the single-gate forward only).
 
 Before the float4 reads (lanes k ≡ lane mod S, scalar loads: each load of a SIMD-group touched
 four lines) v2 was slower than v1 at 11 of these 12 shapes and cells (1000×8 LSTM 10.4 / 11.5,
@@ -238,10 +239,11 @@ V2_THREADS = 1024
 V2_GROUP_ROWS = 1
 #: the H the rule gives v2, by cell and direction: (smallest, largest), or None (never); each
 #: row's threadgroup reads all of R every step. Measured wins (module docstring): the GRU and
-#: the LSTM at H = 128 and 256 (not 512), the single-gate forward at 256 and 512 (not 128)
-V2_H = {("single_gate", "forward"): (129, 512), ("single_gate", "backward"): None,
-        ("gru", "forward"): (128, 256), ("gru", "backward"): (128, 256),
-        ("lstm", "forward"): (128, 256), ("lstm", "backward"): (128, 256)}
+#: the LSTM at H = 128 and 256 (not 512), their backward at 64 too, the single-gate forward at
+#: 128, 256 and 512 (not 64)
+V2_H = {("single_gate", "forward"): (128, 512), ("single_gate", "backward"): None,
+        ("gru", "forward"): (128, 256), ("gru", "backward"): (64, 256),
+        ("lstm", "forward"): (128, 256), ("lstm", "backward"): (64, 256)}
 #: the most rows (D·N) the rule gives v2 a threadgroup each (measured: 8 and 32)
 V2_MAX_ROWS = 64
 #: units per threadgroup at most in v2's one-step grid (v2-steps): H splits into
