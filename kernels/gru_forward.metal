@@ -25,6 +25,10 @@
 //      staged beside h[t−1] ⊙ m and a product of o finishes it (a_z goes through z_state, read
 //      back by the thread that wrote it). R comes as it is (k contiguous). Two barriers per
 //      step and chunk, three without reset_after.
+//      Where the threadgroup's rows are one chunk owning every unit (rg_resident: the rule's
+//      grid, a row a threadgroup), the cells leave h[t] ⊙ m of the next step in threadgroup
+//      memory (rg_leave; two buffers alternate): only a dispatch's first step stages from
+//      device memory, and a step has one barrier.
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.

@@ -16,6 +16,10 @@
 //      chunk and a slice of k, so each element of R it loads serves every row (common.metal,
 //      rg_dots); the slices' sums meet through simd_shuffle_xor. R comes as it is (k
 //      contiguous). Two barriers per step and chunk.
+//      Where the threadgroup's rows are one chunk owning every unit (rg_resident: the rule's
+//      grid, a row a threadgroup), the cells leave h[t] ⊙ m of the next step in threadgroup
+//      memory (rg_leave; two buffers alternate): only a dispatch's first step stages from
+//      device memory, and a step has one barrier.
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
