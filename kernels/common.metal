@@ -378,6 +378,13 @@ inline bool rg_resident(constant RecurrenceParams& p, uint2 rows, uint cap) {
     return p.unit_blocks <= 1 && rg_chunk(rows.x, rows.y, p.N, cap) == nb && nb * p.H <= RG_NEXT;
 }
 
+// The stage processing step s reads: resident, stage and next alternate from the dispatch's
+// first step on (the cells of step s leave step s + 1's in the other); else always stage.
+inline threadgroup float* rg_stage_of(threadgroup float* stage, threadgroup float* next,
+                                      bool resident, constant RecurrenceParams& p, uint s) {
+    return resident && ((s - p.s_begin) & 1u) != 0 ? next : stage;
+}
+
 // The stage of processing step s + 1 (when the dispatch runs it) for row b of the chunk, unit
 // j: h[t] ⊙ m, as rg_stage_hm would read it back from device memory.
 inline void rg_leave(threadgroup float* next, constant RecurrenceParams& p,
@@ -447,6 +454,18 @@ inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
         uint col = d * H + e % H;
         float hp = s == 0 ? h0[n * DH + col] : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
         stage[e] = hp * mask[rg_mask_step(p, s) + n * DH + col];
+    }
+}
+
+// Step s's stage of the chunk's rows, h[t−1] ⊙ m, read from device memory into cur (then a
+// barrier), unless the previous step's cells left it there (resident, past the first step).
+inline void rg_stage_step(threadgroup float* cur, bool resident, constant RecurrenceParams& p,
+                          device const float* h0, device const float* h,
+                          device const float* mask, uint r0, uint nb, uint s, uint lid,
+                          uint tpg) {
+    if (!resident || s == p.s_begin) {
+        rg_stage_hm(cur, p, h0, h, mask, r0, nb, s, lid, tpg);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
     }
 }
 

@@ -150,16 +150,14 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
     uint passes = (units.y - units.x + per - 1) / per;
     uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
     bool resident = rg_resident(p, rows, cap);
-    threadgroup float* cur = stage;
-    threadgroup float* next = (threadgroup float*)nexts;
+    threadgroup float* after = (threadgroup float*)nexts;
     for (uint s = p.s_begin; s < p.s_end; ++s) {
+        threadgroup float* cur = rg_stage_of(stage, after, resident, p, s);
+        threadgroup float* next = rg_stage_of(stage, after, resident, p, s + 1);
         for (uint r0 = rows.x; r0 < rows.y;) {
             uint nb = rg_chunk(r0, rows.y, N, cap);
             uint d = r0 / N;
-            if (!resident || s == p.s_begin) {
-                rg_stage_hm(cur, p, h0, h, mask, r0, nb, s, lid, tpg);
-                threadgroup_barrier(mem_flags::mem_threadgroup);
-            }
+            rg_stage_step(cur, resident, p, h0, h, mask, r0, nb, s, lid, tpg);
             for (uint pass = 0; pass < passes; ++pass) {
                 uint j = units.x + pass * per + lid / S;
                 RgAcc acc;
@@ -185,11 +183,6 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
             // thread stages again.
             threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
             r0 += nb;
-        }
-        if (resident) {
-            threadgroup float* read = cur;
-            cur = next;
-            next = read;
         }
     }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
