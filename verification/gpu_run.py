@@ -26,6 +26,7 @@ failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ((100, 32, 256, 256), (50, 1, 64, 64), (200, 64, 512, 512), (1000, 8, 128, 128))
@@ -162,6 +164,14 @@ STEP_CONFIGS = (("v1", "v1", "v1", {}),
                 *((config, "auto", v, {}) for v, config in GEMM_CONFIGS.items() if config.startswith("gemm")),
                 *((label, recurrence, "auto", knobs) for label, recurrence, knobs in STEP_KNOBS),
                 ("auto", "auto", "auto", {}))
+
+
+def versions_set(knobs: dict):
+    """A block in which rnngrad.backends.metal.versions has the settings ``knobs``, restored
+    after it (none: nothing changes)."""
+    from rnngrad.backends.metal import versions
+
+    return mock.patch.multiple(versions, **knobs) if knobs else contextlib.nullcontext()
 
 
 def wall(fn, reps: int) -> float:
@@ -294,25 +304,21 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                 for config, recurrence, gemm, knobs in STEP_CONFIGS:
                     os.environ["RNNGRAD_METAL_GEMM"] = gemm
                     os.environ["RNNGRAD_METAL_RECURRENCE"] = recurrence
-                    saved = {k: getattr(versions, k) for k in knobs}
-                    for k, v in knobs.items():
-                        setattr(versions, k, v)
-                    for _ in range(2):
+                    with versions_set(knobs):
+                        for _ in range(2):
+                            rnngrad_step()
+                        cp.cuda.Device().synchronize()
+                        dev.trace.clear()
                         rnngrad_step()
-                    cp.cuda.Device().synchronize()
-                    dev.trace.clear()
-                    rnngrad_step()
-                    cp.cuda.Device().synchronize()
-                    per_kernel = {}
-                    for d in dev.trace:
-                        name = "GEMMs" if d.kernel.startswith("strided_gemm") else d.kernel
-                        per_kernel[name] = per_kernel.get(name, 0.0) + d.seconds * 1e3
-                    measured[config] = dict(per_kernel=per_kernel,
-                                            kernels=sorted({d.kernel for d in dev.trace}),
-                                            dispatches=len(dev.trace),
-                                            device=device_ms(rnngrad_step))
-                    for k, v in saved.items():
-                        setattr(versions, k, v)
+                        cp.cuda.Device().synchronize()
+                        per_kernel = {}
+                        for d in dev.trace:
+                            name = "GEMMs" if d.kernel.startswith("strided_gemm") else d.kernel
+                            per_kernel[name] = per_kernel.get(name, 0.0) + d.seconds * 1e3
+                        measured[config] = dict(per_kernel=per_kernel,
+                                                kernels=sorted({d.kernel for d in dev.trace}),
+                                                dispatches=len(dev.trace),
+                                                device=device_ms(rnngrad_step))
                 kernel_ms = sum(per_kernel.values())
                 dispatches = measured["auto"]["dispatches"]
             # end to end as a user's call runs: on a device that records no timing events (the
@@ -328,20 +334,11 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
             # the rule with each of E2E_VARIANTS' settings, end to end, where it changes a choice
             variant_wall_ms = {}
             for name, knobs in E2E_VARIANTS.items():
-                from rnngrad.backends.metal import versions
-
-                saved = {k: getattr(versions, k) for k in knobs}
-                try:
-                    for k, v in knobs.items():
-                        setattr(versions, k, v)
-                    with cuda_device(timing=False) as variant:
-                        rnngrad_step()
-                        cp.cuda.Device().synchronize()
-                        if {d.kernel for d in variant.trace} != set(measured["auto"]["kernels"]):
-                            variant_wall_ms[name] = wall(rnngrad_step, reps)
-                finally:
-                    for k, v in saved.items():
-                        setattr(versions, k, v)
+                with versions_set(knobs), cuda_device(timing=False) as variant:
+                    rnngrad_step()
+                    cp.cuda.Device().synchronize()
+                    if {d.kernel for d in variant.trace} != set(measured["auto"]["kernels"]):
+                        variant_wall_ms[name] = wall(rnngrad_step, reps)
             if (T, N, mode) == (50, 1, "LSTM"):  # where the host overhead dominates: where it goes
                 import cProfile
                 import io
