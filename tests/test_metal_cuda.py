@@ -7,6 +7,7 @@ the one tolerance table.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -284,24 +285,42 @@ kernel void big(device float* y [[buffer(0)]], uint lid [[thread_position_in_thr
         fn(32, dev.buffer(4 * 32))
 
 
-FAULT = """
-import numpy as np
+#: the harness device and a kernel that writes far past its buffer: an illegal address
+FAULT_SETUP = """
 from rnngrad.backends.metal.harness import cuda as metalcompute
 dev = metalcompute.Device()
-fn = dev.kernel('''#include <metal_stdlib>
+lib = dev.kernel('''#include <metal_stdlib>
 using namespace metal;
+kernel void calm(device float* y [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
+    if (gid == 0) y[0] = 1.0f;
+}
 kernel void wild(device float* y [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
     y[gid * 1000000u] = 1.0f;
-}''').function("wild")
-try:
-    dev.finish([fn(4096, dev.buffer(16))])
-except metalcompute.error as exc:
-    print("FIRST:", exc)
+}''')
+calm, wild = lib.function("calm"), lib.function("wild")
+y = dev.buffer(16)
+"""
+#: after the fault: a later call, which the device must refuse
+REFUSED_LATER = """
 try:
     dev.buffer(4)
 except metalcompute.error as exc:
     print("LATER:", exc)
 """
+FAULT = FAULT_SETUP + """
+try:
+    dev.finish([wild(4096, y)])
+except metalcompute.error as exc:
+    print("FIRST:", exc)
+""" + REFUSED_LATER
+FAULT_AMONG_OTHERS = FAULT_SETUP + """
+dev.finish([calm(32, y), calm(32, y)])
+print("CALM: finished")
+try:
+    dev.finish([calm(32, y), wild(4096, y), calm(32, y)])
+except metalcompute.error as exc:
+    print("FIRST:", exc)
+""" + REFUSED_LATER
 
 
 def test_a_kernel_fault_names_the_kernel_and_the_device_refuses_later_calls():
@@ -309,6 +328,21 @@ def test_a_kernel_fault_names_the_kernel_and_the_device_refuses_later_calls():
     assert "FIRST: kernel 'wild'" in done.stdout, done.stdout + done.stderr
     assert "CUDA context is now unusable" in done.stdout
     assert "LATER: this CUDA device is unusable" in done.stdout
+
+
+def test_a_fault_before_the_last_call_raises_from_finish_on_the_gpu():
+    """A fault in the middle call of three is raised by finish, which waits on the last only
+    until a wait fails (tests/test_metal_cuda_finish.py on stand-in events); the error names one
+    of the op's kernels (CUDA may report the fault to an earlier call's wait:
+    check_each_dispatch names exactly), and the device refuses later calls."""
+    done = subprocess.run([sys.executable, "-c", FAULT_AMONG_OTHERS], capture_output=True,
+                          text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert "CALM: finished" in done.stdout, out
+    assert re.search(r"FIRST: kernel '(wild|calm)' \(count \d+, threadgroup size \d+\) failed on "
+                     r"the GPU", done.stdout), out
+    assert "CUDA context is now unusable" in done.stdout, out
+    assert "LATER: this CUDA device is unusable" in done.stdout, out
 
 
 SIMDGROUP = """#include <metal_stdlib>

@@ -1,12 +1,9 @@
 """The CUDA target's ``Device.finish`` on stand-in events (no GPU needed): one wait for a
 device's calls, the last (its stream runs them in order); on a fault, the calls waited on again
-in order, so that the error names the first that reports it, as one wait per call did."""
+in order, so that the error names the first that reports it, as one wait per call did. Its
+twin on the GPU is in tests/test_metal_cuda.py."""
 
 from __future__ import annotations
-
-import re
-import subprocess
-import sys
 
 import pytest
 
@@ -83,47 +80,3 @@ def test_finish_of_no_calls_waits_on_nothing():
     device = _device()
     device.broken = "kernel 'z' failed"
     device.finish([])  # as before: nothing to wait on, nothing raised
-
-
-FAULT_AMONG_OTHERS = """
-from rnngrad.backends.metal.harness import cuda as metalcompute
-dev = metalcompute.Device()
-lib = dev.kernel('''#include <metal_stdlib>
-using namespace metal;
-kernel void calm(device float* y [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
-    if (gid == 0) y[0] = 1.0f;
-}
-kernel void wild(device float* y [[buffer(0)]], uint gid [[thread_position_in_grid]]) {
-    y[gid * 1000000u] = 1.0f;
-}''')
-calm, wild = lib.function("calm"), lib.function("wild")
-y = dev.buffer(16)
-dev.finish([calm(32, y), calm(32, y)])
-print("CALM: finished")
-try:
-    dev.finish([calm(32, y), wild(4096, y), calm(32, y)])
-except metalcompute.error as exc:
-    print("FIRST:", exc)
-try:
-    dev.buffer(4)
-except metalcompute.error as exc:
-    print("LATER:", exc)
-"""
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(cuda.available() is not None, reason=f"needs CuPy and a CUDA device: "
-                                                          f"{cuda.available()}")
-def test_a_fault_before_the_last_call_raises_from_finish_on_the_gpu():
-    """On the GPU: a fault in the middle call of three is raised by finish, which waits on the
-    last only until a wait fails; the error names one of the op's kernels (CUDA may report the
-    fault to an earlier call's wait: check_each_dispatch names exactly), and the device refuses
-    later calls."""
-    done = subprocess.run([sys.executable, "-c", FAULT_AMONG_OTHERS], capture_output=True,
-                          text=True, timeout=300)
-    out = done.stdout + done.stderr
-    assert "CALM: finished" in done.stdout, out
-    assert re.search(r"FIRST: kernel '(wild|calm)' \(count \d+, threadgroup size \d+\) failed on "
-                     r"the GPU", done.stdout), out
-    assert "CUDA context is now unusable" in done.stdout, out
-    assert "LATER: this CUDA device is unusable" in done.stdout, out
