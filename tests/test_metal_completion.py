@@ -309,8 +309,8 @@ def test_cuda_target_dispatch_launched_with_half_its_grid_raises(cell, monkeypat
         def stopped(self, *args):
             raw = self._raw
             if calls[0] == i:
-                self._raw = lambda grid, block, bound: (None if grid[0] < 2 else
-                                                        raw((grid[0] // 2,), block, bound))
+                self._raw = lambda grid, block, bound, **kw: (
+                    None if grid[0] < 2 else raw((grid[0] // 2,), block, bound, **kw))
             calls[0] += 1
             try:
                 return call(self, *args)

@@ -82,6 +82,7 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import threading
 from typing import NamedTuple
@@ -92,6 +93,7 @@ from ... import registry
 from ...descriptors import Activation
 from ...problem import ForwardArrays, GradientArrays, address, on_gpu
 from . import library, versions
+from .plan import Plan, signature
 from .errors import IncompleteDispatch, ranges
 
 F32 = np.float32
@@ -117,6 +119,8 @@ BIND_ALIGN = 16
 #: on its own. A result keeps its slab alive: at most this much memory per op whose results are
 #: held
 SLAB_BYTES = 1 << 18
+#: op plans a host keeps (see MetalHost.plan), least recently used dropped first
+PLANS_KEPT = 64
 
 
 class Constant(NamedTuple):
@@ -418,6 +422,7 @@ class MetalHost:
         self._device = None
         self._functions = {}
         self._constants = collections.OrderedDict()  # key -> read-only buffer (see buffer)
+        self._plans = collections.OrderedDict()  # (signature, budget, settings) -> Plan
         self._op = None  # the _Runs of the op in progress (under _lock), where new buffers come from
         #: (runs' layout, threadgroup sizes, arenas' lengths) -> the marks expected when all
         #: went well (see _Runs._all_marked), or False
@@ -464,6 +469,7 @@ class MetalHost:
         self._device = device
         self._functions = {}
         self._constants = collections.OrderedDict()
+        self._plans = collections.OrderedDict()
 
     def function(self, name):
         if name not in self._functions:
@@ -560,16 +566,6 @@ class MetalHost:
         op = self._op
         return op.new(4 * n, True) if op is not None else self._filled(n, 0.0)
 
-    def launch(self, kernel, count, runs, *, steps, span=None, **buffers):
-        """Dispatch ``kernel`` over ``count`` threads on ``runs`` (the op's :class:`_Runs`),
-        binding ``buffers`` by the names of its buffer table (``library.BUFFERS``; the status
-        buffer is bound here). ``steps``: what each threadgroup's completion mark must say;
-        ``span``: the processing steps ``(s_begin, s_end)`` of a recurrence dispatch."""
-        names = library.BUFFERS[kernel][:-1]  # the last is the status buffer
-        if set(names) != set(buffers):
-            raise ValueError(f"{kernel}: expected buffers {names}, got {tuple(buffers)}")
-        runs.launch(kernel, int(count), [buffers[n] for n in names], steps, span)
-
     def runs(self, op, problem) -> _Runs:
         """The dispatches of one op (a context manager; see :class:`_Runs`)."""
         return _Runs(self, op, problem)
@@ -577,23 +573,23 @@ class MetalHost:
     def read(self, buf, shape):
         """The first prod(shape) floats of a buffer the op made: a NumPy copy, or on the CUDA
         target a CuPy view (the buffer is the op's own)."""
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         if self.xp is np:
             return np.frombuffer(buf, F32, count=n).reshape(shape).copy()
         return buf.view(self.xp.float32)[:n].reshape(shape)
 
-    def recurrence(self, problem, direction):
-        """(choice, threads, recurrent weight buffer) of the op's recurrence dispatches: the
-        version versions.recurrence picks (a versions.Choice, logged at DEBUG level), and R in
-        the layout its kernel reads (its buffer table names it R or Rt)."""
+    def recurrence(self, plan, problem, direction):
+        """(choice, threads, {R's buffer name: slot}) of the op's recurrence dispatches: the
+        version versions.recurrence picks (a versions.Choice, logged at DEBUG level when the
+        plan is made), and R in the layout its kernel reads (its buffer table names it R or
+        Rt)."""
         sizes = dict(cell=problem.cell, direction=direction, D=problem.D, N=problem.N,
                      H=problem.H)
         reset_after = bool(getattr(problem.descriptor, "reset_after", True))  # the GRU's
         choice = versions.recurrence(**sizes, device=self.name, reset_after=reset_after)
         _LOG.debug("%s: %s", self.name, choice)
-        R = problem.recurrent_weight  # [D,GH,H]
         name = library.BUFFERS[choice.kernel][3 if direction == "forward" else 1]
-        weight = self.read_only(R.transpose(0, 2, 1) if name == "Rt" else R)
+        weight = plan.input("recurrent_weight", (0, 2, 1) if name == "Rt" else None)  # [D,GH,H]
         return choice, versions.recurrence_count(choice, **sizes), {name: weight}
 
     def recurrence_spans(self, problem, choice, direction):
@@ -633,11 +629,12 @@ class MetalHost:
                 setattr(out, field.name, value.get())
         return out
 
-    def gemm(self, handles, A, B, C, *, batch, M, P, K, a_batch=0, a_row=0, a_k=0, b_batch=0,
+    def gemm(self, plan, A, B, C, *, batch, M, P, K, a_batch=0, a_row=0, a_k=0, b_batch=0,
              b_k=0, b_col=0, block=None, b_block=0, bias=None, product=""):
-        """C[batch,M,P] = strided A·B (+ bias); see GemmParams in common.metal. The kernel
-        version is :func:`rnngrad.backends.metal.versions.gemm`'s choice for the shape
-        (``product`` names it in the reason, logged at DEBUG level)."""
+        """Add to ``plan`` the dispatch of C[batch,M,P] = strided A·B (+ bias) (slots; see
+        GemmParams in common.metal). The kernel version is
+        :func:`rnngrad.backends.metal.versions.gemm`'s choice for the shape (``product`` names
+        it in the reason, logged at DEBUG level when the plan is made)."""
         if batch * M * P == 0:
             return
         block = block or max(M, 1)
@@ -655,13 +652,14 @@ class MetalHost:
                       a_k=a_k, b_batch=b_batch, b_k=b_k, b_col=b_col,
                       block=block, b_block=b_block, has_bias=int(bias is not None),
                       k_split=k_split)
-        params = self.params(library.GEMM_PARAMS,
-                             tuple(int(values[k]) for k in library.GEMM_PARAMS.names))
-        parts = self.empty(slices * batch * M * P) if slices > 1 else C
-        self.launch(choice.kernel, count, handles, steps=K, p=params, A=A, B=B,
-                    bias=bias if bias is not None else self.buffer(Constant(1)), C=parts)
+        params = plan.keep(self.params(library.GEMM_PARAMS,
+                                       tuple(int(values[k]) for k in library.GEMM_PARAMS.names)))
+        parts = plan.empty(slices * batch * M * P) if slices > 1 else C
+        plan.launch(choice.kernel, count, steps=K, p=params, A=A, B=B,
+                    bias=bias if bias is not None else plan.keep(self.buffer(Constant(1))),
+                    C=parts)
         if slices > 1:  # C = the slices' sum, in slice order: 1ᵀ · parts[slices, batch·M·P]
-            self.gemm(handles, self.buffer(Constant(1, 1.0)), parts, C, batch=1, M=1,
+            self.gemm(plan, plan.keep(self.buffer(Constant(1, 1.0))), parts, C, batch=1, M=1,
                       P=batch * M * P, K=slices, b_k=batch * M * P, b_col=1,
                       product=f"the sum of {product or 'a product'}'s {slices} slices of K")
 
@@ -710,161 +708,219 @@ class MetalHost:
             values[f"gate{k}"] = gates[k]
         return tuple(int(values[name]) for name in library.RECURRENCE_PARAMS.names)
 
-    def _common(self, problem):
-        """Buffers every recurrence reads: h0 (zeros when absent) and the mask (ones)."""
+    def _given(self, plan, problem, field, absent: Constant):
+        """The slot of input ``field``, or of the kept constant ``absent`` where it is not
+        given (kernels only read it)."""
+        if getattr(problem, field) is not None:
+            return plan.input(field)
+        return plan.keep(self.buffer(absent))
+
+    def _common(self, plan, problem):
+        """Slots of what every recurrence reads: h0 (zeros when absent) and the mask (ones)."""
         N, DH = problem.N, problem.D * problem.H
-        h0 = problem.init_state if problem.init_state is not None else Constant(N * DH)
-        mask = problem.mask if problem.mask is not None else Constant(N * DH, 1.0)
-        return self.read_only(h0), self.read_only(mask)
+        return (self._given(plan, problem, "init_state", Constant(N * DH)),
+                self._given(plan, problem, "mask", Constant(N * DH, 1.0)))
+
+    @staticmethod
+    def _copies_weight(M, P, K, has_bias) -> bool:
+        """Whether the input projection x' = source·Wᵀ [M,P] over K reads a transposed copy of
+        W [P,K] (made on the device every call) rather than W in place (Wᵀ with b_k = 1): only
+        for an untiled version (v1, v4: consecutive threads read consecutive columns of B) over
+        at least ``versions.TILED_MIN_WORK`` multiply-adds. The tiled versions stage B along
+        whichever index is unit stride, and below that work the copy costs more host time than
+        its coalesced reads save on the device."""
+        if M * P * K < versions.TILED_MIN_WORK:
+            return False
+        return versions.gemm(batch=1, M=M, P=P, K=K, has_bias=has_bias).version in ("v1", "v4")
+
+    # -- plans and their calls ----------------------------------------------------------------
+    def plan(self, problem) -> Plan:
+        """The :class:`~rnngrad.backends.metal.plan.Plan` of ``problem``'s op: kept per
+        signature, budget and version settings (:data:`PLANS_KEPT` of them, least recently used
+        dropped first), made on first use. Call under the host's lock."""
+        key = (signature(problem), self.budget(), versions.settings())
+        plans = self._plans
+        plan = plans.get(key)
+        if plan is not None:
+            plans.move_to_end(key)
+            return plan
+        plan = (self._gradients_plan if problem.gradients else self._forward_plan)(problem)
+        plans[key] = plan
+        while len(plans) > PLANS_KEPT:
+            plans.popitem(last=False)
+        return plan
+
+    def _call(self, problem) -> dict:
+        """Run ``problem``'s op by its plan: bind the call's inputs, make its new buffers,
+        dispatch, wait and check; the outputs by field (see :meth:`read`)."""
+        with self._lock:
+            plan = self.plan(problem)
+            with self.runs(plan.op, problem) as runs:
+                inputs = []
+                for field, axes, written in plan.inputs:
+                    array = getattr(problem, field)
+                    if axes is not None:
+                        array = array.transpose(axes)
+                    inputs.append(self.buffer(array) if written else self.read_only(array))
+                made = [runs.new(nbytes, zeroed) for nbytes, zeroed in plan.buffers]
+                lists = plan.resolve(inputs, made)
+                for kernel, count, steps, span, slots in plan.launches:
+                    runs.launch(kernel, count, [lists[k][i] for k, i in slots], steps, span)
+                runs.wait()  # waits for the GPU and checks every dispatch's marks
+                return {field: self.read(lists[k][i], shape)
+                        for field, (k, i), shape in plan.outputs}
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, problem) -> ForwardArrays:
+        T, N, D = problem.T, problem.N, problem.D
+        desc = problem.descriptor
+        if T == 0 or N == 0:
+            wants_c = problem.cell == "lstm" and (desc.training or desc.produce_cell)
+            empty = np.zeros((T, N, D * problem.H), F32)
+            return self.to_caller(problem, ForwardArrays(
+                empty, empty.copy() if wants_c else None,
+                np.zeros((T, N, D * problem.Z * problem.H), F32) if desc.training else None))
+        return self.to_caller(problem, ForwardArrays(**self._call(problem)))
+
+    def _forward_plan(self, problem) -> Plan:
         T, N, H, D, G, Z = problem.T, problem.N, problem.H, problem.D, problem.G, problem.Z
         cell, desc = problem.cell, problem.descriptor
         DH, DGH = D * H, D * G * H
-        wants_c = cell == "lstm" and (desc.training or desc.produce_cell)
-        if T == 0 or N == 0:
-            empty = np.zeros((T, N, DH), F32)
-            return self.to_caller(problem, ForwardArrays(
-                empty, empty.copy() if wants_c else None,
-                np.zeros((T, N, D * Z * H), F32) if desc.training else None))
-        with self._lock, self.runs(f"{cell}_forward", problem) as handles:
-            source = self.read_only(problem.source)
-            if problem.input_weight is not None:
-                I = problem.I
-                x = self.empty(T * N * DGH)
-                bias = self.read_only(problem.bias) if problem.bias is not None else None
-                # Wᵀ [I,DGH], so that consecutive threads read consecutive addresses of B.
-                Wt = self.read_only(problem.input_weight.T)
-                self.gemm(handles, source, Wt, x, batch=1, M=T * N, P=DGH, K=I, a_row=I, a_k=1,
-                          b_k=DGH, b_col=1, bias=bias)
-                x_bias = self.buffer(Constant(DGH))
-            else:
-                x = source
-                x_bias = self.read_only(problem.bias if problem.bias is not None else Constant(DGH))
-            h0, mask = self._common(problem)
-            choice, count, weight = self.recurrence(problem, "forward")
-            kernel = choice.kernel
-            blocks, spans = self.recurrence_spans(problem, choice, "forward")
-            h = self.empty(T * N * DH)
-            keeps_z = desc.training or cell == "gru"  # GRU stages a_r in z_state
-            zs = self.empty(T * N * D * Z * H) if keeps_z else self.empty(1)
-            if cell == "single_gate":
-                buffers = dict(x=x, bias=x_bias, h0=h0, mask=mask, h=h, zs=zs)
-            elif cell == "gru":
-                b2 = problem.secondary_bias if problem.secondary_bias is not None else Constant(DH)
-                buffers = dict(x=x, bias=x_bias, h0=h0, mask=mask, b2=self.read_only(b2), h=h,
-                               zs=zs)
-            else:
-                c0 = problem.init_cell if problem.init_cell is not None else Constant(N * DH)
-                peephole = problem.peephole if problem.peephole is not None else Constant(D * 4 * H)
-                c = self.empty(T * N * DH)
-                buffers = dict(x=x, bias=x_bias, h0=h0, c0=self.read_only(c0), mask=mask,
-                               peephole=self.read_only(peephole), h=h, c=c, zs=zs)
-            # Steps upward; each dispatch starts from the h (and c) the previous one wrote.
-            for span in spans:
-                p = self.params(library.RECURRENCE_PARAMS,
-                                self.recurrence_values(problem, count, span, blocks))
-                self.launch(kernel, count, handles, steps=span[1] - span[0], span=span, p=p,
-                            **buffers, **weight)
-            handles.wait()  # waits for the GPU and checks the last dispatch
-            out = ForwardArrays(self.read(h, (T, N, DH)))
-            if wants_c:
-                out.c = self.read(c, (T, N, DH))
-            if desc.training:
-                out.z_state = self.read(zs, (T, N, D * Z * H))
-            return self.to_caller(problem, out)
+        plan = Plan(f"{cell}_forward")
+        if problem.input_weight is not None:
+            x = plan.empty(T * N * DGH)
+            bias = plan.input("bias") if problem.bias is not None else None
+            I = problem.I
+            if self._copies_weight(T * N, DGH, I, bias is not None):  # Wᵀ [I,DGH]
+                W, b_k, b_col = plan.input("input_weight", (1, 0)), DGH, 1
+            else:  # Wᵀ read in place through its strides
+                W, b_k, b_col = plan.input("input_weight"), 1, I
+            self.gemm(plan, plan.input("source"), W, x, batch=1, M=T * N, P=DGH, K=I, a_row=I,
+                      a_k=1, b_k=b_k, b_col=b_col, bias=bias)
+            x_bias = plan.keep(self.buffer(Constant(DGH)))
+        else:
+            x = plan.input("source")
+            x_bias = self._given(plan, problem, "bias", Constant(DGH))
+        h0, mask = self._common(plan, problem)
+        choice, count, weight = self.recurrence(plan, problem, "forward")
+        blocks, spans = self.recurrence_spans(problem, choice, "forward")
+        h = plan.empty(T * N * DH)
+        keeps_z = desc.training or cell == "gru"  # GRU stages a_r in z_state
+        zs = plan.empty(T * N * D * Z * H) if keeps_z else plan.empty(1)
+        if cell == "single_gate":
+            slots = dict(x=x, bias=x_bias, h0=h0, mask=mask, h=h, zs=zs)
+        elif cell == "gru":
+            slots = dict(x=x, bias=x_bias, h0=h0, mask=mask, h=h, zs=zs,
+                         b2=self._given(plan, problem, "secondary_bias", Constant(DH)))
+        else:
+            c = plan.empty(T * N * DH)
+            slots = dict(x=x, bias=x_bias, h0=h0, mask=mask, h=h, c=c, zs=zs,
+                         c0=self._given(plan, problem, "init_cell", Constant(N * DH)),
+                         peephole=self._given(plan, problem, "peephole", Constant(D * 4 * H)))
+            if desc.training or desc.produce_cell:
+                plan.output("c", c, (T, N, DH))
+        # Steps upward; each dispatch starts from the h (and c) the previous one wrote.
+        for span in spans:
+            p = plan.keep(self.params(library.RECURRENCE_PARAMS,
+                                      self.recurrence_values(problem, count, span, blocks)))
+            plan.launch(choice.kernel, count, steps=span[1] - span[0], span=span, p=p, **slots,
+                        **weight)
+        plan.output("h", h, (T, N, DH))
+        if desc.training:
+            plan.output("z_state", zs, (T, N, D * Z * H))
+        return plan
 
     # -- gradients ----------------------------------------------------------------------------
     def gradients(self, problem) -> GradientArrays:
+        if problem.T == 0 or problem.N == 0:
+            return self.to_caller(problem, self._trivial_gradients(problem))
+        return self.to_caller(problem, GradientArrays(**self._call(problem)))
+
+    def _gradients_plan(self, problem) -> Plan:
         T, N, H, D, G = problem.T, problem.N, problem.H, problem.D, problem.G
         cell, desc = problem.cell, problem.descriptor
         DH, GH, DGH = D * H, G * H, D * G * H
-        if T == 0 or N == 0:
-            return self.to_caller(problem, self._trivial_gradients(problem))
-        with self._lock, self.runs(f"{cell}_gradients", problem) as handles:
-            h0, mask = self._common(problem)
-            choice, count, weight = self.recurrence(problem, "backward")
-            kernel = choice.kernel
-            blocks, spans = self.recurrence_spans(problem, choice, "backward")
-            dy = self.read_only(problem.source_gradient)
-            zs = self.read_only(problem.z_state)
-            sg = problem.state_gradient
-            dhn = self.buffer(sg) if sg is not None else self.zeroed(N * DH)  # written
-            dx = self.empty(T * N * DGH)
-            lhs = dx  # the left factor of dR: da, except GRU's o block with reset_after
-            # rhs: h[t−1] ⊙ m per direction; GRU without reset_after adds blocks so that its o
-            # gate reads h[t−1] ⊙ r ⊙ m: [hm, hm, hm ⊙ r].
-            rhs_blocks = 3 if (cell == "gru" and not desc.reset_after) else 1
-            rhs = self.empty(T * N * D * rhs_blocks * H)
-            prow = None
-            if cell == "single_gate":
-                buffers = dict(h0=h0, mask=mask, dy=dy, zs=zs, dx=dx, rhs=rhs, dhn=dhn)
-            elif cell == "gru":
-                lhs = self.empty(T * N * DGH)
-                prow = self.zeroed(D * N * H)
-                buffers = dict(h0=h0, mask=mask, dy=dy, zs=zs,
-                               hfwd=self.read_only(problem.output_fwd), dx=dx, lhs=lhs, rhs=rhs,
-                               dhn=dhn, work=self.empty(D * N * H), prow=prow)
-            else:
-                c0 = problem.init_cell if problem.init_cell is not None else Constant(N * DH)
-                peephole = problem.peephole if problem.peephole is not None else Constant(D * 4 * H)
-                cg = problem.cell_gradient
-                final = cg is not None and cg.ndim == 2
-                dcn = self.buffer(cg) if final else self.zeroed(N * DH)  # written
-                prow = self.zeroed(D * N * 4 * H)
-                buffers = dict(
-                    h0=h0, c0=self.read_only(c0), mask=mask, peephole=self.read_only(peephole),
-                    dy=dy, zs=zs, cfwd=self.read_only(problem.cell_output_fwd),
-                    cg=self.read_only(cg) if problem.cell_gradient_per_step else self.empty(1),
-                    dx=dx, rhs=rhs, dhn=dhn, dcn=dcn, prow=prow)
-            # Steps downward; dh (dc) and the per-row partial sums carry over in dhn (dcn), prow.
-            for span in spans:
-                p = self.params(library.RECURRENCE_PARAMS,
-                                self.recurrence_values(problem, count, span, blocks))
-                self.launch(kernel, count, handles, steps=span[1] - span[0], span=span, p=p,
-                            **buffers, **weight)
-            rows = T * N
-            dR = self.empty(D * GH * H)
-            self.gemm(handles, lhs, rhs, dR, batch=D, M=GH, P=H, K=rows, a_batch=GH, a_row=1,
-                      a_k=DGH, b_batch=rhs_blocks * H, b_k=D * rhs_blocks * H, b_col=1, block=H,
-                      b_block=H if rhs_blocks == 3 else 0)
-            ones = self.buffer(Constant(1, 1.0))
-            bufs = {"recurrent_weight": (dR, (D, GH, H))}
-            if problem.input_weight is not None:
-                I = problem.I
-                W = self.read_only(problem.input_weight)
-                d_source = self.empty(rows * I)
-                self.gemm(handles, dx, W, d_source, batch=1, M=rows, P=I, K=DGH, a_row=DGH,
-                          a_k=1, b_k=I, b_col=1)
-                dW = self.empty(DGH * I)
-                self.gemm(handles, dx, self.read_only(problem.source), dW, batch=1, M=DGH, P=I,
-                          K=rows, a_row=1, a_k=DGH, b_k=I, b_col=1)
-                bufs["source"] = (d_source, (T, N, I))
-                bufs["input_weight"] = (dW, (DGH, I))
-            else:
-                bufs["source"] = (dx, (T, N, DGH))
-            if problem.bias is not None:
-                db = self.empty(DGH)
-                self.gemm(handles, ones, dx, db, batch=1, M=1, P=DGH, K=rows, b_k=DGH, b_col=1)
-                bufs["bias"] = (db, (1, 1, DGH))
-            if problem.init_state is not None:
-                bufs["init_state"] = (dhn, (N, DH))
-            if cell == "lstm" and problem.init_cell is not None:
-                bufs["init_cell"] = (dcn, (N, DH))
-            if cell == "lstm" and problem.peephole is not None:
-                dp = self.empty(D * 4 * H)
-                self.gemm(handles, ones, prow, dp, batch=D, M=1, P=4 * H, K=N, b_batch=N * 4 * H,
-                          b_k=4 * H, b_col=1)
-                bufs["peephole"] = (dp, (D, 4 * H))
-            if cell == "gru" and problem.secondary_bias is not None:
-                db2 = self.empty(DH)
-                self.gemm(handles, ones, prow, db2, batch=D, M=1, P=H, K=N, b_batch=N * H, b_k=H,
-                          b_col=1)
-                bufs["secondary_bias"] = (db2, (DH,))
-            handles.wait()  # waits for the GPU and checks the last dispatch
-            out = GradientArrays(**{k: self.read(b, shape) for k, (b, shape) in bufs.items()})
-            return self.to_caller(problem, out)
+        plan = Plan(f"{cell}_gradients")
+        h0, mask = self._common(plan, problem)
+        choice, count, weight = self.recurrence(plan, problem, "backward")
+        blocks, spans = self.recurrence_spans(problem, choice, "backward")
+        dy = plan.input("source_gradient")
+        zs = plan.input("z_state")
+        # dhn: written (dh carries over in it), so a copy of state_gradient
+        given_sg = problem.state_gradient is not None
+        dhn = plan.input("state_gradient", written=True) if given_sg else plan.zeroed(N * DH)
+        dx = plan.empty(T * N * DGH)
+        lhs = dx  # the left factor of dR: da, except GRU's o block with reset_after
+        # rhs: h[t−1] ⊙ m per direction; GRU without reset_after adds blocks so that its o
+        # gate reads h[t−1] ⊙ r ⊙ m: [hm, hm, hm ⊙ r].
+        rhs_blocks = 3 if (cell == "gru" and not desc.reset_after) else 1
+        rhs = plan.empty(T * N * D * rhs_blocks * H)
+        prow = None
+        if cell == "single_gate":
+            slots = dict(h0=h0, mask=mask, dy=dy, zs=zs, dx=dx, rhs=rhs, dhn=dhn)
+        elif cell == "gru":
+            lhs = plan.empty(T * N * DGH)
+            prow = plan.zeroed(D * N * H)
+            slots = dict(h0=h0, mask=mask, dy=dy, zs=zs, hfwd=plan.input("output_fwd"), dx=dx,
+                         lhs=lhs, rhs=rhs, dhn=dhn, work=plan.empty(D * N * H), prow=prow)
+        else:
+            cg = problem.cell_gradient
+            final = cg is not None and cg.ndim == 2
+            # dcn: written, so a copy of a final cell_gradient
+            dcn = plan.input("cell_gradient", written=True) if final else plan.zeroed(N * DH)
+            prow = plan.zeroed(D * N * 4 * H)
+            slots = dict(
+                h0=h0, mask=mask, dy=dy, zs=zs, dx=dx, rhs=rhs, dhn=dhn, dcn=dcn, prow=prow,
+                c0=self._given(plan, problem, "init_cell", Constant(N * DH)),
+                peephole=self._given(plan, problem, "peephole", Constant(D * 4 * H)),
+                cfwd=plan.input("cell_output_fwd"),
+                cg=plan.input("cell_gradient") if problem.cell_gradient_per_step
+                else plan.empty(1))
+        # Steps downward; dh (dc) and the per-row partial sums carry over in dhn (dcn), prow.
+        for span in spans:
+            p = plan.keep(self.params(library.RECURRENCE_PARAMS,
+                                      self.recurrence_values(problem, count, span, blocks)))
+            plan.launch(choice.kernel, count, steps=span[1] - span[0], span=span, p=p, **slots,
+                        **weight)
+        rows = T * N
+        dR = plan.empty(D * GH * H)
+        self.gemm(plan, lhs, rhs, dR, batch=D, M=GH, P=H, K=rows, a_batch=GH, a_row=1,
+                  a_k=DGH, b_batch=rhs_blocks * H, b_k=D * rhs_blocks * H, b_col=1, block=H,
+                  b_block=H if rhs_blocks == 3 else 0)
+        plan.output("recurrent_weight", dR, (D, GH, H))
+        ones = plan.keep(self.buffer(Constant(1, 1.0)))
+        if problem.input_weight is not None:
+            I = problem.I
+            W = plan.input("input_weight")
+            d_source = plan.empty(rows * I)
+            self.gemm(plan, dx, W, d_source, batch=1, M=rows, P=I, K=DGH, a_row=DGH,
+                      a_k=1, b_k=I, b_col=1)
+            dW = plan.empty(DGH * I)
+            self.gemm(plan, dx, plan.input("source"), dW, batch=1, M=DGH, P=I, K=rows, a_row=1,
+                      a_k=DGH, b_k=I, b_col=1)
+            plan.output("source", d_source, (T, N, I))
+            plan.output("input_weight", dW, (DGH, I))
+        else:
+            plan.output("source", dx, (T, N, DGH))
+        if problem.bias is not None:
+            db = plan.empty(DGH)
+            self.gemm(plan, ones, dx, db, batch=1, M=1, P=DGH, K=rows, b_k=DGH, b_col=1)
+            plan.output("bias", db, (1, 1, DGH))
+        if problem.init_state is not None:
+            plan.output("init_state", dhn, (N, DH))
+        if cell == "lstm" and problem.init_cell is not None:
+            plan.output("init_cell", dcn, (N, DH))
+        if cell == "lstm" and problem.peephole is not None:
+            dp = plan.empty(D * 4 * H)
+            self.gemm(plan, ones, prow, dp, batch=D, M=1, P=4 * H, K=N, b_batch=N * 4 * H,
+                      b_k=4 * H, b_col=1)
+            plan.output("peephole", dp, (D, 4 * H))
+        if cell == "gru" and problem.secondary_bias is not None:
+            db2 = plan.empty(DH)
+            self.gemm(plan, ones, prow, db2, batch=D, M=1, P=H, K=N, b_batch=N * H, b_k=H,
+                      b_col=1)
+            plan.output("secondary_bias", db2, (DH,))
+        return plan
 
     @staticmethod
     def _trivial_gradients(problem):
@@ -1032,12 +1088,12 @@ CUDA_BACKEND = registry.Backend(
 
 @contextlib.contextmanager
 def _running_on(host, device):
-    previous = host._device, host._functions, host._constants
+    previous = host._device, host._functions, host._constants, host._plans
     host.use(device)
     try:
         yield device
     finally:
-        host._device, host._functions, host._constants = previous
+        host._device, host._functions, host._constants, host._plans = previous
 
 
 def emulated_device(**options):

@@ -541,3 +541,21 @@ def forced(version: str | None):
         yield
     finally:
         GEMM = previous
+
+
+#: every setting of this module the rules read (its upper-case names that are not functions),
+#: named once for :func:`settings`
+_KNOBS = tuple(name for name, value in list(globals().items())
+               if name.isupper() and not callable(value) and not name.startswith("_"))
+
+
+def settings() -> tuple:
+    """Everything the version rules read besides the sizes, as one hashable value: the two
+    environment variables and this module's settings (every upper-case name: the rules'
+    constants, :data:`GEMM`, :data:`RECURRENCE`, the ``V2_H`` table...; a dict as its items).
+    The host keeps an op's plan per value (rnngrad.backends.metal.plan), so that changing any
+    of them (as tests and the bench do) takes effect on the next call."""
+    names = globals()
+    return (os.environ.get(GEMM_ENV), os.environ.get(RECURRENCE_ENV),
+            tuple(tuple(value.items()) if type(value) is dict else value
+                  for value in map(names.__getitem__, _KNOBS)))

@@ -198,8 +198,8 @@ class Device:
                 if data < 0:
                     raise error(f"buffer: expected a size >= 0 bytes, got {data}")
                 buf = cp.empty(max(int(data), 1), cp.uint8)[:int(data)]
-                if self.poison:
-                    buf.fill(0xFF)
+                if self.poison and data:  # one memset: a fill kernel costs the host ~4x more
+                    buf.data.memset_async(0xFF, int(data), self.stream)
                 return buf
             if hasattr(data, "__cuda_array_interface__") or isinstance(data, cp.ndarray):
                 src = cp.ascontiguousarray(cp.asarray(data))
@@ -233,10 +233,13 @@ class Device:
             return cp.full(max(int(n), 1), value, cp.float32).view(cp.uint8)[:4 * int(n)]
 
     def wrap(self, array):
-        """The bytes of a C-contiguous GPU array, without a copy (for inputs a kernel only reads;
-        any other array is copied into that layout on the device's stream). Not in
-        metalcompute's API: the Metal host binds inputs already on the GPU through it."""
+        """A GPU array's memory as a buffer, without a copy (for inputs a kernel only reads): a
+        C-contiguous CuPy array as it is (a kernel binds its first byte), another C-contiguous
+        array as its bytes; any other array is copied into that layout on the device's stream.
+        Not in metalcompute's API: the Metal host binds inputs already on the GPU through it."""
         cp = _cupy()
+        if type(array) is cp.ndarray and array.flags.c_contiguous:
+            return array  # a kernel binds its first byte: no view needed
         a = cp.asarray(array)
         if not a.flags.c_contiguous:
             with self._cuda, self.stream:
@@ -381,19 +384,21 @@ class Function:
         ndarray = cp.ndarray
         bound = [b if isinstance(b, ndarray) else device.buffer(b) for b in buffers]
         n_tg = -(-count // tg)
-        with device._cuda, device.stream:
+        stream = device.stream
+        with device._cuda:
             if device.timing:
                 start, end = cp.cuda.Event(), cp.cuda.Event()
-                start.record(device.stream)
+                start.record(stream)
             else:  # only what finish waits on
                 start, end = None, cp.cuda.Event(disable_timing=True)
             if n_tg:
                 try:
-                    self._raw((n_tg,), (tg,), tuple(bound[:self._info.n_buffers]))
+                    self._raw((n_tg,), (tg,), tuple(bound[:self._info.n_buffers]),
+                              stream=stream)
                 except Exception as exc:  # a launch the driver refuses (resources)
                     raise error(f"kernel '{self.name}' (count {count}, threadgroup size {tg}): "
                                 f"launch failed: {exc}") from None
-            end.record(device.stream)
+            end.record(stream)
         record = Dispatch(self.name, count, tg, n_tg, self.threadgroup_memory,
                           (start, end) if start is not None else None)
         device.trace.append(record)
