@@ -34,9 +34,21 @@ fill memory (the CUDA target's ``zeros`` and ``full``), so that from the second 
 on an op copies to the device only the arrays its caller passed. Of those, an array already in
 GPU memory that the kernels only read is bound where it is (the CUDA target's ``wrap``; see
 :meth:`MetalHost.read_only`): only the two inputs a kernel writes (state_gradient, a final
-cell_gradient) and the weights read transposed are copied there. The buffers an op's kernels
-write are slices of one slab and one zeroed arena per op on the CUDA target (see :class:`_Runs`).
-T = 0 and N = 0 are answered on the host (contract section 4): there is nothing to dispatch.
+cell_gradient) and the weights read transposed (R where the version reads Rᵀ; W only for a
+large untiled projection, :meth:`MetalHost._copies_weight`) are copied there. The buffers an
+op's kernels write are slices of one slab and one zeroed arena per op on the CUDA target (see
+:class:`_Runs`). T = 0 and N = 0 are answered on the host (contract section 4): there is nothing
+to dispatch.
+
+Plans. Everything above but the arrays follows from the problem's signature (sizes, descriptor,
+which optional inputs are given), the work budget and the version settings. The host decides
+it once, on an op's first call of a signature, as a :class:`~rnngrad.backends.metal.plan.Plan`
+(kernel versions and thread counts, parameter structs, constants, each dispatch's buffers by
+slot, the outputs), keeps :data:`PLANS_KEPT` of them per device, and from then on a call only
+binds its arrays, makes its new buffers, dispatches, waits and checks (:meth:`MetalHost._call`).
+The version choices are logged (DEBUG) when a plan is made. On an LSTM 50x1x64x64 forward and
+gradients through "metal-cuda" (an H200) this took the host's own time from about 0.74-0.85 ms
+to 0.47 ms a pair.
 
 Completion checks. metalcompute 0.2.9 never checks a command buffer's status, so a dispatch
 that faults or that the GPU watchdog stops would return partial outputs silently. Every kernel
