@@ -28,3 +28,24 @@ def test_findings_are_ranked_and_skip_missing_metric_notes():
                                "spends 3.7 cycles")
     assert not any("could not be found" in f for f in found)
     assert gpu_profile.summary("no kernel here") == ""
+
+
+SOURCE = (HERE / "data" / "ncu-source-lstm_forward_v2.csv").read_text()  # its first 40 lines
+
+
+def test_sass_hotspots_rank_instructions_by_stall_samples():
+    header = '"Address","Source","Warp Stall Sampling (All Samples)","# Samples"'
+    report = ('"Kernel Name","__mtl_launch_k",\n' + header + "\n"
+              '"0x10","FFMA R1, R2, R3, R1","1","1"\n'
+              '"0x20","LDG.E R4, desc[UR4][R6.64]","6","6"\n'
+              '"0x30","BAR.SYNC.DEFER_BLOCKING 0x0","3","3"\n')
+    lines = gpu_profile.sass_hotspots(report, 2).splitlines()
+    assert lines[0] == "k: 10 warp stall samples; the top 2 instructions:"
+    assert lines[1].split() == ["60.0%", "0x20", "LDG.E", "R4,", "desc[UR4][R6.64]"]
+    assert lines[2].split()[:2] == ["30.0%", "0x30"] and len(lines) == 3
+    # a real source page: the kernel named, its instructions ranked
+    real = gpu_profile.sass_hotspots(SOURCE, 5).splitlines()
+    assert real[0].startswith("lstm_forward_v2: ") and len(real) == 6
+    shares = [float(line.split("%")[0]) for line in real[1:]]
+    assert shares == sorted(shares, reverse=True) and shares[0] > 0
+    assert gpu_profile.sass_hotspots("no source page", 5) == ""

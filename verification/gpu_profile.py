@@ -7,7 +7,9 @@ cell through ``metal-cuda``, each kernel the version rule picks (or ``--recurren
 
 Runs ``ncu`` on itself (``--child``) and prints, per kernel launch, its duration, the compute
 and memory throughput as a share of the GPU's peak, the achieved occupancy and registers, and
-the warp stall reasons that dominate; the full report goes to ``DIR/profile.txt``.
+the warp stall reasons that dominate; the full report goes to ``DIR/profile.txt``. With
+``--sass TOP`` it collects ncu's source counters instead and prints each kernel's TOP SASS
+instructions by warp stall samples (``NCU_SKIP=1 NCU_COUNT=1`` profiles one launch, the second).
 """
 
 from __future__ import annotations
@@ -85,6 +87,34 @@ def summary(report: str) -> str:
     return "\n".join(out)
 
 
+def sass_hotspots(report: str, top: int) -> str:
+    """The ``top`` SASS instructions with the most warp stall samples in ncu's source page
+    (``--page source --print-source sass --csv``), per kernel: share of the kernel's samples,
+    address and instruction, each kernel's total first."""
+    import csv
+    import io
+
+    out = []
+    for block in re.split(r'(?m)^(?=.*"Address","Source")', report)[1:]:
+        kernel = re.findall(r"(__mtl_launch_\w+)", report[:report.find(block)])
+        rows = list(csv.reader(io.StringIO(block)))
+        header, body = rows[0], [r for r in rows[1:] if len(r) == len(rows[0])]
+        column = next((i for i, h in enumerate(header) if h.startswith("Warp Stall Sampling (All")), None)
+        if column is None or not body:
+            continue
+        def samples(row):
+            try:
+                return float(row[column] or 0)
+            except ValueError:
+                return 0.0
+        total = sum(samples(r) for r in body) or 1.0
+        name = kernel[-1].replace("__mtl_launch_", "") if kernel else "kernel"
+        out.append(f"{name}: {total:.0f} warp stall samples; the top {top} instructions:")
+        for row in sorted(body, key=samples, reverse=True)[:top]:
+            out.append(f"  {100 * samples(row) / total:5.1f}%  {row[0]}  {row[1].strip()}")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cell", default="lstm", choices=("single_gate", "gru", "lstm"))
@@ -95,6 +125,9 @@ def main(argv=None) -> int:
     parser.add_argument("--gemm", default=None, help="RNNGRAD_METAL_GEMM")
     parser.add_argument("--set", nargs="*", default=(), metavar="NAME=VALUE",
                         help="integer settings of rnngrad.backends.metal.versions (V2_GROUP_ROWS=8)")
+    parser.add_argument("--sass", type=int, default=0, metavar="TOP",
+                        help="instead of the sections: the TOP SASS instructions by warp stall "
+                             "samples (ncu's SourceCounters), per kernel")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -113,8 +146,10 @@ def main(argv=None) -> int:
                        ("RNNGRAD_METAL_GEMM", args.gemm)):
         if value:
             env[key] = value
+    sections = ("SourceCounters",) if args.sass else SECTIONS
+    pages = ("--page", "source", "--print-source", "sass", "--csv") if args.sass else ()
     cmd = ["ncu", "--kernel-name", f"regex:__mtl_launch_.*({args.kernels})",
-           *(x for s in SECTIONS for x in ("--section", s)),
+           *(x for s in sections for x in ("--section", s)), *pages,
            "--launch-skip", os.environ.get("NCU_SKIP", "0"), "--launch-count",
            os.environ.get("NCU_COUNT", "40"),
            sys.executable, __file__, "--child", "--cell", args.cell, "--shape", args.shape,
@@ -124,7 +159,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"profile-{args.cell}-{args.shape}.txt").write_text(report)
-    print(summary(report) or report[-3000:])
+    print((sass_hotspots(report, args.sass) if args.sass else summary(report)) or report[-3000:])
     return done.returncode
 
 
