@@ -105,7 +105,7 @@ from ... import registry
 from ...descriptors import Activation
 from ...problem import ForwardArrays, GradientArrays, address, on_gpu
 from . import library, versions
-from .plan import Plan, signature
+from .plan import INPUT, KEPT, Plan, signature
 from .errors import IncompleteDispatch, ranges
 
 F32 = np.float32
@@ -763,24 +763,35 @@ class MetalHost:
         return plan
 
     def _call(self, problem) -> dict:
-        """Run ``problem``'s op by its plan: bind the call's inputs, make its new buffers,
-        dispatch, wait and check; the outputs by field (see :meth:`read`)."""
+        """Run ``problem``'s op by its plan: bind the call's inputs and make its new buffers as
+        the dispatches first need them (so that the first dispatch is on the device while the
+        host readies the next), dispatch, wait and check; the outputs by field (see
+        :meth:`read`)."""
         with self._lock:
             plan = self.plan(problem)
             with self.runs(plan.op, problem) as runs:
-                inputs = []
-                for field, axes, written in plan.inputs:
-                    array = getattr(problem, field)
-                    if axes is not None:
-                        array = array.transpose(axes)
-                    inputs.append(self.buffer(array) if written else self.read_only(array))
-                made = [runs.new(nbytes, zeroed) for nbytes, zeroed in plan.buffers]
-                lists = plan.resolve(inputs, made)
+                kept, inputs, made = plan.kept, [None] * len(plan.inputs), [None] * len(plan.buffers)
+
+                def buffer(kind, i):
+                    if kind == KEPT:
+                        return kept[i]
+                    if kind == INPUT:
+                        if inputs[i] is None:
+                            field, axes, written = plan.inputs[i]
+                            array = getattr(problem, field)
+                            if axes is not None:
+                                array = array.transpose(axes)
+                            inputs[i] = self.buffer(array) if written else self.read_only(array)
+                        return inputs[i]
+                    if made[i] is None:
+                        made[i] = runs.new(*plan.buffers[i])
+                    return made[i]
+
                 for kernel, count, steps, span, slots in plan.launches:
-                    runs.launch(kernel, count, [lists[k][i] for k, i in slots], steps, span)
+                    runs.launch(kernel, count, [buffer(k, i) for k, i in slots], steps, span)
                 runs.wait()  # waits for the GPU and checks every dispatch's marks
-                return {field: self.read(lists[k][i], shape)
-                        for field, (k, i), shape in plan.outputs}
+                return {field: self.read(buffer(*slot), shape)
+                        for field, slot, shape in plan.outputs}
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, problem) -> ForwardArrays:

@@ -17,8 +17,9 @@ A plan refers to a buffer by a *slot* ``(kind, index)``:
   (in place where the device can) or, for the inputs a kernel writes, copied;
 - ``(NEW, i)``: a buffer the call makes for the op's kernels to write (zeroed or not).
 
-The host resolves a call's slots into buffers (:meth:`Plan.resolve`); the plan itself holds no
-array of any call.
+A call binds its inputs and makes its new buffers as its dispatches first need them
+(:meth:`rnngrad.backends.metal.host.MetalHost._call`); the plan itself holds no array of any
+call.
 """
 
 from __future__ import annotations
@@ -103,8 +104,3 @@ class Plan:
     def output(self, field: str, slot: tuple, shape: tuple):
         """Result ``field`` is read from the buffer of ``slot``, in ``shape``."""
         self.outputs.append((field, slot, tuple(int(s) for s in shape)))
-
-    def resolve(self, inputs: list, made: list) -> tuple:
-        """The three lists a slot ``(kind, index)`` indexes, for one call: the kept buffers,
-        the call's bound ``inputs`` and the buffers it ``made`` (``lists[kind][index]``)."""
-        return self.kept, inputs, made
