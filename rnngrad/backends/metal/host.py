@@ -47,8 +47,8 @@ it once, on an op's first call of a signature, as a :class:`~rnngrad.backends.me
 slot, the outputs), keeps :data:`PLANS_KEPT` of them per device, and from then on a call only
 binds its arrays, makes its new buffers, dispatches, waits and checks (:meth:`MetalHost._call`).
 The version choices are logged (DEBUG) when a plan is made. On an LSTM 50x1x64x64 forward and
-gradients through "metal-cuda" (an H200) this took the host's own time from about 0.74-0.85 ms
-to 0.47 ms a pair.
+gradients through "metal-cuda" (an H200) this took the host's own time from 0.74-0.85 ms to
+0.47-0.49 ms a pair.
 
 Completion checks. metalcompute 0.2.9 never checks a command buffer's status, so a dispatch
 that faults or that the GPU watchdog stops would return partial outputs silently. Every kernel
