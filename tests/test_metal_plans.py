@@ -152,6 +152,20 @@ def test_a_changed_setting_takes_effect_on_the_next_call(made, monkeypatch):
     assert versions.settings() != before
 
 
+def test_a_setting_set_to_a_list_still_keys_a_plan(made, monkeypatch):
+    """versions' settings are hashed into the plan's key; a list where the rule reads a tuple
+    (the range of V2_H) is keyed by its repr instead of failing, and its change still counts."""
+    case = _case("lstm", 10)
+    with emulated_device():
+        monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), [1, 4000])
+        _assert_matches(case, False)
+        _assert_matches(case, False)
+        assert len(made) == 1
+        monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), [1, 3000])
+        _assert_matches(case, False)
+        assert len(made) == 2
+
+
 def test_plans_belong_to_their_device(made):
     case = _case("single_gate", 7)
     with emulated_device():

@@ -752,7 +752,11 @@ class MetalHost:
         dropped first), made on first use. Call under the host's lock."""
         key = (signature(problem), self.budget(), versions.settings())
         plans = self._plans
-        plan = plans.get(key)
+        try:
+            plan = plans.get(key)
+        except TypeError:  # a setting set to an unhashable value (a list): its repr stands in
+            key = key[:2] + (repr(key[2]),)
+            plan = plans.get(key)
         if plan is not None:
             plans.move_to_end(key)
             return plan
