@@ -73,9 +73,23 @@ def test_the_bench_tables_print_from_the_bench_rows(tmp_path, monkeypatch, capsy
                          "fast-math", "cli-bench"])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    assert "| LSTM | 50x1x64x64 | 2.000 | 4.000 | 2.0 | 1.000 | 2.00 | 3.000 | 2.500 | 1.500 | 7 |" in printed
+    assert ("| LSTM | 50x1x64x64 | 2.000 | 4.000 | 2.0 | 1.000 | 2.00 | 3.000 | 2.500 | 1.500 | "
+            "2.00 | 7 |") in printed
     assert "| GRU | 100x32x256x256 | 1.000 / 1.500 | 1.000 / 1.500 (51) |" in printed
     assert "| LSTM | 50x1x64x64 | 1.250 | 1.25 | 1.500 | 2.750 | 3.500 | 1.000 |" in printed
     assert ("| LSTM | 50x1x64x64 | " + " | ".join(["0.500 / 0.750"] * (len(gpu_run.STEP_LABELS) + 1))
             + " | 0.500 / 0.000 / 0.250 / 0.125 / 0.250 |") in printed
     assert "bench                                         2 rows, bench.json" in printed
+
+
+def test_paired_walls_alternate_the_two_and_take_each_median():
+    """The two functions' windows alternate (first, second, first, ...), and each result is the
+    median of its own windows: one window a hiccup hit does not move it."""
+    calls, times = [], {"a": iter([1.0, 9.0, 1.2, 1.1, 0.9]), "b": iter([2.0, 2.2, 30.0, 1.8, 2.1])}
+
+    def timer(fn, reps):
+        calls.append((fn, reps))
+        return next(times[fn])
+    a, b = gpu_run.paired_walls("a", "b", 20, windows=5, timer=timer)
+    assert (a, b) == (1.1, 2.1)
+    assert calls == [("a", 20), ("b", 20)] * 5
