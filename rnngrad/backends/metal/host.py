@@ -211,11 +211,9 @@ class _Runs:
         self._slab = None  # [buffer, bytes handed out]: where new() slices uninitialised buffers
 
     def __enter__(self):
-        self.host._op = self
         return self
 
     def __exit__(self, kind, value, traceback):
-        self.host._op = None
         self.wait(check=kind is None)
         return False
 
@@ -235,7 +233,7 @@ class _Runs:
         """A zeroed status buffer of ``nbytes`` for one dispatch, and where its marks are read:
         ``(arena index, byte offset)`` for a slice of an arena, else the buffer itself."""
         if self._arena_zeros is None:
-            status = self.host.zeroed(nbytes // 4)
+            status = self.host._filled(max(nbytes // 4, 1), 0.0)
             return status, status
         last = self._arena(nbytes)
         offset = last[1]
@@ -435,7 +433,6 @@ class MetalHost:
         self._functions = {}
         self._constants = collections.OrderedDict()  # key -> read-only buffer (see buffer)
         self._plans = collections.OrderedDict()  # (signature, budget, settings) -> Plan
-        self._op = None  # the _Runs of the op in progress (under _lock), where new buffers come from
         #: (runs' layout, threadgroup sizes, arenas' lengths) -> the marks expected when all
         #: went well (see _Runs._all_marked), or False
         self._marks = {}
@@ -501,8 +498,9 @@ class MetalHost:
         Read-only constants are made once per device and kept (:data:`CONSTANTS_KEPT` of them,
         least recently used dropped first): a :class:`Constant`, made on the device where it can
         fill memory itself, and a params struct, kept by its bytes (every kernel's ``p`` is
-        ``constant``). A buffer a kernel writes must be new each call: :meth:`empty`,
-        :meth:`zeroed`, or a copy of an array."""
+        ``constant``). A buffer a kernel writes must be new each call: a plan's new buffer
+        (:meth:`Plan.empty <rnngrad.backends.metal.plan.Plan.empty>`, ``Plan.zeroed``: each
+        call makes its own), or a copy of an array."""
         if isinstance(array, Constant):
             n, value = max(int(array.n), 1), float(array.value)
             return self._kept(("fill", value, n), lambda: self._filled(n, value))
@@ -563,20 +561,6 @@ class MetalHost:
         if make is None:
             return self.device.buffer(np.full(n, value, F32))
         return make(4 * n) if value == 0 else make(n, value)
-
-    def empty(self, n):
-        """A float32 device buffer of ``n`` elements (at least one): inside an op, a slice of
-        the op's slab where the device allows (:meth:`_Runs.new`)."""
-        nbytes = 4 * max(int(n), 1)
-        op = self._op
-        return op.new(nbytes, False) if op is not None else self.device.buffer(nbytes)
-
-    def zeroed(self, n):
-        """A new float32 device buffer of ``n`` zeros (at least one), for a kernel to write:
-        inside an op, a slice of a zeroed arena where the device allows (:meth:`_Runs.new`)."""
-        n = max(int(n), 1)
-        op = self._op
-        return op.new(4 * n, True) if op is not None else self._filled(n, 0.0)
 
     def runs(self, op, problem) -> _Runs:
         """The dispatches of one op (a context manager; see :class:`_Runs`)."""

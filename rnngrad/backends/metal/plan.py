@@ -46,7 +46,7 @@ def signature(problem) -> tuple:
 
 class Plan:
     """The dispatches of one op for one signature (module docstring), filled in by the host's
-    builders through :meth:`kept`, :meth:`input`, :meth:`empty`, :meth:`zeroed`,
+    builders through :meth:`keep`, :meth:`input`, :meth:`empty`, :meth:`zeroed`,
     :meth:`launch` and :meth:`output`.
 
     - ``kept``: the read-only buffers it holds;
