@@ -588,6 +588,18 @@ class MetalHost:
         weight = plan.input("recurrent_weight", (0, 2, 1) if name == "Rt" else None)  # [D,GH,H]
         return choice, versions.recurrence_count(choice, **sizes), {name: weight}
 
+    def _recurrence_launches(self, plan, problem, direction, slots):
+        """Add to ``plan`` the recurrence dispatches of ``direction`` with the buffers
+        ``slots`` besides R and the parameter struct: the version :meth:`recurrence` picks, R
+        in its layout, one parameter struct per range of steps (:meth:`recurrence_spans`)."""
+        choice, count, weight = self.recurrence(plan, problem, direction)
+        blocks, spans = self.recurrence_spans(problem, choice, direction)
+        for span in spans:
+            p = plan.keep(self.params(library.RECURRENCE_PARAMS,
+                                      self.recurrence_values(problem, count, span, blocks)))
+            plan.launch(choice.kernel, count, steps=span[1] - span[0], span=span, p=p, **slots,
+                        **weight)
+
     def recurrence_spans(self, problem, choice, direction):
         """(unit_blocks, [(s_begin, s_end)] in processing order) of the recurrence dispatches
         under ``choice``: a kernel's own grid (0) over the budget's step ranges, or a one-step
@@ -813,8 +825,6 @@ class MetalHost:
             x = plan.input("source")
             x_bias = self._given(plan, problem, "bias", Constant(DGH))
         h0, mask = self._common(plan, problem)
-        choice, count, weight = self.recurrence(plan, problem, "forward")
-        blocks, spans = self.recurrence_spans(problem, choice, "forward")
         h = plan.empty(T * N * DH)
         keeps_z = desc.training or cell == "gru"  # GRU stages a_r in z_state
         zs = plan.empty(T * N * D * Z * H) if keeps_z else plan.empty(1)
@@ -831,11 +841,7 @@ class MetalHost:
             if desc.training or desc.produce_cell:
                 plan.output("c", c, (T, N, DH))
         # Steps upward; each dispatch starts from the h (and c) the previous one wrote.
-        for span in spans:
-            p = plan.keep(self.params(library.RECURRENCE_PARAMS,
-                                      self.recurrence_values(problem, count, span, blocks)))
-            plan.launch(choice.kernel, count, steps=span[1] - span[0], span=span, p=p, **slots,
-                        **weight)
+        self._recurrence_launches(plan, problem, "forward", slots)
         plan.output("h", h, (T, N, DH))
         if desc.training:
             plan.output("z_state", zs, (T, N, D * Z * H))
@@ -853,8 +859,6 @@ class MetalHost:
         DH, GH, DGH = D * H, G * H, D * G * H
         plan = Plan(f"{cell}_gradients")
         h0, mask = self._common(plan, problem)
-        choice, count, weight = self.recurrence(plan, problem, "backward")
-        blocks, spans = self.recurrence_spans(problem, choice, "backward")
         dy = plan.input("source_gradient")
         zs = plan.input("z_state")
         # dhn: written (dh carries over in it), so a copy of state_gradient
@@ -888,11 +892,7 @@ class MetalHost:
                 cg=plan.input("cell_gradient") if problem.cell_gradient_per_step
                 else plan.empty(1))
         # Steps downward; dh (dc) and the per-row partial sums carry over in dhn (dcn), prow.
-        for span in spans:
-            p = plan.keep(self.params(library.RECURRENCE_PARAMS,
-                                      self.recurrence_values(problem, count, span, blocks)))
-            plan.launch(choice.kernel, count, steps=span[1] - span[0], span=span, p=p, **slots,
-                        **weight)
+        self._recurrence_launches(plan, problem, "backward", slots)
         rows = T * N
         dR = plan.empty(D * GH * H)
         self.gemm(plan, lhs, rhs, dR, batch=D, M=GH, P=H, K=rows, a_batch=GH, a_row=1,
