@@ -232,8 +232,8 @@ class _Runs:
     def _status(self, nbytes):
         """A zeroed status buffer of ``nbytes`` for one dispatch, and where its marks are read:
         ``(arena index, byte offset)`` for a slice of an arena, else the buffer itself."""
-        if self._arena_zeros is None:
-            status = self.host._filled(max(nbytes // 4, 1), 0.0)
+        if not self.slices:
+            status = self.new(nbytes, True)
             return status, status
         last = self._arena(nbytes)
         offset = last[1]
