@@ -428,9 +428,9 @@ def test_v2_steps_choice_and_its_limits(monkeypatch):
     from rnngrad.backends.metal.host import MetalHost
     from rnngrad.validation import forward_problem
     problem = forward_problem("lstm", case.descriptor, **case.inputs)[0]
-    with pytest.raises(ValueError, match=r"recurrence_params: 2 unit block\(s\) need at most "
+    with pytest.raises(ValueError, match=r"recurrence_values: 2 unit block\(s\) need at most "
                                          r"one step a dispatch, got steps 0..3"):
-        MetalHost.recurrence_params(problem, 1024, (0, 3), 2)
+        MetalHost.recurrence_values(problem, 1024, (0, 3), 2)
 
 
 # -- v3's tiles, one step a dispatch ---------------------------------------------------------------

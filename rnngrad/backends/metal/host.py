@@ -673,17 +673,12 @@ class MetalHost:
 
     # -- parameters ---------------------------------------------------------------------------
     @staticmethod
-    def recurrence_params(problem, count, span=None, unit_blocks=0):
-        """The RecurrenceParams struct of one dispatch running processing steps ``span`` =
-        ``(s_begin, s_end)`` (default all T); ``unit_blocks``: 0 for a kernel's own grid, else
-        a one-step grid (v2-steps, v3) with that many blocks of units to a group of rows (a
-        span of one step, or none: a backward's last carry)."""
-        values = MetalHost.recurrence_values(problem, count, span, unit_blocks)
-        return np.array([values], library.RECURRENCE_PARAMS)
-
-    @staticmethod
     def recurrence_values(problem, count, span=None, unit_blocks=0):
-        """:meth:`recurrence_params`' fields as a tuple of ints, in the struct's order."""
+        """The fields of the RecurrenceParams struct (``library.RECURRENCE_PARAMS``) of one
+        dispatch running processing steps ``span`` = ``(s_begin, s_end)`` (default all T), as a
+        tuple of ints in the struct's order; ``unit_blocks``: 0 for a kernel's own grid, else a
+        one-step grid (v2-steps, v3) with that many blocks of units to a group of rows (a span
+        of one step, or none: a backward's last carry)."""
         desc, cell = problem.descriptor, problem.cell
         acts = [Activation.NONE] * 5
         gates = [0, 0, 0, 0]
@@ -707,7 +702,7 @@ class MetalHost:
             values["cell_gradient_per_step"] = problem.cell_gradient_per_step
         values["s_begin"], values["s_end"] = span if span is not None else (0, problem.T)
         if unit_blocks and values["s_end"] - values["s_begin"] > 1:
-            raise ValueError(f"recurrence_params: {unit_blocks} unit block(s) need at most one "
+            raise ValueError(f"recurrence_values: {unit_blocks} unit block(s) need at most one "
                              f"step a dispatch, got steps {values['s_begin']}..{values['s_end']}")
         values["unit_blocks"] = unit_blocks
         for k in range(5):
