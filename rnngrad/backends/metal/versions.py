@@ -550,11 +550,13 @@ _KNOBS = tuple(name for name, value in list(globals().items())
 
 
 def settings() -> tuple:
-    """Everything the version rules read besides the sizes, as one hashable value: the two
-    environment variables and this module's settings (every upper-case name: the rules'
-    constants, :data:`GEMM`, :data:`RECURRENCE`, the ``V2_H`` table...; a dict as its items).
-    The host keeps an op's plan per value (rnngrad.backends.metal.plan), so that changing any
-    of them (as tests and the bench do) takes effect on the next call."""
+    """Everything the version rules read besides the sizes, as one value: the two environment
+    variables and this module's settings (every upper-case name: the rules' constants,
+    :data:`GEMM`, :data:`RECURRENCE`, the ``V2_H`` table...; a dict as its items). The host
+    keeps an op's plan per value (rnngrad.backends.metal.plan), so that changing any of them (as
+    tests and the bench do) takes effect on the next call. It is hashable as long as every
+    setting is; where one is not (a list), the host keys the plan by its repr
+    (``MetalHost.plan``)."""
     names = globals()
     return (os.environ.get(GEMM_ENV), os.environ.get(RECURRENCE_ENV),
             tuple(tuple(value.items()) if type(value) is dict else value
