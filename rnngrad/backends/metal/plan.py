@@ -52,7 +52,8 @@ class Plan:
     - ``kept``: the read-only buffers it holds;
     - ``inputs``: ``(field, axes, written)`` per bound input: the problem field, the axes it is
       transposed by (None: as given), whether a kernel writes it (a copy every call);
-    - ``buffers``: ``(nbytes, zeroed)`` per new buffer, in the order a call makes them;
+    - ``buffers``: ``(nbytes, zeroed)`` per new buffer (a call makes each when a dispatch first
+      binds it);
     - ``launches``: ``(kernel, count, steps, span, slots)`` per dispatch, in order, ``slots`` in
       the kernel's buffer-table order without the status buffer (the host binds it);
     - ``outputs``: ``(field, slot, shape)`` per result the op returns.
