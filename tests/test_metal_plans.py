@@ -20,8 +20,8 @@ from rnngrad.backends.metal import host as metal_host
 from rnngrad.backends.metal import versions
 from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
 from rnngrad.backends.metal.plan import signature
-from rnngrad.testing import check_case
-from rnngrad.testing.cases import CELLS, random_case, random_descriptor
+from rnngrad.testing import assert_matches_reference
+from rnngrad.testing.cases import CELLS, op_name, random_case, random_descriptor
 from rnngrad.validation import forward_problem
 
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
@@ -54,8 +54,7 @@ def _with_mask(case, mask):
 
 
 def _assert_matches(case, gradients):
-    ratio, mismatches = check_case(case, BACKEND, gradients)
-    assert not mismatches, "\n".join(map(str, mismatches[:5]))
+    assert_matches_reference(BACKEND, case, op_name(case.cell, gradients))
 
 
 @pytest.fixture
