@@ -14,6 +14,10 @@ from rnngrad.descriptors import GRUDescriptor, LSTMDescriptor, SingleGateRNNDesc
 
 OPTIONAL = ("input_weight", "bias", "init_state", "init_cell", "mask", "mask_per_step", "peephole",
             "secondary_bias", "state_gradient", "cell_gradient")
+#: random_case's ``optional`` with every optional input given (a final or per-step cell
+#: gradient as the case asks)
+ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
+                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
 GATE = st.sampled_from([Activation.SIGMOID, Activation.HARD_SIGMOID])
 ANY = st.sampled_from(list(Activation))
 

@@ -22,7 +22,7 @@ from rnngrad.descriptors import Activation
 from rnngrad.backends.metal import library, versions
 from rnngrad.backends.metal.host import EMULATED_BACKEND, emulated_device
 from rnngrad.testing import check_case
-from draws import conditioned
+from draws import ALL_OPTIONAL, conditioned
 
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
@@ -30,8 +30,6 @@ both_versions = pytest.mark.usefixtures("recurrence_version")
 
 BACKEND = "metal-emulated"
 HARSH = dict(schedule="adversarial", seed=7, max_threads_per_threadgroup=64)
-ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
-                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
 NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
 
 

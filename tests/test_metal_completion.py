@@ -18,7 +18,7 @@ from rnngrad.backends.metal import host as metal_host
 from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
-from draws import recurrence_kernel
+from draws import ALL_OPTIONAL, recurrence_kernel
 
 pytestmark = [pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                  reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}"),
@@ -34,8 +34,6 @@ def recurrence_version(request, monkeypatch):
     return request.param
 
 BACKEND = "metal-emulated"
-ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
-                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
 SMALL_GROUPS = dict(max_threads_per_threadgroup=32)
 KERNELS = set(library.BUFFERS)
 

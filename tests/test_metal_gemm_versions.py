@@ -27,14 +27,14 @@ from rnngrad.backends.metal.host import EMULATED_BACKEND, emulated_device
 from rnngrad.testing import check_case, compare_array
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
+from draws import ALL_OPTIONAL
+
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
 
 BACKEND = "metal-emulated"
 SIDES = (1, 7, 8, 9, 31, 33, 65)
 HARSH = dict(schedule="adversarial", seed=7, max_threads_per_threadgroup=64)
-ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
-                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
 NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
 TILED = versions.GEMM_KERNELS["v2"]
 BLOCKED = versions.GEMM_KERNELS["v3"]

@@ -24,13 +24,12 @@ from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 from rnngrad.validation import forward_problem, gradient_problem
 
+from draws import ALL_OPTIONAL
 from gpu_like import DeviceArray, GpuLikeDevice, cupy_is
 
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
 
-ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
-                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
 #: the inputs a gradient kernel writes (dhn, dcn): copied, never bound in place
 WRITTEN = ("state_gradient", "cell_gradient")
 

@@ -25,12 +25,12 @@ from rnngrad.backends.metal.harness import cpu as metalcompute
 from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, Constant
 from rnngrad.testing.cases import CELLS, FORWARD_OPS, random_case, random_descriptor
 
+from draws import ALL_OPTIONAL
+
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
 
 BACKEND = "metal-emulated"
-ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
-                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
 OPTIONAL = {"all": ALL_OPTIONAL, "none": {k: False for k in ALL_OPTIONAL}}
 SMALL_GROUPS = dict(max_threads_per_threadgroup=32)
 #: the buffers a gradient kernel writes that start at zero, made anew each call: dhn (no

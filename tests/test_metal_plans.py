@@ -24,12 +24,12 @@ from rnngrad.testing import assert_matches_reference
 from rnngrad.testing.cases import CELLS, op_name, random_case, random_descriptor
 from rnngrad.validation import forward_problem
 
+from draws import ALL_OPTIONAL
+
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
 
 BACKEND = "metal-emulated"
-ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
-                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
 
 
 def _case(cell, seed, **sizes):

@@ -19,7 +19,7 @@ from rnngrad.backends.metal.host import (BUDGET_ENV, DISPATCH_BUDGET, EMULATED_B
                                          EMULATED_HOST, emulated_device, step_ranges, step_units)
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
-from draws import recurrence_kernel
+from draws import ALL_OPTIONAL, recurrence_kernel
 
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
@@ -35,8 +35,6 @@ def recurrence_version(request, monkeypatch):
     return request.param
 
 BACKEND = "metal-emulated"
-ALL_OPTIONAL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=True,
-                    peephole=True, secondary_bias=True, state_gradient=True, cell_gradient=True)
 NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
 OPTIONAL = {"all": ALL_OPTIONAL, "none": NO_OPTIONAL,
             "mask-per-step": dict(ALL_OPTIONAL, mask_per_step=True)}
