@@ -569,10 +569,10 @@ class MetalHost:
     def read(self, buf, shape):
         """The first prod(shape) floats of a buffer the op made: a NumPy copy, or on the CUDA
         target a CuPy view (the buffer is the op's own)."""
-        n = math.prod(shape)
-        if self.xp is np:
+        n, xp = math.prod(shape), self.xp
+        if xp is np:
             return np.frombuffer(buf, F32, count=n).reshape(shape).copy()
-        return buf.view(self.xp.float32)[:n].reshape(shape)
+        return buf.view(xp.float32)[:n].reshape(shape)
 
     def recurrence(self, plan, problem, direction):
         """(choice, threads, {R's buffer name: slot}) of the op's recurrence dispatches: the
