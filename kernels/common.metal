@@ -480,8 +480,9 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // C[r, c] = Σ_k A[r, k] · B[c, k] over k < K, where a unit has cpu columns c (the forward of
 // the LSTM and GRU: one per gate, so that the epilogue finds a unit's gates together; else 1).
 // Workers: w = wc + WC · wr owns the 4×4 block of C at rows 4wr.., columns 4wc.. (WC = ⌈cpu ·
-// ⌈H / U⌉ / 4⌉, so at most RS_COLS / 4); consecutive lanes take consecutive wc, so a lane's
-// loads of A are broadcasts and of B distinct rows of the pitch-RS_LD stage (no bank
+// ⌈H / U⌉ / 4⌉, so at most RS_COLS / 4). A chunk is staged k-major ([k][row], [k][column]):
+// a worker reads its 4 rows and its 4 columns at one k as two float4, consecutive lanes take
+// consecutive wc, so a SIMD-group's loads of A are broadcasts and of B consecutive (no bank
 // conflicts). The threads split each staged chunk of RS_K k into KS slices (the largest power
 // of two ≤ RS_KS with KS · W ≤ tpg); the slices' partial blocks meet in threadgroup memory
 // (rs_sum). With fewer threads than workers (a threadgroup below 64) the workers run in rounds,
@@ -490,7 +491,6 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 #define RS_ROWS 16            // rows of a tile at most (4 · WR)
 #define RS_COLS 64            // columns of a tile at most (4 · WC)
 #define RS_K 32               // k per staged chunk
-#define RS_LD 33              // pitch of a staged row: odd, so a row's 32 k hit 32 banks
 #define RS_KS 8               // slices of a chunk at most (RS_K / RS_KS = 4 k a slice at least)
 #define RS_RED 4096           // floats of partial blocks: KS · W · 16 <= 256 · 16 (or W · 16)
 
@@ -545,18 +545,121 @@ inline bool rs_fits(constant RecurrenceParams& p, uint cpu) {
     return ((p.H + U - 1) / U) * cpu <= RS_COLS;
 }
 
+// Staged float4 items of a chunk a thread keeps in registers (rs_product's held path).
+#define RS_ITEMS 3
+
+// Item f of a staged chunk: four consecutive k of one row of A (f < 4·WR · RS_K / 4: row
+// ⌊f / 8⌋, k 4·(f mod 8) of the chunk) or of one column of B (the rest, likewise), so that
+// eight consecutive threads read one row's 32 k of the chunk (128 contiguous bytes). Where it
+// is read from (off, from a's or w's start), whether it is read at all (ok: a row or column of
+// the tile) and stored (in: f within the chunk's items).
+struct RsItem {
+    uint off, k, pos;         // source offset, first k within the chunk, row or column
+    bool a, ok, in;           // of A; read (else zeros); stored
+};
+
+inline RsItem rs_item(RsTile g, uint f, uint lda, uint K, uint cpu, uint4 goff, uint ng) {
+    uint rows = 4 * g.WR, cols = 4 * g.WC, na = rows * (RS_K / 4);
+    RsItem it;
+    if (f < na) {
+        it.pos = f / (RS_K / 4);
+        it.k = 4 * (f % (RS_K / 4));
+        it.a = true;
+        it.ok = it.pos < g.rows;
+        it.in = true;
+        it.off = it.pos * lda;
+    } else {
+        uint e = f - na;
+        uint c = e / (RS_K / 4), u = c / cpu, gs = c % cpu;
+        uint o = gs == 0 ? goff.x : (gs == 1 ? goff.y : (gs == 2 ? goff.z : goff.w));
+        it.pos = c;
+        it.k = 4 * (e % (RS_K / 4));
+        it.a = false;
+        it.in = c < cols;
+        it.ok = it.in && u < g.units && gs < ng;
+        it.off = it.ok ? (o + g.u0 + u) * K : 0u;
+    }
+    return it;
+}
+
+// The item's four values at chunk k0 (kn k in the chunk) of src (a, am or w, whose offsets the
+// item holds), zeros past the edges; vec: one float4 load (every offset a multiple of 4 floats).
+inline float4 rs_fetch(RsItem it, uint k0, uint kn, device const float* src, bool vec) {
+    float4 v = float4(0.0f);
+    if (!it.ok || it.k >= kn) {
+        return v;
+    }
+    src += it.off + k0 + it.k;
+    if (vec) {
+        return *(device const float4*)src;
+    }
+    #pragma unroll
+    for (uint j = 0; j < 4; ++j) {
+        if (it.k + j < kn) {
+            v[j] = src[j];
+        }
+    }
+    return v;
+}
+
+// The item's values (v) and factors (m: A's mask where masked, else ones) at chunk k0: loads
+// only, so that their round trips overlap whatever the thread does before it stores v · m.
+inline void rs_fetch_item(RsItem it, uint k0, uint kn, device const float* a,
+                          device const float* am, bool masked, device const float* w, bool vec,
+                          thread float4& v, thread float4& m) {
+    v = rs_fetch(it, k0, kn, it.a ? a : w, vec);
+    m = it.a && masked ? rs_fetch(it, k0, kn, am, vec) : float4(1.0f);
+}
+
+// The float4 of the k-major stage that holds rows (of A: RS_ROWS a k) or columns (of B:
+// RS_COLS a k) 4q .. 4q + 3 at chunk k: the quads of a k are permuted by an XOR with ⌊k / 4⌋,
+// so that the eight k-quads of one row or column, stored by eight consecutive threads, land in
+// distinct banks (B; two-way for A), while a worker still reads its 4 rows or columns as one
+// float4.
+inline uint rs_quad(uint k, uint q, uint width) {
+    return k * (width / 4) + (q ^ ((k / 4) % (width / 4 < 8 ? width / 4 : 8)));
+}
+
+// Store an item's four values in the k-major stage (rs_quad).
+inline void rs_put(threadgroup float* As, threadgroup float* Bs, RsItem it, float4 v) {
+    if (!it.in) {
+        return;
+    }
+    uint width = it.a ? RS_ROWS : RS_COLS;
+    threadgroup float* stage = it.a ? As : Bs;
+    uint lane = it.pos % 4, q = it.pos / 4;
+    stage[4 * rs_quad(it.k, q, width) + lane] = v.x;
+    stage[4 * rs_quad(it.k + 1, q, width) + lane] = v.y;
+    stage[4 * rs_quad(it.k + 2, q, width) + lane] = v.z;
+    stage[4 * rs_quad(it.k + 3, q, width) + lane] = v.w;
+}
+
 // The tile's product, left in red for rs_sum: C[r, c] = Σ_{k<K} A[r, k] · B[c, k] with
 //   A[r, k] = a[r · lda + k] (· am[r · lda + k] when masked) for r < g.rows, else 0;
 //   B[c, k] = w[(o + g.u0 + c / cpu) · K + k], o = goff's entry c mod cpu, for
 //             c / cpu < g.units and c mod cpu < ng, else 0.
+// Staging: each thread issues the loads of up to RS_ITEMS items (float4 each where K and lda
+// are multiples of 4) before it stores any, so that their round trips to memory overlap.
+// Where a chunk has at most RS_ITEMS items a thread (held: the rule's tiles at 256 threads),
+// the next chunk's loads are issued before this chunk's product and stored after it.
 // Every thread of the threadgroup calls it (g uniform); it ends with a barrier.
-inline void rs_product(threadgroup float* As, threadgroup float* Bs, threadgroup float* red,
+inline void rs_product(threadgroup float4* As4, threadgroup float4* Bs4, threadgroup float* red,
                        RsTile g, uint K, device const float* a, device const float* am,
                        bool masked, uint lda, device const float* w, uint cpu, uint4 goff,
                        uint ng, uint lid, uint tpg) {
-    uint rows = 4 * g.WR, cols = 4 * g.WC;
+    threadgroup float* As = (threadgroup float*)As4;
+    threadgroup float* Bs = (threadgroup float*)Bs4;
+    uint items = (4 * g.WR + 4 * g.WC) * (RS_K / 4);  // float4 items a chunk
+    bool held = items <= RS_ITEMS * tpg;
+    bool vec = K % 4 == 0 && lda % 4 == 0;
     uint rounds = (g.W + tpg - 1) / tpg;  // > 1 only when tpg < W (then KS = 1)
     uint chunks = (K + RS_K - 1) / RS_K;
+    RsItem mine[RS_ITEMS];
+    float4 v[RS_ITEMS], m[RS_ITEMS];  // an item's values and their factors (rs_fetch_item)
+    #pragma unroll
+    for (uint i = 0; i < RS_ITEMS; ++i) {
+        mine[i] = rs_item(g, held ? lid + i * tpg : items, lda, K, cpu, goff, ng);
+    }
     for (uint turn = 0; turn < rounds; ++turn) {
         uint slot = lid + turn * tpg;
         uint sl = slot / g.W, wk = slot % g.W;
@@ -570,40 +673,49 @@ inline void rs_product(threadgroup float* As, threadgroup float* Bs, threadgroup
                 acc[i][j] = 0.0f;
             }
         }
+        if (held) {
+            #pragma unroll
+            for (uint i = 0; i < RS_ITEMS; ++i) {
+                rs_fetch_item(mine[i], 0, min(K, (uint)RS_K), a, am, masked, w, vec, v[i],
+                              m[i]);
+            }
+        }
         for (uint ch = 0; ch < chunks; ++ch) {
             uint k0 = ch * RS_K;
-            uint kn = min(K - k0, (uint)RS_K);
-            // Stage A[rows, k0 ..] and B[cols, k0 ..] as [row][k], zero past the edges;
-            // consecutive threads load consecutive k.
-            for (uint e = lid; e < rows * RS_K; e += tpg) {
-                uint r = e / RS_K, k = e % RS_K;
-                float v = 0.0f;
-                if (r < g.rows && k < kn) {
-                    uint i = r * lda + k0 + k;
-                    v = masked ? a[i] * am[i] : a[i];
+            if (held) {
+                #pragma unroll
+                for (uint i = 0; i < RS_ITEMS; ++i) {
+                    rs_put(As, Bs, mine[i], v[i] * m[i]);
                 }
-                As[r * RS_LD + k] = v;
-            }
-            for (uint e = lid; e < cols * RS_K; e += tpg) {
-                uint c = e / RS_K, k = e % RS_K;
-                uint u = c / cpu, gs = c % cpu;
-                float v = 0.0f;
-                if (u < g.units && gs < ng && k < kn) {
-                    uint o = gs == 0 ? goff.x : (gs == 1 ? goff.y : (gs == 2 ? goff.z : goff.w));
-                    v = w[(o + g.u0 + u) * K + k0 + k];
+            } else {
+                uint kn = min(K - k0, (uint)RS_K);
+                for (uint base = lid; base < items; base += RS_ITEMS * tpg) {
+                    #pragma unroll
+                    for (uint i = 0; i < RS_ITEMS; ++i) {  // mine holds nothing when not held
+                        uint f = base + i * tpg;
+                        mine[i] = rs_item(g, f < items ? f : items, lda, K, cpu, goff, ng);
+                        rs_fetch_item(mine[i], k0, kn, a, am, masked, w, vec, v[i], m[i]);
+                    }
+                    #pragma unroll
+                    for (uint i = 0; i < RS_ITEMS; ++i) {
+                        rs_put(As, Bs, mine[i], v[i] * m[i]);
+                    }
                 }
-                Bs[c * RS_LD + k] = v;
             }
             threadgroup_barrier(mem_flags::mem_threadgroup);
+            if (held && ch + 1 < chunks) {  // the next chunk's loads, in flight meanwhile
+                uint k1 = k0 + RS_K;
+                #pragma unroll
+                for (uint i = 0; i < RS_ITEMS; ++i) {
+                    rs_fetch_item(mine[i], k1, min(K - k1, (uint)RS_K), a, am, masked, w, vec,
+                                  v[i], m[i]);
+                }
+            }
             if (active) {
                 for (uint kk = 0; kk < g.KC; ++kk) {
                     uint k = sl * g.KC + kk;
-                    float fa[4], fb[4];
-                    #pragma unroll
-                    for (uint i = 0; i < 4; ++i) {
-                        fa[i] = As[(4 * wr + i) * RS_LD + k];
-                        fb[i] = Bs[(4 * wc + i) * RS_LD + k];
-                    }
+                    float4 fa = As4[rs_quad(k, wr, RS_ROWS)];
+                    float4 fb = Bs4[rs_quad(k, wc, RS_COLS)];
                     #pragma unroll
                     for (uint i = 0; i < 4; ++i) {
                         #pragma unroll

@@ -260,8 +260,8 @@ kernel void lstm_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
                             uint lid [[thread_position_in_threadgroup]],
                             uint tgid [[threadgroup_position_in_grid]],
                             uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float As[RS_ROWS * RS_LD];
-    threadgroup float Bs[RS_COLS * RS_LD];
+    threadgroup float4 As[RS_K * RS_ROWS / 4];  // the staged chunk, k-major (rs_product)
+    threadgroup float4 Bs[RS_K * RS_COLS / 4];
     threadgroup float red[RS_RED];
     uint N = p.N, H = p.H, DH = p.D * p.H;
     uint s = p.s_begin;

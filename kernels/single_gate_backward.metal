@@ -237,8 +237,8 @@ kernel void single_gate_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
                                     uint lid [[thread_position_in_threadgroup]],
                                     uint tgid [[threadgroup_position_in_grid]],
                                     uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float As[RS_ROWS * RS_LD];
-    threadgroup float Bs[RS_COLS * RS_LD];
+    threadgroup float4 As[RS_K * RS_ROWS / 4];  // the staged chunk, k-major (rs_product)
+    threadgroup float4 Bs[RS_K * RS_COLS / 4];
     threadgroup float red[RS_RED];
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 1 * p.H, DGH = p.D * 1 * p.H;
     uint s = p.s_begin, c = p.s_end;  // step s (none when s_end = s_begin), the carry of step c

@@ -136,16 +136,16 @@ def test_wide_gemm_slices_of_k_match_the_reference(cap, monkeypatch, caplog):
         assert split and len(sums) == len(split), said
 
 
-def _one_step_trace(cell, cap, seed):
+def _one_step_trace(cell, cap, seed, H=70):
     """A one-step grid (the version the test set) on the GPU against the reference, forward and
-    gradients: bidirectional, T = 6, N = 13, I = 9, H = 70 (a GRU with reset_after, which the
-    grids need); the device, for its trace."""
+    gradients: bidirectional, T = 6, N = 13, I = 9, H (a GRU with reset_after, which the grids
+    need); the device, for its trace."""
     from rnngrad.backends.metal.host import cuda_device
 
     rng = np.random.default_rng(seed)
     extra = dict(reset_after=True) if cell == "gru" else {}
     desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
-    case = random_case(rng, cell, descriptor=desc, T=6, N=13, I=9, H=70, dtype=np.float32)
+    case = random_case(rng, cell, descriptor=desc, T=6, N=13, I=9, H=H, dtype=np.float32)
     with cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True) as d:
         for gradients in (False, True):
             worst, mismatches = check_case(case, "metal-cuda", gradients)
@@ -195,23 +195,26 @@ def test_v2_matches_the_reference(cell, cap, H, monkeypatch):
     assert {x.count for x in runs} == {26 * versions.V2_THREADS}
 
 
+@pytest.mark.parametrize("H", [70, 72])
 @pytest.mark.parametrize("min_tiles", [1, 128])
 @pytest.mark.parametrize("cap", [1024, 64])
 @pytest.mark.parametrize("cell", CELLS)
-def test_v3_matches_the_reference(cell, cap, min_tiles, monkeypatch):
+def test_v3_matches_the_reference(cell, cap, min_tiles, H, monkeypatch):
     """v3's tiles on the GPU, one dispatch a step (the backward's last the carry alone): 13 rows
     a direction in one tile of 16, H = 70 in the widest blocks (min_tiles 1: 2 blocks of 35
     units, 5 blocks of 14 units × 4 gates forward for the LSTM and GRU; 36 or 56 workers, so
     at 64 threads one slice, at 256 a split of k) or the narrowest (min_tiles 128: 4 columns a
-    tile, 70 or 18 blocks)."""
+    tile, 70 or 18 blocks). H = 72 stages through float4 loads (rs_fetch), H = 70 through
+    scalar ones (except the LSTM's backward, whose K = 4H is a multiple of 4 either way); 256
+    threads hold a chunk's items in registers (rs_product's held path), 64 do not."""
     from rnngrad.backends.metal import versions
 
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v3")
     monkeypatch.setattr(versions, "V3_MIN_TILES", min_tiles)
-    d = _one_step_trace(cell, cap, seed=len(cell) + cap + min_tiles)
+    d = _one_step_trace(cell, cap, seed=len(cell) + cap + min_tiles + H, H=H)
     for direction, steps in (("forward", 6), ("backward", 7)):
         runs = [x for x in d.trace if x.kernel == f"{cell}_{direction}_v3"]
-        row_tiles, blocks = versions.tile_blocks(cell=cell, direction=direction, D=2, N=13, H=70)
+        row_tiles, blocks = versions.tile_blocks(cell=cell, direction=direction, D=2, N=13, H=H)
         assert len(runs) >= steps and len(runs) % steps == 0
         assert {x.count for x in runs} == {2 * row_tiles * blocks * versions.V3_THREADS}
 

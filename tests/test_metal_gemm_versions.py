@@ -704,7 +704,8 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     assert (small.version, small.kernel) == ("v2", "lstm_forward_v2")
     assert "128 <= H <= 256 and D·N = 8 <= 64, 1 row(s) a threadgroup" in small.reason
     assert count(small, direction="forward", D=1, N=8, H=128) == 8 * 1024
-    assert rule(direction="backward", D=2, N=32, H=256).version == "v2"
+    assert rule(direction="backward", D=1, N=32, H=256).version == "v2"
+    assert rule(direction="backward", D=2, N=32, H=256).version == "v3"  # 2**24: STEPS_MIN_WORK
     # else v1 in its grid: below the range (50x1x64x64: a threadgroup a row), past the rows,
     # the single-gate backward, a GRU without reset_after, and on the CPU harness (packed)
     v1 = rule(direction="forward", D=1, N=1, H=64)
@@ -716,7 +717,7 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=8,
                                H=64).version == "rows"
     assert versions.recurrence(cell="lstm", direction="backward", D=1, N=1, H=64).version == "v2"
-    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=64,
+    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=63,
                                H=512).version == "v2"
     gru = functools.partial(versions.recurrence, cell="gru", direction="forward", D=1, N=8, H=128)
     assert gru().version == "v2" and gru(reset_after=False).version == "rows"
@@ -728,12 +729,14 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     # 6144 // 1024 = 6 rows a chunk at H = 256.
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)
     assert versions.v2_rows(cell="lstm", direction="backward", H=256) == 6
-    wide = rule(direction="backward", D=2, N=32, H=256)
-    assert wide.version == "v2" and count(wide, direction="backward", D=2, N=32, H=256) == 11 * 1024
+    wide = rule(direction="backward", D=2, N=31, H=256)  # below STEPS_MIN_WORK
+    assert wide.version == "v2" and count(wide, direction="backward", D=2, N=31, H=256) == 11 * 1024
     assert count(wide, direction="forward", D=2, N=32, H=256) == 8 * 1024
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
     # Past the range of H, v1 in its grid; past one row of threadgroup memory, v2 cannot run.
-    assert rule(direction="forward", D=1, N=64, H=512).version == "rows"
+    assert rule(direction="forward", D=1, N=15, H=512).version == "rows"
+    assert rule(direction="forward", D=2, N=512, H=300).version == "v3"  # past STEPS_MIN_WORK
+    monkeypatch.setattr(versions, "STEPS_MIN_WORK", None)
     assert rule(direction="forward", D=2, N=512, H=300).version == "packed"
     monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), (1, 4000))
     assert versions.v2_rows(cell="lstm", direction="backward", H=1537) == 0
@@ -758,31 +761,35 @@ def test_recurrence_rule_and_overrides(monkeypatch):
 
 
 def test_the_rule_takes_the_one_step_grid_for_large_steps(monkeypatch):
-    """With STEPS_MIN_WORK set (None, the default, never: v1 everywhere), v2-steps where a
-    step's product D·N·G·H² reaches it (2**24: 200x64x512x512), forward for every cell and
-    backward for the GRU and the LSTM; below it the rest of the rule (v2 for the single-gate
-    forward at H = 512), v1 for the single-gate backward, for a GRU without reset_after, and
-    on the CPU harness."""
+    """v3 (one dispatch a step) where a step's product D·N·G·H² reaches STEPS_MIN_WORK (2**24:
+    200x64x512x512), both directions of every cell; below it, with it set to None, for a GRU
+    without reset_after and on the CPU harness the rest of the rule (v2 for the single-gate
+    forward at H = 512, else v1's rows)."""
     monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
-    assert versions.STEPS_MIN_WORK is None
-    assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512).version == "rows"
-    monkeypatch.setattr(versions, "STEPS_MIN_WORK", 2 ** 24)
-    for cell, direction in (("lstm", "forward"), ("lstm", "backward"), ("gru", "forward"),
-                            ("gru", "backward"), ("single_gate", "forward")):
-        choice = versions.recurrence(cell=cell, direction=direction, D=1, N=64, H=512)
-        G = {"single_gate": 1, "gru": 3, "lstm": 4}[cell]
-        assert (choice.version, choice.kernel) == ("v2-steps", f"{cell}_{direction}_v2"), choice
-        assert f"D·N·G·H² = {64 * G * 512 * 512} >= {2 ** 24}" in choice.reason, choice
-        rows, blocks = versions.step_blocks(cell=cell, direction=direction, H=512)
-        assert blocks == 512 // versions.V2_STEP_UNITS
-        assert versions.recurrence_count(choice, cell=cell, direction=direction, D=1, N=64,
-                                         H=512) == -(-64 // rows) * blocks * versions.V2_THREADS
-    assert versions.recurrence(cell="single_gate", direction="backward", D=1, N=64, H=512).version == "rows"
+    assert versions.STEPS_MIN_WORK == 2 ** 24
+    for cell in CELLS:
+        for direction in ("forward", "backward"):
+            choice = versions.recurrence(cell=cell, direction=direction, D=1, N=64, H=512)
+            G = {"single_gate": 1, "gru": 3, "lstm": 4}[cell]
+            assert (choice.version, choice.kernel) == ("v3", f"{cell}_{direction}_v3"), choice
+            assert f"D·N·G·H² = {64 * G * 512 * 512} >= {2 ** 24}" in choice.reason, choice
+            row_tiles, blocks = versions.tile_blocks(cell=cell, direction=direction, D=1, N=64,
+                                                     H=512)
+            assert f"{row_tiles * blocks} tile(s) of 16 row(s) × {-(-512 // blocks)} unit(s)" \
+                in choice.reason, choice
+            assert versions.recurrence_count(choice, cell=cell, direction=direction, D=1, N=64,
+                                             H=512) == row_tiles * blocks * versions.V3_THREADS
+    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=63,
+                               H=512).version == "v2"  # 63·512² < 2**24
     assert versions.recurrence(cell="gru", direction="forward", D=1, N=64, H=512,
                                reset_after=False).version == "rows"
-    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=63, H=512).version == "v2"
     assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512,
                                device="metal-emulated").version == "packed"
+    monkeypatch.setattr(versions, "STEPS_MIN_WORK", None)
+    assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512).version == "rows"
+    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=64,
+                               H=512).version == "v2"
+    monkeypatch.setattr(versions, "STEPS_MIN_WORK", 2 ** 24)
     # a forced version wins over it
     monkeypatch.setenv(versions.RECURRENCE_ENV, "v1")
     assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512).version == "rows"

@@ -70,6 +70,7 @@ SANITIZER_CONFIGS = {
     "v2-steps": ("auto", "v2-steps", ("--v2-step-units", "12"), ", H = 33 in 3 blocks of units"),
     "v3": ("auto", "v3", (), ", tiles of 4 columns"),
     "v3-wide": ("auto", "v3", ("--v3-min-tiles", "1"), ", the widest tiles"),
+    "v3-float4": ("auto", "v3", ("--hidden", "36"), ", H = 36: float4 staging"),
 }
 
 
@@ -159,8 +160,8 @@ STEP_KNOBS = (("v2", "v2", dict(V2_GROUP_ROWS=1)),
               ("v3 narrow", "v3", dict(V3_MIN_TILES=1024)))
 STEP_LABELS = tuple(label for label, _, _ in STEP_KNOBS)
 #: settings of versions under which the bench also times the rule end to end (where they change
-#: which kernels run): the one-step grids' rule (versions.STEPS_MIN_WORK) at 2**24
-E2E_VARIANTS = {"one-step grids from 2**24": dict(STEPS_MIN_WORK=2 ** 24)}
+#: which kernels run): the rule without its one-step grids (versions.STEPS_MIN_WORK)
+E2E_VARIANTS = {"no one-step grids": dict(STEPS_MIN_WORK=None)}
 #: the bench's configurations, the version rule last: (label, recurrence, GEMM, versions settings)
 STEP_CONFIGS = (("v1", "v1", "v1", {}),
                 *((config, "auto", v, {}) for v, config in GEMM_CONFIGS.items() if config.startswith("gemm")),

@@ -120,7 +120,7 @@ _LOG = logging.getLogger(__package__)
 #: recently used dropped first
 CONSTANTS_KEPT = 256
 #: bytes of one status arena (see _Runs); a dispatch that needs more gets an arena of its own
-ARENA_BYTES = 1 << 16
+ARENA_BYTES = 1 << 18
 #: alignment of each dispatch's slice of a status arena, in bytes (as cudaMalloc aligns)
 ARENA_ALIGN = 256
 #: alignment in bytes of a caller's GPU array bound in place (read_only): the float4 reads of
@@ -220,10 +220,15 @@ class _Runs:
     def launch(self, kernel, count, buffers, steps, span):
         if self._finish is None:
             self.wait()
-        # One uint2 mark per threadgroup, zeroed here: enough for threadgroups of 32 or more.
-        marks = -(-count // library.MIN_THREADGROUP)
+        function = self.host.function(kernel)
+        # One uint2 mark per threadgroup, zeroed here: one per threadgroup of the size the
+        # device launches with where it tells it (the harness), else enough for threadgroups of
+        # MIN_THREADGROUP or more (metalcompute picks the size at the call).
+        size = getattr(function, "threadgroup_size", None)
+        size = max(size(), library.MIN_THREADGROUP) if size is not None else library.MIN_THREADGROUP
+        marks = -(-count // size)
         status, where = self._status(8 * marks)
-        handle = self.host.function(kernel)(count, *buffers, status)
+        handle = function(count, *buffers, status)
         self._pending.append((handle, dict(kernel=kernel, count=count, status=where,
                                            marks=marks, steps=steps, span=span,
                                            number=self.count)))

@@ -249,10 +249,9 @@ V2_MAX_ROWS = 64
 #: units per threadgroup at most in v2's one-step grid (v2-steps): H splits into
 #: ⌈H / V2_STEP_UNITS⌉ blocks, so that at most 1024 / V2_STEP_UNITS lanes share a unit's sum
 V2_STEP_UNITS = 64
-#: the rule would run v2-steps where a step's recurrent product has at least this many
-#: multiply-adds (D·N·G·H²; the backward of a single-gate RNN excepted); None: never (the
-#: module docstring says why)
-STEPS_MIN_WORK = None
+#: the rule runs v3 (one dispatch a step) where a step's recurrent product has at least this
+#: many multiply-adds (D·N·G·H²); None: never (the module docstring says why)
+STEPS_MIN_WORK = 2 ** 24
 #: rows per threadgroup in v2's one-step grid; None: a whole chunk (each R element loaded serves
 #: every row of it)
 V2_STEP_ROWS = None
@@ -356,13 +355,13 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                                     f"every GPU thread as a fiber: idle threads cost there what "
                                     f"they save on a GPU")
     work = D * N * DESCRIPTORS[cell].gates * H * H
-    if (setting == "auto" and fits and STEPS_MIN_WORK is not None and work >= STEPS_MIN_WORK
-            and (cell != "gru" or reset_after)
-            and (direction == "forward" or cell != "single_gate")):
-        rows, blocks = step_blocks(cell=cell, direction=direction, H=H)
-        return Choice("v2-steps", v2, f"{shape}: auto, v2-steps: a step's product is D·N·G·H² = "
-                                      f"{work} >= {STEPS_MIN_WORK} multiply-adds, threadgroups of "
-                                      f"{rows} row(s) × {blocks} block(s) of units")
+    if (setting == "auto" and STEPS_MIN_WORK is not None and work >= STEPS_MIN_WORK
+            and (cell != "gru" or reset_after)):
+        row_tiles, blocks = tile_blocks(cell=cell, direction=direction, D=D, N=N, H=H)
+        return Choice("v3", f"{v1}_v3", f"{shape}: auto, v3: a step's product is D·N·G·H² = "
+                                        f"{work} >= {STEPS_MIN_WORK} multiply-adds, one dispatch "
+                                        f"a step, {D * row_tiles * blocks} tile(s) of "
+                                        f"{tile_rows(N)} row(s) × {-(-H // blocks)} unit(s)")
     low, high = V2_H.get((cell, direction)) or (1, 0)
     if (setting == "auto" and fits and low <= H <= high and D * N <= V2_MAX_ROWS
             and (cell != "gru" or reset_after)):

@@ -350,22 +350,19 @@ class Function:
             # bytes of local memory per thread: register spills and arrays indexed at run time
             self.local_memory = self._raw.attributes.get("local_size_bytes")  # None if not given
             self._compiled_limit = int(self._raw.attributes["max_threads_per_block"])
-        self._kept_size = None  # ((device cap, kernel limit), threadgroup size): see _launch_size
+        self._kept_size = None  # ((device cap, kernel limit), threadgroup size): see threadgroup_size
 
     def threadgroup_size(self) -> int:
         """metalcompute's rule: 32 x floor(min(1024, kernel limit, device limit, the compiled
-        kernel's limit) / 32)."""
-        return dispatch.threadgroup_size(self.max_total_threads_per_threadgroup,
-                                         self.kernel.device.max_threads_per_threadgroup,
-                                         self._compiled_limit)
-
-    def _launch_size(self, device) -> int:
-        """:meth:`threadgroup_size`, kept for the two attributes it was made under (the device's
-        cap and the kernel's limit; the compiled limit does not change)."""
-        limits = (device.max_threads_per_threadgroup, self.max_total_threads_per_threadgroup)
+        kernel's limit) / 32); kept for the two attributes it was computed under (the device's
+        cap and the kernel's limit; the compiled limit does not change), so that a launch, and a
+        host sizing its completion marks, pay for it once."""
+        limits = (self.kernel.device.max_threads_per_threadgroup,
+                  self.max_total_threads_per_threadgroup)
         kept = self._kept_size
         if kept is None or kept[0] != limits:
-            kept = self._kept_size = (limits, self.threadgroup_size())
+            kept = self._kept_size = (limits, dispatch.threadgroup_size(*limits,
+                                                                        self._compiled_limit))
         return kept[1]
 
     def __call__(self, count, *buffers) -> RunHandle:
@@ -373,7 +370,7 @@ class Function:
         device = self.kernel.device
         if device.broken:
             device._check_usable()
-        tg = self._launch_size(device)
+        tg = self.threadgroup_size()
         try:
             count = dispatch.check_call(self.name, count, len(buffers), self._info.n_buffers, tg,
                                         self.max_total_threads_per_threadgroup)
