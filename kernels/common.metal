@@ -483,15 +483,17 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // ⌈H / U⌉ / 4⌉, so at most RS_COLS / 4). A chunk is staged k-major ([k][row], [k][column]):
 // a worker reads its 4 rows and its 4 columns at one k as two float4, consecutive lanes take
 // consecutive wc, so a SIMD-group's loads of A are broadcasts and of B consecutive (no bank
-// conflicts). The threads split each staged chunk of RS_K k into KS slices (the largest power
-// of two ≤ RS_KS with KS · W ≤ tpg); the slices' partial blocks meet in threadgroup memory
+// conflicts). The threads split each staged chunk of g.KCH k (rs_chunk) into KS slices (the
+// largest power of two ≤ RS_KS with KS · W ≤ tpg); the slices' partial blocks meet in threadgroup memory
 // (rs_sum). With fewer threads than workers (a threadgroup below 64) the workers run in rounds,
 // each walking K again. Tiles are numbered t = (d · ⌈N / (4 WR)⌉ + row tile) · U + unit block.
 
 #define RS_ROWS 16            // rows of a tile at most (4 · WR)
 #define RS_COLS 64            // columns of a tile at most (4 · WC)
-#define RS_K 32               // k per staged chunk
-#define RS_KS 8               // slices of a chunk at most (RS_K / RS_KS = 4 k a slice at least)
+#define RS_K 32               // k per staged chunk at least (rs_chunk; a multiple of 32)
+#define RS_KMAX 96            // k per staged chunk at most
+#define RS_STAGE 4096         // floats of the staged chunk: A's, then B's (rs_stage_width)
+#define RS_KS 16              // slices of a chunk at most
 #define RS_RED 4096           // floats of partial blocks: KS · W · 16 <= 256 · 16 (or W · 16)
 
 // One tile of a v3 dispatch and the split of its product over the threadgroup.
@@ -500,6 +502,7 @@ struct RsTile {
     uint u0, units;           // first unit, units
     uint WR, WC, W;           // workers down the rows and across the columns; W = WR · WC
     uint KS, KC;              // slices of a chunk, k of a slice
+    uint KCH;                 // k per staged chunk (rs_chunk)
 };
 
 // Row tiles of one direction.
@@ -511,6 +514,21 @@ inline uint rs_row_tiles(constant RecurrenceParams& p) {
 // Tiles of the dispatch: D · row tiles · U.
 inline uint rs_tiles(constant RecurrenceParams& p) {
     return p.D * rs_row_tiles(p) * max(p.unit_blocks, 1u);
+}
+
+// Floats a k of the stage holds for 4·WC columns of B: the next power of two from 16 (a quad
+// index within it can be permuted by rs_quad), at most RS_COLS.
+inline uint rs_stage_width(uint WC) {
+    uint cols = 4 * WC;
+    return cols <= 16 ? 16u : (cols <= 32 ? 32u : (uint)RS_COLS);
+}
+
+// k per staged chunk: as many multiples of 32 as RS_STAGE holds for the tile's A (RS_ROWS a
+// k) and B (rs_stage_width a k), at most RS_KMAX: 32 for the forward's widest tiles (16 + 64
+// floats a k), 96 for 16 columns (the backward's tiles at 200×64×512×512), so that a long K
+// (4H backward) takes a third of the chunks and their barriers.
+inline uint rs_chunk(uint WC) {
+    return min((uint)RS_KMAX, RS_STAGE / (RS_ROWS + rs_stage_width(WC)) / 32 * 32);
 }
 
 // Tile t with cpu columns a unit, for a threadgroup of tpg threads.
@@ -534,7 +552,8 @@ inline RsTile rs_tile(constant RecurrenceParams& p, uint t, uint cpu, uint tpg) 
         ks *= 2;
     }
     g.KS = ks;
-    g.KC = RS_K / ks;
+    g.KCH = rs_chunk(g.WC);
+    g.KC = g.KCH / ks;
     return g;
 }
 
@@ -548,34 +567,36 @@ inline bool rs_fits(constant RecurrenceParams& p, uint cpu) {
 // Staged float4 items of a chunk a thread keeps in registers (rs_product's held path).
 #define RS_ITEMS 3
 
-// Item f of a staged chunk: four consecutive k of one row of A (f < 4·WR · RS_K / 4: row
-// ⌊f / 8⌋, k 4·(f mod 8) of the chunk) or of one column of B (the rest, likewise), so that
-// eight consecutive threads read one row's 32 k of the chunk (128 contiguous bytes). Where it
-// is read from (off, from a's or w's start), whether it is read at all (ok: a row or column of
-// the tile) and stored (in: f within the chunk's items).
+// Item f of a staged chunk: four consecutive k (a k-quad) of one row of A (f < 4·WR · KCH / 4)
+// or of one column of B (the rest). Items go in blocks of 32: 4 consecutive rows (or columns)
+// × 8 consecutive k-quads, so that a SIMD-group reads four runs of 128 contiguous bytes and
+// its stores to the k-major stage spread over the banks (rs_quad). Where it is read from (off,
+// from a's or w's start), whether it is read at all (ok: a row or column of the tile) and
+// stored (in: f within the chunk's items).
 struct RsItem {
     uint off, k, pos;         // source offset, first k within the chunk, row or column
     bool a, ok, in;           // of A; read (else zeros); stored
 };
 
 inline RsItem rs_item(RsTile g, uint f, uint lda, uint K, uint cpu, uint4 goff, uint ng) {
-    uint rows = 4 * g.WR, cols = 4 * g.WC, na = rows * (RS_K / 4);
+    uint quads = g.KCH / 4, groups = quads / 8;  // k-quads a row, blocks of 8 of them
+    uint na = 4 * g.WR * quads;
+    bool a = f < na;
+    uint e = a ? f : f - na;
+    uint block = e / 32, w = e % 32;
+    uint pos = 4 * (block / groups) + w / 8;
     RsItem it;
-    if (f < na) {
-        it.pos = f / (RS_K / 4);
-        it.k = 4 * (f % (RS_K / 4));
-        it.a = true;
-        it.ok = it.pos < g.rows;
+    it.k = 4 * (8 * (block % groups) + w % 8);
+    it.pos = pos;
+    it.a = a;
+    if (a) {
+        it.ok = pos < g.rows;
         it.in = true;
-        it.off = it.pos * lda;
+        it.off = pos * lda;
     } else {
-        uint e = f - na;
-        uint c = e / (RS_K / 4), u = c / cpu, gs = c % cpu;
+        uint u = pos / cpu, gs = pos % cpu;
         uint o = gs == 0 ? goff.x : (gs == 1 ? goff.y : (gs == 2 ? goff.z : goff.w));
-        it.pos = c;
-        it.k = 4 * (e % (RS_K / 4));
-        it.a = false;
-        it.in = c < cols;
+        it.in = pos < 4 * g.WC;
         it.ok = it.in && u < g.units && gs < ng;
         it.off = it.ok ? (o + g.u0 + u) * K : 0u;
     }
@@ -611,21 +632,23 @@ inline void rs_fetch_item(RsItem it, uint k0, uint kn, device const float* a,
     m = it.a && masked ? rs_fetch(it, k0, kn, am, vec) : float4(1.0f);
 }
 
-// The float4 of the k-major stage that holds rows (of A: RS_ROWS a k) or columns (of B:
-// RS_COLS a k) 4q .. 4q + 3 at chunk k: the quads of a k are permuted by an XOR with ⌊k / 4⌋,
-// so that the eight k-quads of one row or column, stored by eight consecutive threads, land in
-// distinct banks (B; two-way for A), while a worker still reads its 4 rows or columns as one
-// float4.
+// The float4 of the k-major stage that holds rows (of A: RS_ROWS floats a k) or columns (of B:
+// width floats a k) 4q .. 4q + 3 at chunk k: the quads of a k are permuted by an XOR with
+// ⌊k / 4⌋ (mod the quads of a k, at most 8), so that the k-quads of one row or column, stored
+// by consecutive threads, spread over the banks, while a worker still reads its 4 rows or
+// columns as one float4.
 inline uint rs_quad(uint k, uint q, uint width) {
-    return k * (width / 4) + (q ^ ((k / 4) % (width / 4 < 8 ? width / 4 : 8)));
+    uint quads = width / 4;
+    return k * quads + (q ^ ((k / 4) % (quads < 8 ? quads : 8u)));
 }
 
-// Store an item's four values in the k-major stage (rs_quad).
-inline void rs_put(threadgroup float* As, threadgroup float* Bs, RsItem it, float4 v) {
+// Store an item's four values in the k-major stage (rs_quad): A's at As, B's at Bs (bw floats
+// a k).
+inline void rs_put(threadgroup float* As, threadgroup float* Bs, uint bw, RsItem it, float4 v) {
     if (!it.in) {
         return;
     }
-    uint width = it.a ? RS_ROWS : RS_COLS;
+    uint width = it.a ? (uint)RS_ROWS : bw;
     threadgroup float* stage = it.a ? As : Bs;
     uint lane = it.pos % 4, q = it.pos / 4;
     stage[4 * rs_quad(it.k, q, width) + lane] = v.x;
@@ -638,22 +661,26 @@ inline void rs_put(threadgroup float* As, threadgroup float* Bs, RsItem it, floa
 //   A[r, k] = a[r · lda + k] (· am[r · lda + k] when masked) for r < g.rows, else 0;
 //   B[c, k] = w[(o + g.u0 + c / cpu) · K + k], o = goff's entry c mod cpu, for
 //             c / cpu < g.units and c mod cpu < ng, else 0.
-// Staging: each thread issues the loads of up to RS_ITEMS items (float4 each where K and lda
-// are multiples of 4) before it stores any, so that their round trips to memory overlap.
+// K is walked in chunks of g.KCH k staged in stage (RS_STAGE floats: A's chunk k-major, then
+// B's). Staging: each thread issues the loads of up to RS_ITEMS items (float4 each where K and
+// lda are multiples of 4) before it stores any, so that their round trips to memory overlap.
 // Where a chunk has at most RS_ITEMS items a thread (held: the rule's tiles at 256 threads),
 // the next chunk's loads are issued before this chunk's product and stored after it.
 // Every thread of the threadgroup calls it (g uniform); it ends with a barrier.
-inline void rs_product(threadgroup float4* As4, threadgroup float4* Bs4, threadgroup float* red,
-                       RsTile g, uint K, device const float* a, device const float* am,
-                       bool masked, uint lda, device const float* w, uint cpu, uint4 goff,
-                       uint ng, uint lid, uint tpg) {
+inline void rs_product(threadgroup float4* stage, threadgroup float* red, RsTile g, uint K,
+                       device const float* a, device const float* am, bool masked, uint lda,
+                       device const float* w, uint cpu, uint4 goff, uint ng, uint lid,
+                       uint tpg) {
+    uint KCH = g.KCH, bw = rs_stage_width(g.WC);
+    threadgroup float4* As4 = stage;
+    threadgroup float4* Bs4 = stage + KCH * RS_ROWS / 4;
     threadgroup float* As = (threadgroup float*)As4;
     threadgroup float* Bs = (threadgroup float*)Bs4;
-    uint items = (4 * g.WR + 4 * g.WC) * (RS_K / 4);  // float4 items a chunk
+    uint items = (4 * g.WR + 4 * g.WC) * (KCH / 4);  // float4 items a chunk
     bool held = items <= RS_ITEMS * tpg;
     bool vec = K % 4 == 0 && lda % 4 == 0;
     uint rounds = (g.W + tpg - 1) / tpg;  // > 1 only when tpg < W (then KS = 1)
-    uint chunks = (K + RS_K - 1) / RS_K;
+    uint chunks = (K + KCH - 1) / KCH;
     RsItem mine[RS_ITEMS];
     float4 v[RS_ITEMS], m[RS_ITEMS];  // an item's values and their factors (rs_fetch_item)
     #pragma unroll
@@ -676,19 +703,18 @@ inline void rs_product(threadgroup float4* As4, threadgroup float4* Bs4, threadg
         if (held) {
             #pragma unroll
             for (uint i = 0; i < RS_ITEMS; ++i) {
-                rs_fetch_item(mine[i], 0, min(K, (uint)RS_K), a, am, masked, w, vec, v[i],
-                              m[i]);
+                rs_fetch_item(mine[i], 0, min(K, KCH), a, am, masked, w, vec, v[i], m[i]);
             }
         }
         for (uint ch = 0; ch < chunks; ++ch) {
-            uint k0 = ch * RS_K;
+            uint k0 = ch * KCH;
             if (held) {
                 #pragma unroll
                 for (uint i = 0; i < RS_ITEMS; ++i) {
-                    rs_put(As, Bs, mine[i], v[i] * m[i]);
+                    rs_put(As, Bs, bw, mine[i], v[i] * m[i]);
                 }
             } else {
-                uint kn = min(K - k0, (uint)RS_K);
+                uint kn = min(K - k0, KCH);
                 for (uint base = lid; base < items; base += RS_ITEMS * tpg) {
                     #pragma unroll
                     for (uint i = 0; i < RS_ITEMS; ++i) {  // mine holds nothing when not held
@@ -698,24 +724,24 @@ inline void rs_product(threadgroup float4* As4, threadgroup float4* Bs4, threadg
                     }
                     #pragma unroll
                     for (uint i = 0; i < RS_ITEMS; ++i) {
-                        rs_put(As, Bs, mine[i], v[i] * m[i]);
+                        rs_put(As, Bs, bw, mine[i], v[i] * m[i]);
                     }
                 }
             }
             threadgroup_barrier(mem_flags::mem_threadgroup);
             if (held && ch + 1 < chunks) {  // the next chunk's loads, in flight meanwhile
-                uint k1 = k0 + RS_K;
+                uint k1 = k0 + KCH;
                 #pragma unroll
                 for (uint i = 0; i < RS_ITEMS; ++i) {
-                    rs_fetch_item(mine[i], k1, min(K - k1, (uint)RS_K), a, am, masked, w, vec,
-                                  v[i], m[i]);
+                    rs_fetch_item(mine[i], k1, min(K - k1, KCH), a, am, masked, w, vec, v[i],
+                                  m[i]);
                 }
             }
             if (active) {
                 for (uint kk = 0; kk < g.KC; ++kk) {
                     uint k = sl * g.KC + kk;
                     float4 fa = As4[rs_quad(k, wr, RS_ROWS)];
-                    float4 fb = Bs4[rs_quad(k, wc, RS_COLS)];
+                    float4 fb = Bs4[rs_quad(k, wc, bw)];
                     #pragma unroll
                     for (uint i = 0; i < 4; ++i) {
                         #pragma unroll

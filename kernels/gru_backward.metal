@@ -430,8 +430,7 @@ kernel void gru_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
                             uint lid [[thread_position_in_threadgroup]],
                             uint tgid [[threadgroup_position_in_grid]],
                             uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 As[RS_K * RS_ROWS / 4];  // the staged chunk, k-major (rs_product)
-    threadgroup float4 Bs[RS_K * RS_COLS / 4];
+    threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint s = p.s_begin, c = p.s_end;  // step s (none when s_end = s_begin), the carry of step c
@@ -447,7 +446,7 @@ kernel void gru_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
         uint d = g.d;
         if (c < p.T) {  // none at c = T: dhn holds the host's
             device const float* a = lhs + (rg_x_time(p, d, c) * N + g.n0) * DGH + d * GH;
-            rs_product(As, Bs, red, g, GH, a, a, false, DGH, Rt + d * H * GH, 1u, uint4(0u), 1u,
+            rs_product(stage, red, g, GH, a, a, false, DGH, Rt + d * H * GH, 1u, uint4(0u), 1u,
                        lid, tpg);
         }
         for (uint e = lid; e < g.rows * g.units; e += tpg) {

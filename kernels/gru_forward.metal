@@ -330,8 +330,7 @@ kernel void gru_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
                            uint lid [[thread_position_in_threadgroup]],
                            uint tgid [[threadgroup_position_in_grid]],
                            uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 As[RS_K * RS_ROWS / 4];  // the staged chunk, k-major (rs_product)
-    threadgroup float4 Bs[RS_K * RS_COLS / 4];
+    threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
     uint N = p.N, H = p.H, DH = p.D * p.H;
     uint s = p.s_begin;
@@ -350,7 +349,7 @@ kernel void gru_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
         device const float* a = s == 0 ? h0 + at : hp + rg_out_time(p, d, s - 1) * N * DH + at;
         uint4 gates = uint4(p.gate0 * H, p.gate1 * H, p.gate2 * H, 0u);
         device const float* m = mask + rg_mask_step(p, s) + at;
-        rs_product(As, Bs, red, g, H, a, m, true, DH, R + d * 3 * H * H,
+        rs_product(stage, red, g, H, a, m, true, DH, R + d * 3 * H * H,
                    4u, gates, 3u, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
             uint r = e / g.units, u = e % g.units;

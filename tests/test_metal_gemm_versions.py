@@ -705,7 +705,7 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     assert "128 <= H <= 256 and D·N = 8 <= 64, 1 row(s) a threadgroup" in small.reason
     assert count(small, direction="forward", D=1, N=8, H=128) == 8 * 1024
     assert rule(direction="backward", D=1, N=32, H=256).version == "v2"
-    assert rule(direction="backward", D=2, N=32, H=256).version == "v3"  # 2**24: STEPS_MIN_WORK
+    assert rule(direction="backward", D=2, N=64, H=256).version == "v3"  # 2**25: STEPS_MIN_WORK
     # else v1 in its grid: below the range (50x1x64x64: a threadgroup a row), past the rows,
     # the single-gate backward, a GRU without reset_after, and on the CPU harness (packed)
     v1 = rule(direction="forward", D=1, N=1, H=64)
@@ -761,35 +761,37 @@ def test_recurrence_rule_and_overrides(monkeypatch):
 
 
 def test_the_rule_takes_the_one_step_grid_for_large_steps(monkeypatch):
-    """v3 (one dispatch a step) where a step's product D·N·G·H² reaches STEPS_MIN_WORK (2**24:
-    200x64x512x512), both directions of every cell; below it, with it set to None, for a GRU
-    without reset_after and on the CPU harness the rest of the rule (v2 for the single-gate
-    forward at H = 512, else v1's rows)."""
+    """v3 (one dispatch a step) where a step's product D·N·G·H² reaches STEPS_MIN_WORK (2**25:
+    the GRU and LSTM at 200x64x512x512, both directions); below it (the single-gate RNN there,
+    2**24), with it set to None, for a GRU without reset_after and on the CPU harness the rest
+    of the rule (v2 for the single-gate forward at H = 512, else v1's rows)."""
     monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
-    assert versions.STEPS_MIN_WORK == 2 ** 24
-    for cell in CELLS:
+    assert versions.STEPS_MIN_WORK == 2 ** 25
+    for cell in ("gru", "lstm"):
         for direction in ("forward", "backward"):
             choice = versions.recurrence(cell=cell, direction=direction, D=1, N=64, H=512)
-            G = {"single_gate": 1, "gru": 3, "lstm": 4}[cell]
+            G = {"gru": 3, "lstm": 4}[cell]
             assert (choice.version, choice.kernel) == ("v3", f"{cell}_{direction}_v3"), choice
-            assert f"D·N·G·H² = {64 * G * 512 * 512} >= {2 ** 24}" in choice.reason, choice
+            assert f"D·N·G·H² = {64 * G * 512 * 512} >= {2 ** 25}" in choice.reason, choice
             row_tiles, blocks = versions.tile_blocks(cell=cell, direction=direction, D=1, N=64,
                                                      H=512)
             assert f"{row_tiles * blocks} tile(s) of 16 row(s) × {-(-512 // blocks)} unit(s)" \
                 in choice.reason, choice
             assert versions.recurrence_count(choice, cell=cell, direction=direction, D=1, N=64,
                                              H=512) == row_tiles * blocks * versions.V3_THREADS
-    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=63,
-                               H=512).version == "v2"  # 63·512² < 2**24
+    single = functools.partial(versions.recurrence, cell="single_gate", N=64, H=512)
+    assert single(direction="forward", D=1).version == "v2"  # 64·512² = 2**24 < 2**25
+    assert single(direction="backward", D=1).version == "rows"
+    assert single(direction="forward", D=2).version == "v3"  # 2·64·512² = 2**25
+    assert single(direction="backward", D=2).version == "v3"
     assert versions.recurrence(cell="gru", direction="forward", D=1, N=64, H=512,
                                reset_after=False).version == "rows"
     assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512,
                                device="metal-emulated").version == "packed"
     monkeypatch.setattr(versions, "STEPS_MIN_WORK", None)
     assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512).version == "rows"
-    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=64,
-                               H=512).version == "v2"
-    monkeypatch.setattr(versions, "STEPS_MIN_WORK", 2 ** 24)
+    assert single(direction="forward", D=2).version == "rows"  # D·N = 128 > V2_MAX_ROWS
+    monkeypatch.setattr(versions, "STEPS_MIN_WORK", 2 ** 25)
     # a forced version wins over it
     monkeypatch.setenv(versions.RECURRENCE_ENV, "v1")
     assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512).version == "rows"

@@ -160,8 +160,10 @@ STEP_KNOBS = (("v2", "v2", dict(V2_GROUP_ROWS=1)),
               ("v3 narrow", "v3", dict(V3_MIN_TILES=1024)))
 STEP_LABELS = tuple(label for label, _, _ in STEP_KNOBS)
 #: settings of versions under which the bench also times the rule end to end (where they change
-#: which kernels run): the rule without its one-step grids (versions.STEPS_MIN_WORK)
-E2E_VARIANTS = {"no one-step grids": dict(STEPS_MIN_WORK=None)}
+#: which kernels run): the rule without its one-step grids, and with them from a step of 2**23
+#: multiply-adds (versions.STEPS_MIN_WORK)
+E2E_VARIANTS = {"no one-step grids": dict(STEPS_MIN_WORK=None),
+                "one-step grids from 2**23": dict(STEPS_MIN_WORK=2 ** 23)}
 #: the bench's configurations, the version rule last: (label, recurrence, GEMM, versions settings)
 STEP_CONFIGS = (("v1", "v1", "v1", {}),
                 *((config, "auto", v, {}) for v, config in GEMM_CONFIGS.items() if config.startswith("gemm")),

@@ -250,8 +250,9 @@ V2_MAX_ROWS = 64
 #: ⌈H / V2_STEP_UNITS⌉ blocks, so that at most 1024 / V2_STEP_UNITS lanes share a unit's sum
 V2_STEP_UNITS = 64
 #: the rule runs v3 (one dispatch a step) where a step's recurrent product has at least this
-#: many multiply-adds (D·N·G·H²); None: never (the module docstring says why)
-STEPS_MIN_WORK = 2 ** 24
+#: many multiply-adds (D·N·G·H²): where the device time it saves outweighs what its dispatches
+#: cost the host (the module docstring says why); None: never
+STEPS_MIN_WORK = 2 ** 25
 #: rows per threadgroup in v2's one-step grid; None: a whole chunk (each R element loaded serves
 #: every row of it)
 V2_STEP_ROWS = None
