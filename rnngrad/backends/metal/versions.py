@@ -28,11 +28,15 @@ grids:
   whose recurrent product is a register-blocked matrix product (4×4 a thread, k split over the
   threads left) with both factors staged through threadgroup memory, the cell's element-wise
   work its epilogue (:func:`tile_blocks` picks the width; T + 1 dispatches backward, as
-  v2-steps). A GRU without reset_after follows the rule. Only when forced.
+  v2-steps). Each chunk of K is staged with a thread's loads issued before its stores and the
+  next chunk's loads in flight during the product (``rs_product``, kernels/common.metal). A
+  GRU without reset_after follows the rule.
 
-The rule (``auto``): **v2, one row a threadgroup, where H is in the cell's and direction's
-range** (:data:`V2_H`) **and D·N ≤** :data:`V2_MAX_ROWS` **(a GRU only with reset_after);
-else v1 in its grid** (v1 packed on the CPU harness). v2 reads R and the staged
+The rule (``auto``): **v3 where a step's recurrent product D·N·G·H² has at least**
+:data:`STEPS_MIN_WORK` **(2**25) multiply-adds (a GRU only with reset_after); else v2, one
+row a threadgroup, where H is in the cell's and direction's range** (:data:`V2_H`) **and D·N
+≤** :data:`V2_MAX_ROWS` **(a GRU only with reset_after); else v1 in its grid** (v1 packed on
+the CPU harness). v2 reads R and the staged
 left factor as float4 where H allows (``rg_dots``, kernels/common.metal): the lanes of a unit
 then read whole 128-byte lines of a weight row. Device ms (torch.profiler) of the forward /
 backward recurrences through metal-cuda, v1 (its grid) → v2 (one row a threadgroup, float4
@@ -74,9 +78,25 @@ against 12.13 / 11.04 (LSTM), and at 100×32×256×256 v3's forward 1.09 / 1.50 
 1.30 / 2.12 / 2.35. End to end they lose: with v2-steps taken by the rule at 200×64 (forward,
 and the GRU's and LSTM's backward), the op's device time fell (LSTM 32.1 → 28.4 ms, GRU 28.4 →
 21.7, RNN 11.5 → 9.5: 1.8× cuDNN) but one call, synchronised, took 41 / 84 / 138 ms against v1's
-14 / 34 / 37 (RNN / GRU / LSTM): the GPU waits for the host between the 408 dispatches. So
-:data:`STEPS_MIN_WORK`, the step size from which the rule would take v2-steps (2**24
-multiply-adds a step there), is None until a dispatch costs the host less. Before the
+14 / 34 / 37 (RNN / GRU / LSTM): the GPU waits for the host between the 408 dispatches.
+
+Two changes made the one-step grids pay (H200, 2026-11-26). The host sized a dispatch's
+completion marks for threadgroups of 32 threads, so a one-step op of 408 dispatches of 1024- or
+256-thread threadgroups zeroed and read back some 310 status arenas: now the marks follow the
+threadgroup size the device launches with (the harness tells it). And v3's staging loaded and
+stored one element at a time, each store waiting a round trip for its load (Nsight Compute:
+42% of its stall samples there): now its loads are issued together and a chunk ahead, as
+float4, into a k-major stage read as float4, in chunks of up to 96 k where the tile is narrow.
+Device ms at 200×64×512×512, forward / backward, v3 before → after: RNN 4.68 / 4.99 → 2.23 /
+2.01, GRU 10.57 / 12.73 → 4.47 / 3.65, LSTM 10.69 / 17.11 → 4.79 / 4.87 (v1: 5.78 / 2.89,
+9.33 / 10.42, 11.43 / 10.70; v2-steps: 3.48 / 3.11, 4.58 / 6.25, 7.11 / 7.91). End to end the
+rule with v3 from a step of 2**25 multiply-adds takes the GRU and LSTM at 200×64 there: 22.6 /
+22.2 ms against 28.8 / 32.0 without, the op's device time 15.4 / 18.5 ms against 26.8 / 30.8
+(1.8× / 1.9× cuDNN's). The single-gate RNN at 200×64 (2**24 a step) stays off it: its 408
+dispatches cost the host more than they save the device (12.3 ms end to end against 11.3), and
+so does the LSTM at 100×32×256×256 (2**23: 6.0 against 4.6, where v3's device time, 1.03 /
+1.33, beats v2's 1.35 / 1.81). On a Mac a dispatch costs the host more than through
+metal-cuda: :data:`STEPS_MIN_WORK` is the setting to measure there (``rnngrad bench``). Before the
 launchers asked for one threadgroup a core, ptxas kept v1's kernels at 32–59 registers and v2
 won below H = 256 (100×32 LSTM: v1 13.3, v2 8.6 ms). Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
