@@ -57,7 +57,10 @@
 //      reads of threadgroup memory for 64 multiply-adds). K walked in chunks of 8 through two
 //      threadgroup buffers: while a chunk is multiplied, each thread holds its share of the
 //      next in registers (loaded before, stored after), one barrier per chunk. Every 16 chunks
-//      (128 k) the partial sums join running totals, as v3 does. With p.k_split != 0 the K
+//      (128 k) the partial sums join running totals, as v3 does. Where the threadgroup has 256
+//      threads and the strides allow (multiples of 4 floats, a unit stride along k or along the
+//      tile), each thread stages one float4 of each operand a chunk (gw_load4), else four
+//      elements of each (gw_a, gw_b). With p.k_split != 0 the K
 //      range splits into slices of p.k_split k, each its own threadgroups, and slice s is
 //      stored at C + s·batch·M·P without the bias: the host adds the slices in order (v1 over
 //      them) where a product has too few tiles for the cores. With fewer than 256 threads the
@@ -550,6 +553,44 @@ inline void gw_stage(threadgroup float* as, threadgroup float* bs, uint at0,
     }
 }
 
+// Float4 item q (< GW_STAGE / 4) of one operand's chunk at k0 (kn k of it) where the operand is
+// read as float4 (the kernel's vec): along k where it is contiguous in k (by_k: row or column
+// ⌊q / 2⌋, k 4·(q mod 2)), else along the tile's rows or columns, which are then contiguous
+// (k ⌊q / 32⌋, rows 4·(q mod 32)); si, sk: its strides along the tile's index and along k. Zeros
+// past the tile's n rows or columns and past kn.
+inline float4 gw_load4(device const float* x, bool by_k, uint si, uint sk, uint q, uint k0,
+                       uint kn, uint n) {
+    uint i = by_k ? q / 2 : 4 * (q % 32);
+    uint k = by_k ? 4 * (q % 2) : q / 32;
+    device const float* at = x + i * si + (k0 + k) * sk;
+    float4 v = float4(0.0f);
+    if (by_k ? (i < n && k + 4 <= kn) : (k < kn && i + 4 <= n)) {
+        return *(device const float4*)at;
+    }
+    #pragma unroll
+    for (uint j = 0; j < 4; ++j) {  // an edge: the elements within it, one at a time
+        if (by_k ? (i < n && k + j < kn) : (k < kn && i + j < n)) {
+            v[j] = at[j];
+        }
+    }
+    return v;
+}
+
+// Store item q (gw_load4's numbering) into a staged chunk [k][i] at pitch GW_LD4 · 4: four
+// floats down k (by_k; consecutive lanes hit distinct banks: the pitch is 4 mod 32), else one
+// float4 along i.
+inline void gw_store4(threadgroup float* st, bool by_k, uint q, float4 v) {
+    if (by_k) {
+        uint i = q / 2, k = 4 * (q % 2);
+        st[k * GW_LD4 * 4 + i] = v.x;
+        st[(k + 1) * GW_LD4 * 4 + i] = v.y;
+        st[(k + 2) * GW_LD4 * 4 + i] = v.z;
+        st[(k + 3) * GW_LD4 * 4 + i] = v.w;
+    } else {
+        *(threadgroup float4*)(st + (q / 32) * GW_LD4 * 4 + 4 * (q % 32)) = v;
+    }
+}
+
 // Buffers of strided_gemm_wide (count = GW_THREADS · tiles · slices: versions.py counts them)
 //   index  type                       name    layout
 //   0      constant GemmParams&       p       scalars (p.count: the threads dispatched)
@@ -587,6 +628,16 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
     uint per = (GW_STAGE + tpg - 1) / tpg;  // elements of each operand a thread stages
     bool a_by_k = p.a_k == 1;
     bool b_by_k = !(p.b_col == 1 || p.b_k != 1);
+    // Each thread stages one float4 of each operand a chunk (gw_load4) where the threadgroup has
+    // GW_THREADS threads and every offset the kernel forms is a multiple of 4 floats: along k
+    // (by_k) the row stride, else a unit stride along the tile and a k stride of 4·n, and the
+    // batch and block strides (A and B start 16-byte aligned, as Metal's buffers and the host's
+    // bound arrays do); else element by element (gw_stage).
+    bool a_vec = (p.batch <= 1 || p.a_batch % 4 == 0) && (p.b_block == 0 || span % 4 == 0)
+                 && (a_by_k ? p.a_row % 4 == 0 : (p.a_row == 1 && p.a_k % 4 == 0));
+    bool b_vec = (p.batch <= 1 || p.b_batch % 4 == 0) && p.b_block % 4 == 0
+                 && (b_by_k ? p.b_col % 4 == 0 : (p.b_col == 1 && p.b_k % 4 == 0));
+    bool vec = tpg == GW_THREADS && a_vec && b_vec;
 
     for (uint t = mine.x; t < mine.y; ++t) {
         uint tn = t % tiles_n;
@@ -628,7 +679,11 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
                 }
             }
             // Chunk 0 into buffer 0.
-            if (chunks > 0) {
+            if (chunks > 0 && vec) {
+                uint kn0 = min(kn_all, (uint)GW_K);
+                gw_store4(as, a_by_k, lid, gw_load4(a, a_by_k, p.a_row, p.a_k, lid, 0, kn0, rows));
+                gw_store4(bs, b_by_k, lid, gw_load4(bb, b_by_k, p.b_col, p.b_k, lid, 0, kn0, cols));
+            } else if (chunks > 0) {
                 gw_stage(as, bs, 0, p, a, bb, a_by_k, b_by_k, rows, cols, 0,
                          min(kn_all, (uint)GW_K), 0, per, lid, tpg);
             }
@@ -644,6 +699,11 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
                 float pb[GW_PRE];
                 uint at_a[GW_PRE];
                 uint at_b[GW_PRE];
+                float4 va = float4(0.0f), vb = float4(0.0f);  // vec: the float4 of each
+                if (vec && more) {
+                    va = gw_load4(a, a_by_k, p.a_row, p.a_k, lid, k1, kn1, rows);
+                    vb = gw_load4(bb, b_by_k, p.b_col, p.b_k, lid, k1, kn1, cols);
+                }
                 #pragma unroll
                 for (uint q = 0; q < GW_PRE; ++q) {
                     uint e = lid + q * tpg;
@@ -651,7 +711,7 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
                     pb[q] = 0.0f;
                     at_a[q] = 0u;
                     at_b[q] = 0u;
-                    if (more && e < GW_STAGE) {
+                    if (!vec && more && e < GW_STAGE) {
                         pa[q] = gw_a(p, a, a_by_k, e, k1, kn1, rows, at_a[q]);
                         pb[q] = gw_b(p, bb, b_by_k, e, k1, kn1, cols, at_b[q]);
                     }
@@ -690,16 +750,21 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
                 }
                 if (more) {  // the next chunk into the other buffer (no thread reads it now)
                     uint nxt = (1 - cur) * chunk_floats;
-                    #pragma unroll
-                    for (uint q = 0; q < GW_PRE; ++q) {
-                        if (lid + q * tpg < GW_STAGE) {
-                            as[nxt + at_a[q]] = pa[q];
-                            bs[nxt + at_b[q]] = pb[q];
+                    if (vec) {
+                        gw_store4(as + nxt, a_by_k, lid, va);
+                        gw_store4(bs + nxt, b_by_k, lid, vb);
+                    } else {
+                        #pragma unroll
+                        for (uint q = 0; q < GW_PRE; ++q) {
+                            if (lid + q * tpg < GW_STAGE) {
+                                as[nxt + at_a[q]] = pa[q];
+                                bs[nxt + at_b[q]] = pb[q];
+                            }
                         }
+                        // the rest of it (threadgroups under 256 threads)
+                        gw_stage(as, bs, nxt, p, a, bb, a_by_k, b_by_k, rows, cols, k1, kn1,
+                                 GW_PRE, per, lid, tpg);
                     }
-                    // the rest of it (threadgroups under 256 threads)
-                    gw_stage(as, bs, nxt, p, a, bb, a_by_k, b_by_k, rows, cols, k1, kn1,
-                             GW_PRE, per, lid, tpg);
                 }
                 // The next chunk is staged, and every thread is done with this one (which the
                 // chunk after next overwrites).

@@ -418,7 +418,15 @@ MUTANTS = {"v2": {
         ("gw_a(p, a, a_by_k, e, k1, kn1, rows, at_a[q])", "gw_a(p, a, a_by_k, e, k1, GW_K, GW_TILE, at_a[q])"),
         ("gw_b(p, bb, b_by_k, e, k1, kn1, cols, at_b[q])", "gw_b(p, bb, b_by_k, e, k1, GW_K, GW_TILE, at_b[q])"),
         ("gw_stage(as, bs, nxt, p, a, bb, a_by_k, b_by_k, rows, cols, k1, kn1,",
-         "gw_stage(as, bs, nxt, p, a, bb, a_by_k, b_by_k, GW_TILE, GW_TILE, k1, GW_K,")],
+         "gw_stage(as, bs, nxt, p, a, bb, a_by_k, b_by_k, GW_TILE, GW_TILE, k1, GW_K,"),
+        ("gw_load4(a, a_by_k, p.a_row, p.a_k, lid, 0, kn0, rows)",
+         "gw_load4(a, a_by_k, p.a_row, p.a_k, lid, 0, GW_K, GW_TILE)"),
+        ("gw_load4(bb, b_by_k, p.b_col, p.b_k, lid, 0, kn0, cols)",
+         "gw_load4(bb, b_by_k, p.b_col, p.b_k, lid, 0, GW_K, GW_TILE)"),
+        ("va = gw_load4(a, a_by_k, p.a_row, p.a_k, lid, k1, kn1, rows);",
+         "va = gw_load4(a, a_by_k, p.a_row, p.a_k, lid, k1, GW_K, GW_TILE);"),
+        ("vb = gw_load4(bb, b_by_k, p.b_col, p.b_k, lid, k1, kn1, cols);",
+         "vb = gw_load4(bb, b_by_k, p.b_col, p.b_k, lid, k1, GW_K, GW_TILE);")],
     # Threadgroup size assumed to be 256: with fewer threads, most 8×8 blocks are never done.
     "assumes 256 threads": [("uint rounds = (GW_THREADS + tpg - 1) / tpg;", "uint rounds = 1;")],
     "ignores row blocks": [("uint span = p.b_block != 0 ? max(p.block, 1u) : max(p.M, 1u);",
@@ -459,6 +467,35 @@ def test_mutants_of_the_tiled_kernels_fail(version, mutant):
         ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
         assert mismatch is not None, f"mutant '{mutant}' passed (worst ratio {ratio})"
     assert_product(dev, product, version)  # the real kernel passes on the same device
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("mutant", ["missing barrier", "one buffer", "no zero padding"])
+def test_mutants_of_v5_float4_staging_fail(mutant, transposed):
+    """v5's float4 staging (256 threads, rows padded to a multiple of 4 floats; A along k and B
+    along the tile's columns, or the other way round with transposed operands) fails each
+    planted defect: M = P = 33 end inside a tile and inside a float4, K = 65 inside a chunk."""
+    source = _mutant(versions.GEMM_KERNELS["v5"], *MUTANTS["v5"][mutant])
+    rng = np.random.default_rng(2)
+    product = Product(rng, 1, 33, 33, 65, pad=3, bias=True, a_t=transposed, b_t=transposed)
+    # whole float4s, so that the harness's buffers (which end at a guard page) start 16-byte
+    # aligned, as Metal's and the host's do
+    product.A = np.concatenate([product.A, np.zeros(-product.A.size % 4, np.float32)])
+    product.B = np.concatenate([product.B, np.zeros(-product.B.size % 4, np.float32)])
+    if transposed:
+        assert (product.a_row, product.b_k) == (1, 1) and product.a_k % 4 == product.b_col % 4 == 0
+    else:
+        assert (product.a_k, product.b_col) == (1, 1) and product.a_row % 4 == product.b_k % 4 == 0
+    dev = metalcompute.Device(schedule="adversarial", seed=7)
+    try:
+        got, _ = run(dev, product, "v5", source=source)
+    except metalcompute.error as exc:  # the harness stopped it reading past a buffer
+        assert "past its end" in str(exc), exc
+        dev = metalcompute.Device(schedule="adversarial", seed=7)
+    else:
+        ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
+        assert mismatch is not None, f"mutant '{mutant}' passed (worst ratio {ratio})"
+    assert_product(dev, product, "v5")
 
 
 # -- the rule and its overrides -------------------------------------------------------------------

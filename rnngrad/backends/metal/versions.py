@@ -142,7 +142,10 @@ LSTM 11.45 → 9.05; 1000×8×128×128 GRU 1.95 → 0.58, LSTM 1.99 → 0.62 (it
 product forced to v5: 0.57 / 0.94 / 1.14, 2.93 / 8.01 / 10.11, 0.50 / 0.71 / 0.75 (v5 is
 slower than v3 on few tiles and than v4 on one-row reductions). Under Nsight Compute v5's input
 projection at 200×64 issues at 45% of the cores' peak with one threadgroup of 8 warps a core
-(228 registers a thread): latency, not the FLOP rate, bounds it. Below
+(228 registers a thread): latency, not the FLOP rate, bounds it; staging each chunk as one
+float4 of each operand a thread (``gw_load4``, where the strides allow) halved v5's GEMM time
+by the rule on an H200 (2026-11-26: 200×64 LSTM 9.06 → 4.72 ms, GRU 7.34 → 3.85, RNN 2.73 →
+1.56; 100×32 LSTM 0.74 → 0.46). Below
 8 in M or P a tile is mostly padding: the 1-row reductions (bias, peephole and secondary-bias
 gradients, M = 1) are untiled. Below 8 in K the staged chunk is mostly zeros. Below 2**20 multiply-adds the
 dispatch costs more than the product either way, and v1 makes fewer threads wait on barriers.
