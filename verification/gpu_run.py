@@ -64,6 +64,7 @@ SANITIZER_CONFIGS = {
     "gemm-v4": ("v4", "auto", (), ""),
     "gemm-v5": ("v5", "auto", (), ""),
     "gemm-v5-split": ("v5", "auto", ("--wide-min-slice", "8"), ", K split into slices"),
+    "gemm-v5-float4": ("v5", "auto", ("--hidden", "36"), ", H = 36: float4 staging"),
     "v1": ("auto", "v1", (), ""),
     "v2": ("auto", "v2", ("--hidden", "36"), ", H = 36: rg_dots' float4 reads"),
     "v2x8": ("auto", "v2", ("--v2-group-rows", "8"), ", 8 rows a v2 threadgroup"),
