@@ -92,7 +92,8 @@ Device ms at 200×64×512×512, forward / backward, v3 before → after: RNN 4.6
 9.33 / 10.42, 11.43 / 10.70; v2-steps: 3.48 / 3.11, 4.58 / 6.25, 7.11 / 7.91). End to end the
 rule with v3 from a step of 2**25 multiply-adds takes the GRU and LSTM at 200×64 there: 22.6 /
 22.2 ms against 28.8 / 32.0 without, the op's device time 15.4 / 18.5 ms against 26.8 / 30.8
-(1.8× / 1.9× cuDNN's). The single-gate RNN at 200×64 (2**24 a step) stays off it: its 408
+(1.8× / 1.9× cuDNN's; 11.9 / 14.3 ms, 1.4× / 1.5×, with v5's float4 staging, end to end
+14.1 / 16.9 against 24.4 / 27.6 without v3). The single-gate RNN at 200×64 (2**24 a step) stays off it: its 408
 dispatches cost the host more than they save the device (12.3 ms end to end against 11.3), and
 so does the LSTM at 100×32×256×256 (2**23: 6.0 against 4.6, where v3's device time, 1.03 /
 1.33, beats v2's 1.35 / 1.81). On a Mac a dispatch costs the host more than through
