@@ -484,13 +484,14 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // a worker reads its 4 rows and its 4 columns at one k as two float4, consecutive lanes take
 // consecutive wc, so a SIMD-group's loads of A are broadcasts and of B consecutive (no bank
 // conflicts). The threads split each staged chunk of g.KCH k (rs_chunk) into KS slices (the
-// largest power of two ≤ RS_KS with KS · W ≤ tpg); the slices' partial blocks meet in threadgroup memory
-// (rs_sum). With fewer threads than workers (a threadgroup below 64) the workers run in rounds,
+// largest power of two ≤ RS_KS with KS · W ≤ tpg); the slices' partial blocks meet in
+// threadgroup memory (rs_sum). With fewer threads than workers (a threadgroup below 64) the workers run in rounds,
 // each walking K again. Tiles are numbered t = (d · ⌈N / (4 WR)⌉ + row tile) · U + unit block.
 
 #define RS_ROWS 16            // rows of a tile at most (4 · WR)
 #define RS_COLS 64            // columns of a tile at most (4 · WC)
-#define RS_K 32               // k per staged chunk at least (rs_chunk; a multiple of 32)
+#define RS_K 32               // k per staged chunk at least, and its granularity (rs_chunk:
+                              // rs_item's blocks of 8 k-quads)
 #define RS_KMAX 96            // k per staged chunk at most
 #define RS_STAGE 4096         // floats of the staged chunk: A's, then B's (rs_stage_width)
 #define RS_KS 16              // slices of a chunk at most
@@ -528,7 +529,7 @@ inline uint rs_stage_width(uint WC) {
 // floats a k), 96 for 16 columns (the backward's tiles at 200×64×512×512), so that a long K
 // (4H backward) takes a third of the chunks and their barriers.
 inline uint rs_chunk(uint WC) {
-    return min((uint)RS_KMAX, RS_STAGE / (RS_ROWS + rs_stage_width(WC)) / 32 * 32);
+    return min((uint)RS_KMAX, RS_STAGE / (RS_ROWS + rs_stage_width(WC)) / RS_K * RS_K);
 }
 
 // Tile t with cpu columns a unit, for a threadgroup of tpg threads.

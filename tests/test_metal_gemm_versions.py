@@ -446,6 +446,22 @@ def _row_blocks(rng, D, H, K):
     return product
 
 
+def assert_mutant_fails(options, product, version, source, mutant):
+    """The mutant ``source`` of ``version``'s kernel gives a wrong product on a harness device
+    of ``options``, or the harness stops it reading past a buffer; the real kernel then passes
+    on such a device."""
+    dev = metalcompute.Device(**options)
+    try:
+        got, _ = run(dev, product, version, source=source)
+    except metalcompute.error as exc:  # the harness stopped it reading past a buffer
+        assert "past its end" in str(exc), exc
+        dev = metalcompute.Device(**options)
+    else:
+        ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
+        assert mismatch is not None, f"mutant '{mutant}' passed (worst ratio {ratio})"
+    assert_product(dev, product, version)  # the real kernel passes on the same device
+
+
 @pytest.mark.parametrize("version, mutant", [(v, m) for v in VERSIONS for m in MUTANTS[v]
                                              if m != "no running total"])
 def test_mutants_of_the_tiled_kernels_fail(version, mutant):
@@ -457,16 +473,7 @@ def test_mutants_of_the_tiled_kernels_fail(version, mutant):
         product = Product(rng, 2, 65, 67, 129, bias=True)
     else:
         product = Product(rng, 2, 33, 31, 65, bias=True)
-    dev = metalcompute.Device(**HARSH)
-    try:
-        got, _ = run(dev, product, version, source=source)
-    except metalcompute.error as exc:  # the harness stopped it reading past a buffer
-        assert "past its end" in str(exc), exc
-        dev = metalcompute.Device(**HARSH)
-    else:
-        ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
-        assert mismatch is not None, f"mutant '{mutant}' passed (worst ratio {ratio})"
-    assert_product(dev, product, version)  # the real kernel passes on the same device
+    assert_mutant_fails(HARSH, product, version, source, mutant)
 
 
 @pytest.mark.parametrize("transposed", [False, True])
@@ -486,16 +493,7 @@ def test_mutants_of_v5_float4_staging_fail(mutant, transposed):
         assert (product.a_row, product.b_k) == (1, 1) and product.a_k % 4 == product.b_col % 4 == 0
     else:
         assert (product.a_k, product.b_col) == (1, 1) and product.a_row % 4 == product.b_k % 4 == 0
-    dev = metalcompute.Device(schedule="adversarial", seed=7)
-    try:
-        got, _ = run(dev, product, "v5", source=source)
-    except metalcompute.error as exc:  # the harness stopped it reading past a buffer
-        assert "past its end" in str(exc), exc
-        dev = metalcompute.Device(schedule="adversarial", seed=7)
-    else:
-        ratio, mismatch = compare_array("input_weight", got, product.want(), np.float32)
-        assert mismatch is not None, f"mutant '{mutant}' passed (worst ratio {ratio})"
-    assert_product(dev, product, "v5")
+    assert_mutant_fails(dict(schedule="adversarial", seed=7), product, "v5", source, mutant)
 
 
 # -- the rule and its overrides -------------------------------------------------------------------
