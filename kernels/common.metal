@@ -203,30 +203,54 @@ inline void rg_mark(device uint2* status, uint tgid, uint lid, uint tpg, uint st
 // serves up to RG_BMAX rows and its RG_BMAX × gates partial sums are independent chains. The
 // S lanes that share a unit (consecutive lanes of one SIMD-group) add their partial sums with
 // a butterfly of simd_shuffle_xor; lane l then finishes the rows b ≡ l (mod S). The weight is
-// read along its contiguous index by consecutive lanes (R forward, Rᵀ backward).
+// read along its contiguous index by consecutive lanes (R forward, Rᵀ backward). Each v2
+// kernel's body is a template on B, the rows of a chunk at most: a threadgroup that owns one
+// row (the rule's grid) runs it with B = 1, so that a thread holds gates × 1 partial sums, not
+// gates × RG_BMAX, and zeroes, shuffles and spills none for rows it does not have.
 
 // Rows per chunk at most (registers: gates × RG_BMAX partial sums per thread). Every loop over
 // gates, rows or the four k of a step of rg_dots is unrolled (#pragma unroll), so that the
 // partial sums are indexed by constants and stay in registers.
 #define RG_BMAX 8
+// Threads of a v2 threadgroup at most (its kernels' max_total_threads_per_threadgroup; the
+// host asks for versions.V2_THREADS a threadgroup).
+#define RG_THREADS 1024
 
-// One thread's partial sums: v[g][b] for gate g < 4 (in the order the kernel passes the
-// weights) and row b of the chunk.
+// One thread's partial sums: v[g][b] for gate g < G (in the order the kernel passes the
+// weights) and row b < B of the chunk. Each kernel holds as many gates as its product has and,
+// where its threadgroup owns one row (the rule's grid), one row: registers the step neither
+// zeroes nor carries.
+template <uint G, uint B>
 struct RgAcc {
-    float v[4][RG_BMAX];
+    float v[G][B];
 };
 // Floats of threadgroup memory a v2 recurrence stages (24 KB of Apple's 32 KB); a chunk holds
 // min(RG_BMAX, RG_STAGE / floats per row) rows (the host runs v2 only where that is at least 1).
 #define RG_STAGE 6144
 
-// Lanes per unit: the largest power of two S <= 32 with S · units <= tpg (at least 1), so
-// that one pass of the threadgroup covers min(units, tpg / S) units.
+// Lanes per unit at most. More lanes make a unit's chain of multiply-adds shorter, but every
+// SIMD-group that holds a unit runs the step's own work too (index arithmetic, the butterfly,
+// the cell's lanes): at H = 64 in a threadgroup of 1024, 16 lanes a unit took 0.17 ms for the
+// LSTM's 50 forward steps, 8 lanes (half the SIMD-groups idle) 0.14 ms, and the GRU's 0.14 →
+// 0.12 ms (an H100). At H = 128 and 256 a threadgroup of 1024 gives 8 and 4 lanes either way.
+#define RG_LANES 8
+
+// Lanes per unit: the largest power of two S <= RG_LANES with S · units <= tpg (at least 1),
+// so that one pass of the threadgroup covers min(units, tpg / S) units; SIMD-groups left
+// without a unit skip the pass (rg_simd_idle).
 inline uint rg_slices(uint units, uint tpg) {
     uint S = 1;
-    while (S < 32 && 2 * S * units <= tpg) {
+    while (S < RG_LANES && 2 * S * units <= tpg) {
         S *= 2;
     }
     return S;
+}
+
+// Whether the SIMD-group of thread lid has no unit in a pass whose first unit is `first` (its
+// first lane's unit, first + ⌊lid / 32⌋·32 / S, is at or past `end`): it skips the pass whole,
+// so its shuffles need no partner. S divides 32.
+inline bool rg_simd_idle(uint first, uint lid, uint S, uint end) {
+    return first + (lid & ~31u) / S >= end;
 }
 
 // This lane's share of acc[g][b] += Σ_k v[b·ldv + k] · w[o_g + k] for g < ng, b < nb, k < K
@@ -237,7 +261,8 @@ inline uint rg_slices(uint units, uint tpg) {
 // row (S = 8: a 128-byte line) and of the stage per load. Else it takes k ≡ lane (mod S), four
 // k at a time. Either way the 4·ng weight loads of a round are issued together, so that a thread
 // keeps several loads in flight (a loop of one load and its uses leaves it waiting on each).
-inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
+template <uint G, uint B>
+inline void rg_dots(thread RgAcc<G, B>& acc, uint ng, uint nb,
                     threadgroup const float* v, uint ldv, device const float* w,
                     uint o0, uint o1, uint o2, uint o3, uint K, uint lane, uint S) {
     uint off[4] = {o0, o1, o2, o3};
@@ -245,17 +270,17 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
         for (uint k = 4 * lane; k < K; k += 4 * S) {
             float4 wk[4];
             #pragma unroll
-            for (uint g = 0; g < 4; ++g) {
+            for (uint g = 0; g < G; ++g) {
                 wk[g] = g < ng ? *((device const float4*)(w + off[g] + k)) : float4(0.0f);
             }
             #pragma unroll
-            for (uint b = 0; b < RG_BMAX; ++b) {
+            for (uint b = 0; b < B; ++b) {
                 if (b >= nb) {
                     break;
                 }
                 float4 x = *((threadgroup const float4*)(v + b * ldv + k));
                 #pragma unroll
-                for (uint g = 0; g < 4; ++g) {
+                for (uint g = 0; g < G; ++g) {
                     acc.v[g][b] += wk[g].x * x.x;
                     acc.v[g][b] += wk[g].y * x.y;
                     acc.v[g][b] += wk[g].z * x.z;
@@ -271,12 +296,12 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
         #pragma unroll
         for (uint u = 0; u < 4; ++u) {
             #pragma unroll
-            for (uint g = 0; g < 4; ++g) {
+            for (uint g = 0; g < G; ++g) {
                 wk[u][g] = g < ng ? w[off[g] + k + u * S] : 0.0f;
             }
         }
         #pragma unroll
-        for (uint b = 0; b < RG_BMAX; ++b) {
+        for (uint b = 0; b < B; ++b) {
             if (b >= nb) {
                 break;
             }
@@ -284,7 +309,7 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
             for (uint u = 0; u < 4; ++u) {
                 float x = v[b * ldv + k + u * S];
                 #pragma unroll
-                for (uint g = 0; g < 4; ++g) {
+                for (uint g = 0; g < G; ++g) {
                     acc.v[g][b] += wk[u][g] * x;
                 }
             }
@@ -293,17 +318,17 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
     for (; k < K; k += S) {
         float wk[4];
         #pragma unroll
-        for (uint g = 0; g < 4; ++g) {
+        for (uint g = 0; g < G; ++g) {
             wk[g] = g < ng ? w[off[g] + k] : 0.0f;
         }
         #pragma unroll
-        for (uint b = 0; b < RG_BMAX; ++b) {
+        for (uint b = 0; b < B; ++b) {
             if (b >= nb) {
                 break;
             }
             float x = v[b * ldv + k];
             #pragma unroll
-            for (uint g = 0; g < 4; ++g) {
+            for (uint g = 0; g < G; ++g) {
                 acc.v[g][b] += wk[g] * x;
             }
         }
@@ -315,6 +340,13 @@ inline void rg_dots(thread RgAcc& acc, uint ng, uint nb,
 inline uint2 rg_group_rows(constant RecurrenceParams& p, uint tpg, uint tgid) {
     uint U = max(p.unit_blocks, 1u);
     return rg_rows(p.D * p.N, p.count, tpg * U, tgid / U);
+}
+
+// Whether threadgroup tgid of a v2 dispatch owns at most one row (the rule's grid): its kernel
+// then runs with chunks of one row (RgAcc<G, 1>).
+inline bool rg_one_row(constant RecurrenceParams& p, uint tpg, uint tgid) {
+    uint2 rows = rg_group_rows(p, tpg, tgid);
+    return rows.y <= rows.x + 1;
 }
 
 // The units [x, y) of threadgroup tgid of a v2 dispatch: block tgid mod U of U blocks of
@@ -329,11 +361,12 @@ inline uint2 rg_units(constant RecurrenceParams& p, uint tgid) {
 }
 
 // Zero the partial sums.
-inline void rg_clear(thread RgAcc& acc) {
+template <uint G, uint B>
+inline void rg_clear(thread RgAcc<G, B>& acc) {
     #pragma unroll
-    for (uint g = 0; g < 4; ++g) {
+    for (uint g = 0; g < G; ++g) {
         #pragma unroll
-        for (uint b = 0; b < RG_BMAX; ++b) {
+        for (uint b = 0; b < B; ++b) {
             acc.v[g][b] = 0.0f;
         }
     }
@@ -343,15 +376,16 @@ inline void rg_clear(thread RgAcc& acc) {
 // acc[g][b], g < ng, b < nb. Every lane of the SIMD-group calls it (ng, nb, S uniform).
 // (Rows past nb end the loop rather than being skipped one by one: a chunk of one row, the
 // rule's grid, then costs one row's shuffles and tests.)
-inline void rg_lane_sum(thread RgAcc& acc, uint ng, uint nb, uint S) {
+template <uint G, uint B>
+inline void rg_lane_sum(thread RgAcc<G, B>& acc, uint ng, uint nb, uint S) {
     for (uint m = S / 2; m > 0; m /= 2) {
         #pragma unroll
-        for (uint b = 0; b < RG_BMAX; ++b) {
+        for (uint b = 0; b < B; ++b) {
             if (b >= nb) {
                 break;
             }
             #pragma unroll
-            for (uint g = 0; g < 4; ++g) {
+            for (uint g = 0; g < G; ++g) {
                 if (g < ng) {
                     acc.v[g][b] += simd_shuffle_xor(acc.v[g][b], (ushort)m);
                 }
@@ -401,7 +435,8 @@ inline void rg_leave(threadgroup float* next, constant RecurrenceParams& p,
 // ([T,N,D·GH], input time), where the dispatch of step c wrote it; with accumulate, added to
 // what dhn holds (the GRU's element-wise part). That is phase B of step c, moved to the start
 // of the next dispatch, since it reads dA of units other threadgroups own. Every thread of the
-// threadgroup calls it; it ends with a barrier.
+// threadgroup calls it; it ends with a barrier. B: the caller's rows per chunk at most.
+template <uint B>
 inline void rg_carry(threadgroup float* stage, constant RecurrenceParams& p,
                      device const float* dx, device const float* Rt, device const float* mask,
                      device float* dhn, uint r0, uint nb, uint c, uint2 units, uint GH,
@@ -418,14 +453,17 @@ inline void rg_carry(threadgroup float* stage, constant RecurrenceParams& p,
     uint passes = (nu + per - 1) / per;
     for (uint pass = 0; pass < passes; ++pass) {
         uint j = units.x + pass * per + lid / S;
-        RgAcc acc;
+        if (rg_simd_idle(units.x + pass * per, lid, S, units.y)) {
+            continue;  // no unit of this SIMD-group in the pass
+        }
+        RgAcc<1, B> acc;
         rg_clear(acc);
         if (j < units.y) {
             rg_dots(acc, 1, nb, stage, GH, Rt + d * H * GH, j * GH, 0, 0, 0, GH, lane, S);
         }
         rg_lane_sum(acc, 1, nb, S);
         #pragma unroll
-        for (uint b = 0; b < RG_BMAX; ++b) {
+        for (uint b = 0; b < B; ++b) {
             if (b >= nb) {
                 break;
             }

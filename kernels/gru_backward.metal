@@ -255,26 +255,18 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                            device const float* Rt [[buffer(1)]],
-                            device const float* h0 [[buffer(2)]],
-                            device const float* mask [[buffer(3)]],
-                            device const float* dy [[buffer(4)]],
-                            device const float* zs [[buffer(5)]],
-                            device const float* hfwd [[buffer(6)]],
-                            device float* dx [[buffer(7)]],
-                            device float* lhs [[buffer(8)]],
-                            device float* rhs [[buffer(9)]],
-                            device float* dhn [[buffer(10)]],
-                            device float* work [[buffer(11)]],
-                            device float* prow [[buffer(12)]],
-                            device uint2* status [[buffer(13)]],
-                            uint lid [[thread_position_in_threadgroup]],
-                            uint tgid [[threadgroup_position_in_grid]],
-                            uint tpg [[threads_per_threadgroup]]) {
+// gru_backward_v2 for chunks of at most B rows: the kernel takes B = 1 where its threadgroup
+// owns one row (the rule's grid), so that a thread holds one row's partial sums.
+template <uint B>
+inline void gru_backward_v2_rows(constant RecurrenceParams& p, device const float* Rt,
+                                 device const float* h0, device const float* mask,
+                                 device const float* dy, device const float* zs,
+                                 device const float* hfwd, device float* dx, device float* lhs,
+                                 device float* rhs, device float* dhn, device float* work,
+                                 device float* prow, device uint2* status,
+                                 threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
     // [b][q]: lhs of the chunk's rows (its o block unused without reset_after), then from
     // cap·3H on [b][k]: da_o (without reset_after)
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float* stage = (threadgroup float*)staged;
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
@@ -283,7 +275,7 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
-    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / (4 * H));
+    uint cap = min(B, (uint)RG_STAGE / (4 * H));
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
     if (p.unit_blocks != 0) {
         // The one-step grid, with reset_after only: step s = p.s_begin (none when s_end =
@@ -294,7 +286,7 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
         for (uint r0 = rows.x; r0 < rows.y;) {
             uint nb = rg_chunk(r0, rows.y, N, cap);
             if (p.s_end < p.T) {
-                rg_carry(stage, p, lhs, Rt, mask, dhn, r0, nb, p.s_end, units, GH, true, lid,
+                rg_carry<B>(stage, p, lhs, Rt, mask, dhn, r0, nb, p.s_end, units, GH, true, lid,
                          tpg);
             }
             if (p.s_end > p.s_begin) {
@@ -340,14 +332,17 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 // Phase B: g[j] = Σ_k da_o,k R_o[k,j], then da_r, for every row of the chunk.
                 for (uint pass = 0; pass < passes; ++pass) {
                     uint j = pass * per + lid / S;
-                    RgAcc acc;
+                    if (rg_simd_idle(pass * per, lid, S, H)) {
+                        continue;  // no unit of this SIMD-group in the pass
+                    }
+                    RgAcc<1, B> acc;
                     rg_clear(acc);
                     if (j < H) {
                         rg_dots(acc, 1, nb, staged_o, H, Rd, j * GH + qo, 0, 0, 0, H, lane, S);
                     }
                     rg_lane_sum(acc, 1, nb, S);
                     #pragma unroll
-                    for (uint b = 0; b < RG_BMAX; ++b) {
+                    for (uint b = 0; b < B; ++b) {
                         if (b >= nb) {
                             break;
                         }
@@ -374,7 +369,10 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
             // Phase C: dh_next for every row of the chunk.
             for (uint pass = 0; pass < passes; ++pass) {
                 uint j = pass * per + lid / S;
-                RgAcc acc;
+                if (rg_simd_idle(pass * per, lid, S, H)) {
+                    continue;  // no unit of this SIMD-group in the pass
+                }
+                RgAcc<1, B> acc;
                 rg_clear(acc);
                 if (j < H) {
                     if (p.reset_after != 0) {
@@ -386,7 +384,7 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 }
                 rg_lane_sum(acc, 1, nb, S);
                 #pragma unroll
-                for (uint b = 0; b < RG_BMAX; ++b) {
+                for (uint b = 0; b < B; ++b) {
                     if (b >= nb) {
                         break;
                     }
@@ -410,6 +408,34 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
         }
     }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                            device const float* Rt [[buffer(1)]],
+                            device const float* h0 [[buffer(2)]],
+                            device const float* mask [[buffer(3)]],
+                            device const float* dy [[buffer(4)]],
+                            device const float* zs [[buffer(5)]],
+                            device const float* hfwd [[buffer(6)]],
+                            device float* dx [[buffer(7)]],
+                            device float* lhs [[buffer(8)]],
+                            device float* rhs [[buffer(9)]],
+                            device float* dhn [[buffer(10)]],
+                            device float* work [[buffer(11)]],
+                            device float* prow [[buffer(12)]],
+                            device uint2* status [[buffer(13)]],
+                            uint lid [[thread_position_in_threadgroup]],
+                            uint tgid [[threadgroup_position_in_grid]],
+                            uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    if (rg_one_row(p, tpg, tgid)) {
+        gru_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow,
+                                status, staged, lid, tgid, tpg);
+    } else {
+        gru_backward_v2_rows<RG_BMAX>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow,
+                                      status, staged, lid, tgid, tpg);
+    }
 }
 
 [[max_total_threads_per_threadgroup(256)]]

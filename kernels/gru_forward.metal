@@ -193,24 +193,18 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                           device const float* x [[buffer(1)]],
-                           device const float* bias [[buffer(2)]],
-                           device const float* R [[buffer(3)]],
-                           device const float* h0 [[buffer(4)]],
-                           device const float* mask [[buffer(5)]],
-                           device const float* b2 [[buffer(6)]],
-                           device float* h [[buffer(7)]],
-                           device float* zs [[buffer(8)]],
-                           device uint2* status [[buffer(9)]],
-                           uint lid [[thread_position_in_threadgroup]],
-                           uint tgid [[threadgroup_position_in_grid]],
-                           uint tpg [[threads_per_threadgroup]]) {
+// gru_forward_v2 for chunks of at most B rows: the kernel takes B = 1 where its threadgroup
+// owns one row (the rule's grid), so that a thread holds one row's partial sums.
+template <uint B>
+inline void gru_forward_v2_rows(constant RecurrenceParams& p, device const float* x,
+                                device const float* bias, device const float* R,
+                                device const float* h0, device const float* mask,
+                                device const float* b2, device float* h, device float* zs,
+                                device uint2* status, threadgroup float4* staged,
+                                threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
     // [b][k]: h[t−1] ⊙ m of the chunk's rows, then (without reset_after) from cap·H on
     // h[t−1] ⊙ r ⊙ m
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float* stage = (threadgroup float*)staged;
-    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
     uint2 rows = rg_group_rows(p, tpg, tgid);
@@ -221,7 +215,7 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
     }
     uint S = rg_slices(units.y - units.x, tpg), lane = lid % S, per = tpg / S;
     uint passes = (units.y - units.x + per - 1) / per;
-    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / (2 * H));
+    uint cap = min(B, (uint)RG_STAGE / (2 * H));
     threadgroup float* staged_r = stage + cap * H;
     bool resident = rg_resident(p, rows, cap);
     threadgroup float* after = (threadgroup float*)nexts;
@@ -237,7 +231,10 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
             device const float* Rd = R + d * GH * H;
             for (uint pass = 0; pass < passes; ++pass) {
                 uint j = units.x + pass * per + lid / S;
-                RgAcc acc;
+                if (rg_simd_idle(units.x + pass * per, lid, S, units.y)) {
+                    continue;  // no unit of this SIMD-group in the pass
+                }
+                RgAcc<3, B> acc;
                 rg_clear(acc);
                 if (j < units.y) {
                     rg_dots(acc, ng, nb, cur, H, Rd, (qz + j) * H, (qr + j) * H, (qo + j) * H,
@@ -245,7 +242,7 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 }
                 rg_lane_sum(acc, ng, nb, S);
                 #pragma unroll
-                for (uint b = 0; b < RG_BMAX; ++b) {
+                for (uint b = 0; b < B; ++b) {
                     if (b >= nb) {
                         break;
                     }
@@ -275,14 +272,17 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 threadgroup_barrier(mem_flags::mem_threadgroup);
                 for (uint pass = 0; pass < passes; ++pass) {
                     uint j = units.x + pass * per + lid / S;
-                    RgAcc acc;
+                    if (rg_simd_idle(units.x + pass * per, lid, S, units.y)) {
+                        continue;  // no unit of this SIMD-group in the pass
+                    }
+                    RgAcc<3, B> acc;
                     rg_clear(acc);
                     if (j < units.y) {
                         rg_dots(acc, 1, nb, staged_r, H, Rd, (qo + j) * H, 0, 0, 0, H, lane, S);
                     }
                     rg_lane_sum(acc, 1, nb, S);
                     #pragma unroll
-                    for (uint b = 0; b < RG_BMAX; ++b) {
+                    for (uint b = 0; b < B; ++b) {
                         if (b >= nb) {
                             break;
                         }
@@ -314,6 +314,31 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
         }
     }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                           device const float* x [[buffer(1)]],
+                           device const float* bias [[buffer(2)]],
+                           device const float* R [[buffer(3)]],
+                           device const float* h0 [[buffer(4)]],
+                           device const float* mask [[buffer(5)]],
+                           device const float* b2 [[buffer(6)]],
+                           device float* h [[buffer(7)]],
+                           device float* zs [[buffer(8)]],
+                           device uint2* status [[buffer(9)]],
+                           uint lid [[thread_position_in_threadgroup]],
+                           uint tgid [[threadgroup_position_in_grid]],
+                           uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
+    if (rg_one_row(p, tpg, tgid)) {
+        gru_forward_v2_rows<1>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid, tgid,
+                               tpg);
+    } else {
+        gru_forward_v2_rows<RG_BMAX>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid,
+                                     tgid, tpg);
+    }
 }
 
 [[max_total_threads_per_threadgroup(256)]]

@@ -173,24 +173,17 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                            device const float* x [[buffer(1)]],
-                            device const float* bias [[buffer(2)]],
-                            device const float* R [[buffer(3)]],
-                            device const float* h0 [[buffer(4)]],
-                            device const float* c0 [[buffer(5)]],
-                            device const float* mask [[buffer(6)]],
-                            device const float* peephole [[buffer(7)]],
-                            device float* h [[buffer(8)]],
-                            device float* c [[buffer(9)]],
-                            device float* zs [[buffer(10)]],
-                            device uint2* status [[buffer(11)]],
-                            uint lid [[thread_position_in_threadgroup]],
-                            uint tgid [[threadgroup_position_in_grid]],
-                            uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+// lstm_forward_v2 for chunks of at most B rows: the kernel takes B = 1 where its threadgroup
+// owns one row (the rule's grid), so that a thread holds one row's partial sums.
+template <uint B>
+inline void lstm_forward_v2_rows(constant RecurrenceParams& p, device const float* x,
+                                 device const float* bias, device const float* R,
+                                 device const float* h0, device const float* c0,
+                                 device const float* mask, device const float* peephole,
+                                 device float* h, device float* c, device float* zs,
+                                 device uint2* status, threadgroup float4* staged,
+                                 threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
     threadgroup float* stage = (threadgroup float*)staged;  // [b][k]: h[t−1] ⊙ m of the chunk's rows
-    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
     uint N = p.N, H = p.H, GH = 4 * p.H;
     uint2 rows = rg_group_rows(p, tpg, tgid);
     uint2 units = rg_units(p, tgid);
@@ -200,7 +193,7 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
     }
     uint S = rg_slices(units.y - units.x, tpg), lane = lid % S, per = tpg / S;
     uint passes = (units.y - units.x + per - 1) / per;
-    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
+    uint cap = min(B, (uint)RG_STAGE / H);
     bool resident = rg_resident(p, rows, cap);
     threadgroup float* after = (threadgroup float*)nexts;
     for (uint s = p.s_begin; s < p.s_end; ++s) {
@@ -212,7 +205,10 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
             rg_stage_step(cur, resident, p, h0, h, mask, r0, nb, s, lid, tpg);
             for (uint pass = 0; pass < passes; ++pass) {
                 uint j = units.x + pass * per + lid / S;
-                RgAcc acc;
+                if (rg_simd_idle(units.x + pass * per, lid, S, units.y)) {
+                    continue;  // no unit of this SIMD-group in the pass
+                }
+                RgAcc<4, B> acc;
                 rg_clear(acc);
                 if (j < units.y) {  // gates in the cell's order i, f, z, o
                     rg_dots(acc, 4, nb, cur, H, R + d * GH * H, (p.gate0 * H + j) * H,
@@ -221,7 +217,7 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                 }
                 rg_lane_sum(acc, 4, nb, S);
                 #pragma unroll
-                for (uint b = 0; b < RG_BMAX; ++b) {
+                for (uint b = 0; b < B; ++b) {
                     if (b >= nb) {
                         break;
                     }
@@ -242,6 +238,33 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
         }
     }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                            device const float* x [[buffer(1)]],
+                            device const float* bias [[buffer(2)]],
+                            device const float* R [[buffer(3)]],
+                            device const float* h0 [[buffer(4)]],
+                            device const float* c0 [[buffer(5)]],
+                            device const float* mask [[buffer(6)]],
+                            device const float* peephole [[buffer(7)]],
+                            device float* h [[buffer(8)]],
+                            device float* c [[buffer(9)]],
+                            device float* zs [[buffer(10)]],
+                            device uint2* status [[buffer(11)]],
+                            uint lid [[thread_position_in_threadgroup]],
+                            uint tgid [[threadgroup_position_in_grid]],
+                            uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
+    if (rg_one_row(p, tpg, tgid)) {
+        lstm_forward_v2_rows<1>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged,
+                                nexts, lid, tgid, tpg);
+    } else {
+        lstm_forward_v2_rows<RG_BMAX>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
+                                      staged, nexts, lid, tgid, tpg);
+    }
 }
 
 [[max_total_threads_per_threadgroup(256)]]

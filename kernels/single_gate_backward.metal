@@ -137,20 +137,15 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                                    device const float* Rt [[buffer(1)]],
-                                    device const float* h0 [[buffer(2)]],
-                                    device const float* mask [[buffer(3)]],
-                                    device const float* dy [[buffer(4)]],
-                                    device const float* zs [[buffer(5)]],
-                                    device float* dx [[buffer(6)]],
-                                    device float* rhs [[buffer(7)]],
-                                    device float* dhn [[buffer(8)]],
-                                    device uint2* status [[buffer(9)]],
-                                    uint lid [[thread_position_in_threadgroup]],
-                                    uint tgid [[threadgroup_position_in_grid]],
-                                    uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+// single_gate_backward_v2 for chunks of at most B rows: the kernel takes B = 1 where its threadgroup
+// owns one row (the rule's grid), so that a thread holds one row's partial sums.
+template <uint B>
+inline void single_gate_backward_v2_rows(constant RecurrenceParams& p, device const float* Rt,
+                                         device const float* h0, device const float* mask,
+                                         device const float* dy, device const float* zs,
+                                         device float* dx, device float* rhs, device float* dhn,
+                                         device uint2* status, threadgroup float4* staged, uint lid,
+                                         uint tgid, uint tpg) {
     threadgroup float* stage = (threadgroup float*)staged;  // [b][k]: da of the chunk's rows
     uint N = p.N, H = p.H, DH = p.D * p.H;
     uint2 rows = rg_group_rows(p, tpg, tgid);
@@ -158,7 +153,7 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
         rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
         return;  // the whole threadgroup owns no row
     }
-    uint cap = min((uint)RG_BMAX, (uint)RG_STAGE / H);
+    uint cap = min(B, (uint)RG_STAGE / H);
     if (p.unit_blocks != 0) {
         // The one-step grid: step s = p.s_begin (none when s_end = s_begin, the last dispatch),
         // its carry from step c = p.s_end first (none at c = T: dhn holds the host's).
@@ -167,7 +162,7 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
         for (uint r0 = rows.x; r0 < rows.y;) {
             uint nb = rg_chunk(r0, rows.y, N, cap);
             if (p.s_end < p.T) {
-                rg_carry(stage, p, dx, Rt, mask, dhn, r0, nb, p.s_end, units, H, false, lid,
+                rg_carry<B>(stage, p, dx, Rt, mask, dhn, r0, nb, p.s_end, units, H, false, lid,
                          tpg);
             }
             if (p.s_end > p.s_begin) {
@@ -198,14 +193,17 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
             // Phase B: dh_next[j] = m_j Σ_k da_k R[k,j] for every row of the chunk.
             for (uint pass = 0; pass < passes; ++pass) {
                 uint j = pass * per + lid / S;
-                RgAcc acc;
+                if (rg_simd_idle(pass * per, lid, S, H)) {
+                    continue;  // no unit of this SIMD-group in the pass
+                }
+                RgAcc<1, B> acc;
                 rg_clear(acc);
                 if (j < H) {
                     rg_dots(acc, 1, nb, stage, H, Rt + d * H * H, j * H, 0, 0, 0, H, lane, S);
                 }
                 rg_lane_sum(acc, 1, nb, S);
                 #pragma unroll
-                for (uint b = 0; b < RG_BMAX; ++b) {
+                for (uint b = 0; b < B; ++b) {
                     if (b >= nb) {
                         break;
                     }
@@ -221,6 +219,30 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
         }
     }
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                                    device const float* Rt [[buffer(1)]],
+                                    device const float* h0 [[buffer(2)]],
+                                    device const float* mask [[buffer(3)]],
+                                    device const float* dy [[buffer(4)]],
+                                    device const float* zs [[buffer(5)]],
+                                    device float* dx [[buffer(6)]],
+                                    device float* rhs [[buffer(7)]],
+                                    device float* dhn [[buffer(8)]],
+                                    device uint2* status [[buffer(9)]],
+                                    uint lid [[thread_position_in_threadgroup]],
+                                    uint tgid [[threadgroup_position_in_grid]],
+                                    uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    if (rg_one_row(p, tpg, tgid)) {
+        single_gate_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged, lid,
+                                        tgid, tpg);
+    } else {
+        single_gate_backward_v2_rows<RG_BMAX>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged,
+                                              lid, tgid, tpg);
+    }
 }
 
 [[max_total_threads_per_threadgroup(256)]]

@@ -274,8 +274,9 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
     """Eight rows a threadgroup asked for (the rule asks for one). Bidirectional, N = 11 at 1024
     threads: 22 rows over 3 threadgroups of 8, 8 and 6 rows, the second's in a chunk of 3 rows
     of one direction and 5 of the other; H = 40 in threadgroups of 32 needs two passes of
-    units (one lane a unit, the second pass 8 units short); H = 7 at 1024 threads: 32 lanes a
-    unit, most of them past H's sum. Against the reference, adversarial schedule."""
+    units (one lane a unit, the second pass 8 units short); H = 7 at 1024 threads: 8 lanes a
+    unit (RG_LANES), the SIMD-groups past the 7 units skipping the pass. Chunks of eight rows
+    take the kernels' B = RG_BMAX bodies. Against the reference, adversarial schedule."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)
     rng = np.random.default_rng(N * H + threads)
@@ -295,7 +296,9 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
     bidirectional, every optional input, adversarial schedule. H = 8 and 12 (K, the stage's
     pitch and every weight offset multiples of 4) take rg_dots' float4 reads, H = 70 and 5 its
     scalar ones; 32 threads for 12 units leave 2 lanes a unit (two float4 blocks a lane over
-    the forward's K = 12), 64 threads for 5 units 8."""
+    the forward's K = 12), 64 threads for 5 units 8; at 1024 threads 8 lanes a unit
+    (RG_LANES), the SIMD-groups past the units skipping the pass. One row a threadgroup takes
+    the kernels' B = 1 bodies."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
     rng = np.random.default_rng(N * H + threads + 4)

@@ -737,29 +737,33 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     # the rule: v2, one row a threadgroup, for H in the range V2_H gives and D·N <= V2_MAX_ROWS
     small = rule(direction="forward", D=1, N=8, H=128)
     assert (small.version, small.kernel) == ("v2", "lstm_forward_v2")
-    assert "128 <= H <= 256 and D·N = 8 <= 64, 1 row(s) a threadgroup" in small.reason
+    assert "64 <= H <= 256 and D·N = 8 <= 64, 1 row(s) a threadgroup" in small.reason
     assert count(small, direction="forward", D=1, N=8, H=128) == 8 * 1024
     assert rule(direction="backward", D=1, N=32, H=256).version == "v2"
     assert rule(direction="backward", D=2, N=64, H=256).version == "v3"  # 2**25: STEPS_MIN_WORK
-    # else v1 in its grid: below the range (50x1x64x64: a threadgroup a row), past the rows,
-    # the single-gate backward, a GRU without reset_after, and on the CPU harness (packed)
-    v1 = rule(direction="forward", D=1, N=1, H=64)
+    # else v1 in its grid: below the range (H = 32 at N = 1: packed, one threadgroup), past the
+    # rows, the single-gate backward past H = 256, a GRU without reset_after, and on the CPU
+    # harness (packed)
+    v1 = rule(direction="forward", D=1, N=1, H=32)
     assert (v1.version, v1.kernel) == ("packed", "lstm_forward") and "auto, v1" in v1.reason
     assert rule(direction="forward", D=2, N=33, H=128).version == "rows"
-    single = functools.partial(versions.recurrence, cell="single_gate", D=1, N=32, H=256)
-    assert single(direction="forward").version == "v2"
-    assert single(direction="backward").version == "rows"
-    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=8,
-                               H=64).version == "rows"
-    assert versions.recurrence(cell="lstm", direction="backward", D=1, N=1, H=64).version == "v2"
+    single = functools.partial(versions.recurrence, cell="single_gate", D=1, N=32)
+    assert single(direction="forward", H=256).version == "v2"
+    assert single(direction="backward", H=256).version == "v2"
+    assert single(direction="forward", H=512).version == "v2"
+    assert single(direction="backward", H=512).version == "rows"
+    for cell in ("single_gate", "gru", "lstm"):  # 50x1x64x64: v2 both ways
+        for direction in ("forward", "backward"):
+            assert versions.recurrence(cell=cell, direction=direction, D=1, N=1,
+                                       H=64).version == "v2"
     assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=63,
                                H=512).version == "v2"
     gru = functools.partial(versions.recurrence, cell="gru", direction="forward", D=1, N=8, H=128)
     assert gru().version == "v2" and gru(reset_after=False).version == "rows"
     assert rule(direction="forward", D=1, N=64, H=64, device="metal-emulated").version == "packed"
     assert rule(direction="forward", D=1, N=8, H=128, device="metal-emulated").version == "packed"
-    monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), (64, 256))
-    assert rule(direction="forward", D=1, N=1, H=64).version == "v2"
+    monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), (32, 256))
+    assert rule(direction="forward", D=1, N=1, H=32).version == "v2"
     # More rows a threadgroup, at most a chunk: the backward stages 4H floats a row, so
     # 6144 // 1024 = 6 rows a chunk at H = 256.
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)

@@ -52,6 +52,29 @@ memory), on an H200 (2026-11-26; runs on an H100 the day before ranked them the 
 - 200×64×512×512: RNN 5.79 / 2.88 → 4.20 / 4.30; GRU 9.28 / 10.41 → 11.21 / 12.20; LSTM
   11.38 / 10.70 → 14.49 / 16.06 (v2 for the single-gate forward only).
 
+v2's step then spent most of its instructions on work besides the product: Nsight Compute
+counted about 800 instructions a SIMD-group a step at 50×1 (the LSTM's forward), of which the
+multiply-adds' loop was a quarter; the rest zeroed and shuffled partial sums for eight rows
+where the threadgroup had one, divided by N for row indices, loaded the parameter struct's
+fields again after each store, and ran the cell on every SIMD-group (16 lanes a unit at H =
+64). Two changes (2026-11-26): each v2 kernel's body is a template on the rows of a chunk, run
+with one where the threadgroup owns one row (RgAcc<G, 1>); and at most RG_LANES = 8 lanes a
+unit, SIMD-groups without a unit skipping the pass. v2's device ms, forward / backward, before
+→ after (an H200, one machine): 50×1×64×64 RNN 0.096 / 0.110 → 0.079 / 0.090, GRU 0.172 /
+0.197 → 0.128 / 0.167, LSTM 0.197 / 0.221 → 0.159 / 0.199; 1000×8×128×128 RNN 2.19 / 2.51 →
+2.12 / 2.33, GRU 4.72 / 5.40 → 4.44 / 5.30, LSTM 5.05 / 7.35 → 5.00 / 7.46; 100×32×256×256
+unchanged within 2%. With that v2 beats or equals v1 at H = 64 in every cell and direction
+(v1: RNN 0.083 / 0.088, GRU 0.146 / 0.234, LSTM 0.200 / 0.261), and the rule takes it there
+(:data:`V2_H`). Three more were measured and left out: loading the cell's inputs (x' + bias,
+c[t−1], the next step's mask) before the product instead of after it, meant to overlap their
+latency with it, made the forwards slower (1000×8 RNN 2.05 → 2.57 ms, GRU 4.12 → 4.64);
+marking the CUDA translation's constant buffers ``__restrict__`` (read-only while a kernel
+runs, as Metal's are, so that the compiler loads the parameter struct's fields once) gained v2
+1–5% but spilled v1's LSTM (1000×8 backward 12.5 → 26.7 ms); threadgroups of 512 or 256
+(RG_THREADS) were faster still at 50×1 (LSTM forward 0.13 ms) but slower at 100×32 (0.80
+against 0.52 ms, the RNN's forward) and in the backward at 1000×8: v2's
+threadgroup size is one for every shape, since Metal's is the kernel's.
+
 Before the float4 reads (lanes k ≡ lane mod S, scalar loads: each load of a SIMD-group touched
 four lines) v2 was slower than v1 at 11 of these 12 shapes and cells (1000×8 LSTM 10.4 / 11.5,
 100×32 LSTM 4.0 / 4.3). Eight rows a threadgroup instead of one (:data:`V2_GROUP_ROWS` = 8)
@@ -262,12 +285,12 @@ V2_THREADS = 1024
 #: rows per v2 threadgroup the host asks for (the kernels take more in chunks of V2_ROWS)
 V2_GROUP_ROWS = 1
 #: the H the rule gives v2, by cell and direction: (smallest, largest), or None (never); each
-#: row's threadgroup reads all of R every step. Measured wins (module docstring): the GRU and
-#: the LSTM at H = 128 and 256 (not 512), their backward at 64 too, the single-gate forward at
-#: 128, 256 and 512 (not 64)
-V2_H = {("single_gate", "forward"): (128, 512), ("single_gate", "backward"): None,
-        ("gru", "forward"): (128, 256), ("gru", "backward"): (64, 256),
-        ("lstm", "forward"): (128, 256), ("lstm", "backward"): (64, 256)}
+#: row's threadgroup reads all of R every step. Measured wins (module docstring): every cell
+#: and direction at H = 64, 128 and 256 (the single-gate backward even with v1 at 64 and 128),
+#: the single-gate forward at 512 too; v1 at 512 elsewhere
+V2_H = {("single_gate", "forward"): (64, 512), ("single_gate", "backward"): (64, 256),
+        ("gru", "forward"): (64, 256), ("gru", "backward"): (64, 256),
+        ("lstm", "forward"): (64, 256), ("lstm", "backward"): (64, 256)}
 #: the most rows (D·N) the rule gives v2 a threadgroup each (measured: 8 and 32)
 V2_MAX_ROWS = 64
 #: units per threadgroup at most in v2's one-step grid (v2-steps): H splits into
