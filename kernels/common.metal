@@ -140,6 +140,23 @@ inline float rg_derivative(uint kind, float x) {
     return rg_isnan(x) ? x : d;
 }
 
+// f'(x) from the pre-activation x and y = rg_activate(kind, x): rg_derivative's formulas, tanh's
+// and the sigmoid's from y (1 − y², y(1 − y)), so that a caller holding f(x) does not evaluate f
+// again (a precise exp or tanh and a division each).
+inline float rg_derivative_at(uint kind, float x, float y) {
+    float d = 1.0f;
+    if (kind == ACT_RELU) {
+        d = x > 0.0f ? 1.0f : 0.0f;
+    } else if (kind == ACT_TANH) {
+        d = 1.0f - y * y;
+    } else if (kind == ACT_SIGMOID) {
+        d = y * (1.0f - y);
+    } else if (kind == ACT_HARD_SIGMOID) {
+        d = fabs(x) <= 2.5f ? 0.2f : 0.0f;
+    }
+    return rg_isnan(x) ? x : d;
+}
+
 // The block of rows [x, y) that threadgroup tgid owns. The host never knows the threadgroup
 // size, so only the kernel can split the rows among the threadgroups. The split is over the
 // ceil(count / tpg) threadgroups of metalcompute's grid, computed from count rather than read

@@ -124,21 +124,25 @@ inline float4 gru_gate_gradients(constant RecurrenceParams& p, device const floa
     // load after it would wait for it).
     float q = p.reset_after != 0 ? zs[zrow + 3 * H + j] : 0.0f;
     float dq_before = p.reset_after != 0 ? prow[row * H + j] : 0.0f;
+    // f'(a) from f(a), which z, r and o hold; p's flags read before the first store (the
+    // compiler cannot tell that a store leaves p alone, so a read after one loads it again)
+    bool after = p.reset_after != 0;
     float da_o, da_z;
     if (p.flip_z != 0) {
-        da_o = dh * z * rg_derivative(p.act2, a_o);
-        da_z = dh * (o - hp) * rg_derivative(p.act0, a_z);
+        da_o = dh * z * rg_derivative_at(p.act2, a_o, o);
+        da_z = dh * (o - hp) * rg_derivative_at(p.act0, a_z, z);
     } else {
-        da_o = dh * (1.0f - z) * rg_derivative(p.act2, a_o);
-        da_z = dh * (hp - o) * rg_derivative(p.act0, a_z);
+        da_o = dh * (1.0f - z) * rg_derivative_at(p.act2, a_o, o);
+        da_z = dh * (hp - o) * rg_derivative_at(p.act0, a_z, z);
     }
+    float d_r = after ? rg_derivative_at(p.act1, a_r, r) : 0.0f;
+    uint rrow = (rg_x_time(p, d, s) * N + n) * p.D * B * H + d * B * H;
+    float hm = hp * m;
     dx[xrow + qz + j] = da_z;
     dx[xrow + qo + j] = da_o;
     lhs[xrow + qz + j] = da_z;
-    uint rrow = (rg_x_time(p, d, s) * N + n) * p.D * B * H + d * B * H;
-    float hm = hp * m;
-    if (p.reset_after != 0) {
-        float da_r = da_o * q * rg_derivative(p.act1, a_r);
+    if (after) {
+        float da_r = da_o * q * d_r;
         float dq = da_o * r;
         dx[xrow + qr + j] = da_r;
         lhs[xrow + qr + j] = da_r;

@@ -99,17 +99,20 @@ inline float gru_cell_after(constant RecurrenceParams& p, device const float* x,
     float xb_o = x[xrow + qo + j] + bias[d * GH + qo + j];
     float hp = s == 0 ? h0[n * DH + col + j] : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col + j];
     float q = dots.z + b2[col + j];
+    // The whole update before the stores: the compiler cannot tell that a store leaves p alone,
+    // so a field of p read between stores would be loaded again.
     float a_z = xb_z + dots.x;
     float a_r = xb_r + dots.y;
-    zs[zrow + qz + j] = a_z;
-    zs[zrow + qr + j] = a_r;
     float a_o = xb_o + q * rg_activate(p.act1, a_r);
-    zs[zrow + qo + j] = a_o;
-    zs[zrow + 3 * H + j] = q;
     float z = rg_activate(p.act0, a_z);
     float o = rg_activate(p.act2, a_o);
     float ht = p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
-    h[(rg_out_time(p, d, s) * N + n) * DH + col + j] = ht;
+    uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
+    zs[zrow + qz + j] = a_z;
+    zs[zrow + qr + j] = a_r;
+    zs[zrow + qo + j] = a_o;
+    zs[zrow + 3 * H + j] = q;
+    h[out] = ht;
     return ht;
 }
 

@@ -109,7 +109,8 @@ inline float4 lstm_cell_gradients(constant RecurrenceParams& p, device const flo
     uint own = n * DH + col;
     uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
     uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
-    uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
+    uint tx = rg_x_time(p, d, s) * N + n;  // (input time, n)
+    uint xrow = tx * DGH + d * GH;
     float a[4], g[4];
     for (uint k = 0; k < 4; ++k) {
         a[k] = zs[zrow + rg_gate(p, k) * H + j];
@@ -128,36 +129,41 @@ inline float4 lstm_cell_gradients(constant RecurrenceParams& p, device const flo
     float m = mask[rg_mask_step(p, s) + own];
     float ct = cfwd[out];
     float dh = dy[out] + dhn[own];
-    float dc = dh * g[3] * rg_derivative(p.act4, ct) + dcn[own];
+    float gc = rg_activate(p.act4, ct);
+    float dc = dh * g[3] * rg_derivative_at(p.act4, ct, gc) + dcn[own];
     if (p.cell_gradient_per_step != 0) {
         dc += cg[out];
     }
+    // f'(a) from f(a), which g holds (rg_act(p, k) is p.act0 .. p.act3)
     float4 da;
-    da[3] = dh * rg_activate(p.act4, ct) * rg_derivative(p.act3, a[3]);
-    da[0] = dc * g[2] * rg_derivative(p.act0, a[0]);
-    da[1] = dc * cp * rg_derivative(p.act1, a[1]);
-    da[2] = dc * g[0] * rg_derivative(p.act2, a[2]);
+    da[3] = dh * gc * rg_derivative_at(p.act3, a[3], g[3]);
+    da[0] = dc * g[2] * rg_derivative_at(p.act0, a[0], g[0]);
+    da[1] = dc * cp * rg_derivative_at(p.act1, a[1], g[1]);
+    da[2] = dc * g[0] * rg_derivative_at(p.act2, a[2], g[2]);
     float dc_next = dc * g[1];
     // The peephole's and its partial sums' loads before the first store (a store may alias any
     // buffer for the compiler, so a load after it would wait for it).
+    // The same for the parameters read after a store: the compiler cannot tell that a store
+    // leaves p alone, so each read of p.has_peephole between stores would load it again.
+    bool peephole_on = p.has_peephole != 0;
     uint q[4];
     float pw[4], pr[4];
     #pragma unroll
     for (uint k = 0; k < 4; ++k) {
         q[k] = rg_gate(p, k) * H + j;
-        pw[k] = p.has_peephole != 0 ? peephole[d * GH + q[k]] : 0.0f;
-        pr[k] = p.has_peephole != 0 ? prow[row * GH + q[k]] : 0.0f;
+        pw[k] = peephole_on ? peephole[d * GH + q[k]] : 0.0f;
+        pr[k] = peephole_on ? prow[row * GH + q[k]] : 0.0f;
     }
     #pragma unroll
     for (uint k = 0; k < 4; ++k) {
         dx[xrow + q[k]] = da[k];
-        if (p.has_peephole != 0) {
+        if (peephole_on) {
             dc_next += da[k] * pw[k];
             prow[row * GH + q[k]] = pr[k] + da[k] * cp;
         }
     }
     dcn[own] = dc_next;
-    rhs[(rg_x_time(p, d, s) * N + n) * DH + col] = hp * m;
+    rhs[tx * DH + col] = hp * m;
     return da;
 }
 

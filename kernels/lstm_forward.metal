@@ -102,22 +102,27 @@ inline float lstm_cell(constant RecurrenceParams& p, device const float* x,
         xb[k] = x[xrow + q[k]] + bias[d * GH + q[k]];
         pw[k] = p.has_peephole != 0 ? peephole[d * GH + q[k]] : 0.0f;
     }
-    float act[4];
+    // The same for p's fields: the compiler cannot tell that a store leaves p alone, so a field
+    // read between stores would be loaded again. So the whole update first, then the stores.
+    float a[4], act[4];
     #pragma unroll
     for (uint k = 0; k < 4; ++k) {
-        float a = xb[k] + dots[k];
+        a[k] = xb[k] + dots[k];
         if (p.has_peephole != 0) {
-            a += pw[k] * cp;
+            a[k] += pw[k] * cp;
         }
-        if (p.training != 0) {
-            zs[zrow + q[k]] = a;
-        }
-        act[k] = rg_activate(rg_act(p, k), a);
+        act[k] = rg_activate(rg_act(p, k), a[k]);
     }
     float ct = act[1] * cp + act[0] * act[2];
-    uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
-    c[out] = ct;
     float ht = act[3] * rg_activate(p.act4, ct);
+    uint out = (rg_out_time(p, d, s) * N + n) * DH + col + j;
+    if (p.training != 0) {
+        #pragma unroll
+        for (uint k = 0; k < 4; ++k) {
+            zs[zrow + q[k]] = a[k];
+        }
+    }
+    c[out] = ct;
     h[out] = ht;
     return ht;
 }
