@@ -291,7 +291,7 @@ inline void gru_backward_v2_rows(constant RecurrenceParams& p, device const floa
             uint nb = rg_chunk(r0, rows.y, N, cap);
             if (p.s_end < p.T) {
                 rg_carry<B>(stage, p, lhs, Rt, mask, dhn, r0, nb, p.s_end, units, GH, true, lid,
-                         tpg);
+                            tpg);
             }
             if (p.s_end > p.s_begin) {
                 uint s = p.s_begin;

@@ -249,7 +249,7 @@ inline void lstm_backward_v2_rows(constant RecurrenceParams& p, device const flo
             uint nb = rg_chunk(r0, rows.y, N, cap);
             if (p.s_end < p.T) {
                 rg_carry<B>(stage, p, dx, Rt, mask, dhn, r0, nb, p.s_end, units, GH, false, lid,
-                         tpg);
+                            tpg);
             }
             if (p.s_end > p.s_begin) {
                 for (uint e = lid; e < nb * nu; e += tpg) {

@@ -137,8 +137,8 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// single_gate_backward_v2 for chunks of at most B rows: the kernel takes B = 1 where its threadgroup
-// owns one row (the rule's grid), so that a thread holds one row's partial sums.
+// single_gate_backward_v2 for chunks of at most B rows: the kernel takes B = 1 where its
+// threadgroup owns one row (the rule's grid), so that a thread holds one row's partial sums.
 template <uint B>
 inline void single_gate_backward_v2_rows(constant RecurrenceParams& p, device const float* Rt,
                                          device const float* h0, device const float* mask,
@@ -163,7 +163,7 @@ inline void single_gate_backward_v2_rows(constant RecurrenceParams& p, device co
             uint nb = rg_chunk(r0, rows.y, N, cap);
             if (p.s_end < p.T) {
                 rg_carry<B>(stage, p, dx, Rt, mask, dhn, r0, nb, p.s_end, units, H, false, lid,
-                         tpg);
+                            tpg);
             }
             if (p.s_end > p.s_begin) {
                 for (uint e = lid; e < nb * nu; e += tpg) {
