@@ -52,33 +52,32 @@ memory), on an H200 (2026-11-26; runs on an H100 the day before ranked them the 
 - 200×64×512×512: RNN 5.79 / 2.88 → 4.20 / 4.30; GRU 9.28 / 10.41 → 11.21 / 12.20; LSTM
   11.38 / 10.70 → 14.49 / 16.06 (v2 for the single-gate forward only).
 
-v2's step then spent most of its instructions on work besides the product: Nsight Compute
-counted about 800 instructions a SIMD-group a step at 50×1 (the LSTM's forward), of which the
-multiply-adds' loop was a quarter; the rest zeroed and shuffled partial sums for eight rows
-where the threadgroup had one, divided by N for row indices, loaded the parameter struct's
-fields again after each store, and ran the cell on every SIMD-group (16 lanes a unit at H =
-64). Two changes (2026-11-26): each v2 kernel's body is a template on the rows of a chunk, run
-with one where the threadgroup owns one row (RgAcc<G, 1>); and at most RG_LANES = 8 lanes a
-unit, SIMD-groups without a unit skipping the pass. v2's device ms, forward / backward, before
-→ after (an H200, one machine): 50×1×64×64 RNN 0.096 / 0.110 → 0.079 / 0.090, GRU 0.172 /
-0.197 → 0.128 / 0.167, LSTM 0.197 / 0.221 → 0.159 / 0.199; 1000×8×128×128 RNN 2.19 / 2.51 →
+v2's step then spent most of its instructions on work besides the product: Nsight Compute counted
+about 800 instructions a SIMD-group a step at 50×1 (the LSTM's forward), of which the
+multiply-adds' loop was a quarter; the rest zeroed and shuffled partial sums for eight rows where
+the threadgroup had one, divided by N for row indices, loaded the parameter struct's fields again
+after each store, and ran the cell on every SIMD-group (16 lanes a unit at H = 64). Two changes
+(2026-11-26): each v2 kernel's body is a template on the rows of a chunk, run with one where the
+threadgroup owns one row (RgAcc<G, 1>); and at most RG_LANES = 8 lanes a unit, SIMD-groups without
+a unit skipping the pass. v2's device ms, forward / backward, before → after (H200s; the numbers
+before repeat within 2% from machine to machine): 50×1×64×64 RNN 0.096 / 0.110 → 0.079 / 0.090, GRU
+0.172 / 0.197 → 0.128 / 0.167, LSTM 0.197 / 0.221 → 0.159 / 0.199; 1000×8×128×128 RNN 2.19 / 2.51 →
 2.12 / 2.33, GRU 4.72 / 5.40 → 4.44 / 5.30, LSTM 5.05 / 7.35 → 5.00 / 7.46; 100×32×256×256
-unchanged within 2%. With that v2 beats or equals v1 at H = 64 in every cell and direction
-(v1: RNN 0.083 / 0.088, GRU 0.146 / 0.234, LSTM 0.200 / 0.261), and the rule takes it there
-(:data:`V2_H`). Then the cells' gradients take f'(a) from the f(a) they hold (``rg_derivative_at``:
-the LSTM's backward evaluated four activations twice, the GRU's three) and every cell reads its
-parameters before its first store (each read of p after a store was a load): on an H100, v2
-backward at 50×1 GRU / LSTM 0.168 / 0.205 → 0.163 / 0.188 ms, at 1000×8 5.21 / 7.14 → 5.07 /
-6.89, v3's at 200×64 3.65 / 4.91 → 3.59 / 4.75, the forwards within 2%. Three more were
-measured and left out: loading the cell's inputs (x' + bias,
-c[t−1], the next step's mask) before the product instead of after it, meant to overlap their
-latency with it, made the forwards slower (1000×8 RNN 2.05 → 2.57 ms, GRU 4.12 → 4.64);
-marking the CUDA translation's constant buffers ``__restrict__`` (read-only while a kernel
-runs, as Metal's are, so that the compiler loads the parameter struct's fields once) gained v2
-1–5% but spilled v1's LSTM (1000×8 backward 12.5 → 26.7 ms); threadgroups of 512 or 256
-(RG_THREADS) were faster still at 50×1 (LSTM forward 0.13 ms) but slower at 100×32 (0.80
-against 0.52 ms, the RNN's forward) and in the backward at 1000×8: v2's
-threadgroup size is one for every shape, since Metal's is the kernel's.
+unchanged within 2%. With that v2 beats or equals v1 at H = 64 in every cell and direction (v1: RNN
+0.083 / 0.088, GRU 0.146 / 0.234, LSTM 0.200 / 0.261), and the rule takes it there (:data:`V2_H`).
+Then the cells' gradients take f'(a) from the f(a) they hold (``rg_derivative_at``: the LSTM's
+backward evaluated four activations twice, the GRU's three) and every cell reads its parameters
+before its first store (each read of p after a store was a load): in one H100 run, v2's backward at
+50×1 GRU / LSTM 0.168 / 0.205 → 0.163 / 0.188 ms, at 1000×8 5.21 / 7.14 → 5.07 / 6.89, v3's at
+200×64 3.65 / 4.91 → 3.59 / 4.75, the forwards within 3%. Three more were measured and left out.
+Loading the cell's inputs (x' + bias, c[t−1], the next step's mask) before the product instead of
+after it, meant to overlap their latency with it, made the forwards slower (1000×8 RNN 2.05 → 2.57
+ms, GRU 4.12 → 4.64). Marking the CUDA translation's constant buffers ``__restrict__`` (read-only
+while a kernel runs, as Metal's are, so that the compiler loads the parameter struct's fields once)
+gained v2 1–5% but spilled v1's LSTM (1000×8 backward 12.5 → 26.7 ms). Threadgroups of 512 or 256
+(RG_THREADS) were faster still at 50×1 (LSTM forward 0.13 ms) but slower at 100×32 (0.80 against
+0.52 ms, the RNN's forward) and in the backward at 1000×8; v2's threadgroup size is one for every
+shape, since Metal's is the kernel's.
 
 Before the float4 reads (lanes k ≡ lane mod S, scalar loads: each load of a SIMD-group touched
 four lines) v2 was slower than v1 at 11 of these 12 shapes and cells (1000×8 LSTM 10.4 / 11.5,
