@@ -76,8 +76,10 @@ ms, GRU 4.12 → 4.64). Marking the CUDA translation's constant buffers ``__rest
 while a kernel runs, as Metal's are, so that the compiler loads the parameter struct's fields once)
 gained v2 1–5% but spilled v1's LSTM (1000×8 backward 12.5 → 26.7 ms). Threadgroups of 512 or 256
 (RG_THREADS) were faster still at 50×1 (LSTM forward 0.13 ms) but slower at 100×32 (0.80 against
-0.52 ms, the RNN's forward) and in the backward at 1000×8; v2's threadgroup size is one for every
-shape, since Metal's is the kernel's.
+0.52 ms, the RNN's forward) and in the backward at 1000×8, and threadgroups of 64 or 32 (a
+SIMD-group or two for the row's whole step, its barriers nearly free) were slower everywhere (50×1
+LSTM forward 0.15 → 0.34 / 0.58 ms, 1000×8 4.7 → 22 / 38 ms): v2's threadgroup size is one for
+every shape, since Metal's is the kernel's.
 
 Before the float4 reads (lanes k ≡ lane mod S, scalar loads: each load of a SIMD-group touched
 four lines) v2 was slower than v1 at 11 of these 12 shapes and cells (1000×8 LSTM 10.4 / 11.5,
