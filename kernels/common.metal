@@ -123,26 +123,9 @@ inline float rg_activate(uint kind, float x) {
     return rg_isnan(x) ? x : y;
 }
 
-// f'(x) from the pre-activation x; NaN where x is NaN (so a NaN is never multiplied away).
-inline float rg_derivative(uint kind, float x) {
-    float d = 1.0f;
-    if (kind == ACT_RELU) {
-        d = x > 0.0f ? 1.0f : 0.0f;
-    } else if (kind == ACT_TANH) {
-        float t = precise::tanh(x);
-        d = 1.0f - t * t;
-    } else if (kind == ACT_SIGMOID) {
-        float s = rg_sigmoid(x);
-        d = s * (1.0f - s);
-    } else if (kind == ACT_HARD_SIGMOID) {
-        d = fabs(x) <= 2.5f ? 0.2f : 0.0f;
-    }
-    return rg_isnan(x) ? x : d;
-}
-
-// f'(x) from the pre-activation x and y = rg_activate(kind, x): rg_derivative's formulas, tanh's
-// and the sigmoid's from y (1 − y², y(1 − y)), so that a caller holding f(x) does not evaluate f
-// again (a precise exp or tanh and a division each).
+// f'(x) from the pre-activation x and y = rg_activate(kind, x): tanh's and the sigmoid's from y
+// (1 − y², y(1 − y)), so that a caller holding f(x) does not evaluate f again (a precise exp or
+// tanh and a division each); NaN where x is NaN (so a NaN is never multiplied away).
 inline float rg_derivative_at(uint kind, float x, float y) {
     float d = 1.0f;
     if (kind == ACT_RELU) {
@@ -155,6 +138,11 @@ inline float rg_derivative_at(uint kind, float x, float y) {
         d = fabs(x) <= 2.5f ? 0.2f : 0.0f;
     }
     return rg_isnan(x) ? x : d;
+}
+
+// f'(x) from the pre-activation x alone.
+inline float rg_derivative(uint kind, float x) {
+    return rg_derivative_at(kind, x, rg_activate(kind, x));
 }
 
 // The block of rows [x, y) that threadgroup tgid owns. The host never knows the threadgroup

@@ -278,7 +278,7 @@ inline void gru_forward_v2_rows(constant RecurrenceParams& p, device const float
                     if (rg_simd_idle(units.x + pass * per, lid, S, units.y)) {
                         continue;  // no unit of this SIMD-group in the pass
                     }
-                    RgAcc<3, B> acc;
+                    RgAcc<1, B> acc;  // the o gate alone
                     rg_clear(acc);
                     if (j < units.y) {
                         rg_dots(acc, 1, nb, staged_r, H, Rd, (qo + j) * H, 0, 0, 0, H, lane, S);

@@ -472,7 +472,7 @@ def test_v3_tile_blocks_and_choice():
     assert versions.tile_blocks(cell="gru", direction="forward", D=1, N=1, H=64) == (1, 64)
     assert versions.tile_blocks(cell="gru", direction="backward", D=1, N=1, H=64) == (1, 16)
     choice = versions.recurrence(cell="lstm", direction="forward", D=1, N=32, H=256)
-    assert choice.version != "v3"  # forced, or by the rule from STEPS_MIN_WORK (2**24; this 2**23)
+    assert choice.version != "v3"  # forced, or by the rule from STEPS_MIN_WORK (2**25; this 2**23)
     import os
     os.environ["RNNGRAD_METAL_RECURRENCE"] = "v3"
     try:
