@@ -18,7 +18,29 @@ def test_every_kernel_gets_a_launcher_with_its_buffers_in_order():
         m = re.search(r'extern "C" __global__ void __launch_bounds__\(' + re.escape(k.max_threads) + r', 1\) '
                       + _build.LAUNCHER_PREFIX + k.name + r"\(([^)]*)\)", unit)
         assert m, k.name
-        assert m.group(1) == ", ".join(f"void* __b{i}" for i in range(len(library.BUFFERS[k.name])))
+        # every kernel's buffer 0 is its parameter struct, `constant <Struct>& p`: by value
+        struct = "GemmParams" if k.name.startswith("strided_gemm") else "RecurrenceParams"
+        assert m.group(1) == ", ".join([f"__grid_constant__ const {struct} __b0"] + [
+            f"void* __b{i}" for i in range(1, len(library.BUFFERS[k.name]))])
+        assert f"unsigned {_build.SIZEOF_PREFIX}{k.name}_0 = (unsigned)sizeof({struct});" in unit
+
+
+def test_only_constant_references_are_taken_by_value():
+    src = """#include <metal_stdlib>
+using namespace metal;
+struct P { uint n; float a; };
+kernel void k(constant P& p [[buffer(0)]], constant float* table [[buffer(1)]],
+              device const float& x [[buffer(2)]], const constant uint& n [[buffer(3)]],
+              device float* y [[buffer(4)]], uint gid [[thread_position_in_grid]]) {
+    if (gid < p.n && gid < n) y[gid] = p.a * table[gid] + x;
+}
+"""
+    unit, (k,) = _build.translate_source(src)
+    launcher = unit[unit.index(_build.LAUNCHER_PREFIX + "k("):]
+    head = launcher[:launcher.index(")")]
+    assert head.endswith("(__grid_constant__ const P __b0, void* __b1, void* __b2, "
+                         "__grid_constant__ const uint __b3, void* __b4")
+    assert [_build.by_value(q) for q in k.params] == ["P", None, None, "uint", None, None]
 
 
 def test_msl_qualifiers_and_attributes_leave_the_program_text_only():

@@ -274,6 +274,47 @@ def test_trace_keeps_the_newest_dispatches():
     check_trace_keeps_the_newest_dispatches(metalcompute, check_each_dispatch=True)
 
 
+CONSTANTS = """#include <metal_stdlib>
+using namespace metal;
+struct Affine { uint n; float scale; float shift; uint steps; };
+kernel void affine(constant Affine& p [[buffer(0)]], constant float* table [[buffer(1)]],
+                   device float* y [[buffer(2)]], uint gid [[thread_position_in_grid]]) {
+    if (gid >= p.n) return;
+    for (uint s = 0; s < p.steps; ++s) {
+        y[gid] = y[gid] * p.scale + p.shift + table[s];  // p's fields read after each store
+    }
+}
+"""
+AFFINE = np.dtype([("n", np.uint32), ("scale", np.float32), ("shift", np.float32),
+                   ("steps", np.uint32)])
+
+
+def test_constant_structs_are_passed_by_value_from_any_argument(dev):
+    """A `constant T&` buffer is the launcher's by-value parameter: host data, Device.constant and
+    a GPU buffer (copied back) give the same result; a Constant bound to a pointer parameter is
+    a GPU copy; bytes shorter than sizeof(T) are refused."""
+    import cupy as cp
+
+    fn = dev.kernel(CONSTANTS).function("affine")
+    n, steps = 300, 5
+    p = np.array([(n - 7, 0.5, 1.25, steps)], AFFINE)
+    table = np.arange(1, steps + 1, dtype=np.float32)
+    start = np.random.default_rng(5).standard_normal(n).astype(np.float32)
+    want = start.astype(np.float64)
+    for s in range(steps):
+        want[:n - 7] = want[:n - 7] * 0.5 + 1.25 + table[s]
+    for how in ("host", "constant", "gpu buffer"):
+        arg = {"host": p, "constant": dev.constant(p.view(np.uint8)),
+               "gpu buffer": dev.buffer(p.view(np.uint8))}[how]
+        y = dev.buffer(start)
+        dev.finish([fn(n, arg, dev.constant(table), y)])
+        np.testing.assert_allclose(cp.asnumpy(y.view(cp.float32)), want, rtol=1e-6,
+                                   err_msg=how)
+    with pytest.raises(metalcompute.error, match=r"buffer 0 is its `constant` struct: expected "
+                                                  r"at least 16 bytes \(its sizeof\), got 12"):
+        fn(n, p.view(np.uint8)[:12], table, dev.buffer(start))
+
+
 def test_too_much_threadgroup_memory_is_refused(dev):
     fn = dev.kernel("""#include <metal_stdlib>
 using namespace metal;

@@ -543,9 +543,12 @@ class MetalHost:
     def params(self, struct, values):
         """The device buffer of a parameter struct (``library.GEMM_PARAMS`` or
         ``RECURRENCE_PARAMS``) holding ``values`` (a tuple in field order), kept as
-        :meth:`buffer` keeps a struct, without building the struct when it is kept."""
+        :meth:`buffer` keeps a struct, without building the struct when it is kept; made by
+        ``device.constant`` where the device has it (the CUDA target: the launch takes the bytes
+        by value)."""
+        make = getattr(self.device, "constant", None) or self.device.buffer
         return self._kept(("params", struct, values),
-                          lambda: self.device.buffer(np.array([values], struct).view(np.uint8)))
+                          lambda: make(np.array([values], struct).view(np.uint8)))
 
     def _kept(self, key, make):
         """The constant buffer under ``key``, made by ``make()`` when not kept (LRU)."""

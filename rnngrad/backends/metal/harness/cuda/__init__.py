@@ -35,6 +35,13 @@ compute-sanitizer's initcheck. Beyond metalcompute's API, ``Device.zeros(nbytes)
 ``Device.full(n, value)`` make zeroed or filled buffers on the GPU with no copy from the host;
 the Metal host uses them, where a device has them, for the zeros and ones it would otherwise copy.
 
+A kernel's ``constant T&`` buffer (a parameter struct) is a by-value parameter of its CUDA
+launcher, in the kernel parameter space, which the GPU reads through its constant cache, as
+Metal reads the ``constant`` address space (:mod:`._build`). A call passes it host data, or
+``Device.constant(data)`` (beyond metalcompute's API: what the Metal host makes its structs
+with), whose bytes go with the launch; a GPU buffer there is copied back first (the stream
+waits). Every call launches through ``cuLaunchKernel``.
+
 ``Device(fast_math=True)`` compiles as metalcompute does on a Mac (fast math on): metal:: math is
 fast:: (hardware approximations), denormals are flushed, division and square root approximate.
 Apple's compiler and its fast math remain the Mac's to check.
@@ -57,8 +64,8 @@ import numpy as np
 from .. import dispatch, translate
 from . import _build
 
-__all__ = ["Device", "Kernel", "Function", "Buffer", "RunHandle", "Dispatch", "error", "get_devices",
-           "available"]
+__all__ = ["Device", "Kernel", "Function", "Buffer", "RunHandle", "Dispatch", "Constant", "error",
+           "get_devices", "available"]
 
 
 class error(Exception):
@@ -232,6 +239,14 @@ class Device:
         with self._cuda, self.stream:
             return cp.full(max(int(n), 1), value, cp.float32).view(cp.uint8)[:4 * int(n)]
 
+    def constant(self, data) -> "Constant":
+        """Read-only bytes (a parameter struct) for kernels to take as ``constant T&``: the
+        launcher takes them by value, in CUDA's kernel parameter space, with no copy to the GPU
+        (:mod:`._build`); bound to a pointer parameter, a GPU copy. Not in metalcompute's API:
+        the Metal host makes its parameter structs so where a device has it."""
+        self._check_usable()
+        return Constant(self, data)
+
     def wrap(self, array):
         """A GPU array's memory as a buffer, without a copy (for inputs a kernel only reads): a
         C-contiguous CuPy array as it is (a kernel binds its first byte), another C-contiguous
@@ -350,6 +365,12 @@ class Function:
             # bytes of local memory per thread: register spills and arrays indexed at run time
             self.local_memory = self._raw.attributes.get("local_size_bytes")  # None if not given
             self._compiled_limit = int(self._raw.attributes["max_threads_per_block"])
+            # buffer index -> sizeof(T) of each `constant T&` the launcher takes by value
+            self._structs = {
+                q.index: int(cp.ndarray((1,), cp.uint32, kernel._module.get_global(
+                    f"{_build.SIZEOF_PREFIX}{info.name}_{q.index}")).get()[0])
+                for q in info.params if _build.by_value(q)}
+            self._pointer = self._raw.kernel.ptr  # the CUfunction: launched by the driver
         self._kept_size = None  # ((device cap, kernel limit), threadgroup size): see threadgroup_size
 
     def threadgroup_size(self) -> int:
@@ -378,8 +399,14 @@ class Function:
                 dispatch.check_threadgroup_memory(self.name, self.threadgroup_memory)
         except ValueError as exc:
             raise error(str(exc)) from None
-        ndarray = cp.ndarray
-        bound = [b if isinstance(b, ndarray) else device.buffer(b) for b in buffers]
+        structs = self._structs
+        try:
+            bound = [_struct(b, structs[i], self.name, i) if i in structs
+                     else b if isinstance(b, cp.ndarray)
+                     else b.buffer() if isinstance(b, Constant) else device.buffer(b)
+                     for i, b in enumerate(buffers[:self._info.n_buffers])]
+        except ValueError as exc:
+            raise error(str(exc)) from None
         n_tg = -(-count // tg)
         stream = device.stream
         with device._cuda:
@@ -390,8 +417,7 @@ class Function:
                 start, end = None, cp.cuda.Event(disable_timing=True)
             if n_tg:
                 try:
-                    self._raw((n_tg,), (tg,), tuple(bound[:self._info.n_buffers]),
-                              stream=stream)
+                    _launch(self._pointer, n_tg, tg, stream, bound)
                 except Exception as exc:  # a launch the driver refuses (resources)
                     raise error(f"kernel '{self.name}' (count {count}, threadgroup size {tg}): "
                                 f"launch failed: {exc}") from None
@@ -403,3 +429,63 @@ class Function:
         if device.check_each_dispatch:
             device._wait(handle)
         return handle
+
+
+def _struct(arg, size: int, kernel: str, index: int) -> np.ndarray:
+    """The bytes of a ``constant T&`` buffer argument (sizeof(T) = ``size``), which the launcher
+    takes by value: a :class:`Constant`'s or host data's own, a GPU buffer's copied back (the
+    stream waits for it)."""
+    if isinstance(arg, Constant):
+        data = arg.bytes
+    elif isinstance(arg, _cupy().ndarray):
+        data = arg.reshape(-1).view(np.uint8).get()
+    else:
+        try:
+            data = np.frombuffer(memoryview(arg).cast("B"), np.uint8)
+        except TypeError:
+            data = np.ascontiguousarray(arg).reshape(-1).view(np.uint8)
+    if data.nbytes < size:
+        raise ValueError(f"kernel '{kernel}': buffer {index} is its `constant` struct: expected "
+                         f"at least {size} bytes (its sizeof), got {data.nbytes}")
+    return data
+
+
+def _launch(function: int, n_tg: int, tg: int, stream, bound) -> None:
+    """cuLaunchKernel with one pointer per parameter: a struct's bytes (:func:`_struct`,
+    by value) or the address of a buffer's device pointer."""
+    cp = _cupy()
+    n = len(bound)
+    pointers = np.zeros(n, np.uint64)  # the device pointers of the buffers
+    params = np.empty(n, np.uint64)  # the address of each parameter's value
+    base = pointers.ctypes.data
+    for i, b in enumerate(bound):
+        if isinstance(b, np.ndarray):
+            params[i] = b.ctypes.data
+        else:
+            pointers[i] = b.data.ptr
+            params[i] = base + 8 * i
+    # the driver copies the values before it returns, while pointers, params and bound live
+    cp.cuda.driver.launchKernel(function, n_tg, 1, 1, tg, 1, 1, 0, stream.ptr,
+                                params.ctypes.data, 0)
+
+
+class Constant:
+    """Read-only bytes for kernels' ``constant T&`` parameters (:meth:`Device.constant`): a
+    launcher takes them by value; a kernel that takes the buffer as a pointer gets a GPU copy,
+    made on first use."""
+
+    __slots__ = ("bytes", "_device", "_buffer")
+
+    def __init__(self, device: "Device", data):
+        self.bytes = np.frombuffer(bytes(memoryview(data).cast("B")), np.uint8)
+        self._device, self._buffer = device, None
+
+    @property
+    def nbytes(self) -> int:
+        return self.bytes.nbytes
+
+    def buffer(self):
+        """The bytes as a GPU buffer (made once)."""
+        if self._buffer is None:
+            self._buffer = self._device.buffer(self.bytes)
+        return self._buffer

@@ -15,7 +15,15 @@ scope, and MSL's ``using namespace metal;`` would otherwise make each unqualifie
 After the program, one ``extern "C" __global__`` launcher per kernel takes the buffers in
 ``[[buffer(i)]]`` order, computes the builtins from CUDA's block and thread indices (1-D grid,
 a SIMD-group is a warp) and calls the kernel, which NVRTC compiles as a device function
-(``-default-device``). The launcher's ``__launch_bounds__(N, 1)`` carries the kernel's
+(``-default-device``).
+
+A buffer the kernel takes as ``constant T&`` (a parameter struct) is the launcher's parameter
+of type T by value, ``__grid_constant__``: CUDA's kernel parameter space, read-only while the
+kernel runs and read through the constant cache, as Metal's ``constant`` address space is; the
+Function passes the struct's bytes at the launch (:func:`by_value`). Bound as a pointer into
+global memory instead, every field is a load that ptxas must repeat after each store through a
+``device`` pointer (the two might alias), on the critical path of every step of a recurrence.
+``__mtl_sizeof_<kernel>_<i>`` holds sizeof(T), so the Function can check the bytes it is given. The launcher's ``__launch_bounds__(N, 1)`` carries the kernel's
 ``max_total_threads_per_threadgroup`` and asks for one resident threadgroup a core, no more:
 without that second figure ptxas caps a kernel of 256 threads at 64 registers to keep four on
 a core, and spills (measured: ``lstm_forward_v3`` 64 registers and 20 bytes of spill stores,
@@ -61,6 +69,7 @@ _FUNCTIONS = (
 
 LAUNCHER_PREFIX = "__mtl_launch_"
 LIMIT_PREFIX = "__mtl_max_threads_"
+SIZEOF_PREFIX = "__mtl_sizeof_"
 
 
 def _blank(src: str, masked: str, pattern: str, replacement) -> str:
@@ -85,6 +94,15 @@ def _shadows() -> str:
     return " ".join(f"using metal::{n};" for n in names + list(_FUNCTIONS))
 
 
+def by_value(param) -> str | None:
+    """The struct type T of a ``constant T&`` buffer parameter, which the launcher takes by value
+    (module docstring); None for any other parameter."""
+    if param.kind != "buffer":
+        return None
+    m = re.fullmatch(r"constant\s+([A-Za-z_][\w:]*)\s*&", " ".join(param.type.split()))
+    return m.group(1) if m else None
+
+
 def _argument(param) -> str:
     if param.kind == "buffer":
         return f"::__emu::bind<{param.type}>(__b{param.index})"
@@ -101,11 +119,17 @@ def _strip_qualifiers(text: str) -> str:
 def _launchers(kernels) -> str:
     out = ['#line 1 "<cuda launchers>"']
     for info in kernels:
+        structs = {p.index: by_value(p) for p in info.params if by_value(p)}
         params = [dataclasses.replace(p, type=_strip_qualifiers(p.type)) for p in info.params]
-        buffers = ", ".join(f"void* __b{i}" for i in range(info.n_buffers)) or "void"
-        args = ",\n        ".join(_argument(p) for p in params)
+        buffers = ", ".join(f"__grid_constant__ const {structs[i]} __b{i}" if i in structs
+                            else f"void* __b{i}" for i in range(info.n_buffers)) or "void"
+        args = ",\n        ".join(f"__b{p.index}" if p.index in structs else _argument(p)
+                                  for p in params)
+        sizes = "".join(f"""
+extern "C" __device__ const unsigned {SIZEOF_PREFIX}{info.name}_{i} = (unsigned)sizeof({t});"""
+                        for i, t in sorted(structs.items()))
         out.append(f"""
-extern "C" __device__ const unsigned {LIMIT_PREFIX}{info.name} = (unsigned)({info.max_threads});
+extern "C" __device__ const unsigned {LIMIT_PREFIX}{info.name} = (unsigned)({info.max_threads});{sizes}
 extern "C" __global__ void __launch_bounds__({info.max_threads}, 1) {LAUNCHER_PREFIX}{info.name}({buffers}) {{
     {info.name}({args});
 }}""")
