@@ -292,7 +292,7 @@ def _cuda_unavailable():
 @pytest.mark.parametrize("cell", CELLS)
 def test_cuda_target_dispatch_launched_with_half_its_grid_raises(cell, monkeypatch):
     """The CUDA target has no injection option: dispatch i launches only the first half of its
-    grid's threadgroups (none when it has one) by wrapping the compiled kernel for that call."""
+    grid's threadgroups (none when it has one) by wrapping the launch for that call."""
     from rnngrad.backends.metal.harness import cuda
     from rnngrad.backends.metal.host import cuda_device
 
@@ -300,20 +300,22 @@ def test_cuda_target_dispatch_launched_with_half_its_grid_raises(cell, monkeypat
     with cuda_device() as dev:
         case.gradients(backend="metal-cuda")
     kernels = [d.kernel for d in dev.trace]
-    call = cuda.Function.__call__
+    call, launch = cuda.Function.__call__, cuda._launch
+
+    def half(function, n_tg, tg, stream, bound):
+        return None if n_tg < 2 else launch(function, n_tg // 2, tg, stream, bound)
+
     for i, kernel in enumerate(kernels):
         calls = [0]
 
         def stopped(self, *args):
-            raw = self._raw
             if calls[0] == i:
-                self._raw = lambda grid, block, bound, **kw: (
-                    None if grid[0] < 2 else raw((grid[0] // 2,), block, bound, **kw))
+                monkeypatch.setattr(cuda, "_launch", half)
             calls[0] += 1
             try:
                 return call(self, *args)
             finally:
-                self._raw = raw
+                monkeypatch.setattr(cuda, "_launch", launch)
 
         monkeypatch.setattr(cuda.Function, "__call__", stopped)
         with cuda_device(), pytest.raises(IncompleteDispatch) as info:
