@@ -57,6 +57,7 @@ device ("metal-cuda") runs so; ``rnngrad.backends.metal.host.cuda_device()`` tim
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import numpy as np
@@ -453,20 +454,19 @@ def _struct(arg, size: int, kernel: str, index: int) -> np.ndarray:
 def _launch(function: int, n_tg: int, tg: int, stream, bound) -> None:
     """cuLaunchKernel with one pointer per parameter: a struct's bytes (:func:`_struct`,
     by value) or the address of a buffer's device pointer."""
-    cp = _cupy()
     n = len(bound)
-    pointers = np.zeros(n, np.uint64)  # the device pointers of the buffers
-    params = np.empty(n, np.uint64)  # the address of each parameter's value
-    base = pointers.ctypes.data
+    pointers = (ctypes.c_void_p * n)()  # the device pointers of the buffers
+    params = (ctypes.c_void_p * n)()  # the address of each parameter's value
+    base = ctypes.addressof(pointers)
     for i, b in enumerate(bound):
         if isinstance(b, np.ndarray):
-            params[i] = b.ctypes.data
+            params[i] = b.__array_interface__["data"][0]
         else:
             pointers[i] = b.data.ptr
             params[i] = base + 8 * i
     # the driver copies the values before it returns, while pointers, params and bound live
-    cp.cuda.driver.launchKernel(function, n_tg, 1, 1, tg, 1, 1, 0, stream.ptr,
-                                params.ctypes.data, 0)
+    _cupy().cuda.driver.launchKernel(function, n_tg, 1, 1, tg, 1, 1, 0, stream.ptr,
+                                     ctypes.addressof(params), 0)
 
 
 class Constant:
