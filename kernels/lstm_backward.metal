@@ -209,6 +209,10 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
             device const float* dA = dx + (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
             device const float* Rd = R + d * GH * H;
             float acc = 0.0f;
+            // 16 loads of the chain in flight at a time: ptxas unrolled the loop so by itself until
+            // the parameter struct was a kernel parameter (metal-cuda), then by 4, and the backward
+            // took twice as long (1000x8 12.2 -> 26.5 ms on an H100)
+            #pragma unroll 16
             for (uint q = 0; q < GH; ++q) {
                 acc += dA[q] * Rd[q * H + j];
             }

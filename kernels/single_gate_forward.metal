@@ -134,7 +134,7 @@ inline void single_gate_forward_v2_rows(constant RecurrenceParams& p, device con
                                         threadgroup float4* staged, threadgroup float4* nexts,
                                         uint lid, uint tgid, uint tpg) {
     threadgroup float* stage = (threadgroup float*)staged;  // [b][k]: h[t−1] ⊙ m of the chunk's rows
-    uint N = p.N, H = p.H, DH = p.D * p.H;
+    uint N = p.N, H = p.H;
     uint2 rows = rg_group_rows(p, tpg, tgid);
     uint2 units = rg_units(p, tgid);
     if (rows.x >= rows.y) {
