@@ -72,9 +72,17 @@ before its first store (each read of p after a store was a load): in one H100 ru
 200×64 3.65 / 4.91 → 3.59 / 4.75, the forwards within 3%. Three more were measured and left out.
 Loading the cell's inputs (x' + bias, c[t−1], the next step's mask) before the product instead of
 after it, meant to overlap their latency with it, made the forwards slower (1000×8 RNN 2.05 → 2.57
-ms, GRU 4.12 → 4.64). Marking the CUDA translation's constant buffers ``__restrict__`` (read-only
-while a kernel runs, as Metal's are, so that the compiler loads the parameter struct's fields once)
-gained v2 1–5% but spilled v1's LSTM (1000×8 backward 12.5 → 26.7 ms). Threadgroups of 512 or 256
+ms, GRU 4.12 → 4.64), and so did loading them a step ahead (the single-gate forward at 1000×8,
+1.99 → 2.11 ms, one H100 call). Marking the CUDA translation's constant buffers ``__restrict__``
+(read-only while a kernel runs, as Metal's are, so that the compiler loads the parameter struct's
+fields once) gained v2 1–5% but spilled v1's LSTM (1000×8 backward 12.5 → 26.7 ms). The
+translation now takes a kernel's ``constant T&`` as its launcher's ``__grid_constant__``
+parameter by value (the harness's cuda/_build.py), read through the constant cache with no load
+at all: each op's device ms, one H100 call, 1000×8 LSTM 12.62 → 11.86, 50×1 0.390 → 0.359,
+100×32 3.47 → 3.43. ``rg_dots`` then takes two rounds a loop where a thread holds one row's sums
+and the product has at least eight rounds (the backward's products over the gates, the forward's
+at H = 256): 1000×8 LSTM backward 6.97 → 6.64 ms, 100×32 1.78 → 1.66, where with four rounds
+the 1000×8 single-gate forward went 1.86 → 1.96 instead. Threadgroups of 512 or 256
 (RG_THREADS) were faster still at 50×1 (LSTM forward 0.13 ms) but slower at 100×32 (0.80 against
 0.52 ms, the RNN's forward) and in the backward at 1000×8, and threadgroups of 64 or 32 (a
 SIMD-group or two for the row's whole step, its barriers nearly free) were slower everywhere (50×1
