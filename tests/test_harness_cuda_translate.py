@@ -72,3 +72,10 @@ kernel void k(device float* y [[buffer(0)]], uint lid [[thread_position_in_threa
 def test_fast_math_options_mirror_metalcompute():
     assert "-DEMU_FAST_MATH" in _build.options(True) and "--ftz=true" in _build.options(True)
     assert "-DEMU_FAST_MATH" not in _build.options(False)
+
+
+def test_the_cuda_target_defines_every_name_it_exports():
+    from rnngrad.backends.metal.harness import cpu, cuda
+
+    assert [name for name in cuda.__all__ if not hasattr(cuda, name)] == []
+    assert [name for name in cpu.__all__ if not hasattr(cpu, name)] == []

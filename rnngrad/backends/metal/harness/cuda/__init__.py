@@ -65,8 +65,8 @@ import numpy as np
 from .. import dispatch, translate
 from . import _build
 
-__all__ = ["Device", "Kernel", "Function", "Buffer", "RunHandle", "Dispatch", "Constant", "error",
-           "get_devices", "available"]
+__all__ = ["Device", "Kernel", "Function", "RunHandle", "Dispatch", "Constant", "error", "get_devices",
+           "available"]
 
 
 class error(Exception):
