@@ -11,6 +11,14 @@ each access is a memory instruction where a register would have been free. Apple
 allocates differently; the table is what the NVIDIA target shows, and a kernel that spills
 there usually holds more live values than it needs to.
 
+With ``nvdisasm`` (NVIDIA's wheel in the same extra, or a toolkit's) the table also says how
+many global loads the best loop of each kernel issues before its first multiply-add
+("loads ahead", from the SASS): the loads a thread keeps in flight where a loop's chain of
+multiply-adds waits on memory. ptxas chooses that by itself: when the CUDA translation made the
+parameter struct a kernel parameter it stopped unrolling v1's GRU and LSTM backward products
+16-fold (32 loads ahead, then 8) and those kernels took twice as long on an H100; their loops
+now say ``#pragma unroll 16``, and the tests hold them to 16 loads ahead or more.
+
 NVRTC and the CUDA headers come from NVIDIA's wheels (the ``kernel-report`` extra), from a CUDA
 toolkit (``$CUDA_HOME``, ``/usr/local/cuda``), or from CuPy's installation on a GPU machine.
 """
@@ -22,7 +30,10 @@ import ctypes
 import ctypes.util
 import os
 import re
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,10 +100,10 @@ def _library(path: Path):
     return lib
 
 
-def ptxas_report(msl_source: str, arch: str = "sm_90", fast_math: bool = False) -> str:
-    """ptxas's verbose report of an MSL source, translated as the CUDA target does and compiled
-    by NVRTC for ``arch``; an Unavailable error without NVRTC, a RuntimeError with NVRTC's log
-    if it does not compile."""
+def compile_cuda(msl_source: str, arch: str = "sm_90", fast_math: bool = False) -> tuple:
+    """(ptxas's verbose report, the cubin) of an MSL source, translated as the CUDA target does
+    and compiled by NVRTC for ``arch``; an Unavailable error without NVRTC, a RuntimeError with
+    NVRTC's log if it does not compile."""
     from rnngrad.backends.metal.harness.cuda import _build
 
     lib = _library(find_nvrtc())
@@ -110,11 +121,73 @@ def ptxas_report(msl_source: str, arch: str = "sm_90", fast_math: bool = False) 
         log = ctypes.create_string_buffer(size.value)
         lib.nvrtcGetProgramLog(program, log)
         text = log.value.decode(errors="replace")
+        cubin = b""
+        if not status:
+            lib.nvrtcGetCUBINSize(program, ctypes.byref(size))
+            image = ctypes.create_string_buffer(size.value)
+            lib.nvrtcGetCUBIN(program, image)
+            cubin = image.raw
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(program))
     if status:
         raise RuntimeError(f"NVRTC could not compile the translation (status {status}):\n{text[-4000:]}")
-    return text
+    return text, cubin
+
+
+def ptxas_report(msl_source: str, arch: str = "sm_90", fast_math: bool = False) -> str:
+    """ptxas's verbose report of an MSL source (:func:`compile_cuda`)."""
+    return compile_cuda(msl_source, arch, fast_math)[0]
+
+
+def find_nvdisasm() -> Path:
+    """nvdisasm: NVIDIA's wheel, a toolkit, or the PATH."""
+    for folder in _nvidia_dirs("bin") + _toolkit_dirs("bin"):
+        if (folder / "nvdisasm").is_file():
+            return folder / "nvdisasm"
+    found = shutil.which("nvdisasm")
+    if found:
+        return Path(found)
+    raise Unavailable("nvdisasm not found: pip install \".[kernel-report]\" (NVIDIA's nvdisasm "
+                      "wheel), or set CUDA_HOME to a CUDA toolkit")
+
+
+_SASS_FUNCTION = re.compile(r"(?m)^\.text\.__mtl_launch_(\w+):")
+_SASS_LINE = re.compile(r"(?m)^(?:(\.L_\w+):|\s+/\*([0-9a-f]{4,})\*/\s+([^;]*);)")
+
+
+def loads_ahead(cubin: bytes) -> dict:
+    """{kernel: the most global loads (LDG) any of its loops issues before the loop's first
+    multiply-add (FFMA)}, from nvdisasm's SASS of ``cubin``; a loop is the span from a branch's
+    target back up to the branch. 0 for a kernel with no loop that multiplies and adds."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "kernels.cubin"
+        path.write_bytes(cubin)
+        done = subprocess.run([str(find_nvdisasm()), "-c", str(path)], capture_output=True,
+                              text=True, check=True)
+    out = {}
+    parts = _SASS_FUNCTION.split(done.stdout)
+    for name, text in zip(parts[1::2], parts[2::2]):
+        code, labels, pending = [], {}, []
+        for label, address, op in _SASS_LINE.findall(text):
+            if label:
+                pending.append(label)
+                continue
+            for name_ in pending:
+                labels[name_] = int(address, 16)
+            pending = []
+            code.append((int(address, 16), op.strip()))
+        best = 0
+        for address, op in code:
+            target = re.search(r"\bBRA `\((\.L_\w+)\)", op)
+            start = labels.get(target.group(1)) if target else None
+            if start is None or start >= address:
+                continue
+            loop = [o for a, o in code if start <= a <= address]
+            first = next((i for i, o in enumerate(loop) if re.search(r"\bFFMA\b", o)), None)
+            if first is not None:
+                best = max(best, sum(bool(re.search(r"\bLDG\b", o)) for o in loop[:first]))
+        out[name] = best
+    return out
 
 
 _ENTRY = re.compile(
@@ -134,11 +207,18 @@ def parse(report: str) -> dict:
 
 
 def kernel_resources(arch: str = "sm_90", fast_math: bool = False) -> dict:
-    """The table of every kernel of ``kernels/``, in the library's order."""
+    """The table of every kernel of ``kernels/``, in the library's order; each row's
+    ``loads_ahead`` (:func:`loads_ahead`) is None where nvdisasm is not found."""
     from rnngrad.backends.metal import library
 
-    found = parse(ptxas_report(library.source(), arch, fast_math))
-    return {name: found[name] for name in library.BUFFERS if name in found}
+    report, cubin = compile_cuda(library.source(), arch, fast_math)
+    found = parse(report)
+    try:
+        ahead = loads_ahead(cubin)
+    except Unavailable:
+        ahead = {}
+    return {name: dict(found[name], loads_ahead=ahead.get(name)) for name in library.BUFFERS
+            if name in found}
 
 
 def main(argv=None) -> int:
@@ -152,13 +232,16 @@ def main(argv=None) -> int:
         print(f"kernel_resources: {exc}", file=sys.stderr)
         return 2
     print(f"| kernel ({args.arch}) | registers | stack frame B | spill stores B | spill loads B | "
-          f"threadgroup memory B |")
-    print("|---|---|---|---|---|---|")
+          f"threadgroup memory B | loads ahead |")
+    print("|---|---|---|---|---|---|---|")
     for name, r in table.items():
+        ahead = "-" if r["loads_ahead"] is None else r["loads_ahead"]
         print(f"| {name} | {r['registers']} | {r['stack']} | {r['spill_stores']} | "
-              f"{r['spill_loads']} | {r['shared']} |")
+              f"{r['spill_loads']} | {r['shared']} | {ahead} |")
     local = [n for n, r in table.items() if r["stack"]]
     print(f"\n{len(table)} kernels; with local memory: {', '.join(local) if local else 'none'}")
+    if any(r["loads_ahead"] is None for r in table.values()):
+        print("loads ahead: nvdisasm not found (pip install \".[kernel-report]\")")
     return 0
 
 
