@@ -258,6 +258,39 @@ inline bool rg_simd_idle(uint first, uint lid, uint S, uint end) {
     return first + (lid & ~31u) / S >= end;
 }
 
+// R rounds of rg_dots' float4 reads from k (round r at k + 4S·r): the R · ng weight loads of all
+// of them first, so that they are in flight together, then the multiply-adds, round by round.
+template <uint R, uint G, uint B>
+inline void rg_rounds(thread RgAcc<G, B>& acc, uint ng, uint nb, threadgroup const float* v,
+                      uint ldv, device const float* w, thread const uint* off, uint k, uint S) {
+    float4 wk[R][4];
+    #pragma unroll
+    for (uint r = 0; r < R; ++r) {
+        #pragma unroll
+        for (uint g = 0; g < G; ++g) {
+            wk[r][g] = g < ng ? *((device const float4*)(w + off[g] + k + 4 * S * r))
+                              : float4(0.0f);
+        }
+    }
+    #pragma unroll
+    for (uint b = 0; b < B; ++b) {
+        if (b >= nb) {
+            break;
+        }
+        #pragma unroll
+        for (uint r = 0; r < R; ++r) {
+            float4 x = *((threadgroup const float4*)(v + b * ldv + k + 4 * S * r));
+            #pragma unroll
+            for (uint g = 0; g < G; ++g) {
+                acc.v[g][b] += wk[r][g].x * x.x;
+                acc.v[g][b] += wk[r][g].y * x.y;
+                acc.v[g][b] += wk[r][g].z * x.z;
+                acc.v[g][b] += wk[r][g].w * x.w;
+            }
+        }
+    }
+}
+
 // This lane's share of acc[g][b] += Σ_k v[b·ldv + k] · w[o_g + k] for g < ng, b < nb, k < K
 // (v in threadgroup memory, w in device memory, both contiguous in k).
 // Where K, ldv and every o_g are multiples of 4 (then v lies a multiple of 4 floats into a
@@ -281,54 +314,11 @@ inline void rg_dots(thread RgAcc<G, B>& acc, uint ng, uint nb,
         // 1.86 -> 1.96 ms instead.
         if (G * B <= 4 && K >= 32 * S) {
             for (; k + 4 * S < K; k += 8 * S) {
-                float4 wk[2][4];
-                #pragma unroll
-                for (uint r = 0; r < 2; ++r) {
-                    #pragma unroll
-                    for (uint g = 0; g < G; ++g) {
-                        wk[r][g] = g < ng ? *((device const float4*)(w + off[g] + k + 4 * S * r))
-                                          : float4(0.0f);
-                    }
-                }
-                #pragma unroll
-                for (uint b = 0; b < B; ++b) {
-                    if (b >= nb) {
-                        break;
-                    }
-                    #pragma unroll
-                    for (uint r = 0; r < 2; ++r) {
-                        float4 x = *((threadgroup const float4*)(v + b * ldv + k + 4 * S * r));
-                        #pragma unroll
-                        for (uint g = 0; g < G; ++g) {
-                            acc.v[g][b] += wk[r][g].x * x.x;
-                            acc.v[g][b] += wk[r][g].y * x.y;
-                            acc.v[g][b] += wk[r][g].z * x.z;
-                            acc.v[g][b] += wk[r][g].w * x.w;
-                        }
-                    }
-                }
+                rg_rounds<2>(acc, ng, nb, v, ldv, w, off, k, S);
             }
         }
         for (; k < K; k += 4 * S) {
-            float4 wk[4];
-            #pragma unroll
-            for (uint g = 0; g < G; ++g) {
-                wk[g] = g < ng ? *((device const float4*)(w + off[g] + k)) : float4(0.0f);
-            }
-            #pragma unroll
-            for (uint b = 0; b < B; ++b) {
-                if (b >= nb) {
-                    break;
-                }
-                float4 x = *((threadgroup const float4*)(v + b * ldv + k));
-                #pragma unroll
-                for (uint g = 0; g < G; ++g) {
-                    acc.v[g][b] += wk[g].x * x.x;
-                    acc.v[g][b] += wk[g].y * x.y;
-                    acc.v[g][b] += wk[g].z * x.z;
-                    acc.v[g][b] += wk[g].w * x.w;
-                }
-            }
+            rg_rounds<1>(acc, ng, nb, v, ldv, w, off, k, S);
         }
         return;
     }
