@@ -124,8 +124,9 @@ inline float4 gru_gate_gradients(constant RecurrenceParams& p, device const floa
     // load after it would wait for it).
     float q = p.reset_after != 0 ? zs[zrow + 3 * H + j] : 0.0f;
     float dq_before = p.reset_after != 0 ? prow[row * H + j] : 0.0f;
-    // f'(a) from f(a), which z, r and o hold; p's flags read before the first store (the
-    // compiler cannot tell that a store leaves p alone, so a read after one loads it again)
+    // f'(a) from f(a), which z, r and o hold; p's flags read before the first store (where the
+    // compiler cannot tell that a store leaves p alone, as when metal-cuda bound p as a device
+    // pointer, a read after one loads it again)
     bool after = p.reset_after != 0;
     float da_o, da_z;
     if (p.flip_z != 0) {

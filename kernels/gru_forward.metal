@@ -99,8 +99,9 @@ inline float gru_cell_after(constant RecurrenceParams& p, device const float* x,
     float xb_o = x[xrow + qo + j] + bias[d * GH + qo + j];
     float hp = s == 0 ? h0[n * DH + col + j] : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col + j];
     float q = dots.z + b2[col + j];
-    // The whole update before the stores: the compiler cannot tell that a store leaves p alone,
-    // so a field of p read between stores would be loaded again.
+    // The whole update before the stores: where the compiler cannot tell that a store leaves p
+    // alone (metal-cuda bound p as a device pointer), a field of p read between stores is loaded
+    // again.
     float a_z = xb_z + dots.x;
     float a_r = xb_r + dots.y;
     float a_o = xb_o + q * rg_activate(p.act1, a_r);

@@ -143,8 +143,9 @@ inline float4 lstm_cell_gradients(constant RecurrenceParams& p, device const flo
     float dc_next = dc * g[1];
     // The peephole's and its partial sums' loads before the first store (a store may alias any
     // buffer for the compiler, so a load after it would wait for it).
-    // The same for the parameters read after a store: the compiler cannot tell that a store
-    // leaves p alone, so each read of p.has_peephole between stores would load it again.
+    // The same for the parameters read after a store: where the compiler cannot tell that a
+    // store leaves p alone (metal-cuda bound p as a device pointer), each read of p.has_peephole
+    // between stores loads it again.
     bool peephole_on = p.has_peephole != 0;
     uint q[4];
     float pw[4], pr[4];

@@ -102,8 +102,9 @@ inline float lstm_cell(constant RecurrenceParams& p, device const float* x,
         xb[k] = x[xrow + q[k]] + bias[d * GH + q[k]];
         pw[k] = p.has_peephole != 0 ? peephole[d * GH + q[k]] : 0.0f;
     }
-    // The same for p's fields: the compiler cannot tell that a store leaves p alone, so a field
-    // read between stores would be loaded again. So the whole update first, then the stores.
+    // The same for p's fields where the compiler cannot tell that a store leaves p alone
+    // (metal-cuda bound p as a device pointer): a field read between stores is loaded again. So
+    // the whole update first, then the stores.
     float a[4], act[4];
     #pragma unroll
     for (uint k = 0; k < 4; ++k) {

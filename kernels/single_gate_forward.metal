@@ -75,7 +75,7 @@ inline float single_gate_cell(constant RecurrenceParams& p, device const float* 
     uint col = d * p.H + j;
     float a = (x[(rg_x_time(p, d, s) * N + n) * DH + col] + bias[col]) + dot;
     uint out = (rg_out_time(p, d, s) * N + n) * DH + col;
-    float ht = rg_activate(p.act0, a);  // before the stores, which p's fields would wait for
+    float ht = rg_activate(p.act0, a);  // before the stores, after which p may be loaded again
     if (p.training != 0) {
         zs[out] = a;
     }
