@@ -480,10 +480,6 @@ class Constant:
         self.bytes = np.frombuffer(bytes(memoryview(data).cast("B")), np.uint8)
         self._device, self._buffer = device, None
 
-    @property
-    def nbytes(self) -> int:
-        return self.bytes.nbytes
-
     def buffer(self):
         """The bytes as a GPU buffer (made once)."""
         if self._buffer is None:

@@ -23,7 +23,9 @@ kernel runs and read through the constant cache, as Metal's ``constant`` address
 Function passes the struct's bytes at the launch (:func:`by_value`). Bound as a pointer into
 global memory instead, every field is a load that ptxas must repeat after each store through a
 ``device`` pointer (the two might alias), on the critical path of every step of a recurrence.
-``__mtl_sizeof_<kernel>_<i>`` holds sizeof(T), so the Function can check the bytes it is given. The launcher's ``__launch_bounds__(N, 1)`` carries the kernel's
+``__mtl_sizeof_<kernel>_<i>`` holds sizeof(T), so the Function can check the bytes it is given.
+
+The launcher's ``__launch_bounds__(N, 1)`` carries the kernel's
 ``max_total_threads_per_threadgroup`` and asks for one resident threadgroup a core, no more:
 without that second figure ptxas caps a kernel of 256 threads at 64 registers to keep four on
 a core, and spills (measured: ``lstm_forward_v3`` 64 registers and 20 bytes of spill stores,
@@ -119,7 +121,7 @@ def _strip_qualifiers(text: str) -> str:
 def _launchers(kernels) -> str:
     out = ['#line 1 "<cuda launchers>"']
     for info in kernels:
-        structs = {p.index: by_value(p) for p in info.params if by_value(p)}
+        structs = {p.index: t for p in info.params if (t := by_value(p))}
         params = [dataclasses.replace(p, type=_strip_qualifiers(p.type)) for p in info.params]
         buffers = ", ".join(f"__grid_constant__ const {structs[i]} __b{i}" if i in structs
                             else f"void* __b{i}" for i in range(info.n_buffers)) or "void"
