@@ -1,5 +1,5 @@
 """verification/gpu_run.py's own machinery (it runs on the lent GPU machine, where time is short):
-the deadline, and the few files it leaves in its output folder."""
+the deadline, the few files it leaves in its output folder, and the op its bench times."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "verification"))
@@ -93,3 +95,24 @@ def test_paired_walls_alternate_the_two_and_take_each_median():
     a, b = gpu_run.paired_walls("a", "b", 20, windows=5, timer=timer)
     assert (a, b) == (1.1, 2.1)
     assert calls == [("a", 20), ("b", 20)] * 5
+
+
+@pytest.mark.parametrize("module", ["RNN", "GRU", "LSTM"])
+def test_the_benchs_step_gives_the_input_gradient_torch_autograd_gives(module):
+    """gpu_run.metal_step, the op the bench and gpu_ab.py time, run on the reference backend with
+    NumPy arrays (no GPU): its gradient of the input against PyTorch's autograd, float64."""
+    import numpy as np
+    import torch
+
+    from rnngrad.convert import torch as rgt
+    from rnngrad.testing import compare_array
+
+    torch.manual_seed(0)
+    m = getattr(torch.nn, module)(3, 4).double()
+    x = np.random.default_rng(0).standard_normal((5, 2, 3))
+    gy = np.random.default_rng(1).standard_normal((5, 2, 4))
+    got = gpu_run.metal_step(rgt.from_module(m), x, gy, backend="reference", xp=np)()
+    xt = torch.tensor(x, requires_grad=True)
+    m(xt)[0].backward(torch.tensor(gy))
+    worst, mismatch = compare_array("source", got.as_dict()["source"], xt.grad.numpy(), np.float64)
+    assert mismatch is None, str(mismatch)

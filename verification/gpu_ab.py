@@ -9,8 +9,8 @@ Forward + gradients through ``metal-cuda``, one column a copy:
 A tree is a folder that holds the project (its ``rnngrad/`` and ``kernels/``); ``.`` is the
 working tree. ``ab/`` is ignored by git, so a copy there never lands in a commit; the GPU
 machine's ``run`` carries it when asked (``carry=["ab"]``). Each tree runs in a process of its
-own, its ``rnngrad`` imported and its kernels compiled, while the measurement is this file's:
-one op as ``gpu_run.py``'s bench builds it (``torch.nn`` weights through
+own, its ``rnngrad`` imported and its kernels compiled, while the measurement is this copy's:
+one op as the bench builds it (``gpu_run.metal_step``: ``torch.nn`` weights through
 ``rnngrad.convert.torch``, inputs on the GPU), two warm-up calls, then device ms by kernel from
 torch.profiler (``gpu_run.device_ms``, the method of the bench's cuDNN column). The trees take
 turns within each of ``--rounds`` rounds, so that a drift of the machine falls on all of them,
@@ -62,16 +62,13 @@ def child(tree: Path, shapes, cells) -> dict:
         import torch
     except ImportError as exc:
         raise SystemExit(f"gpu_ab: needs CuPy and PyTorch with CUDA ({exc})") from None
-    import dataclasses
-
     import numpy as np
 
-    import rnngrad as rg
     from rnngrad.backends.metal.host import cuda_device
     from rnngrad.convert import torch as rgt
 
     sys.path.insert(1, str(HERE))
-    from gpu_run import device_ms
+    from gpu_run import device_ms, metal_step
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -83,20 +80,7 @@ def child(tree: Path, shapes, cells) -> dict:
                                      "LSTM": torch.nn.LSTM}[mode](I, H))
             x = np.random.default_rng(0).standard_normal((T, N, I)).astype(np.float32)
             gy = cp.asarray(np.random.default_rng(1).standard_normal((T, N, H)), cp.float32)
-            args = {k: cp.asarray(v) if isinstance(v, np.ndarray) else v
-                    for k, v in layer.arguments(x).items()}
-            name = {"single_gate": "single_gate_rnn"}.get(layer.cell, layer.cell)
-            forward, gradients = getattr(rg, name), getattr(rg, name + "_gradients")
-            desc = dataclasses.replace(layer.descriptor, training=True)
-            rest = {k: v for k, v in args.items() if k not in ("source", "recurrent_weight")}
-
-            def step():
-                res = forward(**args, descriptor=desc, backend="metal-cuda")
-                saved = ({"output_fwd": res.state} if layer.cell == "gru" else
-                         {"cell_output_fwd": res.cell} if layer.cell == "lstm" else {})
-                return gradients(args["source"], args["recurrent_weight"], gy, res.z_state,
-                                 **saved, **rest, descriptor=desc, backend="metal-cuda")
-
+            step = metal_step(layer, x, gy)
             with cuda_device():
                 for _ in range(2):
                     step()

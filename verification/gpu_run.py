@@ -258,13 +258,41 @@ def recurrence_ms(measured: dict, direction: str, key: str = "per_kernel") -> fl
                if k.endswith((f"_{direction}", f"_{direction}_v2", f"_{direction}_v3")))
 
 
+def metal_step(layer, x, gy, backend: str = "metal-cuda", xp=None):
+    """One forward + gradients of ``layer`` (an ``rnngrad.convert.torch`` layer), as a training
+    step calls them: its arguments for the input ``x`` [T,N,I] made arrays of ``xp`` (CuPy by
+    default: on the GPU), ``gy`` [T,N,H] the output's gradient, on ``backend``. Returns the
+    call (no arguments; the gradients' result)."""
+    import dataclasses
+
+    import numpy as np
+
+    import rnngrad as rg
+
+    if xp is None:
+        import cupy as xp
+    cell = layer.cell
+    args = {k: (xp.asarray(v) if isinstance(v, np.ndarray) else v)
+            for k, v in layer.arguments(x).items()}
+    name = {"single_gate": "single_gate_rnn"}.get(cell, cell)
+    forward, gradients = getattr(rg, name), getattr(rg, name + "_gradients")
+    desc = dataclasses.replace(layer.descriptor, training=True)
+
+    def step():
+        res = forward(**args, descriptor=desc, backend=backend)
+        saved = {"output_fwd": res.state} if cell == "gru" else (
+            {"cell_output_fwd": res.cell} if cell == "lstm" else {})
+        rest = {k: v for k, v in args.items() if k not in ("source", "recurrent_weight")}
+        return gradients(args["source"], args["recurrent_weight"], gy, res.z_state, **saved,
+                         **rest, descriptor=desc, backend=backend)
+    return step
+
+
 def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
     """rnngrad metal-cuda against cuDNN at ``shapes`` (default SHAPES) for ``cells``; returns rows."""
     import cupy as cp
-    import numpy as np
     import torch
 
-    import rnngrad as rg
     from rnngrad.backends.metal.host import cuda_device
     from rnngrad.convert import torch as rgt
 
@@ -304,22 +332,8 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
                 torch.cuda.synchronize()
             torch_kernel = sum(e.device_time_total for e in prof.key_averages()) / 1e3  # ms
             # rnngrad: arguments on the GPU
-            args = layer.arguments(x.cpu().numpy())
             cell = layer.cell
-            gpu_args = {k: (cp.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in args.items()}
-            fwd = getattr(rg, {"single_gate": "single_gate_rnn"}.get(cell, cell))
-            grad = getattr(rg, {"single_gate": "single_gate_rnn"}.get(cell, cell) + "_gradients")
-            desc = __import__("dataclasses").replace(layer.descriptor, training=True)
-            gyc = cp.asarray(gy.cpu().numpy())
-
-            def rnngrad_step():
-                res = fwd(**gpu_args, descriptor=desc, backend="metal-cuda")
-                extra = {"output_fwd": res.state} if cell == "gru" else (
-                    {"cell_output_fwd": res.cell} if cell == "lstm" else {})
-                src = gpu_args["source"]
-                kw = {k: v for k, v in gpu_args.items() if k not in ("source", "recurrent_weight")}
-                return grad(src, gpu_args["recurrent_weight"], gyc, res.z_state, **extra, **kw,
-                            descriptor=desc, backend="metal-cuda")
+            rnngrad_step = metal_step(layer, x.cpu().numpy(), cp.asarray(gy.cpu().numpy()))
             measured = {}
             from rnngrad.backends.metal import versions
             with cuda_device() as dev:
