@@ -76,24 +76,17 @@ except kr.Unavailable as exc:
 needs_nvdisasm = pytest.mark.skipif(NO_NVDISASM is not None, reason=f"{NO_NVDISASM}")
 
 # One dot product a thread, its loop unrolled 8-fold or not at all.
-DOTS = HEADER + """
-kernel void dot8(device const float* a [[buffer(0)]], device const float* b [[buffer(1)]],
+DOT = """
+kernel void dot{unroll}(device const float* a [[buffer(0)]], device const float* b [[buffer(1)]],
                  device float* y [[buffer(2)]], constant uint& n [[buffer(3)]],
-                 uint gid [[thread_position_in_grid]]) {
+                 uint gid [[thread_position_in_grid]]) {{
     float s = 0.0f;
-    #pragma unroll 8
+    #pragma unroll {unroll}
     for (uint k = 0; k < n; ++k) s += a[gid * n + k] * b[k];
     y[gid] = s;
-}
-kernel void dot1(device const float* a [[buffer(0)]], device const float* b [[buffer(1)]],
-                 device float* y [[buffer(2)]], constant uint& n [[buffer(3)]],
-                 uint gid [[thread_position_in_grid]]) {
-    float s = 0.0f;
-    #pragma unroll 1
-    for (uint k = 0; k < n; ++k) s += a[gid * n + k] * b[k];
-    y[gid] = s;
-}
+}}
 """
+DOTS = HEADER + DOT.format(unroll=8) + DOT.format(unroll=1)
 
 
 @needs_nvdisasm
