@@ -540,6 +540,105 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 }
 
 // ---------------------------------------------------------------------------------------------
+// v2's one-row body. Where a v2 threadgroup owns one row and one pass of its threads covers every
+// unit (rg_one_pass: the rule's grid, where S · H fits the threadgroup), its kernels run a lean
+// body instead of the chunked one: the row's indices are computed once (RgRow), not with
+// divisions by N at every step; lane 0 of a unit's S lanes owns the unit, so what crosses steps
+// (the backward's dh_next) stays in its registers; the stage alternates between two buffers, so
+// a step waits at one barrier; the weights a thread reads stay in its registers from step to
+// step where they fit (rg_hold, RG_HOLD float4 a gate); and the next step's inputs are loaded
+// before the barrier that ends a step. Nsight Compute counted 312 instructions a SIMD-group a
+// step in the chunked body's single-gate forward at 1000x8x128x128 for 16 multiply-adds a thread.
+
+// float4 of one weight row a thread holds at most (RG_HOLD · 4 · S >= H: H <= 128 at S = 8).
+#define RG_HOLD 4
+
+// One row of a recurrence, its indices computed once: the row's units in an [N, D·H] array
+// start at `at`; in a [T, N, D·H] array those of processing step s start at x0 + s·xs (input
+// time) and o0 + s·os (output time), and the mask's at s·ms + at; uint arithmetic wraps, so the
+// backward direction's negative strides are their two's complements.
+struct RgRow {
+    uint d, n, at, x0, xs, o0, os, ms;
+};
+
+inline RgRow rg_row(constant RecurrenceParams& p, uint row) {
+    uint N = p.N, H = p.H, DH = p.D * p.H, NDH = p.N * p.D * p.H;
+    RgRow r;
+    r.d = row / N;
+    r.n = row % N;
+    r.at = r.n * DH + r.d * H;
+    r.x0 = rg_x_time(p, r.d, 0) * NDH + r.at;
+    r.xs = rg_x_time(p, r.d, 0) == 0 ? NDH : 0u - NDH;
+    r.o0 = rg_out_time(p, r.d, 0) * NDH + r.at;
+    r.os = rg_out_time(p, r.d, 0) == 0 ? NDH : 0u - NDH;
+    r.ms = p.mask_per_step != 0 ? NDH : 0u;
+    return r;
+}
+
+// Whether threadgroup tgid of a v2 dispatch runs the one-row body: its own grid (not the
+// one-step one), one row, and S · units <= tpg, so that a thread owns one unit for the whole
+// dispatch.
+inline bool rg_one_pass(constant RecurrenceParams& p, uint tpg, uint tgid) {
+    uint2 rows = rg_group_rows(p, tpg, tgid);
+    return p.unit_blocks == 0 && rows.y == rows.x + 1 && rg_slices(p.H, tpg) * p.H <= tpg;
+}
+
+// Whether a thread of the one-row body holds its share of a weight row of K in registers:
+// rg_dots would read it as float4 (K a multiple of 4) in at most RG_HOLD rounds.
+inline bool rg_holds(uint K, uint tpg, uint units) {
+    return (K & 3u) == 0 && K <= 4 * RG_HOLD * rg_slices(units, tpg);
+}
+
+// This lane's share of weight row w (contiguous in k, K long): the float4 at k = 4·lane + 4S·r,
+// r < RG_HOLD, as rg_dots reads them (zeros past K).
+inline void rg_hold(thread float4* held, device const float* w, uint K, uint lane, uint S) {
+    #pragma unroll
+    for (uint r = 0; r < RG_HOLD; ++r) {
+        uint k = 4 * lane + 4 * S * r;
+        held[r] = k < K ? *((device const float4*)(w + k)) : float4(0.0f);
+    }
+}
+
+// This lane's share of Σ_k v[k] · w[k] from the share rg_hold holds, in rg_dots' order.
+inline float rg_held_dot(thread const float4* held, threadgroup const float* v, uint K, uint lane,
+                         uint S) {
+    float acc = 0.0f;
+    #pragma unroll
+    for (uint r = 0; r < RG_HOLD; ++r) {
+        uint k = 4 * lane + 4 * S * r;
+        if (k < K) {
+            float4 x = *((threadgroup const float4*)(v + k));
+            acc += held[r].x * x.x;
+            acc += held[r].y * x.y;
+            acc += held[r].z * x.z;
+            acc += held[r].w * x.w;
+        }
+    }
+    return acc;
+}
+
+// This lane's share of Σ_k v[k] · w[k] read from device memory (rg_dots for one row and gate).
+inline float rg_row_dot(threadgroup const float* v, device const float* w, uint K, uint lane,
+                        uint S) {
+    RgAcc<1, 1> acc;
+    rg_clear(acc);
+    rg_dots(acc, 1, 1, v, K, w, 0, 0, 0, 0, K, lane, S);
+    return acc.v[0][0];
+}
+
+// The butterfly of rg_lane_sum for one sum, unrolled (S is a power of two <= RG_LANES): every
+// lane of the unit ends with the total. Every lane of the SIMD-group calls it.
+inline float rg_lane_total(float v, uint S) {
+    #pragma unroll
+    for (uint m = RG_LANES / 2; m > 0; m /= 2) {
+        if (m < S) {
+            v += simd_shuffle_xor(v, (ushort)m);
+        }
+    }
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Helpers of the v3 recurrence kernels (<cell>_{forward,backward}_v3): one step a dispatch,
 // each threadgroup a tile of the step's recurrent product, a register-blocked matrix product
 // with both factors staged through threadgroup memory, then the cell's element-wise work for

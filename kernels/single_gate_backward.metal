@@ -20,6 +20,10 @@
 //      unit j for every row of the chunk and a slice of k, the slices' sums meet through
 //      simd_shuffle_xor, lane b mod S writes row b's dh_next. Rᵀ comes instead of R (k
 //      contiguous). Two barriers per step and chunk (dh_next crosses threads: device memory).
+//      Where a threadgroup owns one row and one pass of its threads covers every unit
+//      (rg_one_pass, the rule's grid), a lean body runs (single_gate_backward_v2_row): lane 0
+//      of a unit's lanes runs its phase A and keeps dh_next in a register, da alternates
+//      between two stages (one barrier a step), Rᵀ's row held in registers where it fits.
 //      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
 //      each own a block of the units, one dispatch per step, phase B moved to the start of the
 //      next dispatch (rg_carry: da of every unit read back from dx), then phase A of the
@@ -221,6 +225,80 @@ inline void single_gate_backward_v2_rows(constant RecurrenceParams& p, device co
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// single_gate_backward_v2's one-row body (rg_one_pass): thread lid is lane lid mod S of unit
+// lid / S, lane 0 runs the unit's phase A and keeps its dh_next in a register from step to step
+// (dhn is read once and written once); HOLD: the thread's share of Rᵀ's row j stays in registers.
+// da alternates between two halves of the stage: one barrier a step.
+template <bool HOLD>
+inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
+                                        device const float* h0, device const float* mask,
+                                        device const float* dy, device const float* zs,
+                                        device float* dx, device float* rhs, device float* dhn,
+                                        device uint2* status, threadgroup float* stage, uint row,
+                                        uint lid, uint tgid, uint tpg) {
+    uint H = p.H;
+    RgRow r = rg_row(p, row);
+    uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
+    bool unit = j < H, owner = unit && lane == 0, idle = rg_simd_idle(0, lid, S, H);
+    device const float* Rj = Rt + (r.d * H + min(j, H - 1)) * H;
+    float4 held[RG_HOLD];
+    if (HOLD) {
+        rg_hold(held, Rj, unit ? H : 0u, lane, S);
+    }
+    // The owner's carry and mask, and the output-time inputs of the dispatch's first step: dy,
+    // z_state and the z_state of the step before (h[t−1] = f of it).
+    float dh = 0.0f, mj = 0.0f, g = 0.0f, a = 0.0f, ap = 0.0f;
+    if (owner) {
+        dh = dhn[r.at + j];
+        mj = mask[r.at + j];
+        if (p.s_end > p.s_begin) {
+            uint s = p.s_end - 1;
+            g = dy[r.o0 + s * r.os + j];
+            a = zs[r.o0 + s * r.os + j];
+            ap = s == 0 ? 0.0f : zs[r.o0 + (s - 1) * r.os + j];
+        }
+    }
+    for (uint step = p.s_end; step > p.s_begin; --step) {
+        uint s = step - 1;
+        threadgroup float* buf = stage + ((p.s_end - step) & 1u) * H;
+        float m = 0.0f;
+        if (owner) {
+            m = r.ms != 0 ? mask[s * r.ms + r.at + j] : mj;
+            float hp = s == 0 ? h0[r.at + j] : rg_activate(p.act0, ap);
+            float da = (g + dh) * rg_derivative(p.act0, a);
+            if (s > p.s_begin) {
+                // the next step's inputs, in flight over the barrier and the product
+                g = dy[r.o0 + (s - 1) * r.os + j];
+                a = ap;
+                ap = s == 1 ? 0.0f : zs[r.o0 + (s - 2) * r.os + j];
+            }
+            buf[j] = da;
+            uint xin = r.x0 + s * r.xs + j;
+            dx[xin] = da;
+            rhs[xin] = hp * m;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        // Phase B: dh_next[j] = m_j Σ_k da_k R[k,j]. The other half of the stage is the next
+        // step's: every thread has left this product before any writes this half again.
+        if (!idle) {
+            float dot = 0.0f;
+            if (unit) {
+                dot = HOLD ? rg_held_dot(held, buf, H, lane, S) : rg_row_dot(buf, Rj, H, lane, S);
+            }
+            dot = rg_lane_total(dot, S);
+            if (owner) {
+                dh = dot * m;
+            }
+        }
+    }
+    if (owner) {
+        dhn[r.at + j] = dh;
+    }
+    // Every thread has finished its last step.
+    threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                     device const float* Rt [[buffer(1)]],
@@ -236,7 +314,16 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                     uint tgid [[threadgroup_position_in_grid]],
                                     uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    if (rg_one_row(p, tpg, tgid)) {
+    if (rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE) {
+        uint row = rg_group_rows(p, tpg, tgid).x;
+        if (rg_holds(p.H, tpg, p.H)) {
+            single_gate_backward_v2_row<true>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
+                                              (threadgroup float*)staged, row, lid, tgid, tpg);
+        } else {
+            single_gate_backward_v2_row<false>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
+                                               (threadgroup float*)staged, row, lid, tgid, tpg);
+        }
+    } else if (rg_one_row(p, tpg, tgid)) {
         single_gate_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged, lid,
                                         tgid, tpg);
     } else {

@@ -19,7 +19,10 @@
 //      Where the threadgroup's rows are one chunk owning every unit (rg_resident: the rule's
 //      grid, a row a threadgroup), the cells leave h[t] ⊙ m of the next step in threadgroup
 //      memory (rg_leave; two buffers alternate): only a dispatch's first step stages from
-//      device memory, and a step has one barrier.
+//      device memory, and a step has one barrier. Where, besides, one pass of the threads
+//      covers every unit (rg_one_pass), a lean body runs (single_gate_forward_v2_row): the
+//      row's indices computed once, lane 0 of a unit's lanes its cell, R's row held in
+//      registers where it fits (rg_hold), x' loaded a step ahead.
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
@@ -186,6 +189,66 @@ inline void single_gate_forward_v2_rows(constant RecurrenceParams& p, device con
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// single_gate_forward_v2's one-row body (rg_one_pass): thread lid is lane lid mod S of unit
+// lid / S, lane 0 runs the unit's cell; HOLD: the thread's share of R's row j stays in registers.
+template <bool HOLD>
+inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device const float* x,
+                                       device const float* bias, device const float* R,
+                                       device const float* h0, device const float* mask,
+                                       device float* h, device float* zs, device uint2* status,
+                                       threadgroup float* stage, threadgroup float* after, uint row,
+                                       uint lid, uint tgid, uint tpg) {
+    uint H = p.H;
+    RgRow r = rg_row(p, row);
+    uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
+    bool unit = j < H, owner = unit && lane == 0, idle = rg_simd_idle(0, lid, S, H);
+    device const float* Rj = R + (r.d * H + min(j, H - 1)) * H;
+    float4 held[RG_HOLD];
+    if (HOLD) {
+        rg_hold(held, Rj, unit ? H : 0u, lane, S);
+    }
+    // The owner's inputs that no step changes, and x' of the dispatch's first step.
+    float bj = 0.0f, mj = 0.0f, xa = 0.0f;
+    if (owner) {
+        bj = bias[r.d * H + j];
+        mj = mask[r.at + j];
+        xa = p.s_end > p.s_begin ? x[r.x0 + p.s_begin * r.xs + j] : 0.0f;
+    }
+    for (uint s = p.s_begin; s < p.s_end; ++s) {
+        bool odd = ((s - p.s_begin) & 1u) != 0;
+        threadgroup float* cur = odd ? after : stage;
+        threadgroup float* next = odd ? stage : after;
+        if (s == p.s_begin) {
+            rg_stage_hm(cur, p, h0, h, mask, row, 1, s, lid, tpg);
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+        }
+        if (!idle) {
+            float dot = 0.0f;
+            if (unit) {
+                dot = HOLD ? rg_held_dot(held, cur, H, lane, S) : rg_row_dot(cur, Rj, H, lane, S);
+            }
+            dot = rg_lane_total(dot, S);
+            if (owner) {
+                float a = (xa + bj) + dot;
+                uint out = r.o0 + s * r.os + j;
+                float ht = rg_activate(p.act0, a);  // before the stores, after which p may be loaded again
+                if (s + 1 < p.s_end) {
+                    xa = x[r.x0 + (s + 1) * r.xs + j];  // the next step's, in flight over the barrier
+                    next[j] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + j] : mj);
+                }
+                if (p.training != 0) {
+                    zs[out] = a;
+                }
+                h[out] = ht;
+            }
+        }
+        // The next stage is complete before any thread reads it, and this one read before
+        // any thread writes it again (a step later).
+        threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+    }
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                    device const float* x [[buffer(1)]],
@@ -201,7 +264,18 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                    uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    if (rg_one_row(p, tpg, tgid)) {
+    if (rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT) {
+        uint row = rg_group_rows(p, tpg, tgid).x;
+        if (rg_holds(p.H, tpg, p.H)) {
+            single_gate_forward_v2_row<true>(p, x, bias, R, h0, mask, h, zs, status,
+                                             (threadgroup float*)staged,
+                                             (threadgroup float*)nexts, row, lid, tgid, tpg);
+        } else {
+            single_gate_forward_v2_row<false>(p, x, bias, R, h0, mask, h, zs, status,
+                                              (threadgroup float*)staged,
+                                              (threadgroup float*)nexts, row, lid, tgid, tpg);
+        }
+    } else if (rg_one_row(p, tpg, tgid)) {
         single_gate_forward_v2_rows<1>(p, x, bias, R, h0, mask, h, zs, status, staged, nexts, lid,
                                        tgid, tpg);
     } else {
