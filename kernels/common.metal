@@ -550,7 +550,9 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // before the barrier that ends a step. Nsight Compute counted 312 instructions a SIMD-group a
 // step in the chunked body's single-gate forward at 1000x8x128x128 for 16 multiply-adds a thread.
 
-// float4 of one weight row a thread holds at most (RG_HOLD · 4 · S >= H: H <= 128 at S = 8).
+// float4 of a weight row a thread of the one-row body holds at most (rg_hold): a single gate's
+// row W = RG_HOLD (4 · W · S >= H: H <= 128 at S = 8), each gate's of the GRU and LSTM
+// W = RG_HOLD / 2 (H <= 64), so that the held weights take 16, 24 or 32 registers.
 #define RG_HOLD 4
 
 // One row of a recurrence, its indices computed once: the row's units in an [N, D·H] array
@@ -583,28 +585,30 @@ inline bool rg_one_pass(constant RecurrenceParams& p, uint tpg, uint tgid) {
     return p.unit_blocks == 0 && rows.y == rows.x + 1 && rg_slices(p.H, tpg) * p.H <= tpg;
 }
 
-// Whether a thread of the one-row body holds its share of a weight row of K in registers:
-// rg_dots would read it as float4 (K a multiple of 4) in at most RG_HOLD rounds.
-inline bool rg_holds(uint K, uint tpg, uint units) {
-    return (K & 3u) == 0 && K <= 4 * RG_HOLD * rg_slices(units, tpg);
+// Whether a thread of the one-row body holds its share of a weight row of K in W float4
+// registers: rg_dots would read it as float4 (K a multiple of 4) in at most W rounds.
+inline bool rg_holds(uint K, uint W, uint S) {
+    return (K & 3u) == 0 && K <= 4 * W * S;
 }
 
 // This lane's share of weight row w (contiguous in k, K long): the float4 at k = 4·lane + 4S·r,
-// r < RG_HOLD, as rg_dots reads them (zeros past K).
+// r < W, as rg_dots reads them (zeros past K).
+template <uint W>
 inline void rg_hold(thread float4* held, device const float* w, uint K, uint lane, uint S) {
     #pragma unroll
-    for (uint r = 0; r < RG_HOLD; ++r) {
+    for (uint r = 0; r < W; ++r) {
         uint k = 4 * lane + 4 * S * r;
         held[r] = k < K ? *((device const float4*)(w + k)) : float4(0.0f);
     }
 }
 
-// This lane's share of Σ_k v[k] · w[k] from the share rg_hold holds, in rg_dots' order.
+// This lane's share of Σ_k v[k] · w[k] from the share rg_hold<W> holds, in rg_dots' order.
+template <uint W>
 inline float rg_held_dot(thread const float4* held, threadgroup const float* v, uint K, uint lane,
                          uint S) {
     float acc = 0.0f;
     #pragma unroll
-    for (uint r = 0; r < RG_HOLD; ++r) {
+    for (uint r = 0; r < W; ++r) {
         uint k = 4 * lane + 4 * S * r;
         if (k < K) {
             float4 x = *((threadgroup const float4*)(v + k));

@@ -243,7 +243,7 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
     device const float* Rj = Rt + (r.d * H + min(j, H - 1)) * H;
     float4 held[RG_HOLD];
     if (HOLD) {
-        rg_hold(held, Rj, unit ? H : 0u, lane, S);
+        rg_hold<RG_HOLD>(held, Rj, unit ? H : 0u, lane, S);
     }
     // The owner's carry and mask, and the output-time inputs of the dispatch's first step: dy,
     // z_state and the z_state of the step before (h[t−1] = f of it).
@@ -283,7 +283,8 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
         if (!idle) {
             float dot = 0.0f;
             if (unit) {
-                dot = HOLD ? rg_held_dot(held, buf, H, lane, S) : rg_row_dot(buf, Rj, H, lane, S);
+                dot = HOLD ? rg_held_dot<RG_HOLD>(held, buf, H, lane, S)
+                           : rg_row_dot(buf, Rj, H, lane, S);
             }
             dot = rg_lane_total(dot, S);
             if (owner) {
@@ -316,7 +317,7 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     if (rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE) {
         uint row = rg_group_rows(p, tpg, tgid).x;
-        if (rg_holds(p.H, tpg, p.H)) {
+        if (rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg))) {
             single_gate_backward_v2_row<true>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
                                               (threadgroup float*)staged, row, lid, tgid, tpg);
         } else {

@@ -205,7 +205,7 @@ inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device cons
     device const float* Rj = R + (r.d * H + min(j, H - 1)) * H;
     float4 held[RG_HOLD];
     if (HOLD) {
-        rg_hold(held, Rj, unit ? H : 0u, lane, S);
+        rg_hold<RG_HOLD>(held, Rj, unit ? H : 0u, lane, S);
     }
     // The owner's inputs that no step changes, and x' of the dispatch's first step.
     float bj = 0.0f, mj = 0.0f, xa = 0.0f;
@@ -225,7 +225,8 @@ inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device cons
         if (!idle) {
             float dot = 0.0f;
             if (unit) {
-                dot = HOLD ? rg_held_dot(held, cur, H, lane, S) : rg_row_dot(cur, Rj, H, lane, S);
+                dot = HOLD ? rg_held_dot<RG_HOLD>(held, cur, H, lane, S)
+                           : rg_row_dot(cur, Rj, H, lane, S);
             }
             dot = rg_lane_total(dot, S);
             if (owner) {
@@ -266,7 +267,7 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
     threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
     if (rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT) {
         uint row = rg_group_rows(p, tpg, tgid).x;
-        if (rg_holds(p.H, tpg, p.H)) {
+        if (rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg))) {
             single_gate_forward_v2_row<true>(p, x, bias, R, h0, mask, h, zs, status,
                                              (threadgroup float*)staged,
                                              (threadgroup float*)nexts, row, lid, tgid, tpg);
