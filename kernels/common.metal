@@ -542,39 +542,48 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // ---------------------------------------------------------------------------------------------
 // v2's one-row body. Where a v2 threadgroup owns one row and one pass of its threads covers every
 // unit (rg_one_pass: the rule's grid, where S · H fits the threadgroup), its kernels run a lean
-// body instead of the chunked one: the row's indices are computed once (RgRow), not with
-// divisions by N at every step; lane 0 of a unit's S lanes owns the unit, so what crosses steps
-// (the backward's dh_next) stays in its registers; the stage alternates between two buffers, so
-// a step waits at one barrier; the weights a thread reads stay in its registers from step to
-// step where they fit (rg_hold, RG_HOLD float4 a gate); and the next step's inputs are loaded
-// before the barrier that ends a step. Nsight Compute counted 312 instructions a SIMD-group a
-// step in the chunked body's single-gate forward at 1000x8x128x128 for 16 multiply-adds a thread.
+// body instead of the chunked one. The row's indices are computed once (RgRow), not with
+// divisions by N at every step. The product runs on every SIMD-group (S lanes a unit), its sums
+// meet in threadgroup memory, and then thread u < H alone runs unit u's element-wise work: the
+// cell's code then runs on H / 32 SIMD-groups rather than on all of them, for a second barrier
+// a step, and what crosses steps (the LSTM's c, the backward's dh_next) stays in that thread's
+// registers. The weights a thread reads stay in its registers from step to step where they fit
+// (rg_hold), and the next step's inputs are loaded before the product. Nsight Compute counted 312
+// instructions a SIMD-group a step in the chunked body's single-gate forward at 1000x8x128x128,
+// for 16 multiply-adds a thread. On an H100, that forward / backward at 1000x8: 1.99 / 2.39 ms
+// chunked, 0.91 / 1.27 with the lean body's cell on lane 0 of every unit's lanes (every
+// SIMD-group), 0.66 / 1.04 with it on H threads.
 
 // float4 of a weight row a thread of the one-row body holds at most (rg_hold): a single gate's
 // row W = RG_HOLD (4 · W · S >= H: H <= 128 at S = 8), each gate's of the GRU and LSTM
 // W = RG_HOLD / 2 (H <= 64), so that the held weights take 16, 24 or 32 registers.
 #define RG_HOLD 4
 
-// One row of a recurrence, its indices computed once: the row's units in an [N, D·H] array
-// start at `at`; in a [T, N, D·H] array those of processing step s start at x0 + s·xs (input
+// One row of a recurrence, its indices computed once: the row's C columns in an [N, D·C] array
+// start at `at`; in a [T, N, D·C] array those of processing step s start at x0 + s·xs (input
 // time) and o0 + s·os (output time), and the mask's at s·ms + at; uint arithmetic wraps, so the
-// backward direction's negative strides are their two's complements.
+// backward direction's negative strides are their two's complements. rg_row: C = H (h, c, the
+// mask); rg_row_of(p, row, G·H): x', z_state and dA.
 struct RgRow {
     uint d, n, at, x0, xs, o0, os, ms;
 };
 
-inline RgRow rg_row(constant RecurrenceParams& p, uint row) {
-    uint N = p.N, H = p.H, DH = p.D * p.H, NDH = p.N * p.D * p.H;
+inline RgRow rg_row_of(constant RecurrenceParams& p, uint row, uint C) {
+    uint N = p.N, DC = p.D * C, NDC = p.N * p.D * C;
     RgRow r;
     r.d = row / N;
     r.n = row % N;
-    r.at = r.n * DH + r.d * H;
-    r.x0 = rg_x_time(p, r.d, 0) * NDH + r.at;
-    r.xs = rg_x_time(p, r.d, 0) == 0 ? NDH : 0u - NDH;
-    r.o0 = rg_out_time(p, r.d, 0) * NDH + r.at;
-    r.os = rg_out_time(p, r.d, 0) == 0 ? NDH : 0u - NDH;
-    r.ms = p.mask_per_step != 0 ? NDH : 0u;
+    r.at = r.n * DC + r.d * C;
+    r.x0 = rg_x_time(p, r.d, 0) * NDC + r.at;
+    r.xs = rg_x_time(p, r.d, 0) == 0 ? NDC : 0u - NDC;
+    r.o0 = rg_out_time(p, r.d, 0) * NDC + r.at;
+    r.os = rg_out_time(p, r.d, 0) == 0 ? NDC : 0u - NDC;
+    r.ms = p.mask_per_step != 0 ? NDC : 0u;
     return r;
+}
+
+inline RgRow rg_row(constant RecurrenceParams& p, uint row) {
+    return rg_row_of(p, row, p.H);
 }
 
 // Whether threadgroup tgid of a v2 dispatch runs the one-row body: its own grid (not the

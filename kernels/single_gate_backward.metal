@@ -21,9 +21,9 @@
 //      simd_shuffle_xor, lane b mod S writes row b's dh_next. Rᵀ comes instead of R (k
 //      contiguous). Two barriers per step and chunk (dh_next crosses threads: device memory).
 //      Where a threadgroup owns one row and one pass of its threads covers every unit
-//      (rg_one_pass, the rule's grid), a lean body runs (single_gate_backward_v2_row): lane 0
-//      of a unit's lanes runs its phase A and keeps dh_next in a register, da alternates
-//      between two stages (one barrier a step), Rᵀ's row held in registers where it fits.
+//      (rg_one_pass, the rule's grid), a lean body runs (single_gate_backward_v2_row): thread
+//      u < H runs unit u's phase A and keeps its dh_next in a register, phase B's sums meet in
+//      threadgroup memory (two barriers a step), Rᵀ's row held in registers where it fits.
 //      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
 //      each own a block of the units, one dispatch per step, phase B moved to the start of the
 //      next dispatch (rg_carry: da of every unit read back from dx), then phase A of the
@@ -225,75 +225,79 @@ inline void single_gate_backward_v2_rows(constant RecurrenceParams& p, device co
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// single_gate_backward_v2's one-row body (rg_one_pass): thread lid is lane lid mod S of unit
-// lid / S, lane 0 runs the unit's phase A and keeps its dh_next in a register from step to step
-// (dhn is read once and written once); HOLD: the thread's share of Rᵀ's row j stays in registers.
-// da alternates between two halves of the stage: one barrier a step.
+// single_gate_backward_v2's one-row body (rg_one_pass): thread u < H runs unit u's phase A and
+// keeps its dh_next in a register from step to step (dhn is read once and written once); in
+// phase B thread lid is lane lid mod S of unit lid / S, and the sums meet in threadgroup memory.
+// HOLD: the thread's share of Rᵀ's row stays in registers.
 template <bool HOLD>
 inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                         device const float* h0, device const float* mask,
                                         device const float* dy, device const float* zs,
                                         device float* dx, device float* rhs, device float* dhn,
-                                        device uint2* status, threadgroup float* stage, uint row,
-                                        uint lid, uint tgid, uint tpg) {
+                                        device uint2* status, threadgroup float* stage,
+                                        threadgroup float* sums, uint row, uint lid, uint tgid,
+                                        uint tpg) {
     uint H = p.H;
     RgRow r = rg_row(p, row);
     uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
-    bool unit = j < H, owner = unit && lane == 0, idle = rg_simd_idle(0, lid, S, H);
+    bool unit = j < H, idle = rg_simd_idle(0, lid, S, H), cell = lid < H;
     device const float* Rj = Rt + (r.d * H + min(j, H - 1)) * H;
     float4 held[RG_HOLD];
     if (HOLD) {
         rg_hold<RG_HOLD>(held, Rj, unit ? H : 0u, lane, S);
     }
-    // The owner's carry and mask, and the output-time inputs of the dispatch's first step: dy,
+    // Unit lid's carry and mask, and the output-time inputs of the dispatch's first step: dy,
     // z_state and the z_state of the step before (h[t−1] = f of it).
     float dh = 0.0f, mj = 0.0f, g = 0.0f, a = 0.0f, ap = 0.0f;
-    if (owner) {
-        dh = dhn[r.at + j];
-        mj = mask[r.at + j];
+    if (cell) {
+        dh = dhn[r.at + lid];
+        mj = mask[r.at + lid];
         if (p.s_end > p.s_begin) {
             uint s = p.s_end - 1;
-            g = dy[r.o0 + s * r.os + j];
-            a = zs[r.o0 + s * r.os + j];
-            ap = s == 0 ? 0.0f : zs[r.o0 + (s - 1) * r.os + j];
+            g = dy[r.o0 + s * r.os + lid];
+            a = zs[r.o0 + s * r.os + lid];
+            ap = s == 0 ? 0.0f : zs[r.o0 + (s - 1) * r.os + lid];
         }
     }
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
-        threadgroup float* buf = stage + ((p.s_end - step) & 1u) * H;
         float m = 0.0f;
-        if (owner) {
-            m = r.ms != 0 ? mask[s * r.ms + r.at + j] : mj;
-            float hp = s == 0 ? h0[r.at + j] : rg_activate(p.act0, ap);
+        if (cell) {
+            m = r.ms != 0 ? mask[s * r.ms + r.at + lid] : mj;
+            float hp = s == 0 ? h0[r.at + lid] : rg_activate(p.act0, ap);
             float da = (g + dh) * rg_derivative(p.act0, a);
             if (s > p.s_begin) {
-                // the next step's inputs, in flight over the barrier and the product
-                g = dy[r.o0 + (s - 1) * r.os + j];
+                // the next step's inputs, in flight over the product
+                g = dy[r.o0 + (s - 1) * r.os + lid];
                 a = ap;
-                ap = s == 1 ? 0.0f : zs[r.o0 + (s - 2) * r.os + j];
+                ap = s == 1 ? 0.0f : zs[r.o0 + (s - 2) * r.os + lid];
             }
-            buf[j] = da;
-            uint xin = r.x0 + s * r.xs + j;
+            stage[lid] = da;
+            uint xin = r.x0 + s * r.xs + lid;
             dx[xin] = da;
             rhs[xin] = hp * m;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        // Phase B: dh_next[j] = m_j Σ_k da_k R[k,j]. The other half of the stage is the next
-        // step's: every thread has left this product before any writes this half again.
+        // Phase B: dh_next[j] = m_j Σ_k da_k R[k,j].
         if (!idle) {
             float dot = 0.0f;
             if (unit) {
-                dot = HOLD ? rg_held_dot<RG_HOLD>(held, buf, H, lane, S)
-                           : rg_row_dot(buf, Rj, H, lane, S);
+                dot = HOLD ? rg_held_dot<RG_HOLD>(held, stage, H, lane, S)
+                           : rg_row_dot(stage, Rj, H, lane, S);
             }
             dot = rg_lane_total(dot, S);
-            if (owner) {
-                dh = dot * m;
+            if (unit && lane == 0) {
+                sums[j] = dot;
             }
         }
+        // Every sum is in, and the stage read before phase A writes it again.
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (cell) {
+            dh = sums[lid] * m;
+        }
     }
-    if (owner) {
-        dhn[r.at + j] = dh;
+    if (cell) {
+        dhn[r.at + lid] = dh;
     }
     // Every thread has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
@@ -315,14 +319,18 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                     uint tgid [[threadgroup_position_in_grid]],
                                     uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    if (rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE) {
+    if (rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE) {  // the stage and the sums
         uint row = rg_group_rows(p, tpg, tgid).x;
         if (rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg))) {
             single_gate_backward_v2_row<true>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                              (threadgroup float*)staged, row, lid, tgid, tpg);
+                                              (threadgroup float*)staged,
+                                              (threadgroup float*)staged + p.H, row, lid, tgid,
+                                              tpg);
         } else {
             single_gate_backward_v2_row<false>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                               (threadgroup float*)staged, row, lid, tgid, tpg);
+                                               (threadgroup float*)staged,
+                                               (threadgroup float*)staged + p.H, row, lid, tgid,
+                                               tpg);
         }
     } else if (rg_one_row(p, tpg, tgid)) {
         single_gate_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged, lid,

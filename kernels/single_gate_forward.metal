@@ -21,8 +21,9 @@
 //      memory (rg_leave; two buffers alternate): only a dispatch's first step stages from
 //      device memory, and a step has one barrier. Where, besides, one pass of the threads
 //      covers every unit (rg_one_pass), a lean body runs (single_gate_forward_v2_row): the
-//      row's indices computed once, lane 0 of a unit's lanes its cell, R's row held in
-//      registers where it fits (rg_hold), x' loaded a step ahead.
+//      row's indices computed once, the product's sums met in threadgroup memory and the
+//      cells run by H threads (two barriers a step), R's row held in registers where it fits
+//      (rg_hold), x' loaded a step ahead.
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
@@ -189,64 +190,66 @@ inline void single_gate_forward_v2_rows(constant RecurrenceParams& p, device con
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// single_gate_forward_v2's one-row body (rg_one_pass): thread lid is lane lid mod S of unit
-// lid / S, lane 0 runs the unit's cell; HOLD: the thread's share of R's row j stays in registers.
+// single_gate_forward_v2's one-row body (rg_one_pass): thread lid is lane lid mod S of unit lid / S
+// in the product, whose sums meet in threadgroup memory; thread u < H then runs unit u's cell.
+// HOLD: the thread's share of R's row stays in registers.
 template <bool HOLD>
 inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                        device const float* bias, device const float* R,
                                        device const float* h0, device const float* mask,
                                        device float* h, device float* zs, device uint2* status,
-                                       threadgroup float* stage, threadgroup float* after, uint row,
+                                       threadgroup float* stage, threadgroup float* sums, uint row,
                                        uint lid, uint tgid, uint tpg) {
     uint H = p.H;
     RgRow r = rg_row(p, row);
     uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
-    bool unit = j < H, owner = unit && lane == 0, idle = rg_simd_idle(0, lid, S, H);
+    bool unit = j < H, idle = rg_simd_idle(0, lid, S, H), cell = lid < H;
     device const float* Rj = R + (r.d * H + min(j, H - 1)) * H;
     float4 held[RG_HOLD];
     if (HOLD) {
         rg_hold<RG_HOLD>(held, Rj, unit ? H : 0u, lane, S);
     }
-    // The owner's inputs that no step changes, and x' of the dispatch's first step.
+    // The inputs of unit lid's cell that no step changes, and x' of the dispatch's first step.
     float bj = 0.0f, mj = 0.0f, xa = 0.0f;
-    if (owner) {
-        bj = bias[r.d * H + j];
-        mj = mask[r.at + j];
-        xa = p.s_end > p.s_begin ? x[r.x0 + p.s_begin * r.xs + j] : 0.0f;
+    if (cell) {
+        bj = bias[r.d * H + lid];
+        mj = mask[r.at + lid];
+        xa = p.s_end > p.s_begin ? x[r.x0 + p.s_begin * r.xs + lid] : 0.0f;
+    }
+    if (p.s_end > p.s_begin) {
+        rg_stage_hm(stage, p, h0, h, mask, row, 1, p.s_begin, lid, tpg);
     }
     for (uint s = p.s_begin; s < p.s_end; ++s) {
-        bool odd = ((s - p.s_begin) & 1u) != 0;
-        threadgroup float* cur = odd ? after : stage;
-        threadgroup float* next = odd ? stage : after;
-        if (s == p.s_begin) {
-            rg_stage_hm(cur, p, h0, h, mask, row, 1, s, lid, tpg);
-            threadgroup_barrier(mem_flags::mem_threadgroup);
-        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);  // the stage is complete
         if (!idle) {
             float dot = 0.0f;
             if (unit) {
-                dot = HOLD ? rg_held_dot<RG_HOLD>(held, cur, H, lane, S)
-                           : rg_row_dot(cur, Rj, H, lane, S);
+                dot = HOLD ? rg_held_dot<RG_HOLD>(held, stage, H, lane, S)
+                           : rg_row_dot(stage, Rj, H, lane, S);
             }
             dot = rg_lane_total(dot, S);
-            if (owner) {
-                float a = (xa + bj) + dot;
-                uint out = r.o0 + s * r.os + j;
-                float ht = rg_activate(p.act0, a);  // before the stores, after which p may be loaded again
-                if (s + 1 < p.s_end) {
-                    xa = x[r.x0 + (s + 1) * r.xs + j];  // the next step's, in flight over the barrier
-                    next[j] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + j] : mj);
-                }
-                if (p.training != 0) {
-                    zs[out] = a;
-                }
-                h[out] = ht;
+            if (unit && lane == 0) {
+                sums[j] = dot;
             }
         }
-        // The next stage is complete before any thread reads it, and this one read before
-        // any thread writes it again (a step later).
-        threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+        // Every sum is in, and the stage read before the cells write the next one.
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (cell) {
+            float a = (xa + bj) + sums[lid];
+            uint out = r.o0 + s * r.os + lid;
+            float ht = rg_activate(p.act0, a);
+            if (s + 1 < p.s_end) {
+                xa = x[r.x0 + (s + 1) * r.xs + lid];  // the next step's, in flight over the product
+                stage[lid] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + lid] : mj);
+            }
+            if (p.training != 0) {
+                zs[out] = a;
+            }
+            h[out] = ht;
+        }
     }
+    // Every thread has finished its last step.
+    threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
