@@ -547,8 +547,9 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // meet in threadgroup memory, and then thread u < H alone runs unit u's element-wise work: the
 // cell's code then runs on H / 32 SIMD-groups rather than on all of them, for a second barrier
 // a step, and what crosses steps (the LSTM's c, the backward's dh_next) stays in that thread's
-// registers. The weights a thread reads stay in its registers from step to step where they fit
-// (rg_hold), and the next step's inputs are loaded before the product. Nsight Compute counted 312
+// registers (the LSTM's forward keeps its long cell on the product's SIMD-groups instead:
+// lstm_forward.metal says why). The weights a thread reads stay in its registers from step to
+// step where they fit (rg_hold), and the next step's inputs are loaded before the product. Nsight Compute counted 312
 // instructions a SIMD-group a step in the chunked body's single-gate forward at 1000x8x128x128,
 // for 16 multiply-adds a thread. On an H100, that forward / backward at 1000x8: 1.99 / 2.39 ms
 // chunked, 0.91 / 1.27 with the lean body's cell on lane 0 of every unit's lanes (every

@@ -22,7 +22,10 @@
 //      Where the threadgroup's rows are one chunk owning every unit (rg_resident: the rule's
 //      grid, a row a threadgroup), the cells leave h[t] ⊙ m of the next step in threadgroup
 //      memory (rg_leave; two buffers alternate): only a dispatch's first step stages from
-//      device memory, and a step has one barrier.
+//      device memory, and a step has one barrier. Where, besides, one pass of the threads
+//      covers every unit (rg_one_pass), a lean body runs (lstm_forward_v2_row): the row's
+//      indices computed once, lane 0 of a unit's lanes its cell with c[t] in a register, x'
+//      loaded a step ahead.
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
@@ -246,6 +249,109 @@ inline void lstm_forward_v2_rows(constant RecurrenceParams& p, device const floa
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// lstm_forward_v2's one-row body (rg_one_pass): thread lid is lane lid mod S of unit lid / S,
+// lane 0 runs the unit's cell and keeps c[t] in a register for the next step. Unlike the other
+// one-row bodies, the cell runs on the product's SIMD-groups: a SIMD-group's long cell (four
+// activations) then overlaps the others' products, where met sums and a second barrier would put
+// it after all of them (1000x8x128x128 on an H100: 3.63 ms here, 4.71 with the sums met in
+// threadgroup memory and H threads running the cells). Holding each gate's share of R in
+// registers at H = 64 (32 of them) spilled and took as long (0.102 against 0.103 ms at 50x1).
+inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float* x,
+                                device const float* bias, device const float* R,
+                                device const float* h0, device const float* c0,
+                                device const float* mask, device const float* peephole,
+                                device float* h, device float* c, device float* zs,
+                                device uint2* status, threadgroup float* stage,
+                                threadgroup float* after, uint row, uint lid, uint tgid,
+                                uint tpg) {
+    uint H = p.H, GH = 4 * p.H;
+    RgRow r = rg_row(p, row);
+    uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
+    bool unit = j < H, owner = unit && lane == 0, idle = rg_simd_idle(0, lid, S, H);
+    uint ju = min(j, H - 1);
+    // Unit j of gate k (the cell's order i, f, z, o) within the direction's 4H, and its row of R.
+    uint q[4] = {p.gate0 * H + ju, p.gate1 * H + ju, p.gate2 * H + ju, p.gate3 * H + ju};
+    device const float* Rd = R + r.d * GH * H;
+    RgRow z = rg_row_of(p, row, GH);  // x' and z_state: [T, N, D·4H]
+    // The owner's inputs that no step changes, c[t−1] and x' + bias of the dispatch's first step.
+    float bk[4], pw[4], xb[4], cp = 0.0f, mj = 0.0f;
+    #pragma unroll
+    for (uint k = 0; k < 4; ++k) {
+        bk[k] = owner ? bias[r.d * GH + q[k]] : 0.0f;
+        pw[k] = owner && p.has_peephole != 0 ? peephole[r.d * GH + q[k]] : 0.0f;
+        xb[k] = owner && p.s_end > p.s_begin ? x[z.x0 + p.s_begin * z.xs + q[k]] : 0.0f;
+    }
+    if (owner) {
+        mj = mask[r.at + j];
+        if (p.s_end > p.s_begin) {
+            uint s = p.s_begin;
+            cp = s == 0 ? c0[r.at + j] : c[r.o0 + (s - 1) * r.os + j];
+        }
+    }
+    bool peep = p.has_peephole != 0, training = p.training != 0;
+    for (uint s = p.s_begin; s < p.s_end; ++s) {
+        bool odd = ((s - p.s_begin) & 1u) != 0;
+        threadgroup float* cur = odd ? after : stage;
+        threadgroup float* next = odd ? stage : after;
+        if (s == p.s_begin) {
+            rg_stage_hm(cur, p, h0, h, mask, row, 1, s, lid, tpg);
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+        }
+        if (!idle) {
+            float dots[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (unit) {  // gates in the cell's order i, f, z, o
+                RgAcc<4, 1> acc;
+                rg_clear(acc);
+                rg_dots(acc, 4, 1, cur, H, Rd, q[0] * H, q[1] * H, q[2] * H, q[3] * H, H, lane, S);
+                #pragma unroll
+                for (uint k = 0; k < 4; ++k) {
+                    dots[k] = acc.v[k][0];
+                }
+            }
+            #pragma unroll
+            for (uint k = 0; k < 4; ++k) {
+                dots[k] = rg_lane_total(dots[k], S);
+            }
+            if (owner) {
+                // lstm_cell's arithmetic, in its order
+                float a[4], act[4];
+                #pragma unroll
+                for (uint k = 0; k < 4; ++k) {
+                    a[k] = (xb[k] + bk[k]) + dots[k];
+                    if (peep) {
+                        a[k] += pw[k] * cp;
+                    }
+                    act[k] = rg_activate(rg_act(p, k), a[k]);
+                }
+                float ct = act[1] * cp + act[0] * act[2];
+                float ht = act[3] * rg_activate(p.act4, ct);
+                if (s + 1 < p.s_end) {
+                    // the next step's x', in flight over the barrier
+                    #pragma unroll
+                    for (uint k = 0; k < 4; ++k) {
+                        xb[k] = x[z.x0 + (s + 1) * z.xs + q[k]];
+                    }
+                    next[j] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + j] : mj);
+                }
+                if (training) {
+                    #pragma unroll
+                    for (uint k = 0; k < 4; ++k) {
+                        zs[z.o0 + s * z.os + q[k]] = a[k];
+                    }
+                }
+                uint out = r.o0 + s * r.os + j;
+                c[out] = ct;
+                h[out] = ht;
+                cp = ct;
+            }
+        }
+        // The next stage is complete before any thread reads it, and this one read before
+        // any thread writes it again (a step later).
+        threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+    }
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             device const float* x [[buffer(1)]],
@@ -264,7 +370,11 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    if (rg_one_row(p, tpg, tgid)) {
+    if (rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT) {
+        lstm_forward_v2_row(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
+                            (threadgroup float*)staged, (threadgroup float*)nexts,
+                            rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
+    } else if (rg_one_row(p, tpg, tgid)) {
         lstm_forward_v2_rows<1>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged,
                                 nexts, lid, tgid, tpg);
     } else {
