@@ -30,8 +30,9 @@
 //      memory (rg_leave; two buffers alternate): only a dispatch's first step stages from
 //      device memory, and a step has one barrier. Where, besides, one pass of the threads
 //      covers every unit (rg_one_pass), with reset_after a lean body runs (gru_forward_v2_row):
-//      the row's indices computed once, lane 0 of a unit's lanes its cell with h[t−1], the
-//      biases and the next step's x' in registers, R's three rows held where they fit (rg_hold).
+//      the row's indices computed once, the product's sums met in threadgroup memory and the
+//      cells run by H threads with h[t−1], the biases and the next step's x' in registers
+//      (two barriers a step), R's three rows held where they fit (rg_hold).
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
@@ -324,76 +325,69 @@ inline void gru_forward_v2_rows(constant RecurrenceParams& p, device const float
 }
 
 // gru_forward_v2's one-row body with reset_after (rg_one_pass): thread lid is lane lid mod S
-// of unit lid / S, lane 0 runs the unit's cell. The chunked body's cell (gru_cell_after) finds
-// every index again with divisions by N and loads the biases and h[t−1] again at every step;
-// here the owner moves its offsets on by a stride a step, carries h[t−1] (its own h[t] of the
-// step before) and the biases in registers and loads x' a step ahead. HOLD: the thread's share
-// of R's three rows of unit j stays in registers (24 floats at H = 64, S = 8).
+// of unit lid / S in the product of the three gates, whose sums meet in threadgroup memory;
+// thread u < H then runs unit u's cell with h[t−1] (its own h[t] of the step before), the
+// biases and the next step's x' in registers. HOLD: the thread's share of R's three rows of
+// unit lid / S stays in registers (24 floats at H = 64, S = 8). (With the cell on lane 0 of every
+// unit's lanes instead, one barrier a step: 3.36 against 3.29 ms at 1000x8x128x128, 0.081 against
+// 0.072 ms at 50x1x64x64, an H100.)
 template <bool HOLD>
 inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                device const float* bias, device const float* R,
                                device const float* h0, device const float* mask,
                                device const float* b2, device float* h, device float* zs,
                                device uint2* status, threadgroup float* stage,
-                               threadgroup float* after, uint row, uint lid, uint tgid, uint tpg) {
+                               threadgroup float* sums, uint row, uint lid, uint tgid, uint tpg) {
     uint H = p.H, GH = 3 * p.H;
     RgRow r = rg_row(p, row);
-    uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
-    bool unit = j < H, owner = unit && lane == 0, idle = rg_simd_idle(0, lid, S, H);
+    RgRow xr = rg_row_of(p, row, GH);  // x': [T, N, D·3H]
+    RgRow zr = rg_row_of(p, row, p.Z * H);  // z_state: [T, N, D·Z·H]
+    uint S = rg_slices(H, tpg), lane = lid % S, j = min(lid / S, H - 1);
+    bool unit = lid / S < H, idle = rg_simd_idle(0, lid, S, H), cell = lid < H;
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
     device const float* Rd = R + r.d * GH * H;
-    uint jr = min(j, H - 1);
-    uint oz = (qz + jr) * H, orr = (qr + jr) * H, oo = (qo + jr) * H;
+    uint oz = (qz + j) * H, orr = (qr + j) * H, oo = (qo + j) * H;
     float4 held[3][RG_HOLD / 2];
     if (HOLD) {
         rg_hold<RG_HOLD / 2>(held[0], Rd + oz, unit ? H : 0u, lane, S);
         rg_hold<RG_HOLD / 2>(held[1], Rd + orr, unit ? H : 0u, lane, S);
         rg_hold<RG_HOLD / 2>(held[2], Rd + oo, unit ? H : 0u, lane, S);
     }
-    // The owner's unit j of the step's x' ([T,N,D·3H]: RgRow's offsets times 3), z_state
-    // ([T,N,D·Z·H]: times Z), h, and the next step's mask, each offset moved on by its stride
-    // from step to step: with base + s · stride for each (as the backward) HOLD's registers ran
-    // short, 60 bytes of spill stores instead of 24 (verification/kernel_resources.py).
-    uint xs3 = 3 * r.xs, zs3 = p.Z * r.os;
-    uint xj = 3 * (r.x0 + p.s_begin * r.xs) + j, zj = p.Z * (r.o0 + p.s_begin * r.os) + j;
-    uint hj = r.o0 + p.s_begin * r.os + j, mk = r.at + j + (p.s_begin + 1) * r.ms;
-    // The owner's inputs that no step changes (the mask where it is the same at every step only
-    // without HOLD: beside the held rows its register cost 16 bytes more of spills than its
-    // load a step), and those of the dispatch's first step: x' + bias of the gates and h[t−1].
+    // Unit lid's inputs that no step changes, and those of the dispatch's first step: x' + bias
+    // of the gates and h[t−1].
+    uint u = min(lid, H - 1);
     float bz = 0.0f, br = 0.0f, bo = 0.0f, bq = 0.0f, mj = 0.0f;
     float xb_z = 0.0f, xb_r = 0.0f, xb_o = 0.0f, hp = 0.0f;
-    if (owner) {
-        bz = bias[r.d * GH + qz + j];
-        br = bias[r.d * GH + qr + j];
-        bo = bias[r.d * GH + qo + j];
-        bq = b2[r.d * H + j];
-        mj = HOLD ? 0.0f : mask[r.at + j];
+    if (cell) {
+        bz = bias[r.d * GH + qz + u];
+        br = bias[r.d * GH + qr + u];
+        bo = bias[r.d * GH + qo + u];
+        bq = b2[r.d * H + u];
+        mj = mask[r.at + u];
         if (p.s_end > p.s_begin) {
+            uint xj = xr.x0 + p.s_begin * xr.xs + u;
             xb_z = x[xj + qz] + bz;
             xb_r = x[xj + qr] + br;
             xb_o = x[xj + qo] + bo;
-            hp = p.s_begin == 0 ? h0[r.at + j] : h[hj - r.os];
+            hp = p.s_begin == 0 ? h0[r.at + u] : h[r.o0 + (p.s_begin - 1) * r.os + u];
         }
     }
+    if (p.s_end > p.s_begin) {
+        rg_stage_hm(stage, p, h0, h, mask, row, 1, p.s_begin, lid, tpg);
+    }
     for (uint s = p.s_begin; s < p.s_end; ++s) {
-        bool odd = ((s - p.s_begin) & 1u) != 0;
-        threadgroup float* cur = odd ? after : stage;
-        threadgroup float* next = odd ? stage : after;
-        if (s == p.s_begin) {
-            rg_stage_hm(cur, p, h0, h, mask, row, 1, s, lid, tpg);
-            threadgroup_barrier(mem_flags::mem_threadgroup);
-        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);  // the stage is complete
         if (!idle) {
             float dz = 0.0f, dr = 0.0f, dq = 0.0f;
             if (unit) {
                 if (HOLD) {
-                    dz = rg_held_dot<RG_HOLD / 2>(held[0], cur, H, lane, S);
-                    dr = rg_held_dot<RG_HOLD / 2>(held[1], cur, H, lane, S);
-                    dq = rg_held_dot<RG_HOLD / 2>(held[2], cur, H, lane, S);
+                    dz = rg_held_dot<RG_HOLD / 2>(held[0], stage, H, lane, S);
+                    dr = rg_held_dot<RG_HOLD / 2>(held[1], stage, H, lane, S);
+                    dq = rg_held_dot<RG_HOLD / 2>(held[2], stage, H, lane, S);
                 } else {  // the three gates' loads in flight together
                     RgAcc<3, 1> acc;
                     rg_clear(acc);
-                    rg_dots(acc, 3, 1, cur, H, Rd, oz, orr, oo, 0, H, lane, S);
+                    rg_dots(acc, 3, 1, stage, H, Rd, oz, orr, oo, 0, H, lane, S);
                     dz = acc.v[0][0];
                     dr = acc.v[1][0];
                     dq = acc.v[2][0];
@@ -402,39 +396,42 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
             dz = rg_lane_total(dz, S);
             dr = rg_lane_total(dr, S);
             dq = rg_lane_total(dq, S);
-            if (owner) {
-                // gru_cell_after's arithmetic in its order (bitwise its results), before the
-                // stores, after which p may be loaded again
-                float q = dq + bq;
-                float a_z = xb_z + dz;
-                float a_r = xb_r + dr;
-                float a_o = xb_o + q * rg_activate(p.act1, a_r);
-                float z = rg_activate(p.act0, a_z);
-                float o = rg_activate(p.act2, a_o);
-                float ht = p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
-                hp = ht;
-                xj += xs3;
-                if (s + 1 < p.s_end) {
-                    // the next step's, in flight over the barrier
-                    xb_z = x[xj + qz] + bz;
-                    xb_r = x[xj + qr] + br;
-                    xb_o = x[xj + qo] + bo;
-                    next[j] = ht * (HOLD || r.ms != 0 ? mask[mk] : mj);
-                }
-                zs[zj + qz] = a_z;
-                zs[zj + qr] = a_r;
-                zs[zj + qo] = a_o;
-                zs[zj + GH] = q;
-                h[hj] = ht;
-                zj += zs3;
-                hj += r.os;
-                mk += r.ms;
+            if (unit && lane == 0) {
+                sums[j] = dz;
+                sums[H + j] = dr;
+                sums[2 * H + j] = dq;
             }
         }
-        // The next stage is complete before any thread reads it, and this one read before
-        // any thread writes it again (a step later).
-        threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
+        // Every sum is in, and the stage read before the cells write the next one.
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (cell) {
+            // gru_cell_after's arithmetic in its order (bitwise its results)
+            float q = sums[2 * H + lid] + bq;
+            float a_z = xb_z + sums[lid];
+            float a_r = xb_r + sums[H + lid];
+            float a_o = xb_o + q * rg_activate(p.act1, a_r);
+            float z = rg_activate(p.act0, a_z);
+            float o = rg_activate(p.act2, a_o);
+            float ht = p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
+            hp = ht;
+            if (s + 1 < p.s_end) {
+                // the next step's, in flight over the product
+                uint xj = xr.x0 + (s + 1) * xr.xs + lid;
+                xb_z = x[xj + qz] + bz;
+                xb_r = x[xj + qr] + br;
+                xb_o = x[xj + qo] + bo;
+                stage[lid] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + lid] : mj);
+            }
+            uint zj = zr.o0 + s * zr.os + lid;
+            zs[zj + qz] = a_z;
+            zs[zj + qr] = a_r;
+            zs[zj + qo] = a_o;
+            zs[zj + GH] = q;
+            h[r.o0 + s * r.os + lid] = ht;
+        }
     }
+    // Every thread has finished its last step.
+    threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
@@ -454,7 +451,7 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                            uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    if (p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT) {
+    if (p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 3 * p.H <= RG_NEXT) {  // 3 gates' sums
         uint row = rg_group_rows(p, tpg, tgid).x;
         if (rg_holds(p.H, RG_HOLD / 2, rg_slices(p.H, tpg))) {
             gru_forward_v2_row<true>(p, x, bias, R, h0, mask, b2, h, zs, status,
