@@ -290,24 +290,30 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
 
 
 @pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("N, H, threads", [(3, 8, 1024), (2, 70, 1024), (3, 12, 32), (2, 5, 64)])
+@pytest.mark.parametrize("N, H, threads", [(3, 8, 1024), (2, 70, 1024), (3, 12, 32), (2, 5, 64),
+                                            (2, 40, 32)])
 def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
     """v2 as the rule runs it, a threadgroup of 1024 asked for per row, against the reference:
-    bidirectional, every optional input, adversarial schedule. H = 8 and 12 (K, the stage's
-    pitch and every weight offset multiples of 4) take rg_dots' float4 reads, H = 70 and 5 its
-    scalar ones; 32 threads for 12 units leave 2 lanes a unit (two float4 blocks a lane over
-    the forward's K = 12), 64 threads for 5 units 8; at 1024 threads 8 lanes a unit
-    (RG_LANES), the SIMD-groups past the units skipping the pass. One row a threadgroup takes
-    the kernels' B = 1 bodies."""
+    bidirectional, every optional input, adversarial schedule (the GRU with and without
+    reset_after). H = 8 and 12 (K, the stage's pitch and every weight offset multiples of 4)
+    take rg_dots' float4 reads, H = 70 and 5 its scalar ones; 32 threads for 12 units leave 2
+    lanes a unit (two float4 blocks a lane over the forward's K = 12), 64 threads for 5 units
+    8; at 1024 threads 8 lanes a unit (RG_LANES), the SIMD-groups past the units skipping the
+    product. Where one pass of the threads covers every unit (all but H = 40 at 32 threads:
+    one lane a unit, two passes) the kernels run their one-row bodies (rg_one_pass), with the
+    weights held in registers at H = 8 and 12 (the LSTM's never) and the GRU's only with
+    reset_after; else the chunked bodies with B = 1."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
-    rng = np.random.default_rng(N * H + threads + 4)
-    case, device = checked_case(rng, cell, T=3, N=N, H=H, threads=threads)
-    with emulated_device(**device) as dev:
-        case.gradients(backend=BACKEND)
-    recurrences = [d for d in dev.trace if not d.kernel.startswith("strided")]
-    assert {d.kernel for d in recurrences} == {f"{cell}_forward_v2", f"{cell}_backward_v2"}
-    assert {d.count for d in recurrences} == {2 * N * versions.V2_THREADS}
+    for reset_after in ((True, False) if cell == "gru" else (None,)):
+        fixed = {} if reset_after is None else dict(reset_after=reset_after)
+        rng = np.random.default_rng(N * H + threads + 4)
+        case, device = checked_case(rng, cell, T=3, N=N, H=H, threads=threads, **fixed)
+        with emulated_device(**device) as dev:
+            case.gradients(backend=BACKEND)
+        recurrences = [d for d in dev.trace if not d.kernel.startswith("strided")]
+        assert {d.kernel for d in recurrences} == {f"{cell}_forward_v2", f"{cell}_backward_v2"}
+        assert {d.count for d in recurrences} == {2 * N * versions.V2_THREADS}
 
 
 def checked_case(rng, cell, T, N, H, threads, **fixed):
