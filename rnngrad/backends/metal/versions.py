@@ -136,7 +136,34 @@ so does the LSTM at 100×32×256×256 (2**23: 6.0 against 4.6, where v3's device
 1.33, beats v2's 1.35 / 1.81). On a Mac a dispatch costs the host more than through
 metal-cuda: :data:`STEPS_MIN_WORK` is the setting to measure there (``rnngrad bench``). Before the
 launchers asked for one threadgroup a core, ptxas kept v1's kernels at 32–59 registers and v2
-won below H = 256 (100×32 LSTM: v1 13.3, v2 8.6 ms). Not measured on Apple hardware, where
+won below H = 256 (100×32 LSTM: v1 13.3, v2 8.6 ms).
+
+v2's one-row bodies (2026-11-26, kernels/common.metal). Nsight Compute counted 312 instructions
+a SIMD-group a step in v2's single-gate forward at 1000×8×128×128 for 16 multiply-adds a thread:
+the chunked body's index arithmetic (divisions by N at every step), its loops over chunks,
+passes and lanes, and the cell run on every SIMD-group. Where the rule's grid gives a
+threadgroup one row and one pass of its threads covers every unit (S · H ≤ the threadgroup),
+each v2 kernel now runs a lean body: the row's offsets computed once, the product on every
+SIMD-group with its sums met in threadgroup memory and the cells run by H threads (two barriers
+a step; the LSTM's forward keeps its cell on lane 0 of each unit's lanes, where it overlaps the
+other SIMD-groups' products), what crosses steps (c, dh_next, dc_next, the peephole and dq sums)
+in the cell thread's registers, the next step's inputs loaded a step ahead, and a single gate's
+weights (H ≤ 128) and the GRU forward's (H ≤ 64) held in registers. Each op's device ms, forward
++ gradients, before → after, each pair in one H100 call: RNN 1000×8 4.73 → 2.06, 50×1 0.225 →
+0.128, 100×32 1.28 → 1.06; GRU 1000×8 9.79 → 6.76, 50×1 0.339 → 0.220, 100×32 2.77 → 2.47; LSTM
+1000×8 11.66 → 8.70, 50×1 0.361 → 0.267, 100×32 3.32 → 3.04. Measured and left out: the cells
+on lane 0 of every unit's lanes in all six kernels (one barrier a step, the cell's code then
+run by every SIMD-group: RNN 1000×8 2.53 against 2.06, GRU 7.12 against 6.76), and on H threads
+in the LSTM's forward (1000×8 forward 3.63 → 4.71 ms); the LSTM's weights held in registers at
+H = 64 (spills: 50×1 backward 0.121 → 0.134 ms); four or eight rounds of float4 reads a loop
+for a single sum (LSTM 1000×8 backward 4.71 → 4.75 / 5.07 ms; eight in rg_dots, GRU 1000×8
+backward 4.89 → 6.74); the CUDA launcher preferring L1 to shared memory (no change in the
+recurrences, GEMMs 0.39 → 0.46 ms); and reading the weights in the opposite order every other
+step, so that those read last stay in L1 (LSTM 1000×8 backward 4.64 → 5.12). The step is then
+bound by each core streaming all of R from L2 (256 KB for the LSTM at H = 128): a one-row
+threadgroup cannot share it with another core within a dispatch.
+
+Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
 :data:`V2_MAX_ROWS` from ``rnngrad bench`` there. Override it with
 ``RNNGRAD_METAL_RECURRENCE`` = ``v2`` | ``v2-steps`` | ``v3`` | ``v1`` | ``packed`` | ``rows`` |
