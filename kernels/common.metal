@@ -556,8 +556,9 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // SIMD-group), 0.66 / 1.04 with it on H threads.
 
 // float4 of a weight row a thread of the one-row body holds at most (rg_hold): a single gate's
-// row W = RG_HOLD (4 · W · S >= H: H <= 128 at S = 8), each gate's of the GRU and LSTM
-// W = RG_HOLD / 2 (H <= 64), so that the held weights take 16, 24 or 32 registers.
+// row W = RG_HOLD (4 · W · S >= H: H <= 128 at S = 8), each of the GRU forward's three
+// W = RG_HOLD / 2 (H <= 64): 16 or 24 registers. (The LSTM's four rows, 32 registers, and the
+// backwards' rows of 3H or 4H spilled in the CUDA translation's 64 registers a thread.)
 #define RG_HOLD 4
 
 // One row of a recurrence, its indices computed once: the row's C columns in an [N, D·C] array
