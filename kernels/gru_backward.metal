@@ -455,6 +455,8 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     // ([T,N,D·Z·H]) at z3 + s·z3s: RgRow's offsets times 3 and Z (rhs is [T,N,D·H]: RgRow's).
     uint x3 = 3 * r.x0, x3s = 3 * r.xs, z3 = p.Z * r.o0, z3s = p.Z * r.os;
     device const float* Rj = Rt + (r.d * H + j) * GH;
+    float4 held[RG_HOLD / 2];  // the first rounds of the thread's share of Rᵀ's row
+    rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? GH : 0u, lane, S);
     // Unit lid's carries (dh_next, Σ dq) and mask, and the inputs of the dispatch's first
     // step: dy, z_state's a_z, a_r, a_o, q and h[t−1].
     float dh = 0.0f, pq = 0.0f, mj = 0.0f;
@@ -520,7 +522,10 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // Phase C: dh_next[j] = dh ⊙ keep + m_j Σ_q lhs_q Rᵀ[j, q].
         if (!idle) {
-            float dot = unit ? rg_row_dot(stage, Rj, GH, lane, S) : 0.0f;
+            float dot = 0.0f;
+            if (unit) {
+                dot = rg_row_dot_held<RG_HOLD / 2>(held, stage, Rj, GH, lane, S);
+            }
             dot = rg_lane_total(dot, S);
             if (unit && lane == 0) {
                 sums[j] = dot;

@@ -245,6 +245,8 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
     float4 held[RG_HOLD];
     if (HOLD) {
         rg_hold<RG_HOLD>(held, Rj, unit ? H : 0u, lane, S);
+    } else {  // the first rounds of the thread's share, the rest read at every step
+        rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? H : 0u, lane, S);
     }
     // Unit lid's carry and mask, and the output-time inputs of the dispatch's first step: dy,
     // z_state and the z_state of the step before (h[t−1] = f of it).
@@ -283,7 +285,7 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
             float dot = 0.0f;
             if (unit) {
                 dot = HOLD ? rg_held_dot<RG_HOLD>(held, stage, H, lane, S)
-                           : rg_row_dot(stage, Rj, H, lane, S);
+                           : rg_row_dot_held<RG_HOLD / 2>(held, stage, Rj, H, lane, S);
             }
             dot = rg_lane_total(dot, S);
             if (unit && lane == 0) {

@@ -208,6 +208,8 @@ inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device cons
     float4 held[RG_HOLD];
     if (HOLD) {
         rg_hold<RG_HOLD>(held, Rj, unit ? H : 0u, lane, S);
+    } else {  // the first rounds of the thread's share, the rest read at every step
+        rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? H : 0u, lane, S);
     }
     // The inputs of unit lid's cell that no step changes, and x' of the dispatch's first step.
     float bj = 0.0f, mj = 0.0f, xa = 0.0f;
@@ -225,7 +227,7 @@ inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device cons
             float dot = 0.0f;
             if (unit) {
                 dot = HOLD ? rg_held_dot<RG_HOLD>(held, stage, H, lane, S)
-                           : rg_row_dot(stage, Rj, H, lane, S);
+                           : rg_row_dot_held<RG_HOLD / 2>(held, stage, Rj, H, lane, S);
             }
             dot = rg_lane_total(dot, S);
             if (unit && lane == 0) {

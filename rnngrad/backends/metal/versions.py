@@ -148,7 +148,10 @@ SIMD-group with its sums met in threadgroup memory and the cells run by H thread
 a step; the LSTM's forward keeps its cell on lane 0 of each unit's lanes, where it overlaps the
 other SIMD-groups' products), what crosses steps (c, dh_next, dc_next, the peephole and dq sums)
 in the cell thread's registers, the next step's inputs loaded a step ahead, and a single gate's
-weights (H ≤ 128) and the GRU forward's (H ≤ 64) held in registers. Each op's device ms, forward
+weights (H ≤ 128) and the GRU forward's (H ≤ 64) held in registers, and where they do not fit
+the first two rounds of a thread's share (the single gate above H = 128, the GRU's backward:
+``rg_row_dot_held``; RNN 100×32 1.07 → 1.03 ms, GRU 1000×8 6.71 → 6.52, one H100 call, after
+the figures that follow; the LSTM's backward spilled with it). Each op's device ms, forward
 + gradients, before → after, each pair in one H100 call: RNN 1000×8 4.73 → 2.06, 50×1 0.225 →
 0.128, 100×32 1.28 → 1.06; GRU 1000×8 9.79 → 6.76, 50×1 0.339 → 0.220, 100×32 2.77 → 2.47; LSTM
 1000×8 11.66 → 8.70, 50×1 0.361 → 0.267, 100×32 3.32 → 3.04. Measured and left out: the cells
