@@ -291,7 +291,7 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
 
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("N, H, threads", [(3, 8, 1024), (2, 70, 1024), (3, 12, 32), (2, 5, 64),
-                                            (2, 40, 32)])
+                                            (2, 40, 32), (2, 32, 32)])
 def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
     """v2 as the rule runs it, a threadgroup of 1024 asked for per row, against the reference:
     bidirectional, every optional input, adversarial schedule (the GRU with and without
@@ -302,7 +302,9 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
     product. Where one pass of the threads covers every unit (all but H = 40 at 32 threads:
     one lane a unit, two passes) the kernels run their one-row bodies (rg_one_pass), with the
     weights held in registers at H = 8 and 12 (the LSTM's never) and the GRU's only with
-    reset_after; else the chunked bodies with B = 1."""
+    reset_after; else the chunked bodies with B = 1. H = 32 at 32 threads (one lane a unit) holds
+    only the first two float4 of each thread's share of a weight row and reads the rest at every
+    step (rg_row_dot_held: the single gate's products, the GRU's backward)."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
     for reset_after in ((True, False) if cell == "gru" else (None,)):
