@@ -291,6 +291,27 @@ inline void rg_rounds(thread RgAcc<G, B>& acc, uint ng, uint nb, threadgroup con
     }
 }
 
+// rg_dots' float4 reads (K, ldv and every offset multiples of 4) from this lane's block at k on:
+// the rounds at k, k + 4S, ... below K, in order.
+// A thread holding one row's sums (G · B <= 4) takes two rounds a loop where there are at least
+// eight (K >= 32 S: the backward's products over the gates, the forward's at H = 256), so that
+// the 2 · ng weight loads of both are in flight together. On an H100: 1000x8 LSTM backward 6.97
+// -> 6.64 ms, 100x32 LSTM backward 1.78 -> 1.66; with four rounds or fewer (the forward at H = 64
+// and 128) the single-gate forward at 1000x8 went 1.86 -> 1.96 ms instead.
+template <uint G, uint B>
+inline void rg_dots_float4(thread RgAcc<G, B>& acc, uint ng, uint nb, threadgroup const float* v,
+                           uint ldv, device const float* w, thread const uint* off, uint k, uint K,
+                           uint S) {
+    if (G * B <= 4 && K >= 32 * S) {
+        for (; k + 4 * S < K; k += 8 * S) {
+            rg_rounds<2>(acc, ng, nb, v, ldv, w, off, k, S);
+        }
+    }
+    for (; k < K; k += 4 * S) {
+        rg_rounds<1>(acc, ng, nb, v, ldv, w, off, k, S);
+    }
+}
+
 // This lane's share of acc[g][b] += Σ_k v[b·ldv + k] · w[o_g + k] for g < ng, b < nb, k < K
 // (v in threadgroup memory, w in device memory, both contiguous in k).
 // Where K, ldv and every o_g are multiples of 4 (then v lies a multiple of 4 floats into a
@@ -305,21 +326,7 @@ inline void rg_dots(thread RgAcc<G, B>& acc, uint ng, uint nb,
                     uint o0, uint o1, uint o2, uint o3, uint K, uint lane, uint S) {
     uint off[4] = {o0, o1, o2, o3};
     if (((K | ldv | o0 | o1 | o2 | o3) & 3u) == 0) {
-        uint k = 4 * lane;
-        // A thread holding one row's sums (G · B <= 4) takes two rounds a loop where there are
-        // at least eight (K >= 32 S: the backward's products over the gates, the forward's at
-        // H = 256), so that the 2 · ng weight loads of both are in flight together. On an H100:
-        // 1000x8 LSTM backward 6.97 -> 6.64 ms, 100x32 LSTM backward 1.78 -> 1.66; with four
-        // rounds or fewer (the forward at H = 64 and 128) the single-gate forward at 1000x8 went
-        // 1.86 -> 1.96 ms instead.
-        if (G * B <= 4 && K >= 32 * S) {
-            for (; k + 4 * S < K; k += 8 * S) {
-                rg_rounds<2>(acc, ng, nb, v, ldv, w, off, k, S);
-            }
-        }
-        for (; k < K; k += 4 * S) {
-            rg_rounds<1>(acc, ng, nb, v, ldv, w, off, k, S);
-        }
+        rg_dots_float4(acc, ng, nb, v, ldv, w, off, 4 * lane, K, S);
         return;
     }
     uint k = lane;
@@ -549,11 +556,11 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // a step, and what crosses steps (the LSTM's c, the backward's dh_next) stays in that thread's
 // registers (the LSTM's forward keeps its long cell on the product's SIMD-groups instead:
 // lstm_forward.metal says why). The weights a thread reads stay in its registers from step to
-// step where they fit (rg_hold), and the next step's inputs are loaded before the product. Nsight Compute counted 312
-// instructions a SIMD-group a step in the chunked body's single-gate forward at 1000x8x128x128,
-// for 16 multiply-adds a thread. On an H100, that forward / backward at 1000x8: 1.99 / 2.39 ms
-// chunked, 0.91 / 1.27 with the lean body's cell on lane 0 of every unit's lanes (every
-// SIMD-group), 0.66 / 1.04 with it on H threads.
+// step where they fit (rg_hold), and the next step's inputs are loaded before the product.
+// Nsight Compute counted 312 instructions a SIMD-group a step in the chunked body's single-gate
+// forward at 1000x8x128x128, for 16 multiply-adds a thread. On an H100, that forward / backward
+// at 1000x8: 1.99 / 2.39 ms chunked, 0.91 / 1.27 with the lean body's cell on lane 0 of every
+// unit's lanes (every SIMD-group), 0.66 / 1.04 with it on H threads.
 
 // float4 of a weight row a thread of the one-row body holds at most (rg_hold): a single gate's
 // row W = RG_HOLD (4 · W · S >= H: H <= 128 at S = 8), each of the GRU forward's three
@@ -567,15 +574,14 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // backward direction's negative strides are their two's complements. rg_row: C = H (h, c, the
 // mask); rg_row_of(p, row, G·H): x', z_state and dA.
 struct RgRow {
-    uint d, n, at, x0, xs, o0, os, ms;
+    uint d, at, x0, xs, o0, os, ms;
 };
 
 inline RgRow rg_row_of(constant RecurrenceParams& p, uint row, uint C) {
     uint N = p.N, DC = p.D * C, NDC = p.N * p.D * C;
     RgRow r;
     r.d = row / N;
-    r.n = row % N;
-    r.at = r.n * DC + r.d * C;
+    r.at = (row % N) * DC + r.d * C;
     r.x0 = rg_x_time(p, r.d, 0) * NDC + r.at;
     r.xs = rg_x_time(p, r.d, 0) == 0 ? NDC : 0u - NDC;
     r.o0 = rg_out_time(p, r.d, 0) * NDC + r.at;
@@ -656,15 +662,7 @@ inline float rg_row_dot_held(thread const float4* held, threadgroup const float*
     RgAcc<1, 1> acc;
     acc.v[0][0] = rg_held_dot<W>(held, v, K, lane, S);
     uint off[4] = {0u, 0u, 0u, 0u};
-    uint k = 4 * lane + 4 * S * W;
-    if (K >= 32 * S) {
-        for (; k + 4 * S < K; k += 8 * S) {
-            rg_rounds<2>(acc, 1, 1, v, K, w, off, k, S);
-        }
-    }
-    for (; k < K; k += 4 * S) {
-        rg_rounds<1>(acc, 1, 1, v, K, w, off, k, S);
-    }
+    rg_dots_float4(acc, 1, 1, v, K, w, off, 4 * lane + 4 * S * W, K, S);
     return acc.v[0][0];
 }
 
