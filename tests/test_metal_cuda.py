@@ -432,3 +432,49 @@ def test_simdgroup_matrix_distributed_over_the_warp_equals_the_cpu_harness():
     want = np.concatenate([d_.transpose(0, 2, 1).reshape(tiles, 64), (d_ @ a).reshape(tiles, 64)], 1)
     for got in results:
         np.testing.assert_allclose(got.reshape(tiles, 128), want, rtol=1e-5, atol=1e-5)
+
+
+SHUFFLE_XOR = """#include <metal_stdlib>
+using namespace metal;
+// out[i][m][lane] = simd_shuffle_xor of each type's value at lane, mask masks[m]
+kernel void xor_shuffles(const device float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                         uint lane [[thread_index_in_simdgroup]],
+                         uint gid [[thread_position_in_grid]]) {
+    if (gid >= 64) {
+        return;  // two SIMD-groups, whole ones: the threadgroup's others
+    }
+    const ushort masks[8] = {1, 2, 4, 8, 16, 31, 32, 40};
+    uint base = (gid / 32) * 32 * 8 * 4;
+    for (uint m = 0; m < 8; ++m) {
+        float f = simd_shuffle_xor(x[gid], masks[m]);
+        float2 f2 = simd_shuffle_xor(float2(x[gid], -2.0f * x[gid]), masks[m]);
+        int k = simd_shuffle_xor(int(lane) * 3 - 7, masks[m]);
+        out[base + (0 * 8 + m) * 32 + lane] = f;
+        out[base + (1 * 8 + m) * 32 + lane] = f2.x;
+        out[base + (2 * 8 + m) * 32 + lane] = f2.y;
+        out[base + (3 * 8 + m) * 32 + lane] = float(k);
+    }
+}
+"""
+
+
+def test_simd_shuffle_xor_takes_the_partner_lanes_value_and_keeps_its_own_past_lane_31(dev):
+    """The CUDA target's simd_shuffle_xor (a warp butterfly, a word at a time) for a float, a
+    float2 and an int: lane l gets lane l ^ m's value, its own where l ^ m is past 31 (Metal's
+    rule), against numpy's indexing."""
+    import cupy as cp
+
+    warps = 2
+    x = np.random.default_rng(7).standard_normal(32 * warps).astype(np.float32)
+    out = dev.buffer(4 * warps * 32 * 8 * 4)
+    dev.finish([dev.kernel(SHUFFLE_XOR).function("xor_shuffles")(32 * warps, x, out)])
+    got = cp.asnumpy(out.view(cp.float32)).reshape(warps, 4, 8, 32)
+    lane = np.arange(32)
+    for w in range(warps):
+        xs = x[32 * w: 32 * w + 32]
+        for m, mask in enumerate((1, 2, 4, 8, 16, 31, 32, 40)):
+            src = np.where((lane ^ mask) < 32, lane ^ mask, lane)
+            np.testing.assert_array_equal(got[w, 0, m], xs[src])
+            np.testing.assert_array_equal(got[w, 1, m], xs[src])
+            np.testing.assert_array_equal(got[w, 2, m], -2.0 * xs[src])
+            np.testing.assert_array_equal(got[w, 3, m], (src * 3 - 7).astype(np.float32))

@@ -61,7 +61,19 @@ template <class T> inline T simd_broadcast_first(T x) { return __emu_shfl(x, 0u)
 template <class T> inline T simd_shuffle(T x, ushort lane) { T y = __emu_shfl(x, lane & 31u); return lane < 32 ? y : x; }
 template <class T> inline T simd_shuffle_up(T x, ushort d) { uint l = __emu_lane(); T y = __emu_shfl(x, l >= d ? l - d : l); return l >= d ? y : x; }
 template <class T> inline T simd_shuffle_down(T x, ushort d) { uint l = __emu_lane(); T y = __emu_shfl(x, l + d < 32 ? l + d : l); return l + d < 32 ? y : x; }
-template <class T> inline T simd_shuffle_xor(T x, ushort m) { uint l = __emu_lane() ^ m; T y = __emu_shfl(x, l & 31u); return l < 32 ? y : x; }
+// simd_shuffle_xor is the warp's butterfly (shfl.sync.bfly), a word at a time: no lane index to
+// compute, so a kernel's butterfly sum is one shuffle and one add a level. Past lane 31 the
+// caller keeps its value, as Metal's does.
+template <class T> inline T simd_shuffle_xor(T x, ushort m) {
+    if (m >= 32) return x;
+    constexpr int W = (sizeof(T) + 3) / 4;
+    unsigned w[W] = {};
+    memcpy(w, &x, sizeof(T));
+    for (int i = 0; i < W; ++i) w[i] = __shfl_xor_sync(0xffffffffu, w[i], (int)m);
+    T r;
+    memcpy(&r, w, sizeof(T));
+    return r;
+}
 template <class T> inline T simd_shuffle_rotate_up(T x, ushort d) { return __emu_shfl(x, (__emu_lane() + 32u - (d & 31u)) & 31u); }
 template <class T> inline T simd_shuffle_rotate_down(T x, ushort d) { return __emu_shfl(x, (__emu_lane() + d) & 31u); }
 template <class T> inline T simd_prefix_inclusive_sum(T x) {
