@@ -128,6 +128,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sass", type=int, default=0, metavar="TOP",
                         help="instead of the sections: the TOP SASS instructions by warp stall "
                              "samples (ncu's SourceCounters), per kernel")
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), metavar="SECTION",
+                        help="ncu sections to collect (such as MemoryWorkloadAnalysis_Tables, "
+                             "SchedulerStats); default: %(default)s")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -146,7 +149,7 @@ def main(argv=None) -> int:
                        ("RNNGRAD_METAL_GEMM", args.gemm)):
         if value:
             env[key] = value
-    sections = ("SourceCounters",) if args.sass else SECTIONS
+    sections = ("SourceCounters",) if args.sass else args.sections
     pages = ("--page", "source", "--print-source", "sass", "--csv") if args.sass else ()
     cmd = ["ncu", "--kernel-name", f"regex:__mtl_launch_.*({args.kernels})",
            *(x for s in sections for x in ("--section", s)), *pages,
