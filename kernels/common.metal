@@ -672,15 +672,24 @@ inline void rg_hold_some(thread float4* held, device const float* w, uint K, uin
     rg_hold<W>(held, w, (K & 3u) == 0 ? K : 0u, lane, S);
 }
 
-// The butterfly of rg_lane_sum for one sum, unrolled (S is a power of two <= RG_LANES): every
-// lane of the unit ends with the total. Every lane of the SIMD-group calls it.
-inline float rg_lane_total(float v, uint S) {
+// The butterfly of rg_lane_sum for G sums, unrolled (S is a power of two <= RG_LANES): every
+// lane of the unit ends with the totals. A level's G shuffles are issued together, so that
+// their latencies overlap. Every lane of the SIMD-group calls it.
+template <uint G>
+inline void rg_lane_totals(thread float* v, uint S) {
     #pragma unroll
     for (uint m = RG_LANES / 2; m > 0; m /= 2) {
         if (m < S) {
-            v += simd_shuffle_xor(v, (ushort)m);
+            #pragma unroll
+            for (uint g = 0; g < G; ++g) {
+                v[g] += simd_shuffle_xor(v[g], (ushort)m);
+            }
         }
     }
+}
+
+inline float rg_lane_total(float v, uint S) {
+    rg_lane_totals<1>(&v, S);
     return v;
 }
 

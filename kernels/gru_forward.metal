@@ -393,13 +393,12 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
                     dq = acc.v[2][0];
                 }
             }
-            dz = rg_lane_total(dz, S);
-            dr = rg_lane_total(dr, S);
-            dq = rg_lane_total(dq, S);
+            float d3[3] = {dz, dr, dq};
+            rg_lane_totals<3>(d3, S);
             if (unit && lane == 0) {
-                sums[j] = dz;
-                sums[H + j] = dr;
-                sums[2 * H + j] = dq;
+                sums[j] = d3[0];
+                sums[H + j] = d3[1];
+                sums[2 * H + j] = d3[2];
             }
         }
         // Every sum is in, and the stage read before the cells write the next one.

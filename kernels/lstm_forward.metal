@@ -24,7 +24,8 @@
 //      memory (rg_leave; two buffers alternate): only a dispatch's first step stages from
 //      device memory, and a step has one barrier. Where, besides, one pass of the threads
 //      covers every unit (rg_one_pass), a lean body runs (lstm_forward_v2_row): the row's
-//      indices computed once, lane 0 of a unit's lanes its cell with c[t] in a register, x'
+//      indices computed once, lane 0 of a unit's lanes its cell with c[t] in a register (with
+//      4 lanes a unit or more, lane k < 4 gate k's activation, the four met by simd_shuffle), x'
 //      loaded a step ahead.
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
@@ -256,6 +257,13 @@ inline void lstm_forward_v2_rows(constant RecurrenceParams& p, device const floa
 // it after all of them (1000x8x128x128 on an H100: 3.63 ms here, 4.71 with the sums met in
 // threadgroup memory and H threads running the cells). Holding each gate's share of R in
 // registers at H = 64 (32 of them) spilled and took as long (0.102 against 0.103 ms at 50x1).
+// SPREAD (S >= 4): lane k < 4 of the unit finishes gate k (its x' + bias, peephole term and
+// activation, and its z_state) and the four activations meet on every such lane through
+// simd_shuffle, so that the gates' activations run side by side rather than one after another
+// on lane 0; lanes 0 .. 3 then each find c[t] (the same arithmetic on the same values) for the
+// next step's peephole terms, and lane 0 alone h[t]. On an H100, 3.58 -> 3.37 ms at
+// 1000x8x128x128, 0.085 -> 0.075 ms at 50x1x64x64, 1.21 -> 1.17 ms at 100x32x256x256.
+template <bool SPREAD>
 inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                 device const float* bias, device const float* R,
                                 device const float* h0, device const float* c0,
@@ -273,15 +281,24 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
     uint q[4] = {p.gate0 * H + ju, p.gate1 * H + ju, p.gate2 * H + ju, p.gate3 * H + ju};
     device const float* Rd = R + r.d * GH * H;
     RgRow z = rg_row_of(p, row, GH);  // x' and z_state: [T, N, D·4H]
-    // The owner's inputs that no step changes, c[t−1] and x' + bias of the dispatch's first step.
+    // The gate lanes' inputs that no step changes, c[t−1] and x' + bias of the dispatch's first
+    // step: gate k's on lane 0 (SPREAD: on lane k, in slot 0).
+    uint gk = SPREAD ? min(lane, 3u) : 0u;  // SPREAD: the lane's gate
+    uint qk = p.gate0 * H + ju;
+    if (SPREAD) {
+        qk = gk == 0 ? q[0] : (gk == 1 ? q[1] : (gk == 2 ? q[2] : q[3]));
+    }
+    bool gate = unit && (SPREAD ? lane < 4 : lane == 0);
     float bk[4], pw[4], xb[4], cp = 0.0f, mj = 0.0f;
     #pragma unroll
     for (uint k = 0; k < 4; ++k) {
-        bk[k] = owner ? bias[r.d * GH + q[k]] : 0.0f;
-        pw[k] = owner && p.has_peephole != 0 ? peephole[r.d * GH + q[k]] : 0.0f;
-        xb[k] = owner && p.s_end > p.s_begin ? x[z.x0 + p.s_begin * z.xs + q[k]] : 0.0f;
+        uint qq = SPREAD ? qk : q[k];
+        bool mine = gate && (!SPREAD || k == 0);
+        bk[k] = mine ? bias[r.d * GH + qq] : 0.0f;
+        pw[k] = mine && p.has_peephole != 0 ? peephole[r.d * GH + qq] : 0.0f;
+        xb[k] = mine && p.s_end > p.s_begin ? x[z.x0 + p.s_begin * z.xs + qq] : 0.0f;
     }
-    if (owner) {
+    if (gate) {
         mj = mask[r.at + j];
         if (p.s_end > p.s_begin) {
             uint s = p.s_begin;
@@ -308,40 +325,65 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
                     dots[k] = acc.v[k][0];
                 }
             }
-            #pragma unroll
-            for (uint k = 0; k < 4; ++k) {
-                dots[k] = rg_lane_total(dots[k], S);
-            }
-            if (owner) {
-                // lstm_cell's arithmetic, in its order
-                float a[4], act[4];
+            rg_lane_totals<4>(dots, S);
+            // lstm_cell's arithmetic, in its order
+            float a[4], act[4];
+            if (SPREAD) {
+                float mine = 0.0f, am = 0.0f;
+                if (gate) {
+                    float dk = gk == 0 ? dots[0] : (gk == 1 ? dots[1] : (gk == 2 ? dots[2] : dots[3]));
+                    am = (xb[0] + bk[0]) + dk;
+                    if (peep) {
+                        am += pw[0] * cp;
+                    }
+                    mine = rg_activate(rg_act(p, gk), am);
+                    if (training) {
+                        zs[z.o0 + s * z.os + qk] = am;
+                    }
+                    if (s + 1 < p.s_end) {
+                        xb[0] = x[z.x0 + (s + 1) * z.xs + qk];  // in flight over the barrier
+                    }
+                }
+                uint first = (lid & 31u) - lane;  // the unit's lane 0 in its SIMD-group
                 #pragma unroll
                 for (uint k = 0; k < 4; ++k) {
-                    a[k] = (xb[k] + bk[k]) + dots[k];
-                    if (peep) {
-                        a[k] += pw[k] * cp;
+                    act[k] = simd_shuffle(mine, (ushort)(first + k));
+                }
+            }
+            if (gate) {
+                if (!SPREAD) {
+                    #pragma unroll
+                    for (uint k = 0; k < 4; ++k) {
+                        a[k] = (xb[k] + bk[k]) + dots[k];
+                        if (peep) {
+                            a[k] += pw[k] * cp;
+                        }
+                        act[k] = rg_activate(rg_act(p, k), a[k]);
                     }
-                    act[k] = rg_activate(rg_act(p, k), a[k]);
                 }
                 float ct = act[1] * cp + act[0] * act[2];
-                float ht = act[3] * rg_activate(p.act4, ct);
-                if (s + 1 < p.s_end) {
-                    // the next step's x', in flight over the barrier
-                    #pragma unroll
-                    for (uint k = 0; k < 4; ++k) {
-                        xb[k] = x[z.x0 + (s + 1) * z.xs + q[k]];
+                if (lane == 0) {
+                    float ht = act[3] * rg_activate(p.act4, ct);
+                    if (s + 1 < p.s_end) {
+                        if (!SPREAD) {
+                            // the next step's x', in flight over the barrier
+                            #pragma unroll
+                            for (uint k = 0; k < 4; ++k) {
+                                xb[k] = x[z.x0 + (s + 1) * z.xs + q[k]];
+                            }
+                        }
+                        next[j] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + j] : mj);
                     }
-                    next[j] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + j] : mj);
-                }
-                if (training) {
-                    #pragma unroll
-                    for (uint k = 0; k < 4; ++k) {
-                        zs[z.o0 + s * z.os + q[k]] = a[k];
+                    if (training && !SPREAD) {
+                        #pragma unroll
+                        for (uint k = 0; k < 4; ++k) {
+                            zs[z.o0 + s * z.os + q[k]] = a[k];
+                        }
                     }
+                    uint out = r.o0 + s * r.os + j;
+                    c[out] = ct;
+                    h[out] = ht;
                 }
-                uint out = r.o0 + s * r.os + j;
-                c[out] = ct;
-                h[out] = ht;
                 cp = ct;
             }
         }
@@ -371,9 +413,16 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
     if (rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT) {
-        lstm_forward_v2_row(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
-                            (threadgroup float*)staged, (threadgroup float*)nexts,
-                            rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
+        uint row = rg_group_rows(p, tpg, tgid).x;
+        threadgroup float* stage = (threadgroup float*)staged;
+        threadgroup float* after = (threadgroup float*)nexts;
+        if (rg_slices(p.H, tpg) >= 4) {
+            lstm_forward_v2_row<true>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
+                                      stage, after, row, lid, tgid, tpg);
+        } else {
+            lstm_forward_v2_row<false>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
+                                       stage, after, row, lid, tgid, tpg);
+        }
     } else if (rg_one_row(p, tpg, tgid)) {
         lstm_forward_v2_rows<1>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged,
                                 nexts, lid, tgid, tpg);
