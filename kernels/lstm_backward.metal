@@ -322,6 +322,42 @@ inline void lstm_backward_v2_rows(constant RecurrenceParams& p, device const flo
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// The activations of step t that lstm_backward_v2_row<true>'s phase A reads, and their
+// derivatives (none depends on dh_next): pre[k·H + u] = f_k(a_k) and pre[(4 + k)·H + u] =
+// f_k'(a_k) for gate k < 4, pre[8H + u] = g(c[t]) and pre[9H + u] = g'(c[t]), pre[10H + u] =
+// h[t−1] (h0 at t = 0, else f_o(a_o[t−1]) · g(c[t−1])), the arithmetic of lstm_cell_gradients.
+// The 6H items go to the threads from `first` on (the threads past the product's first).
+inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
+                                device const float* h0, device const float* c0,
+                                device const float* zs, device const float* cfwd,
+                                threadgroup float* pre, uint t, uint first, uint lid, uint tpg) {
+    uint H = p.H;
+    for (uint e = (lid + tpg - first) % tpg; e < 6 * H; e += tpg) {
+        uint k = e / H, u = e % H;
+        if (k < 4) {
+            float a = zs[z.o0 + t * z.os + rg_gate(p, k) * H + u];
+            float y = rg_activate(rg_act(p, k), a);
+            pre[k * H + u] = y;
+            pre[(4 + k) * H + u] = rg_derivative_at(rg_act(p, k), a, y);
+        } else if (k == 4) {
+            float ct = cfwd[r.o0 + t * r.os + u];
+            float gc = rg_activate(p.act4, ct);
+            pre[8 * H + u] = gc;
+            pre[9 * H + u] = rg_derivative_at(p.act4, ct, gc);
+        } else {
+            float hp;
+            if (t == 0) {
+                hp = h0[r.at + u];
+            } else {
+                float zo = zs[z.o0 + (t - 1) * z.os + p.gate3 * H + u];
+                float cp = cfwd[r.o0 + (t - 1) * r.os + u];
+                hp = rg_activate(p.act3, zo) * rg_activate(p.act4, cp);
+            }
+            pre[10 * H + u] = hp;
+        }
+    }
+}
+
 // lstm_backward_v2's one-row body (rg_one_pass): thread u < H runs unit u's phase A and keeps
 // what crosses steps in registers (dh_next, dc_next, the peephole partials: dhn, dcn and prow are
 // read once and written once; c[t−1] is the next step's c[t]); in phase B thread lid is lane
@@ -329,6 +365,14 @@ inline void lstm_backward_v2_rows(constant RecurrenceParams& p, device const flo
 // (Holding that row's share in registers at H = 64, 32 of them, spilled: 0.134 against 0.121 ms
 // for the 50x1x64x64 backward on an H100; so did holding its first two rounds, rg_row_dot_held:
 // 4.59 -> 4.91 ms at 1000x8x128x128.)
+// AHEAD (11H floats of threadgroup memory more; 6H <= tpg, an item a thread): the activations
+// of the next step and their derivatives (lstm_backward_ahead) are found by the threads past
+// the product's (or by the product's threads after it) while the product runs, so that phase A,
+// on the step's critical path between the sums and the next product, is its few
+// multiplications. On an H100: 0.107 -> 0.068 ms at 50x1x64x64 (512 threads past the product's
+// find them), 4.68 -> 4.57 ms at 1000x8x128x128; at 100x32x256x256 (6H > tpg: two items for
+// some threads) 1.46 -> 1.52, so there phase A finds them.
+template <bool AHEAD>
 inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                  device const float* h0, device const float* c0,
                                  device const float* mask, device const float* peephole,
@@ -336,8 +380,9 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
                                  device const float* cfwd, device const float* cg,
                                  device float* dx, device float* rhs, device float* dhn,
                                  device float* dcn, device float* prow, device uint2* status,
-                                 threadgroup float* stage, threadgroup float* sums, uint row,
-                                 uint lid, uint tgid, uint tpg) {
+                                 threadgroup float* stage, threadgroup float* sums,
+                                 threadgroup float* pre, uint row, uint lid, uint tgid,
+                                 uint tpg) {
     uint H = p.H, GH = 4 * p.H;
     RgRow r = rg_row(p, row);
     RgRow z = rg_row_of(p, row, GH);  // z_state and dA: [T, N, D·4H]
@@ -347,6 +392,7 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     uint u = min(lid, H - 1);
     uint q[4] = {p.gate0 * H + u, p.gate1 * H + u, p.gate2 * H + u, p.gate3 * H + u};
     bool peep = p.has_peephole != 0, per_step = p.cell_gradient_per_step != 0;
+    uint first = S * H < tpg ? S * H : 0u;  // lstm_backward_ahead's first thread
     // Unit lid's carries (dh_next, dc_next, the peephole partials), peephole and mask, and the
     // inputs of the dispatch's first step: z_state at t and t − 1, c[t], c[t−1], dy.
     float dh = 0.0f, dcc = 0.0f, mj = 0.0f, pw[4], pr[4], a[4];
@@ -374,30 +420,49 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
             gcell = per_step ? cg[r.o0 + s * r.os + lid] : 0.0f;
         }
     }
+    if (AHEAD && p.s_end > p.s_begin) {
+        lstm_backward_ahead(p, r, z, h0, c0, zs, cfwd, pre, p.s_end - 1, first, lid, tpg);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
         float m = 0.0f;
         if (cell) {
             // lstm_cell_gradients' arithmetic, in its order
-            float gk[4];
-            #pragma unroll
-            for (uint k = 0; k < 4; ++k) {
-                gk[k] = rg_activate(rg_act(p, k), a[k]);
+            float gk[4], dk[4], hp, gc, dg;
+            if (AHEAD) {
+                #pragma unroll
+                for (uint k = 0; k < 4; ++k) {
+                    gk[k] = pre[k * H + lid];
+                    dk[k] = pre[(4 + k) * H + lid];
+                }
+                gc = pre[8 * H + lid];
+                dg = pre[9 * H + lid];
+                hp = pre[10 * H + lid];
+            } else {
+                #pragma unroll
+                for (uint k = 0; k < 4; ++k) {
+                    gk[k] = rg_activate(rg_act(p, k), a[k]);
+                }
+                hp = s == 0 ? h0[r.at + lid] : rg_activate(p.act3, zo) * rg_activate(p.act4, cp);
+                gc = rg_activate(p.act4, ct);
+                dg = rg_derivative_at(p.act4, ct, gc);
+                #pragma unroll
+                for (uint k = 0; k < 4; ++k) {
+                    dk[k] = rg_derivative_at(rg_act(p, k), a[k], gk[k]);
+                }
             }
-            float hp = s == 0 ? h0[r.at + lid]
-                              : rg_activate(p.act3, zo) * rg_activate(p.act4, cp);
             m = r.ms != 0 ? mask[s * r.ms + r.at + lid] : mj;
             float dht = g + dh;
-            float gc = rg_activate(p.act4, ct);
-            float dc = dht * gk[3] * rg_derivative_at(p.act4, ct, gc) + dcc;
+            float dc = dht * gk[3] * dg + dcc;
             if (per_step) {
                 dc += gcell;
             }
             float da[4];
-            da[3] = dht * gc * rg_derivative_at(p.act3, a[3], gk[3]);
-            da[0] = dc * gk[2] * rg_derivative_at(p.act0, a[0], gk[0]);
-            da[1] = dc * cp * rg_derivative_at(p.act1, a[1], gk[1]);
-            da[2] = dc * gk[0] * rg_derivative_at(p.act2, a[2], gk[2]);
+            da[3] = dht * gc * dk[3];
+            da[0] = dc * gk[2] * dk[0];
+            da[1] = dc * cp * dk[1];
+            da[2] = dc * gk[0] * dk[2];
             dcc = dc * gk[1];
             uint xin = z.x0 + s * z.xs;
             #pragma unroll
@@ -413,13 +478,15 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
             if (s > p.s_begin) {
                 // the next step's inputs, in flight over the product
                 uint t = s - 1;
-                #pragma unroll
-                for (uint k = 0; k < 4; ++k) {
-                    a[k] = zs[z.o0 + t * z.os + q[k]];
+                if (!AHEAD) {
+                    #pragma unroll
+                    for (uint k = 0; k < 4; ++k) {
+                        a[k] = zs[z.o0 + t * z.os + q[k]];
+                    }
+                    zo = t == 0 ? 0.0f : zs[z.o0 + (t - 1) * z.os + q[3]];
                 }
                 ct = cp;
                 cp = t == 0 ? c0[r.at + lid] : cfwd[r.o0 + (t - 1) * r.os + lid];
-                zo = t == 0 ? 0.0f : zs[z.o0 + (t - 1) * z.os + q[3]];
                 g = dy[r.o0 + t * r.os + lid];
                 gcell = per_step ? cg[r.o0 + t * r.os + lid] : 0.0f;
             }
@@ -433,7 +500,11 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
                 sums[j] = dot;
             }
         }
-        // Every sum is in, and the stage read before phase A writes it again.
+        if (AHEAD && s > p.s_begin) {  // phase A has read pre (the barrier above)
+            lstm_backward_ahead(p, r, z, h0, c0, zs, cfwd, pre, s - 1, first, lid, tpg);
+        }
+        // Every sum is in, the stage read before phase A writes it again, and the next step's
+        // activations in pre.
         threadgroup_barrier(mem_flags::mem_threadgroup);
         if (cell) {
             dh = sums[lid] * m;
@@ -476,10 +547,17 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                              uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     if (rg_one_pass(p, tpg, tgid) && 5 * p.H <= RG_STAGE) {  // dA of four gates and the sums
-        lstm_backward_v2_row(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,
-                             prow, status, (threadgroup float*)staged,
-                             (threadgroup float*)staged + 4 * p.H, rg_group_rows(p, tpg, tgid).x,
-                             lid, tgid, tpg);
+        threadgroup float* stage = (threadgroup float*)staged;
+        uint row = rg_group_rows(p, tpg, tgid).x;
+        if (6 * p.H <= tpg && 16 * p.H <= RG_STAGE) {  // an item a thread; pre fits
+            lstm_backward_v2_row<true>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs,
+                                       dhn, dcn, prow, status, stage, stage + 4 * p.H,
+                                       stage + 5 * p.H, row, lid, tgid, tpg);
+        } else {
+            lstm_backward_v2_row<false>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs,
+                                        dhn, dcn, prow, status, stage, stage + 4 * p.H,
+                                        stage + 5 * p.H, row, lid, tgid, tpg);
+        }
     } else if (rg_one_row(p, tpg, tgid)) {
         lstm_backward_v2_rows<1>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,
                                  prow, status, staged, lid, tgid, tpg);

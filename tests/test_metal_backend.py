@@ -291,7 +291,7 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
 
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("N, H, threads", [(3, 8, 1024), (2, 70, 1024), (3, 12, 32), (2, 5, 64),
-                                            (2, 40, 32), (2, 32, 32)])
+                                            (2, 40, 32), (2, 32, 32), (1, 400, 1024)])
 def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
     """v2 as the rule runs it, a threadgroup of 1024 asked for per row, against the reference:
     bidirectional, every optional input, adversarial schedule (the GRU with and without
@@ -304,7 +304,10 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
     weights held in registers at H = 8 and 12 (the LSTM's never) and the GRU's only with
     reset_after; else the chunked bodies with B = 1. H = 32 at 32 threads (one lane a unit) holds
     only the first two float4 of each thread's share of a weight row and reads the rest at every
-    step (rg_row_dot_held: the single gate's products, the GRU's backward)."""
+    step (rg_row_dot_held: the single gate's products, the GRU's backward). The LSTM's backward
+    finds the next step's activations ahead of phase A (lstm_backward_ahead) where 16H floats fit
+    its stage and 6H threads can find them, an item each; H = 400 (2 lanes a unit) has it find
+    them in phase A instead."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
     for reset_after in ((True, False) if cell == "gru" else (None,)):
