@@ -35,7 +35,8 @@
 //      unit (rg_one_pass, the rule's grid), with reset_after a lean body runs
 //      (gru_backward_v2_row): thread u < H runs unit u's phase A and keeps dh_next and Σ dq
 //      in registers, phase C's sums meet in threadgroup memory (two barriers a step), the
-//      next step's inputs loaded a step ahead.
+//      next step's inputs loaded a step ahead (and its activations found by the threads past
+//      the product's, where there are 3H of them: gru_backward_ahead).
 //      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1, reset_after only): the threadgroups
 //      of a group of rows each own a block of the units, one dispatch per step; phase A leaves
 //      dh ⊙ keep in dhn, and phase C's product lhs·R moves to the start of the next dispatch
@@ -427,6 +428,23 @@ inline void gru_backward_v2_rows(constant RecurrenceParams& p, device const floa
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// The activations of step t that gru_backward_v2_row<true>'s phase A reads, and their
+// derivatives (none depends on dh_next): pre[k·H + u] = f_k(a_k) and pre[(3 + k)·H + u] =
+// f_k'(a_k) for gate k < 3 (z, r, o: z_state's a_z, a_r, a_o), the arithmetic of
+// gru_gate_gradients. The 3H items go to the threads from `first` on.
+inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device const float* zs,
+                               threadgroup float* pre, uint first, uint lid, uint tpg) {
+    uint H = p.H;
+    for (uint e = (lid + tpg - first) % tpg; e < 3 * H; e += tpg) {
+        uint k = e / H, u = e % H;
+        uint act = rg_act(p, k);
+        float a = zs[zt + rg_gate(p, k) * H + u];
+        float y = rg_activate(act, a);
+        pre[k * H + u] = y;
+        pre[(3 + k) * H + u] = rg_derivative_at(act, a, y);
+    }
+}
+
 // gru_backward_v2's one-row body with reset_after (rg_one_pass): thread u < H runs unit u's
 // phase A (gru_gate_gradients' and gru_kept's arithmetic, bitwise their results) and keeps its
 // dh_next and its sum of dq in registers from step to step (dhn and prow are read once and
@@ -438,14 +456,21 @@ inline void gru_backward_v2_rows(constant RecurrenceParams& p, device const floa
 // Rᵀ's row j (3H long) is read from device memory at every step: held in
 // registers (rg_hold, 24 floats a thread at H = 64 or even 16) it left the CUDA translation's
 // 64 registers spilling some ten values a step in the loop (verification/kernel_resources.py).
+// AHEAD (6H floats of threadgroup memory more; 3H threads past the product's, an item each):
+// the next step's activations and derivatives (gru_backward_ahead) are found by those threads
+// while the product runs, as the LSTM's backward does (lstm_backward_v2_row), so that phase A
+// is a few multiplications. On an H100 the 50x1x64x64 backward went 0.071 -> 0.052 ms; where
+// the product's threads found them after their product instead (no thread past the product's),
+// 1000x8x128x128 went 2.87 -> 3.09 and 100x32x256x256 1.06 -> 1.08, so there phase A does.
+template <bool AHEAD>
 inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                 device const float* h0, device const float* mask,
                                 device const float* dy, device const float* zs,
                                 device const float* hfwd, device float* dx, device float* lhs,
                                 device float* rhs, device float* dhn, device float* prow,
                                 device uint2* status, threadgroup float* stage,
-                                threadgroup float* sums, uint row, uint lid, uint tgid,
-                                uint tpg) {
+                                threadgroup float* sums, threadgroup float* pre, uint row,
+                                uint lid, uint tgid, uint tpg) {
     uint H = p.H, GH = 3 * p.H;
     RgRow r = rg_row(p, row);
     uint S = rg_slices(H, tpg), lane = lid % S, j = min(lid / S, H - 1);
@@ -475,24 +500,42 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
             hp = s == 0 ? h0[r.at + lid] : hfwd[r.o0 + (s - 1) * r.os + lid];
         }
     }
+    uint first = S * H < tpg ? S * H : 0u;  // gru_backward_ahead's first thread
+    if (AHEAD && p.s_end > p.s_begin) {
+        gru_backward_ahead(p, z3 + (p.s_end - 1) * z3s, zs, pre, first, lid, tpg);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
         float m = 0.0f, kept = 0.0f;
         if (cell) {
             m = r.ms != 0 ? mask[s * r.ms + r.at + lid] : mj;
-            float z = rg_activate(p.act0, a_z);
-            float rr = rg_activate(p.act1, a_r);
-            float o = rg_activate(p.act2, a_o);
+            float z, rr, o, d_z, d_r, d_o;
+            if (AHEAD) {
+                z = pre[lid];
+                rr = pre[H + lid];
+                o = pre[2 * H + lid];
+                d_z = pre[3 * H + lid];
+                d_r = pre[4 * H + lid];
+                d_o = pre[5 * H + lid];
+            } else {
+                z = rg_activate(p.act0, a_z);
+                rr = rg_activate(p.act1, a_r);
+                o = rg_activate(p.act2, a_o);
+                d_z = rg_derivative_at(p.act0, a_z, z);
+                d_r = rg_derivative_at(p.act1, a_r, rr);
+                d_o = rg_derivative_at(p.act2, a_o, o);
+            }
             float dht = g + dh;
             float da_o, da_z;
             if (p.flip_z != 0) {
-                da_o = dht * z * rg_derivative_at(p.act2, a_o, o);
-                da_z = dht * (o - hp) * rg_derivative_at(p.act0, a_z, z);
+                da_o = dht * z * d_o;
+                da_z = dht * (o - hp) * d_z;
             } else {
-                da_o = dht * (1.0f - z) * rg_derivative_at(p.act2, a_o, o);
-                da_z = dht * (hp - o) * rg_derivative_at(p.act0, a_z, z);
+                da_o = dht * (1.0f - z) * d_o;
+                da_z = dht * (hp - o) * d_z;
             }
-            float da_r = da_o * q * rg_derivative_at(p.act1, a_r, rr);
+            float da_r = da_o * q * d_r;
             float dq = da_o * rr;
             float hm = hp * m;
             kept = dht * (p.flip_z != 0 ? 1.0f - z : z);
@@ -501,9 +544,11 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
                 // the next step's inputs, in flight over the barrier and the product
                 uint zt = z3 + (s - 1) * z3s;
                 g = dy[r.o0 + (s - 1) * r.os + lid];
-                a_z = zs[zt + qz + lid];
-                a_r = zs[zt + qr + lid];
-                a_o = zs[zt + qo + lid];
+                if (!AHEAD) {
+                    a_z = zs[zt + qz + lid];
+                    a_r = zs[zt + qr + lid];
+                    a_o = zs[zt + qo + lid];
+                }
                 q = zs[zt + GH + lid];
                 hp = s == 1 ? h0[r.at + lid] : hfwd[r.o0 + (s - 2) * r.os + lid];
             }
@@ -531,7 +576,11 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
                 sums[j] = dot;
             }
         }
-        // Every sum is in, and the stage read before phase A writes it again.
+        if (AHEAD && s > p.s_begin) {  // phase A has read pre (the barrier above)
+            gru_backward_ahead(p, z3 + (s - 1) * z3s, zs, pre, first, lid, tpg);
+        }
+        // Every sum is in, the stage read before phase A writes it again, and the next step's
+        // activations in pre.
         threadgroup_barrier(mem_flags::mem_threadgroup);
         if (cell) {
             dh = kept + sums[lid] * m;
@@ -566,9 +615,18 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     if (p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 4 * p.H <= RG_STAGE) {  // lhs, sums
-        gru_backward_v2_row(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, status,
-                            (threadgroup float*)staged, (threadgroup float*)staged + 3 * p.H,
-                            rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
+        threadgroup float* stage = (threadgroup float*)staged;
+        uint row = rg_group_rows(p, tpg, tgid).x;
+        uint idle = tpg - rg_slices(p.H, tpg) * p.H;  // threads past the product's
+        if (3 * p.H <= idle && 10 * p.H <= RG_STAGE) {  // an item an idle thread; pre fits
+            gru_backward_v2_row<true>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
+                                      status, stage, stage + 3 * p.H, stage + 4 * p.H, row, lid,
+                                      tgid, tpg);
+        } else {
+            gru_backward_v2_row<false>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
+                                       status, stage, stage + 3 * p.H, stage + 4 * p.H, row, lid,
+                                       tgid, tpg);
+        }
     } else if (rg_one_row(p, tpg, tgid)) {
         gru_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow,
                                 status, staged, lid, tgid, tpg);

@@ -27,7 +27,9 @@
 //      Where a threadgroup owns one row and one pass of its threads covers every unit
 //      (rg_one_pass, the rule's grid), a lean body runs (lstm_backward_v2_row): thread u < H
 //      runs unit u's phase A with dh_next, dc_next and the peephole partials in its registers,
-//      phase B's sums meet in threadgroup memory (two barriers a step).
+//      phase B's sums meet in threadgroup memory (two barriers a step), and where 6H threads
+//      can take an item each, the next step's activations are found while the product runs
+//      (lstm_backward_ahead).
 //      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
 //      each own a block of the units, one dispatch per step, phase B moved to the start of the
 //      next dispatch (rg_carry: dA of every unit read back from dx), then phase A of the

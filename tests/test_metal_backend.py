@@ -304,10 +304,11 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
     weights held in registers at H = 8 and 12 (the LSTM's never) and the GRU's only with
     reset_after; else the chunked bodies with B = 1. H = 32 at 32 threads (one lane a unit) holds
     only the first two float4 of each thread's share of a weight row and reads the rest at every
-    step (rg_row_dot_held: the single gate's products, the GRU's backward). The LSTM's backward
-    finds the next step's activations ahead of phase A (lstm_backward_ahead) where 16H floats fit
-    its stage and 6H threads can find them, an item each; H = 400 (2 lanes a unit) has it find
-    them in phase A instead."""
+    step (rg_row_dot_held: the single gate's products, the GRU's backward). The LSTM's and the
+    GRU's backwards find the next step's activations ahead of phase A (lstm_backward_ahead,
+    gru_backward_ahead) at H = 8, 70 and 5, where their stage has room and enough threads can find
+    them, an item each (at H = 5 the LSTM's items wrap round to the product's threads); H = 400
+    (2 lanes a unit), 12 and 32 at 32 threads have phase A find them."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
     for reset_after in ((True, False) if cell == "gru" else (None,)):
