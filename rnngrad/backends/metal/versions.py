@@ -166,6 +166,23 @@ step, so that those read last stay in L1 (LSTM 1000×8 backward 4.64 → 5.12). 
 bound by each core streaming all of R from L2 (256 KB for the LSTM at H = 128): a one-row
 threadgroup cannot share it with another core within a dispatch.
 
+The one-row bodies' element-wise phases (2026-11-26, later; each pair in one H100 call). With the
+CUDA target's ``simd_shuffle_xor`` a butterfly shuffle and a level's shuffles of every gate
+issued together (``rg_lane_totals``), the LSTM forward finishing gate k on lane k of the unit
+(its four activations side by side), and the LSTM's and GRU's backwards finding the next step's
+activations and derivatives while the product runs (``lstm_backward_ahead``,
+``gru_backward_ahead``): GRU forward 1000×8 3.25 → 2.97 ms, 50×1 0.073 → 0.060; LSTM forward
+1000×8 3.58 → 3.37, 50×1 0.085 → 0.075; LSTM backward 50×1 0.107 → 0.068, 1000×8 4.68 → 4.57;
+GRU backward 50×1 0.071 → 0.052. Measured and left out: the GRU's backward finding them on the
+product's threads after their product where no thread is past it (1000×8 2.87 → 3.09, 100×32
+1.06 → 1.08), and the LSTM's at 100×32 where some threads take two items (1.46 → 1.52); the GRU
+forward's r and z on lanes 0 and 1 before the barrier (1000×8 2.98 → 3.81: spills); the first
+two rounds of the GRU forward's three rows held where all of them do not fit (1000×8 3.30 →
+3.10 before the butterfly shuffle, no change after it), of the LSTM forward's four (3.63 →
+4.60) and four rather than two of the GRU backward's (2.90 → 3.27); a 31 KiB stage so that
+the driver gives the forwards 224 rather than 192 KB of L1 (no change; LSTM forward 1000×8
+3.57 → 3.81).
+
 Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
 :data:`V2_MAX_ROWS` from ``rnngrad bench`` there. Override it with
