@@ -181,7 +181,14 @@ two rounds of the GRU forward's three rows held where all of them do not fit (10
 3.10 before the butterfly shuffle, no change after it), of the LSTM forward's four (3.63 →
 4.60) and four rather than two of the GRU backward's (2.90 → 3.27); a 31 KiB stage so that
 the driver gives the forwards 224 rather than 192 KB of L1 (no change; LSTM forward 1000×8
-3.57 → 3.81).
+3.57 → 3.81). Every v2 kernel compiled and dispatched for 512 threads a threadgroup (128
+registers a thread, no spills; S = 4 at H = 128): forward + gradients 1000×8 RNN / GRU / LSTM
+2.06 / 6.00 / 8.29 → 2.78 / 6.54 / 9.10 ms, 100×32 1.02 / 2.39 / 3.05 → 1.31 / 3.37 / 4.27, but
+the 50×1 forwards faster (RNN / GRU / LSTM 0.027 / 0.060 / 0.080 → 0.023 / 0.048 / 0.068: the
+same S = 8, no thread idle, no spills); with, besides, the GRU forward's three rows held whole
+(96 registers, some spilled) its 1000×8 forward went 2.99 → 2.50 ms, the GRU's total 6.00 →
+5.66. A per-kernel choice of 512 or 1024 threads (a second entry point with its own
+max_total_threads_per_threadgroup) is what those figures ask for.
 
 Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
