@@ -275,7 +275,7 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
     uint H = p.H, GH = 4 * p.H;
     RgRow r = rg_row(p, row);
     uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
-    bool unit = j < H, owner = unit && lane == 0, idle = rg_simd_idle(0, lid, S, H);
+    bool unit = j < H, idle = rg_simd_idle(0, lid, S, H);
     uint ju = min(j, H - 1);
     // Unit j of gate k (the cell's order i, f, z, o) within the direction's 4H, and its row of R.
     uint q[4] = {p.gate0 * H + ju, p.gate1 * H + ju, p.gate2 * H + ju, p.gate3 * H + ju};
