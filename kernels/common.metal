@@ -666,6 +666,17 @@ inline float rg_row_dot_held(thread const float4* held, threadgroup const float*
     return acc.v[0][0];
 }
 
+// The first thread of a one-row body's work ahead (lstm_backward_ahead, gru_backward_ahead): the
+// first past the product's S · H where there is one, else thread 0; item e of n goes to thread
+// (first + e) mod tpg (rg_ahead_item: a thread's first item, then every tpg-th).
+inline uint rg_ahead_first(uint S, uint H, uint tpg) {
+    return S * H < tpg ? S * H : 0u;
+}
+
+inline uint rg_ahead_item(uint first, uint lid, uint tpg) {
+    return (lid + tpg - first) % tpg;
+}
+
 // rg_hold<W> where K is a multiple of 4 (rg_row_dot_held reads held only then), else zeros.
 template <uint W>
 inline void rg_hold_some(thread float4* held, device const float* w, uint K, uint lane, uint S) {

@@ -435,7 +435,7 @@ inline void gru_backward_v2_rows(constant RecurrenceParams& p, device const floa
 inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device const float* zs,
                                threadgroup float* pre, uint first, uint lid, uint tpg) {
     uint H = p.H;
-    for (uint e = (lid + tpg - first) % tpg; e < 3 * H; e += tpg) {
+    for (uint e = rg_ahead_item(first, lid, tpg); e < 3 * H; e += tpg) {
         uint k = e / H, u = e % H;
         uint act = rg_act(p, k);
         float a = zs[zt + rg_gate(p, k) * H + u];
@@ -453,9 +453,10 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
 // lid mod S of unit lid / S, and the sums meet in threadgroup memory (two barriers a step; with
 // phase A on lane 0 of every unit's lanes instead, one barrier a step and da alternating between
 // two stages, the 1000x8x128x128 backward took 3.37 ms on an H100 against 3.09 ms).
-// Rᵀ's row j (3H long) is read from device memory at every step: held in
-// registers (rg_hold, 24 floats a thread at H = 64 or even 16) it left the CUDA translation's
-// 64 registers spilling some ten values a step in the loop (verification/kernel_resources.py).
+// Rᵀ's row j (3H long): the first two float4 of the thread's share held in registers, the rest
+// read at every step (rg_row_dot_held); held whole (24 floats a thread at H = 64, or even 16)
+// it left the CUDA translation's 64 registers spilling some ten values a step in the loop
+// (verification/kernel_resources.py).
 // AHEAD (6H floats of threadgroup memory more; 3H threads past the product's, an item each):
 // the next step's activations and derivatives (gru_backward_ahead) are found by those threads
 // while the product runs, as the LSTM's backward does (lstm_backward_v2_row), so that phase A
@@ -483,7 +484,7 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     float4 held[RG_HOLD / 2];  // the first rounds of the thread's share of Rᵀ's row
     rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? GH : 0u, lane, S);
     // Unit lid's carries (dh_next, Σ dq) and mask, and the inputs of the dispatch's first
-    // step: dy, z_state's a_z, a_r, a_o, q and h[t−1].
+    // step: dy, z_state's a_z, a_r, a_o (only where phase A finds the activations), q, h[t−1].
     float dh = 0.0f, pq = 0.0f, mj = 0.0f;
     float g = 0.0f, a_z = 0.0f, a_r = 0.0f, a_o = 0.0f, q = 0.0f, hp = 0.0f;
     if (cell) {
@@ -493,14 +494,16 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
         if (p.s_end > p.s_begin) {
             uint s = p.s_end - 1, zt = z3 + s * z3s;
             g = dy[r.o0 + s * r.os + lid];
-            a_z = zs[zt + qz + lid];
-            a_r = zs[zt + qr + lid];
-            a_o = zs[zt + qo + lid];
+            if (!AHEAD) {
+                a_z = zs[zt + qz + lid];
+                a_r = zs[zt + qr + lid];
+                a_o = zs[zt + qo + lid];
+            }
             q = zs[zt + GH + lid];
             hp = s == 0 ? h0[r.at + lid] : hfwd[r.o0 + (s - 1) * r.os + lid];
         }
     }
-    uint first = S * H < tpg ? S * H : 0u;  // gru_backward_ahead's first thread
+    uint first = rg_ahead_first(S, H, tpg);
     if (AHEAD && p.s_end > p.s_begin) {
         gru_backward_ahead(p, z3 + (p.s_end - 1) * z3s, zs, pre, first, lid, tpg);
         threadgroup_barrier(mem_flags::mem_threadgroup);

@@ -334,7 +334,7 @@ inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
                                 device const float* zs, device const float* cfwd,
                                 threadgroup float* pre, uint t, uint first, uint lid, uint tpg) {
     uint H = p.H;
-    for (uint e = (lid + tpg - first) % tpg; e < 6 * H; e += tpg) {
+    for (uint e = rg_ahead_item(first, lid, tpg); e < 6 * H; e += tpg) {
         uint k = e / H, u = e % H;
         if (k < 4) {
             float a = zs[z.o0 + t * z.os + rg_gate(p, k) * H + u];
@@ -394,7 +394,7 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     uint u = min(lid, H - 1);
     uint q[4] = {p.gate0 * H + u, p.gate1 * H + u, p.gate2 * H + u, p.gate3 * H + u};
     bool peep = p.has_peephole != 0, per_step = p.cell_gradient_per_step != 0;
-    uint first = S * H < tpg ? S * H : 0u;  // lstm_backward_ahead's first thread
+    uint first = rg_ahead_first(S, H, tpg);
     // Unit lid's carries (dh_next, dc_next, the peephole partials), peephole and mask, and the
     // inputs of the dispatch's first step: z_state at t and t − 1, c[t], c[t−1], dy.
     float dh = 0.0f, dcc = 0.0f, mj = 0.0f, pw[4], pr[4], a[4];
