@@ -396,7 +396,8 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     bool peep = p.has_peephole != 0, per_step = p.cell_gradient_per_step != 0;
     uint first = rg_ahead_first(S, H, tpg);
     // Unit lid's carries (dh_next, dc_next, the peephole partials), peephole and mask, and the
-    // inputs of the dispatch's first step: z_state at t and t − 1, c[t], c[t−1], dy.
+    // inputs of the dispatch's first step: c[t−1], dy, and (only where phase A finds the
+    // activations) z_state at t and t − 1 and c[t].
     float dh = 0.0f, dcc = 0.0f, mj = 0.0f, pw[4], pr[4], a[4];
     float ct = 0.0f, cp = 0.0f, zo = 0.0f, g = 0.0f, gcell = 0.0f;
     #pragma unroll
@@ -411,13 +412,15 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
         mj = mask[r.at + lid];
         if (p.s_end > p.s_begin) {
             uint s = p.s_end - 1;
-            #pragma unroll
-            for (uint k = 0; k < 4; ++k) {
-                a[k] = zs[z.o0 + s * z.os + q[k]];
+            if (!AHEAD) {  // else lstm_backward_ahead reads them
+                #pragma unroll
+                for (uint k = 0; k < 4; ++k) {
+                    a[k] = zs[z.o0 + s * z.os + q[k]];
+                }
+                ct = cfwd[r.o0 + s * r.os + lid];
+                zo = s == 0 ? 0.0f : zs[z.o0 + (s - 1) * z.os + q[3]];
             }
-            ct = cfwd[r.o0 + s * r.os + lid];
             cp = s == 0 ? c0[r.at + lid] : cfwd[r.o0 + (s - 1) * r.os + lid];
-            zo = s == 0 ? 0.0f : zs[z.o0 + (s - 1) * z.os + q[3]];
             g = dy[r.o0 + s * r.os + lid];
             gcell = per_step ? cg[r.o0 + s * r.os + lid] : 0.0f;
         }
@@ -487,7 +490,7 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
                     }
                     zo = t == 0 ? 0.0f : zs[z.o0 + (t - 1) * z.os + q[3]];
                 }
-                ct = cp;
+                ct = cp;  // phase A's own activations' (dead with AHEAD)
                 cp = t == 0 ? c0[r.at + lid] : cfwd[r.o0 + (t - 1) * r.os + lid];
                 g = dy[r.o0 + t * r.os + lid];
                 gcell = per_step ? cg[r.o0 + t * r.os + lid] : 0.0f;

@@ -38,16 +38,22 @@ inline void simdgroup_barrier(mem_flags = mem_flags::mem_none) { __syncwarp(); }
 
 inline uint __emu_lane() { return threadIdx.x & 31u; }
 
-// One lane's value of x, for any trivially copyable type (a word at a time).
-template <class T> inline T __emu_shfl(const T& x, uint src) {
+// x, of any trivially copyable type, from another lane a word at a time: lane `arg` (XOR
+// false: an indexed shuffle) or this lane's index XOR `arg` (true: the warp's butterfly).
+template <bool XOR, class T> inline T __emu_shfl_words(const T& x, int arg) {
     constexpr int W = (sizeof(T) + 3) / 4;
     unsigned w[W] = {};
     memcpy(w, &x, sizeof(T));
-    for (int i = 0; i < W; ++i) w[i] = __shfl_sync(0xffffffffu, w[i], (int)src);
+    for (int i = 0; i < W; ++i) {
+        w[i] = XOR ? __shfl_xor_sync(0xffffffffu, w[i], arg) : __shfl_sync(0xffffffffu, w[i], arg);
+    }
     T r;
     memcpy(&r, w, sizeof(T));
     return r;
 }
+
+// One lane's value of x.
+template <class T> inline T __emu_shfl(const T& x, uint src) { return __emu_shfl_words<false>(x, (int)src); }
 
 template <class T> inline T simd_sum(T x) { for (uint o = 16; o; o >>= 1) x = x + __emu_shfl(x, __emu_lane() ^ o); return x; }
 template <class T> inline T simd_product(T x) { for (uint o = 16; o; o >>= 1) x = x * __emu_shfl(x, __emu_lane() ^ o); return x; }
@@ -61,19 +67,10 @@ template <class T> inline T simd_broadcast_first(T x) { return __emu_shfl(x, 0u)
 template <class T> inline T simd_shuffle(T x, ushort lane) { T y = __emu_shfl(x, lane & 31u); return lane < 32 ? y : x; }
 template <class T> inline T simd_shuffle_up(T x, ushort d) { uint l = __emu_lane(); T y = __emu_shfl(x, l >= d ? l - d : l); return l >= d ? y : x; }
 template <class T> inline T simd_shuffle_down(T x, ushort d) { uint l = __emu_lane(); T y = __emu_shfl(x, l + d < 32 ? l + d : l); return l + d < 32 ? y : x; }
-// simd_shuffle_xor is the warp's butterfly (shfl.sync.bfly), a word at a time: no lane index to
-// compute, so a kernel's butterfly sum is one shuffle and one add a level. Past lane 31 the
-// caller keeps its value, as Metal's does.
-template <class T> inline T simd_shuffle_xor(T x, ushort m) {
-    if (m >= 32) return x;
-    constexpr int W = (sizeof(T) + 3) / 4;
-    unsigned w[W] = {};
-    memcpy(w, &x, sizeof(T));
-    for (int i = 0; i < W; ++i) w[i] = __shfl_xor_sync(0xffffffffu, w[i], (int)m);
-    T r;
-    memcpy(&r, w, sizeof(T));
-    return r;
-}
+// simd_shuffle_xor is the warp's butterfly (shfl.sync.bfly): no lane index to compute, so a
+// kernel's butterfly sum is one shuffle and one add a level. Past lane 31 the caller keeps its
+// value, as Metal's does.
+template <class T> inline T simd_shuffle_xor(T x, ushort m) { return m < 32 ? __emu_shfl_words<true>(x, (int)m) : x; }
 template <class T> inline T simd_shuffle_rotate_up(T x, ushort d) { return __emu_shfl(x, (__emu_lane() + 32u - (d & 31u)) & 31u); }
 template <class T> inline T simd_shuffle_rotate_down(T x, ushort d) { return __emu_shfl(x, (__emu_lane() + d) & 31u); }
 template <class T> inline T simd_prefix_inclusive_sum(T x) {
