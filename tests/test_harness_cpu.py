@@ -168,6 +168,44 @@ kernel void test(const device float *in [[ buffer(0) ]], device float *out [[ bu
         fn(2, array('f', [1.0, 3.14159]), dev.buffer(8))
 
 
+def _unmapped_above(addr: int, step: int = 1 << 24) -> int:
+    """The first multiple of ``step`` bytes past ``addr`` (and past its guard page) that no
+    mapping of this process covers, from /proc/self/maps."""
+    spans = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+        spans.append((lo, hi))
+    gap = step
+    while any(lo <= addr + gap + 4 < hi or lo <= addr + gap < hi for lo, hi in spans):
+        gap += step
+    return gap
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc/self/maps")
+def test_overrun_past_the_guard_page_names_the_nearest_buffer(dev):
+    """A read so far past a buffer's end that it skips the guard page still names the buffer it
+    came from (the nearest one below the address), with how far past its end it landed."""
+    fn = dev.kernel(HEADER + """
+kernel void test(const device float *in [[ buffer(0) ]], device float *out [[ buffer(1) ]],
+                 constant ulong &gap [[ buffer(2) ]], uint id [[ thread_position_in_grid ]]) {
+    out[id] = in[gap / 4 + id];
+}
+""").function("test")
+    bufs = [dev.buffer(np.arange(4, dtype=np.float32)), dev.buffer(4), dev.buffer(8)]
+    gap = _unmapped_above(bufs[0]._mc_addr)
+    np.frombuffer(bufs[2], np.uint64)[0] = gap + 16
+    with pytest.raises(metalcompute.error) as info:
+        fn(1, *bufs)
+    msg = str(info.value)
+    assert "invalid memory access" in msg, msg
+    # another buffer may lie between the input and the address: the nearest below it is named
+    addr = bufs[0]._mc_addr + gap + 16
+    index = min((i for i, b in enumerate(bufs) if b._mc_addr + b.nbytes <= addr),
+                key=lambda i: addr - bufs[i]._mc_addr - bufs[i].nbytes)
+    past = addr - bufs[index]._mc_addr - bufs[index].nbytes
+    assert f"{past} bytes past the end of buffer {index} ({bufs[index].nbytes} bytes)" in msg, msg
+
+
 def test_elementwise_with_tail_matches_numpy(dev):
     n = 3000  # not a multiple of the threadgroup size: the last threadgroup is padded
     x = RNG.standard_normal(n, dtype=np.float32) * 4

@@ -367,4 +367,13 @@ class Function:
             if end <= addr < end + _PAGE:
                 return (head + f"crashed with {what}: access at byte {addr - b._mc_addr} of "
                         f"buffer {i}, which has {b.nbytes} bytes (past its end); in {msg}")
+        # Past every guard page: a read that far past a buffer's end skips its guard page, so
+        # name the buffer that ends closest below the address (the likeliest source, not a proof).
+        below = [(addr - (b._mc_addr + b.nbytes), i, b) for i, b in enumerate(bound)
+                 if b._mc_addr + b.nbytes <= addr]
+        if below:
+            gap, i, b = min(below, key=lambda x: x[0])
+            return (head + f"crashed with {what} at address {addr:#x}, {gap} bytes past the end "
+                    f"of buffer {i} ({b.nbytes} bytes), the nearest below it, beyond its guard "
+                    f"page; in {msg}")
         return head + f"crashed with {what} at address {addr:#x}; in {msg}"
