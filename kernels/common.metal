@@ -220,6 +220,16 @@ inline void rg_mark(device uint2* status, uint tgid, uint lid, uint tpg, uint st
 // Threads of a v2 threadgroup at most (its kernels' max_total_threads_per_threadgroup; the
 // host asks for versions.V2_THREADS a threadgroup).
 #define RG_THREADS 1024
+// Threads of the forwards' second v2 entry point (<cell>_forward_v2_512, the same body; the host
+// asks for versions.V2_THREADS_512 where versions.V2_512_H says). A kernel's threadgroup limit
+// is what its compiler allots registers by: at 1024 threads the CUDA translation gets 64 a
+// thread, at 512 it gets 128, room for the GRU forward's three weight rows (RG_HOLD_512). On an
+// H100 at 50x1x64x64 (8 lanes a unit either way: at 1024 threads half of them idle) the
+// forwards took RNN / GRU / LSTM 0.027 / 0.060 / 0.080 ms at 1024 and 0.023 / 0.048 / 0.068 at
+// 512, and the GRU's at 1000x8x128x128 2.98 ms at 1024 and 2.50 at 512 with its rows held whole;
+// at 100x32x256x256 the GRU's took 0.90 ms at 1024 and 1.43 at 512, and the backwards were
+// slower at 512 (GRU 1000x8: 2.49 ms, 3.13 with Rᵀ's row held whole, 3.30 without).
+#define RG_THREADS_512 512
 
 // One thread's partial sums: v[g][b] for gate g < G (in the order the kernel passes the
 // weights) and row b < B of the chunk. Each kernel holds as many gates as its product has and,
@@ -567,6 +577,10 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // W = RG_HOLD / 2 (H <= 64): 16 or 24 registers. (The LSTM's four rows, 32 registers, and the
 // backwards' rows of 3H or 4H spilled in the CUDA translation's 64 registers a thread.)
 #define RG_HOLD 4
+// float4 of each of the GRU forward's three weight rows a thread of its 512-thread entry holds
+// (gru_forward_v2_512): the whole share at H <= 128 (S = 4), 96 registers of the 128 the CUDA
+// translation then gives a thread.
+#define RG_HOLD_512 8
 
 // One row of a recurrence, its indices computed once: the row's C columns in an [N, D·C] array
 // start at `at`; in a [T, N, D·C] array those of processing step s start at x0 + s·xs (input

@@ -37,6 +37,9 @@
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
 //      Only with reset_after: without it a step's o gate reads r of every unit of the row.
+//      Second entry point gru_forward_v2_512: the same body in threadgroups of at most 512
+//      (RG_THREADS_512), which the host runs at small H (versions.V2_512_H): the three weight
+//      rows then held whole where they fit (RG_HOLD_512).
 //   v3 gru_forward_v3 (reset_after only): one dispatch a step (the host's spans),
 //      threadgroups of 256 over tiles of up to 16 rows of one direction × a block of units
 //      (p.unit_blocks blocks); the tile's three gate products are one matrix product whose
@@ -56,7 +59,7 @@
 //   8      device float*                   zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
 //   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of gru_forward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+// Buffers of gru_forward_v2 and gru_forward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             x     [T,N,D·3H] projected input, input time
@@ -327,11 +330,13 @@ inline void gru_forward_v2_rows(constant RecurrenceParams& p, device const float
 // gru_forward_v2's one-row body with reset_after (rg_one_pass): thread lid is lane lid mod S
 // of unit lid / S in the product of the three gates, whose sums meet in threadgroup memory;
 // thread u < H then runs unit u's cell with h[t−1] (its own h[t] of the step before), the
-// biases and the next step's x' in registers. HOLD: the thread's share of R's three rows of
-// unit lid / S stays in registers (24 floats at H = 64, S = 8). (With the cell on lane 0 of every
+// biases and the next step's x' in registers. W > 0: the thread's share of R's three rows of
+// unit lid / S stays in registers, W float4 of each (rg_hold<W>, which covers it: W = RG_HOLD / 2,
+// 24 floats at H = 64, S = 8; or, in gru_forward_v2_512, RG_HOLD_512, 96 floats at H = 128,
+// S = 4); W = 0: read from memory at every step. (With the cell on lane 0 of every
 // unit's lanes instead, one barrier a step: 3.36 against 3.29 ms at 1000x8x128x128, 0.081 against
 // 0.072 ms at 50x1x64x64, an H100.)
-template <bool HOLD>
+template <uint W>
 inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                device const float* bias, device const float* R,
                                device const float* h0, device const float* mask,
@@ -347,11 +352,11 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
     device const float* Rd = R + r.d * GH * H;
     uint oz = (qz + j) * H, orr = (qr + j) * H, oo = (qo + j) * H;
-    float4 held[3][RG_HOLD / 2];
-    if (HOLD) {
-        rg_hold<RG_HOLD / 2>(held[0], Rd + oz, unit ? H : 0u, lane, S);
-        rg_hold<RG_HOLD / 2>(held[1], Rd + orr, unit ? H : 0u, lane, S);
-        rg_hold<RG_HOLD / 2>(held[2], Rd + oo, unit ? H : 0u, lane, S);
+    float4 held[3][W > 0 ? W : 1];
+    if (W > 0) {
+        rg_hold<W>(held[0], Rd + oz, unit ? H : 0u, lane, S);
+        rg_hold<W>(held[1], Rd + orr, unit ? H : 0u, lane, S);
+        rg_hold<W>(held[2], Rd + oo, unit ? H : 0u, lane, S);
     }
     // Unit lid's inputs that no step changes, and those of the dispatch's first step: x' + bias
     // of the gates and h[t−1].
@@ -380,10 +385,10 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
         if (!idle) {
             float dz = 0.0f, dr = 0.0f, dq = 0.0f;
             if (unit) {
-                if (HOLD) {
-                    dz = rg_held_dot<RG_HOLD / 2>(held[0], stage, H, lane, S);
-                    dr = rg_held_dot<RG_HOLD / 2>(held[1], stage, H, lane, S);
-                    dq = rg_held_dot<RG_HOLD / 2>(held[2], stage, H, lane, S);
+                if (W > 0) {
+                    dz = rg_held_dot<W>(held[0], stage, H, lane, S);
+                    dr = rg_held_dot<W>(held[1], stage, H, lane, S);
+                    dq = rg_held_dot<W>(held[2], stage, H, lane, S);
                 } else {  // the three gates' loads in flight together
                     RgAcc<3, 1> acc;
                     rg_clear(acc);
@@ -434,6 +439,41 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// The body of gru_forward_v2 and gru_forward_v2_512: which version of the step runs in this
+// threadgroup. WHOLE > 0 (the 512-thread entry, whose threads have the registers): a one-row body
+// whose three rows two float4 a lane do not cover holds them in WHOLE float4 a lane where that
+// covers them.
+template <uint WHOLE>
+inline void gru_forward_v2_entry(constant RecurrenceParams& p, device const float* x,
+                                 device const float* bias, device const float* R,
+                                 device const float* h0, device const float* mask,
+                                 device const float* b2, device float* h, device float* zs,
+                                 device uint2* status, threadgroup float4* staged,
+                                 threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
+    if (p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 3 * p.H <= RG_NEXT) {  // 3 gates' sums
+        uint row = rg_group_rows(p, tpg, tgid).x;
+        threadgroup float* stage = (threadgroup float*)staged;
+        threadgroup float* sums = (threadgroup float*)nexts;
+        uint S = rg_slices(p.H, tpg);
+        if (rg_holds(p.H, RG_HOLD / 2, S)) {
+            gru_forward_v2_row<RG_HOLD / 2>(p, x, bias, R, h0, mask, b2, h, zs, status, stage,
+                                            sums, row, lid, tgid, tpg);
+        } else if (WHOLE > 0 && rg_holds(p.H, WHOLE, S)) {
+            gru_forward_v2_row<WHOLE>(p, x, bias, R, h0, mask, b2, h, zs, status, stage, sums, row,
+                                      lid, tgid, tpg);
+        } else {
+            gru_forward_v2_row<0>(p, x, bias, R, h0, mask, b2, h, zs, status, stage, sums, row, lid,
+                                  tgid, tpg);
+        }
+    } else if (rg_one_row(p, tpg, tgid)) {
+        gru_forward_v2_rows<1>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid, tgid,
+                               tpg);
+    } else {
+        gru_forward_v2_rows<RG_BMAX>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid,
+                                     tgid, tpg);
+    }
+}
+
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                            device const float* x [[buffer(1)]],
@@ -450,24 +490,28 @@ kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                            uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    if (p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 3 * p.H <= RG_NEXT) {  // 3 gates' sums
-        uint row = rg_group_rows(p, tpg, tgid).x;
-        if (rg_holds(p.H, RG_HOLD / 2, rg_slices(p.H, tpg))) {
-            gru_forward_v2_row<true>(p, x, bias, R, h0, mask, b2, h, zs, status,
-                                     (threadgroup float*)staged, (threadgroup float*)nexts, row,
-                                     lid, tgid, tpg);
-        } else {
-            gru_forward_v2_row<false>(p, x, bias, R, h0, mask, b2, h, zs, status,
-                                      (threadgroup float*)staged, (threadgroup float*)nexts, row,
+    gru_forward_v2_entry<0>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid, tgid,
+                            tpg);
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void gru_forward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
+                               device const float* x [[buffer(1)]],
+                               device const float* bias [[buffer(2)]],
+                               device const float* R [[buffer(3)]],
+                               device const float* h0 [[buffer(4)]],
+                               device const float* mask [[buffer(5)]],
+                               device const float* b2 [[buffer(6)]],
+                               device float* h [[buffer(7)]],
+                               device float* zs [[buffer(8)]],
+                               device uint2* status [[buffer(9)]],
+                               uint lid [[thread_position_in_threadgroup]],
+                               uint tgid [[threadgroup_position_in_grid]],
+                               uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
+    gru_forward_v2_entry<RG_HOLD_512>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts,
                                       lid, tgid, tpg);
-        }
-    } else if (rg_one_row(p, tpg, tgid)) {
-        gru_forward_v2_rows<1>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid, tgid,
-                               tpg);
-    } else {
-        gru_forward_v2_rows<RG_BMAX>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid,
-                                     tgid, tpg);
-    }
 }
 
 [[max_total_threads_per_threadgroup(256)]]

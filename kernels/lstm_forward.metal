@@ -30,6 +30,8 @@
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
+//      Second entry point lstm_forward_v2_512: the same body in threadgroups of at most 512
+//      (RG_THREADS_512), which the host runs at small H (versions.V2_512_H).
 //   v3 lstm_forward_v3: one dispatch a step (the host's spans), threadgroups of 256 over tiles
 //      of up to 16 rows of one direction × a block of units (p.unit_blocks blocks); the tile's
 //      four gate products (h[t−1] ⊙ m) R_kᵀ are one matrix product whose columns are the
@@ -52,7 +54,7 @@
 //   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
 //   11     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of lstm_forward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+// Buffers of lstm_forward_v2 and lstm_forward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
 //   index  type                            name      layout
 //   0      constant RecurrenceParams&      p         scalars
 //   1      device const float*             x         [T,N,D·4H] projected input, input time
@@ -394,24 +396,15 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                            device const float* x [[buffer(1)]],
-                            device const float* bias [[buffer(2)]],
-                            device const float* R [[buffer(3)]],
-                            device const float* h0 [[buffer(4)]],
-                            device const float* c0 [[buffer(5)]],
-                            device const float* mask [[buffer(6)]],
-                            device const float* peephole [[buffer(7)]],
-                            device float* h [[buffer(8)]],
-                            device float* c [[buffer(9)]],
-                            device float* zs [[buffer(10)]],
-                            device uint2* status [[buffer(11)]],
-                            uint lid [[thread_position_in_threadgroup]],
-                            uint tgid [[threadgroup_position_in_grid]],
-                            uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
+// The body of lstm_forward_v2 and lstm_forward_v2_512: which version of the step runs
+// in this threadgroup.
+inline void lstm_forward_v2_entry(constant RecurrenceParams& p, device const float* x,
+                                  device const float* bias, device const float* R,
+                                  device const float* h0, device const float* c0,
+                                  device const float* mask, device const float* peephole,
+                                  device float* h, device float* c, device float* zs,
+                                  device uint2* status, threadgroup float4* staged,
+                                  threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
     if (rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT) {
         uint row = rg_group_rows(p, tpg, tgid).x;
         threadgroup float* stage = (threadgroup float*)staged;
@@ -430,6 +423,50 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
         lstm_forward_v2_rows<RG_BMAX>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
                                       staged, nexts, lid, tgid, tpg);
     }
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                            device const float* x [[buffer(1)]],
+                            device const float* bias [[buffer(2)]],
+                            device const float* R [[buffer(3)]],
+                            device const float* h0 [[buffer(4)]],
+                            device const float* c0 [[buffer(5)]],
+                            device const float* mask [[buffer(6)]],
+                            device const float* peephole [[buffer(7)]],
+                            device float* h [[buffer(8)]],
+                            device float* c [[buffer(9)]],
+                            device float* zs [[buffer(10)]],
+                            device uint2* status [[buffer(11)]],
+                            uint lid [[thread_position_in_threadgroup]],
+                            uint tgid [[threadgroup_position_in_grid]],
+                            uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
+    lstm_forward_v2_entry(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged, nexts,
+                          lid, tgid, tpg);
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void lstm_forward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
+                                device const float* x [[buffer(1)]],
+                                device const float* bias [[buffer(2)]],
+                                device const float* R [[buffer(3)]],
+                                device const float* h0 [[buffer(4)]],
+                                device const float* c0 [[buffer(5)]],
+                                device const float* mask [[buffer(6)]],
+                                device const float* peephole [[buffer(7)]],
+                                device float* h [[buffer(8)]],
+                                device float* c [[buffer(9)]],
+                                device float* zs [[buffer(10)]],
+                                device uint2* status [[buffer(11)]],
+                                uint lid [[thread_position_in_threadgroup]],
+                                uint tgid [[threadgroup_position_in_grid]],
+                                uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
+    lstm_forward_v2_entry(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged, nexts,
+                          lid, tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

@@ -27,6 +27,8 @@
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
+//      Second entry point single_gate_forward_v2_512: the same body in threadgroups of at most 512
+//      (RG_THREADS_512), which the host runs at small H (versions.V2_512_H).
 //   v3 single_gate_forward_v3: one dispatch a step (the host's spans), threadgroups of 256 over
 //      tiles of up to 16 rows of one direction × a block of units (p.unit_blocks blocks); the
 //      tile's (h[t−1] ⊙ m) Rᵀ is a matrix product with h[t−1] ⊙ m and the block's rows of R
@@ -45,7 +47,7 @@
 //   7      device float*                   zs    [T,N,D·H] output time (written when p.training)
 //   8      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of single_gate_forward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+// Buffers of single_gate_forward_v2 and single_gate_forward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             x     [T,N,D·H] projected input, input time
@@ -255,21 +257,14 @@ inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device cons
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                                   device const float* x [[buffer(1)]],
-                                   device const float* bias [[buffer(2)]],
-                                   device const float* R [[buffer(3)]],
-                                   device const float* h0 [[buffer(4)]],
-                                   device const float* mask [[buffer(5)]],
-                                   device float* h [[buffer(6)]],
-                                   device float* zs [[buffer(7)]],
-                                   device uint2* status [[buffer(8)]],
-                                   uint lid [[thread_position_in_threadgroup]],
-                                   uint tgid [[threadgroup_position_in_grid]],
-                                   uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
+// The body of single_gate_forward_v2 and single_gate_forward_v2_512: which version of the step
+// runs in this threadgroup.
+inline void single_gate_forward_v2_entry(constant RecurrenceParams& p, device const float* x,
+                                         device const float* bias, device const float* R,
+                                         device const float* h0, device const float* mask,
+                                         device float* h, device float* zs, device uint2* status,
+                                         threadgroup float4* staged, threadgroup float4* nexts,
+                                         uint lid, uint tgid, uint tpg) {
     if (rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT) {
         uint row = rg_group_rows(p, tpg, tgid).x;
         if (rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg))) {
@@ -288,6 +283,44 @@ kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
         single_gate_forward_v2_rows<RG_BMAX>(p, x, bias, R, h0, mask, h, zs, status, staged, nexts,
                                              lid, tgid, tpg);
     }
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
+                                   device const float* x [[buffer(1)]],
+                                   device const float* bias [[buffer(2)]],
+                                   device const float* R [[buffer(3)]],
+                                   device const float* h0 [[buffer(4)]],
+                                   device const float* mask [[buffer(5)]],
+                                   device float* h [[buffer(6)]],
+                                   device float* zs [[buffer(7)]],
+                                   device uint2* status [[buffer(8)]],
+                                   uint lid [[thread_position_in_threadgroup]],
+                                   uint tgid [[threadgroup_position_in_grid]],
+                                   uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
+    single_gate_forward_v2_entry(p, x, bias, R, h0, mask, h, zs, status, staged, nexts, lid, tgid,
+                                 tpg);
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void single_gate_forward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
+                                       device const float* x [[buffer(1)]],
+                                       device const float* bias [[buffer(2)]],
+                                       device const float* R [[buffer(3)]],
+                                       device const float* h0 [[buffer(4)]],
+                                       device const float* mask [[buffer(5)]],
+                                       device float* h [[buffer(6)]],
+                                       device float* zs [[buffer(7)]],
+                                       device uint2* status [[buffer(8)]],
+                                       uint lid [[thread_position_in_threadgroup]],
+                                       uint tgid [[threadgroup_position_in_grid]],
+                                       uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
+    single_gate_forward_v2_entry(p, x, bias, R, h0, mask, h, zs, status, staged, nexts, lid, tgid,
+                                 tpg);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

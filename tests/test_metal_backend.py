@@ -72,7 +72,9 @@ def test_buffer_tables_match_signatures_and_launchers():
             assert [a for _, a in buffers] == [f"buffer({i})" for i in range(len(buffers))], \
                 f"{kernel}: buffers must be bound at 0..k-1 in parameter order"
             assert tuple(n for n, _ in buffers) == library.BUFFERS[kernel], kernel
-            table = re.search(r"Buffers of " + kernel + r"\b.*?\n((?://[^\n]*\n)+)", text)
+            # a table may serve two entry points: "Buffers of k and k_512 (...)"
+            table = re.search(r"Buffers of (?:\w+ and )?" + kernel + r"\b.*?\n((?://[^\n]*\n)+)",
+                              text)
             assert table, f"{name}: no buffer table for {kernel}"
             rows = re.findall(r"//\s+(\d+)\s+.*?\s(\w+)\s{2,}", table.group(1))
             assert [(int(i), n) for i, n in rows] == list(enumerate(library.BUFFERS[kernel])), \
@@ -268,31 +270,41 @@ def test_dispatch_count_does_not_grow_with_T(cell, recurrence_version):
 
 # -- v2's chunks ----------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("entry", [1024, 512])
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("N, H, threads", [(11, 3, 1024), (11, 40, 32), (5, 7, 1024)])
-def test_v2_chunks_passes_and_directions(cell, N, H, threads, monkeypatch):
+def test_v2_chunks_passes_and_directions(cell, N, H, threads, entry, monkeypatch):
     """Eight rows a threadgroup asked for (the rule asks for one). Bidirectional, N = 11 at 1024
     threads: 22 rows over 3 threadgroups of 8, 8 and 6 rows, the second's in a chunk of 3 rows
     of one direction and 5 of the other; H = 40 in threadgroups of 32 needs two passes of
     units (one lane a unit, the second pass 8 units short); H = 7 at 1024 threads: 8 lanes a
     unit (RG_LANES), the SIMD-groups past the 7 units skipping the pass. Chunks of eight rows
-    take the kernels' B = RG_BMAX bodies. Against the reference, adversarial schedule."""
+    take the kernels' B = RG_BMAX bodies. Against the reference, adversarial schedule. The
+    forwards on either entry point (``entry``: threadgroups of up to 1024 or 512 threads)."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)
+    monkeypatch.setattr(versions, "V2_512_H", {c: 10 ** 6 for c in CELLS} if entry == 512 else None)
+    forward = f"{cell}_forward_v2" + ("_512" if entry == 512 else "")
     rng = np.random.default_rng(N * H + threads)
     case, device = checked_case(rng, cell, T=3, N=N, H=H, threads=threads)
     with emulated_device(**device) as dev:
         case.gradients(backend=BACKEND)
     recurrences = [d for d in dev.trace if not d.kernel.startswith("strided")]
-    assert {d.kernel for d in recurrences} == {f"{cell}_forward_v2", f"{cell}_backward_v2"}
-    assert {d.count for d in recurrences} == {-(-2 * N // min(8, versions.v2_rows(
-        cell=cell, direction=d.kernel.split("_")[-2], H=H))) * 1024 for d in recurrences}
+    assert {d.kernel for d in recurrences} == {forward, f"{cell}_backward_v2"}
+    groups = {d.kernel: -(-2 * N // min(8, versions.v2_rows(
+        cell=cell, direction="forward" if d.kernel == forward else "backward", H=H)))
+        for d in recurrences}
+    assert {(d.kernel, d.count) for d in recurrences} == {
+        (forward, groups[forward] * entry),
+        (f"{cell}_backward_v2", groups[f"{cell}_backward_v2"] * 1024)}
 
 
+@pytest.mark.parametrize("entry", [1024, 512])
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("N, H, threads", [(3, 8, 1024), (2, 70, 1024), (3, 12, 32), (2, 5, 64),
-                                            (2, 40, 32), (2, 32, 32), (1, 400, 1024)])
-def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
+                                            (2, 40, 32), (2, 32, 32), (1, 96, 1024),
+                                            (1, 400, 1024)])
+def test_v2_one_row_a_threadgroup(cell, N, H, threads, entry, monkeypatch):
     """v2 as the rule runs it, a threadgroup of 1024 asked for per row, against the reference:
     bidirectional, every optional input, adversarial schedule (the GRU with and without
     reset_after). H = 8 and 12 (K, the stage's pitch and every weight offset multiples of 4)
@@ -308,9 +320,18 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
     GRU's backwards find the next step's activations ahead of phase A (lstm_backward_ahead,
     gru_backward_ahead) at H = 8, 70 and 5, where their stage has room and enough threads can find
     them, an item each (at H = 5 the LSTM's items wrap round to the product's threads); H = 400
-    (2 lanes a unit), 12 and 32 at 32 threads have phase A find them."""
+    (2 lanes a unit), 12 and 32 at 32 threads have phase A find them.
+
+    Each forward runs on either entry point (``entry``): ``<cell>_forward_v2`` (threadgroups of
+    up to 1024) or ``<cell>_forward_v2_512`` (up to 512: at 1024 threads asked for, 4 lanes a
+    unit at H = 70 and 96, one at H = 400). The GRU's 512-thread entry holds each of its three
+    weight rows whole where two float4 a lane do not cover them (RG_HOLD_512): H = 96 at 512
+    threads (4 lanes a unit, the last of each lane's 8 float4 past the row's end) and H = 32
+    at 32 threads; its 1024-thread entry reads them from memory at H = 96."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    monkeypatch.setattr(versions, "V2_512_H", {c: 10 ** 6 for c in CELLS} if entry == 512 else None)
+    forward = f"{cell}_forward_v2" + ("_512" if entry == 512 else "")
     for reset_after in ((True, False) if cell == "gru" else (None,)):
         fixed = {} if reset_after is None else dict(reset_after=reset_after)
         rng = np.random.default_rng(N * H + threads + 4)
@@ -318,8 +339,11 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, monkeypatch):
         with emulated_device(**device) as dev:
             case.gradients(backend=BACKEND)
         recurrences = [d for d in dev.trace if not d.kernel.startswith("strided")]
-        assert {d.kernel for d in recurrences} == {f"{cell}_forward_v2", f"{cell}_backward_v2"}
-        assert {d.count for d in recurrences} == {2 * N * versions.V2_THREADS}
+        assert {d.kernel for d in recurrences} == {forward, f"{cell}_backward_v2"}
+        assert {(d.kernel, d.count) for d in recurrences} == {
+            (forward, 2 * N * entry), (f"{cell}_backward_v2", 2 * N * versions.V2_THREADS)}
+        assert {(d.kernel, d.threadgroup_size) for d in recurrences} == {
+            (forward, min(entry, threads)), (f"{cell}_backward_v2", threads)}
 
 
 def checked_case(rng, cell, T, N, H, threads, **fixed):

@@ -171,17 +171,22 @@ def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
     assert {x.count for x in backward} == {-(-26 // 3) * 5 * 1024}
 
 
+@pytest.mark.parametrize("entry", [1024, 512])
 @pytest.mark.parametrize("H", [70, 72])
 @pytest.mark.parametrize("cap", [1024, 64])
 @pytest.mark.parametrize("cell", CELLS)
-def test_v2_matches_the_reference(cell, cap, H, monkeypatch):
+def test_v2_matches_the_reference(cell, cap, H, entry, monkeypatch):
     """v2 on the GPU as the rule runs it, a threadgroup asked for per row (26 rows): H = 72
-    through rg_dots' float4 reads, H = 70 through its scalar ones."""
+    through rg_dots' float4 reads, H = 70 through its scalar ones; the forwards on either entry
+    point (``entry``: threadgroups of up to 1024 or 512; the GRU's 512-thread one holds its
+    three weight rows whole at H = 72, 4 lanes a unit)."""
     from rnngrad.backends.metal import versions
     from rnngrad.backends.metal.host import cuda_device
 
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    monkeypatch.setattr(versions, "V2_512_H", {c: 10 ** 6 for c in CELLS} if entry == 512 else None)
+    forward = f"{cell}_forward_v2" + ("_512" if entry == 512 else "")
     rng = np.random.default_rng(len(cell) + cap + H)
     extra = dict(reset_after=True) if cell == "gru" else {}
     desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
@@ -191,8 +196,9 @@ def test_v2_matches_the_reference(cell, cap, H, monkeypatch):
             worst, mismatches = check_case(case, "metal-cuda", gradients)
             assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
     runs = [x for x in d.trace if not x.kernel.startswith("strided")]
-    assert {x.kernel for x in runs} == {f"{cell}_forward_v2", f"{cell}_backward_v2"}
-    assert {x.count for x in runs} == {26 * versions.V2_THREADS}
+    assert {x.kernel for x in runs} == {forward, f"{cell}_backward_v2"}
+    assert {(x.kernel, x.count) for x in runs} == {
+        (forward, 26 * entry), (f"{cell}_backward_v2", 26 * versions.V2_THREADS)}
 
 
 @pytest.mark.parametrize("H", [70, 72])

@@ -685,13 +685,14 @@ def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch, tiled, tiles)
     assert not mismatches, "\n".join(map(str, mismatches[:5]))
     # T·N = 128 rows, G·H = 128: x' and d_source and dW are 2**20 multiply-adds, dR 2**19.
     assert [d.kernel for d in dev.trace] == [
-        TILED, "lstm_forward_v2",               # x' = source·Wᵀ + b
+        TILED, "lstm_forward_v2_512",           # x' = source·Wᵀ + b (H <= V2_512_H)
         "lstm_backward_v2", "strided_gemm",     # dR
         TILED, TILED,                           # d_source, dW
         "strided_gemm", "strided_gemm"]         # db, dpeephole: one-row reductions
     logged = [r.getMessage() for r in caplog.records if r.name == "rnngrad.backends.metal"]
     recurrences = [m for m in logged if "lstm_" in m]
-    assert len(recurrences) == 2 and "v2 lstm_forward_v2: lstm_forward, D=1, N=8, H=32" in recurrences[0]
+    assert len(recurrences) == 2 and "v2 lstm_forward_v2_512: lstm_forward, D=1, N=8, H=32" in recurrences[0]
+    assert "threadgroups of 512 (H = 32 <= 64: V2_512_H)" in recurrences[0]
     logged = [m for m in logged if m not in recurrences]
     assert len(logged) == 6
     assert logged[0] == (f"metal-emulated: {tiled} {TILED}: batch=1, M=128, P=128, K=64: "
@@ -741,6 +742,15 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     assert (small.version, small.kernel) == ("v2", "lstm_forward_v2")
     assert "64 <= H <= 256 and D·N = 8 <= 64, 1 row(s) a threadgroup" in small.reason
     assert count(small, direction="forward", D=1, N=8, H=128) == 8 * 1024
+    # the forwards' 512-thread entry point where H <= V2_512_H: the GRU's to 128, the rest to 64
+    gru = versions.recurrence(cell="gru", direction="forward", D=2, N=8, H=128)
+    assert gru.kernel == "gru_forward_v2_512", gru
+    assert "threadgroups of 512 (H = 128 <= 128: V2_512_H)" in gru.reason
+    assert versions.recurrence_count(gru, cell="gru", direction="forward", D=2, N=8, H=128) == 16 * 512
+    assert rule(direction="forward", D=1, N=8, H=64).kernel == "lstm_forward_v2_512"
+    assert rule(direction="backward", D=1, N=8, H=64).kernel == "lstm_backward_v2"
+    for H in (256, 129):
+        assert versions.recurrence(cell="gru", direction="forward", D=2, N=8, H=H).kernel == "gru_forward_v2"
     assert rule(direction="backward", D=1, N=32, H=256).version == "v2"
     assert rule(direction="backward", D=2, N=64, H=256).version == "v3"  # 2**25: STEPS_MIN_WORK
     # else v1 in its grid: below the range (H = 32 at N = 1: packed, one threadgroup), past the

@@ -136,7 +136,7 @@ def kernel_work(kernel, cell, T, N, I, H):
     Z = 4 if cell == "gru" else G  # the GRU of the bench has reset_after: q in z_state
     rows, GH = T * N, G * H
     cells = 2 if cell == "lstm" else 1  # h (and c) per step
-    kernel = kernel.removesuffix("_v2").removesuffix("_v3")
+    kernel = kernel.removesuffix("_512").removesuffix("_v2").removesuffix("_v3")
     if kernel.endswith("_forward"):
         return 2 * rows * GH * H, 4 * (rows * GH + rows * H * cells + rows * Z * H + GH * H)
     if kernel.endswith("_backward"):
@@ -255,7 +255,8 @@ def dispatch_ms(per_kernel: dict) -> float:
 def recurrence_ms(measured: dict, direction: str, key: str = "per_kernel") -> float:
     """The ms of a configuration's forward or backward recurrence dispatches (either version)."""
     return sum(v for k, v in measured[key].items()
-               if k.endswith((f"_{direction}", f"_{direction}_v2", f"_{direction}_v3")))
+               if k.endswith((f"_{direction}", f"_{direction}_v2", f"_{direction}_v2_512",
+                              f"_{direction}_v3")))
 
 
 def metal_step(layer, x, gy, backend: str = "metal-cuda", xp=None):

@@ -86,8 +86,9 @@ the 1000×8 single-gate forward went 1.86 → 1.96 instead. Threadgroups of 512 
 (RG_THREADS) were faster still at 50×1 (LSTM forward 0.13 ms) but slower at 100×32 (0.80 against
 0.52 ms, the RNN's forward) and in the backward at 1000×8, and threadgroups of 64 or 32 (a
 SIMD-group or two for the row's whole step, its barriers nearly free) were slower everywhere (50×1
-LSTM forward 0.15 → 0.34 / 0.58 ms, 1000×8 4.7 → 22 / 38 ms): v2's threadgroup size is one for
-every shape, since Metal's is the kernel's.
+LSTM forward 0.15 → 0.34 / 0.58 ms, 1000×8 4.7 → 22 / 38 ms). Metal's threadgroup limit is the
+kernel's, so a second size takes a second entry point: the forwards have one of 512 threads
+(below).
 
 Before the float4 reads (lanes k ≡ lane mod S, scalar loads: each load of a SIMD-group touched
 four lines) v2 was slower than v1 at 11 of these 12 shapes and cells (1000×8 LSTM 10.4 / 11.5,
@@ -187,8 +188,15 @@ registers a thread, no spills; S = 4 at H = 128): forward + gradients 1000×8 RN
 the 50×1 forwards faster (RNN / GRU / LSTM 0.027 / 0.060 / 0.080 → 0.023 / 0.048 / 0.068: the
 same S = 8, no thread idle, no spills); with, besides, the GRU forward's three rows held whole
 (96 registers, some spilled) its 1000×8 forward went 2.99 → 2.50 ms, the GRU's total 6.00 →
-5.66. A per-kernel choice of 512 or 1024 threads (a second entry point with its own
-max_total_threads_per_threadgroup) is what those figures ask for.
+5.66. So each forward has a second entry point, ``<cell>_forward_v2_512`` (the same body,
+``max_total_threads_per_threadgroup(512)``; the GRU's holds its three rows whole where two
+float4 a lane do not cover them, RG_HOLD_512), which the rule runs where H <= :data:`V2_512_H`:
+every forward at H = 64 and the GRU's at 128 too. Device ms of each op, forward + gradients,
+before → after, one H100 call: GRU 1000×8 5.86 → 5.41 (its forward 2.98 → 2.54), 50×1 0.177 →
+0.165; LSTM 50×1 0.200 → 0.190; RNN 50×1 0.121 → 0.118; 100×32 unchanged. The single gate's and
+the LSTM's forwards at H = 128 on 512 threads were slower (RNN 1000×8 forward 0.66 → 1.02 ms,
+LSTM 3.38 → 3.65), and so were the backwards (GRU 1000×8 2.48 → 3.13 with Rᵀ's row held whole,
+3.30 without).
 
 Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
@@ -350,6 +358,13 @@ V2_STAGE_PER_ROW = {("single_gate", "forward"): 1, ("single_gate", "backward"): 
                     ("lstm", "forward"): 1, ("lstm", "backward"): 4}
 #: threads the host asks for per v2 threadgroup (metalcompute's largest threadgroup)
 V2_THREADS = 1024
+#: threads the host asks for per threadgroup of a forward's second v2 entry point
+#: (``<cell>_forward_v2_512``: the same body, compiled for threadgroups of at most 512)
+V2_THREADS_512 = 512
+#: the largest H at which a v2 forward runs on its 512-thread entry point, by cell (measured:
+#: every forward at H = 64, the GRU's at 128 with its three weight rows held whole; slower at
+#: 256, and the LSTM's and single gate's at 128); None: never
+V2_512_H = {"single_gate": 64, "gru": 128, "lstm": 64}
 #: rows per v2 threadgroup the host asks for (the kernels take more in chunks of V2_ROWS)
 V2_GROUP_ROWS = 1
 #: the H the rule gives v2, by cell and direction: (smallest, largest), or None (never); each
@@ -460,9 +475,11 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                f"of every unit within a step")
         shape = f"{shape}: {source}={setting}, but {why}, so the rule"
         setting = "auto"
+    if setting == "v2":
+        kernel, entry = _v2_entry(cell=cell, direction=direction, H=H)
+        return Choice("v2", kernel, f"{shape}: forced by {source}=v2{entry}")
     if setting not in ("auto", "v1"):
-        return Choice(setting, v2 if setting == "v2" else v1,
-                      f"{shape}: forced by {source}={setting}")
+        return Choice(setting, v1, f"{shape}: forced by {source}={setting}")
     packed_groups = -(-D * N * H // 1024)
     if setting == "v1":
         shape = f"{shape}: v1 forced by {source}=v1, its grid"
@@ -481,24 +498,41 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
     low, high = V2_H.get((cell, direction)) or (1, 0)
     if (setting == "auto" and fits and low <= H <= high and D * N <= V2_MAX_ROWS
             and (cell != "gru" or reset_after)):
-        return Choice("v2", v2, f"{shape}: auto, v2: {low} <= H <= {high} and D·N = {D * N} "
-                                f"<= {V2_MAX_ROWS}, "
-                                f"{group_rows(cell=cell, direction=direction, H=H)} row(s) a "
-                                f"threadgroup")
+        kernel, entry = _v2_entry(cell=cell, direction=direction, H=H)
+        return Choice("v2", kernel, f"{shape}: auto, v2: {low} <= H <= {high} and D·N = {D * N} "
+                                    f"<= {V2_MAX_ROWS}, "
+                                    f"{group_rows(cell=cell, direction=direction, H=H)} row(s) a "
+                                    f"threadgroup{entry}")
     if H <= ROWS_MAX_H and packed_groups < ROWS_MIN_GROUPS and D * N > packed_groups:
         return Choice("rows", v1, f"{shape}: auto, v1, H <= {ROWS_MAX_H} and packing leaves "
                                   f"{packed_groups} threadgroup(s) for {D * N} rows: one per row")
     return Choice("packed", v1, f"{shape}: auto, v1 packed: {packed_groups} threadgroup(s)")
 
 
+def _v2_entry(*, cell: str, direction: str, H: int) -> tuple:
+    """(kernel, a clause for the reason) of v2's entry point: a forward's 512-thread one
+    (``<cell>_forward_v2_512``) where H <= :data:`V2_512_H`, else ``<cell>_<direction>_v2``."""
+    largest = (V2_512_H or {}).get(cell) if direction == "forward" else None
+    if largest is not None and H <= largest:
+        return (f"{cell}_{direction}_v2_512",
+                f", threadgroups of {V2_THREADS_512} (H = {H} <= {largest}: V2_512_H)")
+    return f"{cell}_{direction}_v2", ""
+
+
+def v2_threads(kernel: str) -> int:
+    """Threads a v2 threadgroup of ``kernel`` asks for: :data:`V2_THREADS_512` for the 512-thread
+    entry points, else :data:`V2_THREADS`."""
+    return V2_THREADS_512 if kernel.endswith("_v2_512") else V2_THREADS
+
+
 def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: int,
                      H: int) -> int:
     """The threads a recurrence dispatch asks for under ``choice``: v2 one threadgroup of
-    :data:`V2_THREADS` per :func:`group_rows` rows, v2-steps one per block of units of each
-    :func:`step_blocks` rows, v1 ``rows`` one per row, v1 ``packed`` one thread per (row,
-    unit)."""
+    :func:`v2_threads` per :func:`group_rows` rows, v2-steps one of :data:`V2_THREADS` per
+    block of units of each :func:`step_blocks` rows, v1 ``rows`` one per row, v1 ``packed`` one
+    thread per (row, unit)."""
     if choice.version == "v2":
-        return -(-D * N // group_rows(cell=cell, direction=direction, H=H)) * V2_THREADS
+        return -(-D * N // group_rows(cell=cell, direction=direction, H=H)) * v2_threads(choice.kernel)
     if choice.version == "v2-steps":
         rows, blocks = step_blocks(cell=cell, direction=direction, H=H)
         return -(-D * N // rows) * blocks * V2_THREADS
