@@ -67,6 +67,8 @@ SANITIZER_CONFIGS = {
     "gemm-v5-float4": ("v5", "auto", ("--hidden", "36"), ", H = 36: float4 staging"),
     "v1": ("auto", "v1", (), ""),
     "v2": ("auto", "v2", ("--hidden", "36"), ", H = 36: rg_dots' float4 reads"),
+    "v2-whole": ("auto", "v2", ("--hidden", "72"),
+                 ", H = 72: the GRU forward's 512-thread entry holding its rows whole"),
     "v2x8": ("auto", "v2", ("--v2-group-rows", "8"), ", 8 rows a v2 threadgroup"),
     "v2-steps": ("auto", "v2-steps", ("--v2-step-units", "12"), ", H = 33 in 3 blocks of units"),
     "v3": ("auto", "v3", (), ", tiles of 4 columns"),
