@@ -652,6 +652,32 @@ inline float rg_held_dot(thread const float4* held, threadgroup const float* v, 
     return acc;
 }
 
+// rg_held_dot<W> of G rows at once (held[g] the share of row g), each float4 of v read once for
+// all G: the same sums in the same order (bitwise rg_held_dot's), a third of the threadgroup
+// memory reads for the GRU's three rows, each round's multiply-adds of the G rows independent.
+template <uint G, uint W>
+inline void rg_held_dots(thread float* acc, thread const float4 (*held)[W],
+                         threadgroup const float* v, uint K, uint lane, uint S) {
+    #pragma unroll
+    for (uint g = 0; g < G; ++g) {
+        acc[g] = 0.0f;
+    }
+    #pragma unroll
+    for (uint r = 0; r < W; ++r) {
+        uint k = 4 * lane + 4 * S * r;
+        if (k < K) {
+            float4 x = *((threadgroup const float4*)(v + k));
+            #pragma unroll
+            for (uint g = 0; g < G; ++g) {
+                acc[g] += held[g][r].x * x.x;
+                acc[g] += held[g][r].y * x.y;
+                acc[g] += held[g][r].z * x.z;
+                acc[g] += held[g][r].w * x.w;
+            }
+        }
+    }
+}
+
 // This lane's share of Σ_k v[k] · w[k] read from device memory (rg_dots for one row and gate).
 inline float rg_row_dot(threadgroup const float* v, device const float* w, uint K, uint lane,
                         uint S) {

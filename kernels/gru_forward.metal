@@ -352,7 +352,7 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
     device const float* Rd = R + r.d * GH * H;
     uint oz = (qz + j) * H, orr = (qr + j) * H, oo = (qo + j) * H;
-    float4 held[3][W > 0 ? W : 1];
+    float4 held[3][W > 0 ? W : 1];  // (one unread float4 where W = 0)
     if (W > 0) {
         rg_hold<W>(held[0], Rd + oz, unit ? H : 0u, lane, S);
         rg_hold<W>(held[1], Rd + orr, unit ? H : 0u, lane, S);
@@ -362,7 +362,7 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
     // of the gates and h[t−1].
     uint u = min(lid, H - 1);
     float bz = 0.0f, br = 0.0f, bo = 0.0f, bq = 0.0f, mj = 0.0f;
-    float xb_z = 0.0f, xb_r = 0.0f, xb_o = 0.0f, hp = 0.0f;
+    float x_z = 0.0f, x_r = 0.0f, x_o = 0.0f, hp = 0.0f;
     if (cell) {
         bz = bias[r.d * GH + qz + u];
         br = bias[r.d * GH + qr + u];
@@ -371,9 +371,9 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
         mj = mask[r.at + u];
         if (p.s_end > p.s_begin) {
             uint xj = xr.x0 + p.s_begin * xr.xs + u;
-            xb_z = x[xj + qz] + bz;
-            xb_r = x[xj + qr] + br;
-            xb_o = x[xj + qo] + bo;
+            x_z = x[xj + qz];
+            x_r = x[xj + qr];
+            x_o = x[xj + qo];
             hp = p.s_begin == 0 ? h0[r.at + u] : h[r.o0 + (p.s_begin - 1) * r.os + u];
         }
     }
@@ -386,9 +386,11 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
             float dz = 0.0f, dr = 0.0f, dq = 0.0f;
             if (unit) {
                 if (W > 0) {
-                    dz = rg_held_dot<W>(held[0], stage, H, lane, S);
-                    dr = rg_held_dot<W>(held[1], stage, H, lane, S);
-                    dq = rg_held_dot<W>(held[2], stage, H, lane, S);
+                    float d3[3];
+                    rg_held_dots<3, (W > 0 ? W : 1)>(d3, held, stage, H, lane, S);
+                    dz = d3[0];
+                    dr = d3[1];
+                    dq = d3[2];
                 } else {  // the three gates' loads in flight together
                     RgAcc<3, 1> acc;
                     rg_clear(acc);
@@ -411,9 +413,9 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
         if (cell) {
             // gru_cell_after's arithmetic in its order (bitwise its results)
             float q = sums[2 * H + lid] + bq;
-            float a_z = xb_z + sums[lid];
-            float a_r = xb_r + sums[H + lid];
-            float a_o = xb_o + q * rg_activate(p.act1, a_r);
+            float a_z = (x_z + bz) + sums[lid];
+            float a_r = (x_r + br) + sums[H + lid];
+            float a_o = (x_o + bo) + q * rg_activate(p.act1, a_r);
             float z = rg_activate(p.act0, a_z);
             float o = rg_activate(p.act2, a_o);
             float ht = p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
@@ -421,9 +423,9 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
             if (s + 1 < p.s_end) {
                 // the next step's, in flight over the product
                 uint xj = xr.x0 + (s + 1) * xr.xs + lid;
-                xb_z = x[xj + qz] + bz;
-                xb_r = x[xj + qr] + br;
-                xb_o = x[xj + qo] + bo;
+                x_z = x[xj + qz];
+                x_r = x[xj + qr];
+                x_o = x[xj + qo];
                 stage[lid] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + lid] : mj);
             }
             uint zj = zr.o0 + s * zr.os + lid;
