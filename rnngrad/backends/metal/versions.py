@@ -198,6 +198,21 @@ the LSTM's forwards at H = 128 on 512 threads were slower (RNN 1000×8 forward 0
 LSTM 3.38 → 3.65), and so were the backwards (GRU 1000×8 2.48 → 3.13 with Rᵀ's row held whole,
 3.30 without).
 
+Then Nsight Compute's stall samples of ``gru_forward_v2_512`` at 1000×8 (35% barrier waits behind
+the cells, 29% the product's multiply-adds waiting on threadgroup reads) showed two things the
+cell's thread waited on: the next step's x' + bias, added as soon as x' was loaded (the load's
+latency before the barrier), and the held product reading each float4 of the stage three times,
+once for each row. Now x' stays raw in registers until the cell adds the bias, and
+``rg_held_dots`` reads the stage once for the three rows (bitwise the same results): GRU 1000×8
+5.34 → 5.05 ms (forward 2.44 → 2.17), 50×1 0.165 → 0.152 (forward 0.048 → 0.037), 100×32
+2.39 → 2.35 (one H100 call, three rounds). Measured and left out, each in one H100 call: the
+backwards' one-row bodies with at most 4 lanes a unit, so that at H = 128 half the threads are
+past the product and find the next step's activations ahead (GRU 1000×8 backward 2.51 → 3.72,
+LSTM 4.55 → 5.49); and their products with the weight's float4 read a pair of rounds ahead of
+the multiply-adds, four loads in flight rather than two (ncu: most of the backwards' stall
+samples wait on those loads; GRU 1000×8 backward 2.51 → 3.29, LSTM 4.52 → 4.66: more spills at
+64 registers a thread).
+
 Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
 :data:`V2_MAX_ROWS` from ``rnngrad bench`` there. Override it with
