@@ -49,3 +49,25 @@ def test_sass_hotspots_rank_instructions_by_stall_samples():
     shares = [float(line.split("%")[0]) for line in real[1:]]
     assert shares == sorted(shares, reverse=True) and shares[0] > 0
     assert gpu_profile.sass_hotspots("no source page", 5) == ""
+
+
+def test_as_bench_reaches_the_profiled_child(tmp_path, monkeypatch):
+    """--as-bench (profile the bench's op, not a random case) is passed on to the process ncu
+    runs, after --child, with the cell and shape; without it the child gets a random case."""
+    calls = []
+
+    class Done:
+        stdout, stderr, returncode = "", "", 0
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        return Done()
+
+    monkeypatch.setattr(gpu_profile.subprocess, "run", run)
+    for flag in (["--as-bench"], []):
+        assert gpu_profile.main([*flag, "--cell", "gru", "--shape", "2x1x3x4",
+                                 "--out", str(tmp_path)]) == 0
+    with_flag, without = calls
+    child = with_flag[with_flag.index("--child"):]
+    assert child[:5] == ["--child", "--cell", "gru", "--shape", "2x1x3x4"]
+    assert "--as-bench" in child and "--as-bench" not in without

@@ -3,7 +3,7 @@ cell through ``metal-cuda``, each kernel the version rule picks (or ``--recurren
 ``--gemm`` force) profiled once, with the sections that say what bounds it.
 
     python verification/gpu_profile.py [--cell lstm] [--shape 200x64x512x512]
-                                       [--kernels REGEX] [--out DIR]
+                                       [--kernels REGEX] [--as-bench] [--out DIR]
 
 Runs ``ncu`` on itself (``--child``) and prints, per kernel launch, its duration, the compute
 and memory throughput as a share of the GPU's peak, the achieved occupancy and registers, and
@@ -34,8 +34,10 @@ METRICS = (("duration", r"Duration\s+(\S+)\s+(\S+)"),
            ("cycles between issues", r"Warp Cycles Per Issued Instruction\s+cycle\s+(\S+)"))
 
 
-def child(cell: str, shape: str) -> None:
-    """One warm-up and one profiled forward + gradients (ncu profiles the second's kernels)."""
+def child(cell: str, shape: str, as_bench: bool = False) -> None:
+    """One warm-up and one profiled forward + gradients (ncu profiles the second's kernels): of a
+    random case (random descriptor and optional inputs), or with ``as_bench`` the op the bench
+    times (gpu_run.metal_step: a ``torch.nn`` layer's weights, no mask, no peephole)."""
     sys.path[:0] = [str(ROOT)]
     import cupy as cp
     import numpy as np
@@ -45,12 +47,26 @@ def child(cell: str, shape: str) -> None:
 
     T, N, I, H = (int(v) for v in shape.split("x"))
     rng = np.random.default_rng(0)
-    extra = dict(reset_after=True) if cell == "gru" else {}
-    desc = random_descriptor(rng, cell, training=True, **extra)
-    case = random_case(rng, cell, descriptor=desc, T=T, N=N, I=I, H=H, dtype=np.float32)
+    if as_bench:
+        import torch
+
+        from rnngrad.convert import torch as rgt
+        from verification.gpu_run import metal_step
+
+        torch.manual_seed(0)
+        module = {"single_gate": torch.nn.RNN, "gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[cell](I, H)
+        step = metal_step(rgt.from_module(module), rng.standard_normal((T, N, I), np.float32),
+                          cp.asarray(rng.standard_normal((T, N, H), np.float32)))
+    else:
+        extra = dict(reset_after=True) if cell == "gru" else {}
+        desc = random_descriptor(rng, cell, training=True, **extra)
+        case = random_case(rng, cell, descriptor=desc, T=T, N=N, I=I, H=H, dtype=np.float32)
+
+        def step():
+            case.gradients("metal-cuda", forward_backend="metal-cuda")
     with cuda_device(poison=False):
         for _ in range(2):
-            case.gradients("metal-cuda", forward_backend="metal-cuda")
+            step()
             cp.cuda.Device().synchronize()
 
 
@@ -131,6 +147,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), metavar="SECTION",
                         help="ncu sections to collect (such as MemoryWorkloadAnalysis_Tables, "
                              "SchedulerStats); default: %(default)s")
+    parser.add_argument("--as-bench", action="store_true",
+                        help="profile the op the bench times (a torch.nn layer's weights, no mask "
+                             "or peephole) rather than a random case")
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -142,7 +161,7 @@ def main(argv=None) -> int:
             if not hasattr(versions, name):
                 parser.error(f"--set: expected a setting of versions, got {name!r}")
             setattr(versions, name, int(value))
-        child(args.cell, args.shape)
+        child(args.cell, args.shape, args.as_bench)
         return 0
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for key, value in (("RNNGRAD_METAL_RECURRENCE", args.recurrence),
@@ -156,7 +175,7 @@ def main(argv=None) -> int:
            "--launch-skip", os.environ.get("NCU_SKIP", "0"), "--launch-count",
            os.environ.get("NCU_COUNT", "40"),
            sys.executable, __file__, "--child", "--cell", args.cell, "--shape", args.shape,
-           *(("--set", *args.set) if args.set else ())]
+           *(("--as-bench",) if args.as_bench else ()), *(("--set", *args.set) if args.set else ())]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
     report = done.stdout + done.stderr
     out = Path(args.out)

@@ -211,7 +211,12 @@ past the product and find the next step's activations ahead (GRU 1000×8 backwar
 LSTM 4.55 → 5.49); and their products with the weight's float4 read a pair of rounds ahead of
 the multiply-adds, four loads in flight rather than two (ncu: most of the backwards' stall
 samples wait on those loads; GRU 1000×8 backward 2.51 → 3.29, LSTM 4.52 → 4.66: more spills at
-64 registers a thread).
+64 registers a thread). Profiled as the bench runs it (``gpu_profile.py --as-bench``), the GRU
+forward at 1000×8 then spends 41% of its stall samples in barrier waits behind the cell's 172
+instructions a step on H / 32 SIMD-groups, each activation a branch on its kind. A body
+compiled for sigmoid, sigmoid, tanh (the kinds constants) made the forward faster at 50×1
+(0.037 → 0.032 ms) and 100×32 (0.88 → 0.83) but slower at 1000×8 (2.32 → 2.39: more spills
+beside the rows held whole), one H100 call: left out; a choice per body is the next thing to try.
 
 Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
