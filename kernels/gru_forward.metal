@@ -39,7 +39,9 @@
 //      Only with reset_after: without it a step's o gate reads r of every unit of the row.
 //      Second entry point gru_forward_v2_512: the same body in threadgroups of at most 512
 //      (RG_THREADS_512), which the host runs at small H (versions.V2_512_H): the three weight
-//      rows then held whole where they fit (RG_HOLD_512).
+//      rows then held whole where they fit (RG_HOLD_512), the cell on the product's lanes (z and
+//      r on lanes 0 and 1 side by side, met by simd_shuffle; one barrier a step:
+//      gru_forward_v2_spread).
 //   v3 gru_forward_v3 (reset_after only): one dispatch a step (the host's spans),
 //      threadgroups of 256 over tiles of up to 16 rows of one direction × a block of units
 //      (p.unit_blocks blocks); the tile's three gate products are one matrix product whose
@@ -441,10 +443,116 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// gru_forward_v2_row with the cell on the product's lanes (S >= 4), one barrier a step: after the
+// lane totals every lane of unit j has its three sums, and lane k < 3 holds gate k's x' and bias;
+// lanes 0 and 1 find z and r side by side, lane 2 a_o and o, and every lane of the unit gets them
+// by simd_shuffle and finds h[t]. The stage alternates between two buffers (stage, other), so that
+// lane 0 writes the next step's while other SIMD-groups may still read this one's. Bitwise
+// gru_forward_v2_row's results. Nsight Compute had put 41% of the 512-thread entry's stall
+// samples at 1000x8x128x128 in barrier waits behind the cell on H / 32 SIMD-groups, its
+// activations one after another; in one H100 call, three rounds, that forward took 2.13 ms with
+// gru_forward_v2_row and 1.98 with this body, so its rows-held-whole path runs it (W = WHOLE).
+// Elsewhere it was slower: 50x1x64x64 0.037 -> 0.048 ms (8 lanes a unit, two of them busy),
+// 100x32x256x256 0.88 -> 0.94 (the weight read from memory): there the two-barrier body runs.
+template <uint W>
+inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const float* x,
+                                  device const float* bias, device const float* R,
+                                  device const float* h0, device const float* mask,
+                                  device const float* b2, device float* h, device float* zs,
+                                  device uint2* status, threadgroup float* stage,
+                                  threadgroup float* other, uint row, uint lid, uint tgid,
+                                  uint tpg) {
+    uint H = p.H, GH = 3 * p.H;
+    RgRow r = rg_row(p, row);
+    RgRow xr = rg_row_of(p, row, GH);
+    RgRow zr = rg_row_of(p, row, p.Z * H);
+    uint S = rg_slices(H, tpg), lane = lid % S, j = min(lid / S, H - 1);
+    bool unit = lid / S < H, idle = rg_simd_idle(0, lid, S, H);
+    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
+    uint gq = lane == 0 ? qz : (lane == 1 ? qr : qo);  // the lane's gate
+    device const float* Rd = R + r.d * GH * H;
+    uint oz = (qz + j) * H, orr = (qr + j) * H, oo = (qo + j) * H;
+    float4 held[3][W > 0 ? W : 1];
+    if (W > 0) {
+        rg_hold<W>(held[0], Rd + oz, unit ? H : 0u, lane, S);
+        rg_hold<W>(held[1], Rd + orr, unit ? H : 0u, lane, S);
+        rg_hold<W>(held[2], Rd + oo, unit ? H : 0u, lane, S);
+    }
+    float bk = 0.0f, bq = 0.0f, mj = 0.0f, xk = 0.0f, hp = 0.0f;
+    if (unit) {
+        bk = bias[r.d * GH + gq + j];
+        bq = b2[r.d * H + j];
+        mj = mask[r.at + j];
+        if (p.s_end > p.s_begin) {
+            xk = x[xr.x0 + p.s_begin * xr.xs + gq + j];
+            hp = p.s_begin == 0 ? h0[r.at + j] : h[r.o0 + (p.s_begin - 1) * r.os + j];
+        }
+    }
+    if (p.s_end > p.s_begin) {
+        rg_stage_hm(stage, p, h0, h, mask, row, 1, p.s_begin, lid, tpg);
+    }
+    uint first = (lid & 31u) - lane;  // the unit's lane 0 in its SIMD-group
+    for (uint s = p.s_begin; s < p.s_end; ++s) {
+        bool odd = ((s - p.s_begin) & 1u) != 0;
+        threadgroup float* cur = odd ? other : stage;
+        threadgroup float* nxt = odd ? stage : other;
+        threadgroup_barrier(mem_flags::mem_threadgroup);  // cur is complete
+        if (!idle) {
+            float d3[3] = {0.0f, 0.0f, 0.0f};
+            if (unit) {
+                if (W > 0) {
+                    rg_held_dots<3, (W > 0 ? W : 1)>(d3, held, cur, H, lane, S);
+                } else {
+                    RgAcc<3, 1> acc;
+                    rg_clear(acc);
+                    rg_dots(acc, 3, 1, cur, H, Rd, oz, orr, oo, 0, H, lane, S);
+                    d3[0] = acc.v[0][0];
+                    d3[1] = acc.v[1][0];
+                    d3[2] = acc.v[2][0];
+                }
+            }
+            rg_lane_totals<3>(d3, S);
+            // gru_cell_after's arithmetic in its order (bitwise its results)
+            float a = (xk + bk) + (lane == 0 ? d3[0] : d3[1]);  // lanes 0, 1: a_z, a_r
+            float g = rg_activate(lane == 0 ? p.act0 : p.act1, a);
+            float z = simd_shuffle(g, (ushort)first);
+            float rr = simd_shuffle(g, (ushort)(first + 1));
+            float q = d3[2] + bq;
+            float a_o = (xk + bk) + q * rr;  // lane 2's
+            float o = simd_shuffle(rg_activate(p.act2, a_o), (ushort)(first + 2));
+            float ht = p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
+            hp = ht;
+            if (unit) {
+                uint zj = zr.o0 + s * zr.os + j;
+                if (lane < 2) {
+                    zs[zj + gq] = a;
+                } else if (lane == 2) {
+                    zs[zj + qo] = a_o;
+                } else if (lane == 3) {
+                    zs[zj + GH] = q;
+                    h[r.o0 + s * r.os + j] = ht;
+                }
+                if (s + 1 < p.s_end) {
+                    if (lane < 3) {
+                        xk = x[xr.x0 + (s + 1) * xr.xs + gq + j];  // in flight over the barrier
+                    }
+                    if (lane == 0) {
+                        nxt[j] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + j] : mj);
+                    }
+                }
+            }
+        }
+    }
+    // Every thread has finished its last step.
+    threadgroup_barrier(mem_flags::mem_device);
+    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
+}
+
 // The body of gru_forward_v2 and gru_forward_v2_512: which version of the step runs in this
 // threadgroup. WHOLE > 0 (the 512-thread entry, whose threads have the registers): a one-row body
 // whose three rows two float4 a lane do not cover holds them in WHOLE float4 a lane where that
-// covers them.
+// covers them, with its cell on the product's lanes where there are 4 or more a unit
+// (gru_forward_v2_spread).
 template <uint WHOLE>
 inline void gru_forward_v2_entry(constant RecurrenceParams& p, device const float* x,
                                  device const float* bias, device const float* R,
@@ -460,6 +568,9 @@ inline void gru_forward_v2_entry(constant RecurrenceParams& p, device const floa
         if (rg_holds(p.H, RG_HOLD / 2, S)) {
             gru_forward_v2_row<RG_HOLD / 2>(p, x, bias, R, h0, mask, b2, h, zs, status, stage,
                                             sums, row, lid, tgid, tpg);
+        } else if (WHOLE > 0 && rg_holds(p.H, WHOLE, S) && S >= 4) {
+            gru_forward_v2_spread<WHOLE>(p, x, bias, R, h0, mask, b2, h, zs, status, stage, sums,
+                                         row, lid, tgid, tpg);
         } else if (WHOLE > 0 && rg_holds(p.H, WHOLE, S)) {
             gru_forward_v2_row<WHOLE>(p, x, bias, R, h0, mask, b2, h, zs, status, stage, sums, row,
                                       lid, tgid, tpg);

@@ -326,8 +326,9 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, entry, monkeypatch):
     up to 1024) or ``<cell>_forward_v2_512`` (up to 512: at 1024 threads asked for, 4 lanes a
     unit at H = 70 and 96, one at H = 400). The GRU's 512-thread entry holds each of its three
     weight rows whole where two float4 a lane do not cover them (RG_HOLD_512): H = 96 at 512
-    threads (4 lanes a unit, the last of each lane's 8 float4 past the row's end) and H = 32
-    at 32 threads; its 1024-thread entry reads them from memory at H = 96."""
+    threads (4 lanes a unit, the last of each lane's 8 float4 past the row's end; there its
+    cell runs on the product's lanes, one barrier a step: gru_forward_v2_spread) and H = 32 at
+    32 threads; its 1024-thread entry reads them from memory at H = 96."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
     monkeypatch.setattr(versions, "V2_512_H", {c: 10 ** 6 for c in CELLS} if entry == 512 else None)

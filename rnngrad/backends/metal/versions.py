@@ -217,6 +217,11 @@ instructions a step on H / 32 SIMD-groups, each activation a branch on its kind.
 compiled for sigmoid, sigmoid, tanh (the kinds constants) made the forward faster at 50×1
 (0.037 → 0.032 ms) and 100×32 (0.88 → 0.83) but slower at 1000×8 (2.32 → 2.39: more spills
 beside the rows held whole), one H100 call: left out; a choice per body is the next thing to try.
+The cell moved onto the product's lanes instead (``gru_forward_v2_spread``: z and r on lanes 0
+and 1 side by side, a_o and o on lane 2, met by simd_shuffle; one barrier a step, the stage in
+two alternating buffers): the 1000×8 forward 2.13 → 1.98 ms, the op 5.03 → 4.88 (one H100
+call, three rounds), but 50×1 0.037 → 0.048 and 100×32 0.88 → 0.94, so only the 512-thread
+entry's rows-held-whole path runs it.
 
 Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
