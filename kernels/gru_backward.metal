@@ -463,7 +463,7 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
 // is a few multiplications. On an H100 the 50x1x64x64 backward went 0.071 -> 0.052 ms; where
 // the product's threads found them after their product instead (no thread past the product's),
 // 1000x8x128x128 went 2.87 -> 3.09 and 100x32x256x256 1.06 -> 1.08, so there phase A does.
-template <bool AHEAD, uint W>
+template <bool AHEAD>
 inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                 device const float* h0, device const float* mask,
                                 device const float* dy, device const float* zs,
@@ -481,8 +481,8 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     // ([T,N,D·Z·H]) at z3 + s·z3s: RgRow's offsets times 3 and Z (rhs is [T,N,D·H]: RgRow's).
     uint x3 = 3 * r.x0, x3s = 3 * r.xs, z3 = p.Z * r.o0, z3s = p.Z * r.os;
     device const float* Rj = Rt + (r.d * H + j) * GH;
-    float4 held[W];  // the first rounds of the thread's share of Rᵀ's row
-    rg_hold_some<W>(held, Rj, unit ? GH : 0u, lane, S);
+    float4 held[RG_HOLD / 2];  // the first rounds of the thread's share of Rᵀ's row
+    rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? GH : 0u, lane, S);
     // Unit lid's carries (dh_next, Σ dq) and mask, and the inputs of the dispatch's first
     // step: dy, z_state's a_z, a_r, a_o (only where phase A finds the activations), q, h[t−1].
     float dh = 0.0f, pq = 0.0f, mj = 0.0f;
@@ -572,7 +572,7 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
         if (!idle) {
             float dot = 0.0f;
             if (unit) {
-                dot = rg_row_dot_held<W>(held, stage, Rj, GH, lane, S);
+                dot = rg_row_dot_held<RG_HOLD / 2>(held, stage, Rj, GH, lane, S);
             }
             dot = rg_lane_total(dot, S);
             if (unit && lane == 0) {
@@ -622,11 +622,11 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
         uint row = rg_group_rows(p, tpg, tgid).x;
         uint idle = tpg - rg_slices(p.H, tpg) * p.H;  // threads past the product's
         if (3 * p.H <= idle && 10 * p.H <= RG_STAGE) {  // an item an idle thread; pre fits
-            gru_backward_v2_row<true, RG_HOLD / 2>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
+            gru_backward_v2_row<true>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
                                       status, stage, stage + 3 * p.H, stage + 4 * p.H, row, lid,
                                       tgid, tpg);
         } else {
-            gru_backward_v2_row<false, RG_HOLD / 2>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
+            gru_backward_v2_row<false>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
                                        status, stage, stage + 3 * p.H, stage + 4 * p.H, row, lid,
                                        tgid, tpg);
         }

@@ -329,6 +329,37 @@ inline void gru_forward_v2_rows(constant RecurrenceParams& p, device const float
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// The one-row bodies' weights: with W > 0, the thread's share of R's three rows of unit j (at
+// offsets oz, orr, oo of Rd) in registers, W float4 of each (rg_hold<W>).
+template <uint W>
+inline void gru_forward_v2_hold(thread float4 (*held)[W > 0 ? W : 1], device const float* Rd,
+                                uint oz, uint orr, uint oo, bool unit, uint H, uint lane, uint S) {
+    if (W > 0) {
+        rg_hold<W>(held[0], Rd + oz, unit ? H : 0u, lane, S);
+        rg_hold<W>(held[1], Rd + orr, unit ? H : 0u, lane, S);
+        rg_hold<W>(held[2], Rd + oo, unit ? H : 0u, lane, S);
+    }
+}
+
+// The one-row bodies' product: this lane's shares of the three gates' sums over the stage v,
+// from the weights held (W > 0: rg_held_dots) or read from device memory (W = 0: rg_dots, the
+// three gates' loads in flight together).
+template <uint W>
+inline void gru_forward_v2_dots(thread float* d3, thread const float4 (*held)[W > 0 ? W : 1],
+                                threadgroup const float* v, device const float* Rd, uint oz,
+                                uint orr, uint oo, uint H, uint lane, uint S) {
+    if (W > 0) {
+        rg_held_dots<3, (W > 0 ? W : 1)>(d3, held, v, H, lane, S);
+    } else {
+        RgAcc<3, 1> acc;
+        rg_clear(acc);
+        rg_dots(acc, 3, 1, v, H, Rd, oz, orr, oo, 0, H, lane, S);
+        d3[0] = acc.v[0][0];
+        d3[1] = acc.v[1][0];
+        d3[2] = acc.v[2][0];
+    }
+}
+
 // gru_forward_v2's one-row body with reset_after (rg_one_pass): thread lid is lane lid mod S
 // of unit lid / S in the product of the three gates, whose sums meet in threadgroup memory;
 // thread u < H then runs unit u's cell with h[t−1] (its own h[t] of the step before), the
@@ -355,11 +386,7 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
     device const float* Rd = R + r.d * GH * H;
     uint oz = (qz + j) * H, orr = (qr + j) * H, oo = (qo + j) * H;
     float4 held[3][W > 0 ? W : 1];  // (one unread float4 where W = 0)
-    if (W > 0) {
-        rg_hold<W>(held[0], Rd + oz, unit ? H : 0u, lane, S);
-        rg_hold<W>(held[1], Rd + orr, unit ? H : 0u, lane, S);
-        rg_hold<W>(held[2], Rd + oo, unit ? H : 0u, lane, S);
-    }
+    gru_forward_v2_hold<W>(held, Rd, oz, orr, oo, unit, H, lane, S);
     // Unit lid's inputs that no step changes, and those of the dispatch's first step: x' + bias
     // of the gates and h[t−1].
     uint u = min(lid, H - 1);
@@ -387,20 +414,11 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
         if (!idle) {
             float dz = 0.0f, dr = 0.0f, dq = 0.0f;
             if (unit) {
-                if (W > 0) {
-                    float d3[3];
-                    rg_held_dots<3, (W > 0 ? W : 1)>(d3, held, stage, H, lane, S);
-                    dz = d3[0];
-                    dr = d3[1];
-                    dq = d3[2];
-                } else {  // the three gates' loads in flight together
-                    RgAcc<3, 1> acc;
-                    rg_clear(acc);
-                    rg_dots(acc, 3, 1, stage, H, Rd, oz, orr, oo, 0, H, lane, S);
-                    dz = acc.v[0][0];
-                    dr = acc.v[1][0];
-                    dq = acc.v[2][0];
-                }
+                float t3[3];
+                gru_forward_v2_dots<W>(t3, held, stage, Rd, oz, orr, oo, H, lane, S);
+                dz = t3[0];
+                dr = t3[1];
+                dq = t3[2];
             }
             float d3[3] = {dz, dr, dq};
             rg_lane_totals<3>(d3, S);
@@ -473,11 +491,7 @@ inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const flo
     device const float* Rd = R + r.d * GH * H;
     uint oz = (qz + j) * H, orr = (qr + j) * H, oo = (qo + j) * H;
     float4 held[3][W > 0 ? W : 1];
-    if (W > 0) {
-        rg_hold<W>(held[0], Rd + oz, unit ? H : 0u, lane, S);
-        rg_hold<W>(held[1], Rd + orr, unit ? H : 0u, lane, S);
-        rg_hold<W>(held[2], Rd + oo, unit ? H : 0u, lane, S);
-    }
+    gru_forward_v2_hold<W>(held, Rd, oz, orr, oo, unit, H, lane, S);
     float bk = 0.0f, bq = 0.0f, mj = 0.0f, xk = 0.0f, hp = 0.0f;
     if (unit) {
         bk = bias[r.d * GH + gq + j];
@@ -500,16 +514,7 @@ inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const flo
         if (!idle) {
             float d3[3] = {0.0f, 0.0f, 0.0f};
             if (unit) {
-                if (W > 0) {
-                    rg_held_dots<3, (W > 0 ? W : 1)>(d3, held, cur, H, lane, S);
-                } else {
-                    RgAcc<3, 1> acc;
-                    rg_clear(acc);
-                    rg_dots(acc, 3, 1, cur, H, Rd, oz, orr, oo, 0, H, lane, S);
-                    d3[0] = acc.v[0][0];
-                    d3[1] = acc.v[1][0];
-                    d3[2] = acc.v[2][0];
-                }
+                gru_forward_v2_dots<W>(d3, held, cur, Rd, oz, orr, oo, H, lane, S);
             }
             rg_lane_totals<3>(d3, S);
             // gru_cell_after's arithmetic in its order (bitwise its results)

@@ -557,7 +557,8 @@ def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: in
     block of units of each :func:`step_blocks` rows, v1 ``rows`` one per row, v1 ``packed`` one
     thread per (row, unit)."""
     if choice.version == "v2":
-        return -(-D * N // group_rows(cell=cell, direction=direction, H=H)) * v2_threads(choice.kernel)
+        groups = -(-D * N // group_rows(cell=cell, direction=direction, H=H))
+        return groups * v2_threads(choice.kernel)
     if choice.version == "v2-steps":
         rows, blocks = step_blocks(cell=cell, direction=direction, H=H)
         return -(-D * N // rows) * blocks * V2_THREADS
