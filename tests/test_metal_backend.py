@@ -270,6 +270,13 @@ def test_dispatch_count_does_not_grow_with_T(cell, recurrence_version):
 
 # -- v2's chunks ----------------------------------------------------------------------------------
 
+def force_v2_entry(monkeypatch, cell: str, entry: int) -> str:
+    """Every v2 forward on its entry point of ``entry`` threads a threadgroup (1024 or 512:
+    ``<cell>_forward_v2_512`` at any H) rather than the rule's; the forward kernel of ``cell``."""
+    monkeypatch.setattr(versions, "V2_512_H", {c: 10 ** 6 for c in CELLS} if entry == 512 else None)
+    return f"{cell}_forward_v2" + ("_512" if entry == 512 else "")
+
+
 @pytest.mark.parametrize("entry", [1024, 512])
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("N, H, threads", [(11, 3, 1024), (11, 40, 32), (5, 7, 1024)])
@@ -283,8 +290,7 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, entry, monkeypatch
     forwards on either entry point (``entry``: threadgroups of up to 1024 or 512 threads)."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)
-    monkeypatch.setattr(versions, "V2_512_H", {c: 10 ** 6 for c in CELLS} if entry == 512 else None)
-    forward = f"{cell}_forward_v2" + ("_512" if entry == 512 else "")
+    forward = force_v2_entry(monkeypatch, cell, entry)
     rng = np.random.default_rng(N * H + threads)
     case, device = checked_case(rng, cell, T=3, N=N, H=H, threads=threads)
     with emulated_device(**device) as dev:
@@ -331,8 +337,7 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, entry, monkeypatch):
     32 threads; its 1024-thread entry reads them from memory at H = 96."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
-    monkeypatch.setattr(versions, "V2_512_H", {c: 10 ** 6 for c in CELLS} if entry == 512 else None)
-    forward = f"{cell}_forward_v2" + ("_512" if entry == 512 else "")
+    forward = force_v2_entry(monkeypatch, cell, entry)
     for reset_after in ((True, False) if cell == "gru" else (None,)):
         fixed = {} if reset_after is None else dict(reset_after=reset_after)
         rng = np.random.default_rng(N * H + threads + 4)

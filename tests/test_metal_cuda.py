@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.gpu,
 
 from test_harness_cpu import (ELEMENTWISE, GEMM, PARAMS, REDUCE,  # noqa: E402  (after the skip)
                               check_trace_keeps_the_newest_dispatches)
+from test_metal_backend import force_v2_entry  # noqa: E402
 
 OPS = ("single_gate_rnn", "single_gate_rnn_gradients", "gru", "gru_gradients", "lstm",
        "lstm_gradients")
@@ -185,8 +186,7 @@ def test_v2_matches_the_reference(cell, cap, H, entry, monkeypatch):
 
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
-    monkeypatch.setattr(versions, "V2_512_H", {c: 10 ** 6 for c in CELLS} if entry == 512 else None)
-    forward = f"{cell}_forward_v2" + ("_512" if entry == 512 else "")
+    forward = force_v2_entry(monkeypatch, cell, entry)
     rng = np.random.default_rng(len(cell) + cap + H)
     extra = dict(reset_after=True) if cell == "gru" else {}
     desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
