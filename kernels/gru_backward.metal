@@ -429,9 +429,11 @@ inline void gru_backward_v2_rows(constant RecurrenceParams& p, device const floa
 }
 
 // The activations of step t that gru_backward_v2_row<true>'s phase A reads, and their
-// derivatives (none depends on dh_next): pre[k·H + u] = f_k(a_k) and pre[(3 + k)·H + u] =
-// f_k'(a_k) for gate k < 3 (z, r, o: z_state's a_z, a_r, a_o), the arithmetic of
-// gru_gate_gradients. The 3H items go to the threads from `first` on.
+// derivatives (none depends on dh_next), unit u's together at pre[GRU_PRE·u]: slot k = f_k(a_k)
+// and slot 3 + k = f_k'(a_k) for gate k < 3 (z, r, o: z_state's a_z, a_r, a_o), the arithmetic
+// of gru_gate_gradients. The 3H items go to the threads from `first` on. Unit-major (as
+// lstm_backward_ahead's), the pitch odd for no bank conflicts: slot 6 unused.
+#define GRU_PRE 7
 inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device const float* zs,
                                threadgroup float* pre, uint first, uint lid, uint tpg) {
     uint H = p.H;
@@ -440,8 +442,8 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
         uint act = rg_act(p, k);
         float a = zs[zt + rg_gate(p, k) * H + u];
         float y = rg_activate(act, a);
-        pre[k * H + u] = y;
-        pre[(3 + k) * H + u] = rg_derivative_at(act, a, y);
+        pre[GRU_PRE * u + k] = y;
+        pre[GRU_PRE * u + 3 + k] = rg_derivative_at(act, a, y);
     }
 }
 
@@ -457,7 +459,7 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
 // read at every step (rg_row_dot_held); held whole (24 floats a thread at H = 64, or even 16)
 // it left the CUDA translation's 64 registers spilling some ten values a step in the loop
 // (verification/kernel_resources.py).
-// AHEAD (6H floats of threadgroup memory more; 3H threads past the product's, an item each):
+// AHEAD (7H floats of threadgroup memory more; 3H threads past the product's, an item each):
 // the next step's activations and derivatives (gru_backward_ahead) are found by those threads
 // while the product runs, as the LSTM's backward does (lstm_backward_v2_row), so that phase A
 // is a few multiplications. On an H100 the 50x1x64x64 backward went 0.071 -> 0.052 ms; where
@@ -508,6 +510,7 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
         gru_backward_ahead(p, z3 + (p.s_end - 1) * z3s, zs, pre, first, lid, tpg);
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
+    threadgroup const float* mine = pre + GRU_PRE * min(lid, H - 1);  // unit lid's (AHEAD)
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
         float m = 0.0f, kept = 0.0f;
@@ -515,12 +518,12 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
             m = r.ms != 0 ? mask[s * r.ms + r.at + lid] : mj;
             float z, rr, o, d_z, d_r, d_o;
             if (AHEAD) {
-                z = pre[lid];
-                rr = pre[H + lid];
-                o = pre[2 * H + lid];
-                d_z = pre[3 * H + lid];
-                d_r = pre[4 * H + lid];
-                d_o = pre[5 * H + lid];
+                z = mine[0];
+                rr = mine[1];
+                o = mine[2];
+                d_z = mine[3];
+                d_r = mine[4];
+                d_o = mine[5];
             } else {
                 z = rg_activate(p.act0, a_z);
                 rr = rg_activate(p.act1, a_r);
@@ -621,7 +624,8 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
         threadgroup float* stage = (threadgroup float*)staged;
         uint row = rg_group_rows(p, tpg, tgid).x;
         uint idle = tpg - rg_slices(p.H, tpg) * p.H;  // threads past the product's
-        if (3 * p.H <= idle && 10 * p.H <= RG_STAGE) {  // an item an idle thread; pre fits
+        // an item an idle thread; the stage, the sums and pre fit
+        if (3 * p.H <= idle && (4 + GRU_PRE) * p.H <= RG_STAGE) {
             gru_backward_v2_row<true>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
                                       status, stage, stage + 3 * p.H, stage + 4 * p.H, row, lid,
                                       tgid, tpg);

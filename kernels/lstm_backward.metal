@@ -29,7 +29,7 @@
 //      runs unit u's phase A with dh_next, dc_next and the peephole partials in its registers,
 //      phase B's sums meet in threadgroup memory (two barriers a step), and where 6H threads
 //      can take an item each, the next step's activations are found while the product runs
-//      (lstm_backward_ahead).
+//      (lstm_backward_ahead); without a peephole, a body with no registers for it.
 //      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
 //      each own a block of the units, one dispatch per step, phase B moved to the start of the
 //      next dispatch (rg_carry: dA of every unit read back from dx), then phase A of the
@@ -325,10 +325,14 @@ inline void lstm_backward_v2_rows(constant RecurrenceParams& p, device const flo
 }
 
 // The activations of step t that lstm_backward_v2_row<true>'s phase A reads, and their
-// derivatives (none depends on dh_next): pre[k·H + u] = f_k(a_k) and pre[(4 + k)·H + u] =
-// f_k'(a_k) for gate k < 4, pre[8H + u] = g(c[t]) and pre[9H + u] = g'(c[t]), pre[10H + u] =
-// h[t−1] (h0 at t = 0, else f_o(a_o[t−1]) · g(c[t−1])), the arithmetic of lstm_cell_gradients.
-// The 6H items go to the threads from `first` on (the threads past the product's first).
+// derivatives (none depends on dh_next), unit u's LSTM_PRE values together at pre[LSTM_PRE·u]:
+// slot k = f_k(a_k) and slot 4 + k = f_k'(a_k) for gate k < 4, slot 8 = g(c[t]), slot 9 =
+// g'(c[t]), slot 10 = h[t−1] (h0 at t = 0, else f_o(a_o[t−1]) · g(c[t−1])), the arithmetic of
+// lstm_cell_gradients. The 6H items go to the threads from `first` on (the threads past the
+// product's first). Unit-major, so that phase A reads its 11 values at constant offsets from
+// one address (an odd pitch: no bank conflicts); with them H apart, the CUDA translation kept
+// 11 addresses, spilled and reloaded from local memory at every step.
+#define LSTM_PRE 11
 inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
                                 device const float* h0, device const float* c0,
                                 device const float* zs, device const float* cfwd,
@@ -339,13 +343,13 @@ inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
         if (k < 4) {
             float a = zs[z.o0 + t * z.os + rg_gate(p, k) * H + u];
             float y = rg_activate(rg_act(p, k), a);
-            pre[k * H + u] = y;
-            pre[(4 + k) * H + u] = rg_derivative_at(rg_act(p, k), a, y);
+            pre[LSTM_PRE * u + k] = y;
+            pre[LSTM_PRE * u + 4 + k] = rg_derivative_at(rg_act(p, k), a, y);
         } else if (k == 4) {
             float ct = cfwd[r.o0 + t * r.os + u];
             float gc = rg_activate(p.act4, ct);
-            pre[8 * H + u] = gc;
-            pre[9 * H + u] = rg_derivative_at(p.act4, ct, gc);
+            pre[LSTM_PRE * u + 8] = gc;
+            pre[LSTM_PRE * u + 9] = rg_derivative_at(p.act4, ct, gc);
         } else {
             float hp;
             if (t == 0) {
@@ -355,7 +359,7 @@ inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
                 float cp = cfwd[r.o0 + (t - 1) * r.os + u];
                 hp = rg_activate(p.act3, zo) * rg_activate(p.act4, cp);
             }
-            pre[10 * H + u] = hp;
+            pre[LSTM_PRE * u + 10] = hp;
         }
     }
 }
@@ -374,7 +378,12 @@ inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
 // multiplications. On an H100: 0.107 -> 0.068 ms at 50x1x64x64 (512 threads past the product's
 // find them), 4.68 -> 4.57 ms at 1000x8x128x128; at 100x32x256x256 (6H > tpg: two items for
 // some threads) 1.46 -> 1.52, so there phase A finds them.
-template <bool AHEAD>
+// PEEP (p.has_peephole): without a peephole, its four weights and four partial sums take no
+// registers. In the CUDA translation's 64 registers a thread, phase A of the AHEAD body
+// reloaded 27 values from local memory at every step with them, 12 without; on an H100, 4.59 ->
+// 4.30 ms at 1000x8x128x128, 0.068 -> 0.063 ms at 50x1x64x64, 1.46 -> 1.43 at 100x32x256x256
+// (a torch.nn.LSTM's op: no peephole).
+template <bool AHEAD, bool PEEP>
 inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                  device const float* h0, device const float* c0,
                                  device const float* mask, device const float* peephole,
@@ -393,7 +402,7 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     device const float* Rj = Rt + (r.d * H + j) * GH;
     uint u = min(lid, H - 1);
     uint q[4] = {p.gate0 * H + u, p.gate1 * H + u, p.gate2 * H + u, p.gate3 * H + u};
-    bool peep = p.has_peephole != 0, per_step = p.cell_gradient_per_step != 0;
+    bool peep = PEEP, per_step = p.cell_gradient_per_step != 0;  // PEEP: p.has_peephole
     uint first = rg_ahead_first(S, H, tpg);
     // Unit lid's carries (dh_next, dc_next, the peephole partials), peephole and mask, and the
     // inputs of the dispatch's first step: c[t−1], dy, and (only where phase A finds the
@@ -429,6 +438,7 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
         lstm_backward_ahead(p, r, z, h0, c0, zs, cfwd, pre, p.s_end - 1, first, lid, tpg);
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
+    threadgroup const float* mine = pre + LSTM_PRE * min(lid, H - 1);  // unit lid's (AHEAD)
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
         float m = 0.0f;
@@ -438,12 +448,12 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
             if (AHEAD) {
                 #pragma unroll
                 for (uint k = 0; k < 4; ++k) {
-                    gk[k] = pre[k * H + lid];
-                    dk[k] = pre[(4 + k) * H + lid];
+                    gk[k] = mine[k];
+                    dk[k] = mine[4 + k];
                 }
-                gc = pre[8 * H + lid];
-                dg = pre[9 * H + lid];
-                hp = pre[10 * H + lid];
+                gc = mine[8];
+                dg = mine[9];
+                hp = mine[10];
             } else {
                 #pragma unroll
                 for (uint k = 0; k < 4; ++k) {
@@ -554,14 +564,26 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
     if (rg_one_pass(p, tpg, tgid) && 5 * p.H <= RG_STAGE) {  // dA of four gates and the sums
         threadgroup float* stage = (threadgroup float*)staged;
         uint row = rg_group_rows(p, tpg, tgid).x;
-        if (6 * p.H <= tpg && 16 * p.H <= RG_STAGE) {  // an item a thread; pre fits
-            lstm_backward_v2_row<true>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs,
-                                       dhn, dcn, prow, status, stage, stage + 4 * p.H,
-                                       stage + 5 * p.H, row, lid, tgid, tpg);
+        bool ahead = 6 * p.H <= tpg && 16 * p.H <= RG_STAGE;  // an item a thread; pre fits
+        bool peep = p.has_peephole != 0;
+        threadgroup float* sums = stage + 4 * p.H;
+        threadgroup float* pre = stage + 5 * p.H;
+        if (ahead && peep) {
+            lstm_backward_v2_row<true, true>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
+                                             rhs, dhn, dcn, prow, status, stage, sums, pre, row,
+                                             lid, tgid, tpg);
+        } else if (ahead) {
+            lstm_backward_v2_row<true, false>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
+                                              rhs, dhn, dcn, prow, status, stage, sums, pre, row,
+                                              lid, tgid, tpg);
+        } else if (peep) {
+            lstm_backward_v2_row<false, true>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
+                                              rhs, dhn, dcn, prow, status, stage, sums, pre, row,
+                                              lid, tgid, tpg);
         } else {
-            lstm_backward_v2_row<false>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs,
-                                        dhn, dcn, prow, status, stage, stage + 4 * p.H,
-                                        stage + 5 * p.H, row, lid, tgid, tpg);
+            lstm_backward_v2_row<false, false>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
+                                               dx, rhs, dhn, dcn, prow, status, stage, sums, pre,
+                                               row, lid, tgid, tpg);
         }
     } else if (rg_one_row(p, tpg, tgid)) {
         lstm_backward_v2_rows<1>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,

@@ -26,7 +26,7 @@
 //      covers every unit (rg_one_pass), a lean body runs (lstm_forward_v2_row): the row's
 //      indices computed once, lane 0 of a unit's lanes its cell with c[t] in a register (with
 //      4 lanes a unit or more, lane k < 4 gate k's activation, the four met by simd_shuffle), x'
-//      loaded a step ahead.
+//      loaded a step ahead; where every thread is a unit's, with no per-step test of which.
 //      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
@@ -265,7 +265,13 @@ inline void lstm_forward_v2_rows(constant RecurrenceParams& p, device const floa
 // on lane 0; lanes 0 .. 3 then each find c[t] (the same arithmetic on the same values) for the
 // next step's peephole terms, and lane 0 alone h[t]. On an H100, 3.58 -> 3.37 ms at
 // 1000x8x128x128, 0.085 -> 0.075 ms at 50x1x64x64, 1.21 -> 1.17 ms at 100x32x256x256.
-template <bool SPREAD>
+// FULL (S · H = tpg, H a multiple of 4: every thread a unit's, rg_dots' float4 reads): no test
+// of the unit, of an idle SIMD-group or of H's alignment at any step. The CUDA translation's 64
+// registers a thread left those tests' operands in local memory, reloaded between the barrier
+// and the product's first load at every step (where the weight's stream had evicted them from
+// L1); on an H100, 3.41 -> 3.13 ms at 1000x8x128x128, 0.069 -> 0.065 ms at 50x1x64x64 (the
+// 512-thread entry), 1.16 -> 1.13 ms at 100x32x256x256.
+template <bool SPREAD, bool FULL>
 inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                 device const float* bias, device const float* R,
                                 device const float* h0, device const float* c0,
@@ -277,7 +283,7 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
     uint H = p.H, GH = 4 * p.H;
     RgRow r = rg_row(p, row);
     uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
-    bool unit = j < H, idle = rg_simd_idle(0, lid, S, H);
+    bool unit = FULL || j < H, idle = !FULL && rg_simd_idle(0, lid, S, H);
     uint ju = min(j, H - 1);
     // Unit j of gate k (the cell's order i, f, z, o) within the direction's 4H, and its row of R.
     uint q[4] = {p.gate0 * H + ju, p.gate1 * H + ju, p.gate2 * H + ju, p.gate3 * H + ju};
@@ -321,7 +327,13 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
             if (unit) {  // gates in the cell's order i, f, z, o
                 RgAcc<4, 1> acc;
                 rg_clear(acc);
-                rg_dots(acc, 4, 1, cur, H, Rd, q[0] * H, q[1] * H, q[2] * H, q[3] * H, H, lane, S);
+                if (FULL) {  // rg_dots' float4 reads, with no test of H
+                    uint off[4] = {q[0] * H, q[1] * H, q[2] * H, q[3] * H};
+                    rg_dots_float4(acc, 4, 1, cur, H, Rd, off, 4 * lane, H, S);
+                } else {
+                    rg_dots(acc, 4, 1, cur, H, Rd, q[0] * H, q[1] * H, q[2] * H, q[3] * H, H,
+                            lane, S);
+                }
                 #pragma unroll
                 for (uint k = 0; k < 4; ++k) {
                     dots[k] = acc.v[k][0];
@@ -409,12 +421,20 @@ inline void lstm_forward_v2_entry(constant RecurrenceParams& p, device const flo
         uint row = rg_group_rows(p, tpg, tgid).x;
         threadgroup float* stage = (threadgroup float*)staged;
         threadgroup float* after = (threadgroup float*)nexts;
-        if (rg_slices(p.H, tpg) >= 4) {
-            lstm_forward_v2_row<true>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
-                                      stage, after, row, lid, tgid, tpg);
+        uint S = rg_slices(p.H, tpg);
+        bool full = S * p.H == tpg && (p.H & 3u) == 0;  // every thread a unit's; float4 reads
+        if (S >= 4 && full) {
+            lstm_forward_v2_row<true, true>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+                                            status, stage, after, row, lid, tgid, tpg);
+        } else if (S >= 4) {
+            lstm_forward_v2_row<true, false>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+                                             status, stage, after, row, lid, tgid, tpg);
+        } else if (full) {
+            lstm_forward_v2_row<false, true>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+                                             status, stage, after, row, lid, tgid, tpg);
         } else {
-            lstm_forward_v2_row<false>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
-                                       stage, after, row, lid, tgid, tpg);
+            lstm_forward_v2_row<false, false>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+                                              status, stage, after, row, lid, tgid, tpg);
         }
     } else if (rg_one_row(p, tpg, tgid)) {
         lstm_forward_v2_rows<1>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged,

@@ -309,7 +309,7 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, entry, monkeypatch
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("N, H, threads", [(3, 8, 1024), (2, 70, 1024), (3, 12, 32), (2, 5, 64),
                                             (2, 40, 32), (2, 32, 32), (1, 96, 1024),
-                                            (1, 400, 1024)])
+                                            (1, 400, 1024), (1, 16, 64)])
 def test_v2_one_row_a_threadgroup(cell, N, H, threads, entry, monkeypatch):
     """v2 as the rule runs it, a threadgroup of 1024 asked for per row, against the reference:
     bidirectional, every optional input, adversarial schedule (the GRU with and without
@@ -322,7 +322,9 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, entry, monkeypatch):
     weights held in registers at H = 8 and 12 (the LSTM's never) and the GRU's only with
     reset_after; else the chunked bodies with B = 1. H = 32 at 32 threads (one lane a unit) holds
     only the first two float4 of each thread's share of a weight row and reads the rest at every
-    step (rg_row_dot_held: the single gate's products, the GRU's backward). The LSTM's and the
+    step (rg_row_dot_held: the single gate's products, the GRU's backward). H = 16 at 64 threads
+    (4 lanes a unit) and H = 32 at 32 (one) have every thread a unit's: the LSTM's forward then
+    runs its body with no per-step test of which (lstm_forward_v2_row's FULL). The LSTM's and the
     GRU's backwards find the next step's activations ahead of phase A (lstm_backward_ahead,
     gru_backward_ahead) at H = 8, 70 and 5, where their stage has room and enough threads can find
     them, an item each (at H = 5 the LSTM's items wrap round to the product's threads); H = 400
@@ -352,13 +354,35 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, entry, monkeypatch):
             (forward, min(entry, threads)), (f"{cell}_backward_v2", threads)}
 
 
-def checked_case(rng, cell, T, N, H, threads, **fixed):
-    """A bidirectional training case with every optional input (descriptor options ``fixed``),
-    checked forward and gradients against the reference under the adversarial schedule at
-    ``threads`` threads a threadgroup; (case, the device's settings)."""
+@pytest.mark.parametrize("entry", [1024, 512])
+@pytest.mark.parametrize("H, threads", [(16, 64), (8, 1024), (32, 32)])
+def test_v2_lstm_one_row_without_peephole(H, threads, entry, monkeypatch):
+    """The LSTM's one-row bodies with every optional input but the peephole, which the backward's
+    then runs compiled without (lstm_backward_v2_row's PEEP), against the reference: H = 8 at
+    1024 threads finds the next step's activations ahead of phase A (AHEAD), H = 16 at 64 and
+    H = 32 at 32 in phase A; at H = 16 and 32 every thread is a unit's (the forward's FULL
+    body, with 4 lanes a unit at H = 16 its cell on the product's lanes)."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    forward = force_v2_entry(monkeypatch, "lstm", entry)
+    rng = np.random.default_rng(H + threads)
+    case, device = checked_case(rng, "lstm", T=4, N=2, H=H, threads=threads,
+                                optional={**ALL_OPTIONAL, "peephole": False})
+    assert "peephole" not in case.inputs and "mask" in case.inputs
+    with emulated_device(**device) as dev:
+        case.gradients(backend=BACKEND)
+    assert {d.kernel for d in dev.trace if not d.kernel.startswith("strided")} == {
+        forward, "lstm_backward_v2"}
+
+
+def checked_case(rng, cell, T, N, H, threads, optional=ALL_OPTIONAL, **fixed):
+    """A bidirectional training case with every optional input (or those ``optional`` gives;
+    descriptor options ``fixed``), checked forward and gradients against the reference under
+    the adversarial schedule at ``threads`` threads a threadgroup; (case, the device's
+    settings)."""
     desc = random_descriptor(rng, cell, bidirectional=True, training=True, **fixed)
     case = random_case(rng, cell, descriptor=desc, T=T, N=N, H=H, I=3, dtype=np.float32,
-                       optional=ALL_OPTIONAL, cell_gradient_form="per_step")
+                       optional=optional, cell_gradient_form="per_step")
     device = dict(schedule="adversarial", seed=N + H, max_threads_per_threadgroup=threads)
     check_both(case, **device)
     return case, device

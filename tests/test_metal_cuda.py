@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(metalcompute.available() is not None,
                                  reason=f"needs an NVIDIA GPU with CuPy: {metalcompute.available()}")]
 
+from draws import ALL_OPTIONAL  # noqa: E402  (after the skip)
 from test_harness_cpu import (ELEMENTWISE, GEMM, PARAMS, REDUCE,  # noqa: E402  (after the skip)
                               check_trace_keeps_the_newest_dispatches)
 from test_metal_backend import force_v2_entry  # noqa: E402
@@ -199,6 +200,32 @@ def test_v2_matches_the_reference(cell, cap, H, entry, monkeypatch):
     assert {x.kernel for x in runs} == {forward, f"{cell}_backward_v2"}
     assert {(x.kernel, x.count) for x in runs} == {
         (forward, 26 * entry), (f"{cell}_backward_v2", 26 * versions.V2_THREADS)}
+
+
+@pytest.mark.parametrize("peephole", [True, False])
+def test_v2_lstm_every_thread_a_unit(peephole, monkeypatch):
+    """The LSTM's one-row bodies as the bench runs them at H = 128: 8 lanes a unit fill a
+    threadgroup of 1024 (the forward's FULL body, its cell on the product's lanes; the backward
+    finds the next step's activations ahead), with and without the peephole (the backward's
+    PEEP), every other optional input, bidirectional, against the reference."""
+    from rnngrad.backends.metal import versions
+    from rnngrad.backends.metal.host import cuda_device
+
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    forward = force_v2_entry(monkeypatch, "lstm", 1024)
+    rng = np.random.default_rng(128 + peephole)
+    desc = random_descriptor(rng, "lstm", bidirectional=True, training=True)
+    case = random_case(rng, "lstm", descriptor=desc, T=7, N=3, I=5, H=128, dtype=np.float32,
+                       optional={**ALL_OPTIONAL, "peephole": peephole})
+    assert ("peephole" in case.inputs) == peephole
+    with cuda_device(check_each_dispatch=True) as d:
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "metal-cuda", gradients)
+            assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+    runs = [x for x in d.trace if not x.kernel.startswith("strided")]
+    assert {(x.kernel, x.threadgroup_size) for x in runs} == {
+        (forward, 1024), ("lstm_backward_v2", 1024)}
 
 
 @pytest.mark.parametrize("H", [70, 72])
