@@ -223,6 +223,25 @@ two alternating buffers): the 1000×8 forward 2.13 → 1.98 ms, the op 5.03 → 
 call, three rounds), but 50×1 0.037 → 0.048 and 100×32 0.88 → 0.94, so only the 512-thread
 entry's rows-held-whole path runs it.
 
+The LSTM's one-row bodies at 1000×8 then had their weight's L1 hits at 7% (forward) and 42%
+(backward): R (256 KB) streamed through L1 at every step evicts what else the step reads, and
+in the CUDA translation's 64 registers a thread that included values ptxas had left in local
+memory and reloaded at every step, each reload then a trip to L2 on the step's critical path
+(ncu: 2.3 million local-memory requests in the forward). Now the forward's body where every
+thread is a unit's tests nothing per step about which (its reloads between the barrier and the
+product's first load gone), the backward's is compiled without the peephole's eight registers
+where there is none, and the activations both backwards find ahead lie unit-major, read at
+constant offsets from one address (the no-peephole LSTM backward's loop reloads nothing, from
+27 values a step; the GRU's AHEAD loop from 8). One H100 call, three rounds: LSTM 1000×8 8.26
+→ 7.61 ms (forward 3.37 → 3.11, backward 4.47 → 4.07), 50×1 0.189 → 0.176, 100×32 3.04 →
+2.98; GRU backward 50×1 0.052 → 0.049. Measured and left out: reversing the order of the
+weight's rounds on every other step, so that the lines read last (still in L1) are read first,
+raised the L1 hit rates to 34% and 51% but spilled more (LSTM 1000×8 forward 3.34 → 4.19 ms,
+backward 4.53 → 4.99); and the CUDA harness asking for the largest or smallest L1 share of the
+core's memory (``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` 0 or 100): the driver's
+choice is already the largest L1 (unchanged with 0), and 100 slowed the forwards (LSTM 1000×8
+forward 3.36 → 3.90 ms, GRU 2.10 → 3.74) while the LSTM's backward went 4.47 → 4.31.
+
 Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
 :data:`V2_MAX_ROWS` from ``rnngrad bench`` there. Override it with
