@@ -706,6 +706,39 @@ inline float rg_row_dot_held(thread const float4* held, threadgroup const float*
     return acc.v[0][0];
 }
 
+// Whether a backward's one-row body gives 2S lanes two units (PAIR, rg_row_dots2_held): every
+// thread in the product (S · H = tpg), 2S lanes within RG_LANES and H a multiple of 4. On an
+// H100 at 100x32x256x256 (2S = 8), the GRU's backward 1.015 -> 0.802 ms and the single gate's
+// 0.390 -> 0.340 (one call, three rounds); with 2S = 16 at H = 128 the GRU's went 2.54 -> 2.94
+// at 1000x8x128x128 (its sums met over 16 lanes, more spills), so 2S stays within RG_LANES.
+inline bool rg_pairs(uint H, uint S, uint tpg) {
+    return S * H == tpg && 2 * S <= RG_LANES && (H & 3u) == 0;
+}
+
+// rg_row_dot_held<1> of two rows of w, at w and w + o1 (K long, K a multiple of 4), the first
+// round of each held (held[0], held[1]): each float4 of v read once for both rows, each row's
+// sum in rg_row_dot_held's order. A body whose 2S lanes own two units halves its threadgroup
+// memory reads with it, for the same weight reads a thread.
+inline float2 rg_row_dots2_held(thread const float4* held, threadgroup const float* v,
+                                device const float* w, uint o1, uint K, uint lane, uint S) {
+    RgAcc<2, 1> acc;
+    rg_clear(acc);
+    uint k = 4 * lane;
+    if (k < K) {
+        float4 x = *((threadgroup const float4*)(v + k));
+        #pragma unroll
+        for (uint g = 0; g < 2; ++g) {
+            acc.v[g][0] += held[g].x * x.x;
+            acc.v[g][0] += held[g].y * x.y;
+            acc.v[g][0] += held[g].z * x.z;
+            acc.v[g][0] += held[g].w * x.w;
+        }
+    }
+    uint off[4] = {0u, o1, 0u, 0u};
+    rg_dots_float4(acc, 2, 1, v, K, w, off, 4 * lane + 4 * S, K, S);
+    return float2(acc.v[0][0], acc.v[1][0]);
+}
+
 // The first thread of a one-row body's work ahead (lstm_backward_ahead, gru_backward_ahead): the
 // first past the product's S · H where there is one, else thread 0; item e of n goes to thread
 // (first + e) mod tpg (rg_ahead_item: a thread's first item, then every tpg-th).

@@ -36,7 +36,8 @@
 //      (gru_backward_v2_row): thread u < H runs unit u's phase A and keeps dh_next and Σ dq
 //      in registers, phase C's sums meet in threadgroup memory (two barriers a step), the
 //      next step's inputs loaded a step ahead (and its activations found by the threads past
-//      the product's, where there are 3H of them: gru_backward_ahead).
+//      the product's, where there are 3H of them: gru_backward_ahead; where there are none and
+//      2S lanes fit, each 2S lanes own two units, the stage read once for both: rg_pairs).
 //      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1, reset_after only): the threadgroups
 //      of a group of rows each own a block of the units, one dispatch per step; phase A leaves
 //      dh ⊙ keep in dhn, and phase C's product lhs·R moves to the start of the next dispatch
@@ -465,7 +466,11 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
 // is a few multiplications. On an H100 the 50x1x64x64 backward went 0.071 -> 0.052 ms; where
 // the product's threads found them after their product instead (no thread past the product's),
 // 1000x8x128x128 went 2.87 -> 3.09 and 100x32x256x256 1.06 -> 1.08, so there phase A does.
-template <bool AHEAD>
+// PAIR (rg_pairs: no thread past the product's, so not AHEAD): 2S lanes own two units, j and
+// j + H / 2, and read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held;
+// the first round of each row held), half the threadgroup memory reads for the same weight
+// reads a thread, the sums of both met by one butterfly over the 2S lanes.
+template <bool AHEAD, bool PAIR>
 inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                 device const float* h0, device const float* mask,
                                 device const float* dy, device const float* zs,
@@ -476,15 +481,22 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
                                 uint lid, uint tgid, uint tpg) {
     uint H = p.H, GH = 3 * p.H;
     RgRow r = rg_row(p, row);
-    uint S = rg_slices(H, tpg), lane = lid % S, j = min(lid / S, H - 1);
-    bool unit = lid / S < H, idle = rg_simd_idle(0, lid, S, H), cell = lid < H;
+    // L lanes own U units (PAIR: unit j and j + U, U = H / 2)
+    uint S = rg_slices(H, tpg), L = PAIR ? 2 * S : S, U = PAIR ? H / 2 : H;
+    uint lane = lid % L, j = min(lid / L, U - 1);
+    bool unit = lid / L < U, idle = rg_simd_idle(0, lid, L, U), cell = lid < H;
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
     // The row's units of step s in dx and lhs ([T,N,D·3H]) start at x3 + s·x3s, in z_state
     // ([T,N,D·Z·H]) at z3 + s·z3s: RgRow's offsets times 3 and Z (rhs is [T,N,D·H]: RgRow's).
     uint x3 = 3 * r.x0, x3s = 3 * r.xs, z3 = p.Z * r.o0, z3s = p.Z * r.os;
     device const float* Rj = Rt + (r.d * H + j) * GH;
-    float4 held[RG_HOLD / 2];  // the first rounds of the thread's share of Rᵀ's row
-    rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? GH : 0u, lane, S);
+    float4 held[RG_HOLD / 2];  // the first rounds of the thread's share of Rᵀ's row (rows)
+    if (PAIR) {
+        rg_hold_some<1>(held, Rj, unit ? GH : 0u, lane, L);
+        rg_hold_some<1>(held + 1, Rj + U * GH, unit ? GH : 0u, lane, L);
+    } else {
+        rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? GH : 0u, lane, S);
+    }
     // Unit lid's carries (dh_next, Σ dq) and mask, and the inputs of the dispatch's first
     // step: dy, z_state's a_z, a_r, a_o (only where phase A finds the activations), q, h[t−1].
     float dh = 0.0f, pq = 0.0f, mj = 0.0f;
@@ -572,7 +584,18 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // Phase C: dh_next[j] = dh ⊙ keep + m_j Σ_q lhs_q Rᵀ[j, q].
-        if (!idle) {
+        if (PAIR && !idle) {
+            float t[2] = {0.0f, 0.0f};
+            if (unit) {
+                float2 d2 = rg_row_dots2_held(held, stage, Rj, U * GH, GH, lane, L);
+                t[0] = d2.x;
+                t[1] = d2.y;
+            }
+            rg_lane_totals<2>(t, L);
+            if (unit && lane < 2) {
+                sums[j + lane * U] = lane == 0 ? t[0] : t[1];
+            }
+        } else if (!idle) {
             float dot = 0.0f;
             if (unit) {
                 dot = rg_row_dot_held<RG_HOLD / 2>(held, stage, Rj, GH, lane, S);
@@ -625,14 +648,18 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
         uint row = rg_group_rows(p, tpg, tgid).x;
         uint idle = tpg - rg_slices(p.H, tpg) * p.H;  // threads past the product's
         // an item an idle thread; the stage, the sums and pre fit
+        threadgroup float* sums = stage + 3 * p.H;
+        threadgroup float* pre = stage + 4 * p.H;
         if (3 * p.H <= idle && (4 + GRU_PRE) * p.H <= RG_STAGE) {
-            gru_backward_v2_row<true>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
-                                      status, stage, stage + 3 * p.H, stage + 4 * p.H, row, lid,
-                                      tgid, tpg);
+            gru_backward_v2_row<true, false>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn,
+                                             prow, status, stage, sums, pre, row, lid, tgid, tpg);
+        } else if (rg_pairs(p.H, rg_slices(p.H, tpg), tpg)) {
+            gru_backward_v2_row<false, true>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn,
+                                             prow, status, stage, sums, pre, row, lid, tgid, tpg);
         } else {
-            gru_backward_v2_row<false>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
-                                       status, stage, stage + 3 * p.H, stage + 4 * p.H, row, lid,
-                                       tgid, tpg);
+            gru_backward_v2_row<false, false>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn,
+                                              prow, status, stage, sums, pre, row, lid, tgid,
+                                              tpg);
         }
     } else if (rg_one_row(p, tpg, tgid)) {
         gru_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow,

@@ -23,7 +23,9 @@
 //      Where a threadgroup owns one row and one pass of its threads covers every unit
 //      (rg_one_pass, the rule's grid), a lean body runs (single_gate_backward_v2_row): thread
 //      u < H runs unit u's phase A and keeps its dh_next in a register, phase B's sums meet in
-//      threadgroup memory (two barriers a step), Rᵀ's row held in registers where it fits.
+//      threadgroup memory (two barriers a step), Rᵀ's row held in registers where it fits;
+//      else, where every thread is in the product and 2S lanes fit, each 2S lanes own two
+//      units, the stage read once for both (rg_pairs).
 //      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
 //      each own a block of the units, one dispatch per step, phase B moved to the start of the
 //      next dispatch (rg_carry: da of every unit read back from dx), then phase A of the
@@ -229,7 +231,9 @@ inline void single_gate_backward_v2_rows(constant RecurrenceParams& p, device co
 // keeps its dh_next in a register from step to step (dhn is read once and written once); in
 // phase B thread lid is lane lid mod S of unit lid / S, and the sums meet in threadgroup memory.
 // HOLD: the thread's share of Rᵀ's row stays in registers.
-template <bool HOLD>
+// PAIR (not HOLD; rg_pairs): 2S lanes own units j and j + H / 2, each float4 of the stage read
+// once for both rows (rg_row_dots2_held), as the GRU's backward (gru_backward_v2_row).
+template <bool HOLD, bool PAIR>
 inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                         device const float* h0, device const float* mask,
                                         device const float* dy, device const float* zs,
@@ -239,12 +243,17 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
                                         uint tpg) {
     uint H = p.H;
     RgRow r = rg_row(p, row);
-    uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
-    bool unit = j < H, idle = rg_simd_idle(0, lid, S, H), cell = lid < H;
-    device const float* Rj = Rt + (r.d * H + min(j, H - 1)) * H;
+    // L lanes own U units (PAIR: unit j and j + U, U = H / 2)
+    uint S = rg_slices(H, tpg), L = PAIR ? 2 * S : S, U = PAIR ? H / 2 : H;
+    uint lane = lid % L, j = lid / L;
+    bool unit = j < U, idle = rg_simd_idle(0, lid, L, U), cell = lid < H;
+    device const float* Rj = Rt + (r.d * H + min(j, U - 1)) * H;
     float4 held[RG_HOLD];
     if (HOLD) {
         rg_hold<RG_HOLD>(held, Rj, unit ? H : 0u, lane, S);
+    } else if (PAIR) {  // the first round of each row's share
+        rg_hold_some<1>(held, Rj, unit ? H : 0u, lane, L);
+        rg_hold_some<1>(held + 1, Rj + U * H, unit ? H : 0u, lane, L);
     } else {  // the first rounds of the thread's share, the rest read at every step
         rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? H : 0u, lane, S);
     }
@@ -281,7 +290,18 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // Phase B: dh_next[j] = m_j Σ_k da_k R[k,j].
-        if (!idle) {
+        if (PAIR && !idle) {
+            float t[2] = {0.0f, 0.0f};
+            if (unit) {
+                float2 d2 = rg_row_dots2_held(held, stage, Rj, U * H, H, lane, L);
+                t[0] = d2.x;
+                t[1] = d2.y;
+            }
+            rg_lane_totals<2>(t, L);
+            if (unit && lane < 2) {
+                sums[j + lane * U] = lane == 0 ? t[0] : t[1];
+            }
+        } else if (!idle) {
             float dot = 0.0f;
             if (unit) {
                 dot = HOLD ? rg_held_dot<RG_HOLD>(held, stage, H, lane, S)
@@ -322,17 +342,20 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                     uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     if (rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE) {  // the stage and the sums
-        uint row = rg_group_rows(p, tpg, tgid).x;
-        if (rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg))) {
-            single_gate_backward_v2_row<true>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                              (threadgroup float*)staged,
-                                              (threadgroup float*)staged + p.H, row, lid, tgid,
-                                              tpg);
+        uint row = rg_group_rows(p, tpg, tgid).x, S = rg_slices(p.H, tpg);
+        threadgroup float* stage = (threadgroup float*)staged;
+        if (rg_holds(p.H, RG_HOLD, S)) {
+            single_gate_backward_v2_row<true, false>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn,
+                                                     status, stage, stage + p.H, row, lid, tgid,
+                                                     tpg);
+        } else if (rg_pairs(p.H, S, tpg)) {
+            single_gate_backward_v2_row<false, true>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn,
+                                                     status, stage, stage + p.H, row, lid, tgid,
+                                                     tpg);
         } else {
-            single_gate_backward_v2_row<false>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                               (threadgroup float*)staged,
-                                               (threadgroup float*)staged + p.H, row, lid, tgid,
-                                               tpg);
+            single_gate_backward_v2_row<false, false>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn,
+                                                      status, stage, stage + p.H, row, lid, tgid,
+                                                      tpg);
         }
     } else if (rg_one_row(p, tpg, tgid)) {
         single_gate_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged, lid,

@@ -324,7 +324,8 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, entry, monkeypatch):
     only the first two float4 of each thread's share of a weight row and reads the rest at every
     step (rg_row_dot_held: the single gate's products, the GRU's backward). H = 16 at 64 threads
     (4 lanes a unit) and H = 32 at 32 (one) have every thread a unit's: the LSTM's forward then
-    runs its body with no per-step test of which (lstm_forward_v2_row's FULL). The LSTM's and the
+    runs its body with no per-step test of which (lstm_forward_v2_row's FULL), and the GRU's
+    backward (both) and the single gate's (H = 32) give 2S lanes two units (rg_pairs). The LSTM's and the
     GRU's backwards find the next step's activations ahead of phase A (lstm_backward_ahead,
     gru_backward_ahead) at H = 8, 70 and 5, where their stage has room and enough threads can find
     them, an item each (at H = 5 the LSTM's items wrap round to the product's threads); H = 400

@@ -228,6 +228,30 @@ def test_v2_lstm_every_thread_a_unit(peephole, monkeypatch):
         (forward, 1024), ("lstm_backward_v2", 1024)}
 
 
+@pytest.mark.parametrize("H, cap", [(256, 1024), (16, 64)])
+@pytest.mark.parametrize("cell", ["single_gate", "gru"])
+def test_v2_backward_pairs(cell, H, cap, monkeypatch):
+    """The single gate's and the GRU's backward one-row bodies where 2S lanes own two units
+    (rg_pairs: every thread in the product, S = 4 lanes a unit), as the rule runs the
+    100x32x256x256 backward (H = 256 at 1024 threads) and at H = 16 in threadgroups of 64:
+    bidirectional, every optional input, against the reference."""
+    from rnngrad.backends.metal import versions
+    from rnngrad.backends.metal.host import cuda_device
+
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    rng = np.random.default_rng(H + cap)
+    extra = dict(reset_after=True) if cell == "gru" else {}
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
+    case = random_case(rng, cell, descriptor=desc, T=5, N=3, I=7, H=H, dtype=np.float32,
+                       optional=ALL_OPTIONAL)
+    with cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True) as d:
+        worst, mismatches = check_case(case, "metal-cuda", True)
+        assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+    assert {(x.kernel, x.threadgroup_size) for x in d.trace
+            if x.kernel == f"{cell}_backward_v2"} == {(f"{cell}_backward_v2", cap)}
+
+
 @pytest.mark.parametrize("H", [70, 72])
 @pytest.mark.parametrize("min_tiles", [1, 128])
 @pytest.mark.parametrize("cap", [1024, 64])

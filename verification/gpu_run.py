@@ -69,6 +69,8 @@ SANITIZER_CONFIGS = {
     "v2": ("auto", "v2", ("--hidden", "36"), ", H = 36: rg_dots' float4 reads"),
     "v2-whole": ("auto", "v2", ("--hidden", "72"),
                  ", H = 72: the GRU forward's 512-thread entry holding its rows whole"),
+    "v2-pair": ("auto", "v2", ("--hidden", "256"),
+                ", H = 256: the backwards' 2S lanes owning two units (rg_pairs)"),
     "v2x8": ("auto", "v2", ("--v2-group-rows", "8"), ", 8 rows a v2 threadgroup"),
     "v2-steps": ("auto", "v2-steps", ("--v2-step-units", "12"), ", H = 33 in 3 blocks of units"),
     "v3": ("auto", "v3", (), ", tiles of 4 columns"),

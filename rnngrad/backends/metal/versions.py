@@ -242,6 +242,18 @@ core's memory (``CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT`` 0 or 100):
 choice is already the largest L1 (unchanged with 0), and 100 slowed the forwards (LSTM 1000×8
 forward 3.36 → 3.90 ms, GRU 2.10 → 3.74) while the LSTM's backward went 4.47 → 4.31.
 
+The GRU's backward at 1000×8, with no reload left in its loop, was bound by L1 and threadgroup
+memory (ncu: 94.5% L1 hits, 62.5% of the pipe's peak): every 128-bit read costs the pipe four
+wavefronts, and a step's product read the stage once per round of the weight. Where every
+thread is in the product and 2S lanes fit ``RG_LANES`` (``rg_pairs``), the single gate's and
+the GRU's backward bodies now give 2S lanes two units, j and j + H / 2, reading each float4 of
+the stage once for both rows (``rg_row_dots2_held``): at 100×32 (S = 4), one H100 call, three
+rounds, GRU backward 1.015 → 0.802 ms (the op 2.344 → 2.129, 0.92× cuDNN's kernel time), single
+gate 0.390 → 0.340 (the op 1.022 → 0.971). At 1000×8 that takes 16 lanes a pair: the GRU's
+backward went 2.54 → 2.94 (the sums met over 16 lanes, more spills), so it is left out there;
+the LSTM's backward paired (rg_dots of two rows) reloaded 17 values a step from local memory at
+100×32 against 5, and was left out unmeasured.
+
 Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
 :data:`V2_MAX_ROWS` from ``rnngrad bench`` there. Override it with
