@@ -106,12 +106,42 @@ def test_v1_backward_products_keep_sixteen_loads_in_flight():
         assert table[name]["loads_ahead"] >= 16, (name, table[name])
 
 
+# A step loop (a loop with a threadgroup barrier) that reads an array a thread indexes by its
+# data at every step (local memory), and the same loop reading a register.
+STEPPED = HEADER + """
+kernel void stepped{name}(device float* y [[buffer(0)]], device const uint* k [[buffer(1)]],
+                       constant uint& n [[buffer(2)]], uint lid [[thread_position_in_threadgroup]]) {{
+    threadgroup float t[64];
+    float a[32];
+    for (uint i = 0; i < 32; ++i) a[i] = y[lid * 32 + i];
+    float s = 0.0f;
+    for (uint step = 0; step < n; ++step) {{
+        t[lid % 64] = s;
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        s += {read} * t[(lid + 1) % 64];
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }}
+    y[lid] = s;
+}}
+"""
+
+
+@needs_nvdisasm
+def test_step_reloads_counts_the_local_loads_of_each_step_loop():
+    source = (STEPPED.format(name="_local", read="a[(k[lid] + step) % 32]")
+              + STEPPED.format(name="_register", read="a[0]").replace(HEADER, ""))
+    reloads = kr.step_reloads(kr.compile_cuda(source)[1])
+    # (ptxas may split a loop in two: unrolled, and the rest)
+    assert reloads["stepped_local"] and min(reloads["stepped_local"]) >= 1, reloads
+    assert reloads["stepped_register"] and max(reloads["stepped_register"]) == 0, reloads
+
+
 def test_the_script_prints_the_table():
     done = subprocess.run([sys.executable, "verification/kernel_resources.py"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("| kernel (sm_90) | registers |")
-    assert lines[0].endswith("| loads ahead |")
+    assert lines[0].endswith("| loads ahead | local loads a step, each step loop |")
     assert sum(line.startswith("| ") for line in lines) == 1 + len(library.BUFFERS)  # + header
     assert lines[-1].startswith(f"{len(library.BUFFERS)} kernels; with local memory: ")

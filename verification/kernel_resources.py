@@ -17,7 +17,9 @@ many global loads the best loop of each kernel issues before its first multiply-
 multiply-adds waits on memory. ptxas chooses that by itself: when the CUDA translation made the
 parameter struct a kernel parameter it stopped unrolling v1's GRU and LSTM backward products
 16-fold (32 loads ahead, then 8) and those kernels took twice as long on an H100; their loops
-now say ``#pragma unroll 16``, and the tests hold them to 16 loads ahead or more.
+now say ``#pragma unroll 16``, and the tests hold them to 16 loads ahead or more. The last
+column counts the local-memory loads in each step loop (a loop with a threadgroup barrier): the
+values a recurrence's body reloads at every step, which the stack and spill totals do not place.
 
 NVRTC and the CUDA headers come from NVIDIA's wheels (the ``kernel-report`` extra), from a CUDA
 toolkit (``$CUDA_HOME``, ``/usr/local/cuda``), or from CuPy's installation on a GPU machine.
@@ -155,10 +157,8 @@ _SASS_FUNCTION = re.compile(r"(?m)^\.text\.__mtl_launch_(\w+):")
 _SASS_LINE = re.compile(r"(?m)^(?:(\.L_\w+):|\s+/\*([0-9a-f]{4,})\*/\s+([^;]*);)")
 
 
-def loads_ahead(cubin: bytes) -> dict:
-    """{kernel: the most global loads (LDG) any of its loops issues before the loop's first
-    multiply-add (FFMA)}, from nvdisasm's SASS of ``cubin``; a loop is the span from a branch's
-    target back up to the branch. 0 for a kernel with no loop that multiplies and adds."""
+def _sass(cubin: bytes) -> dict:
+    """{kernel: ([(address, instruction)], {label: address})} from nvdisasm's SASS of ``cubin``."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "kernels.cubin"
         path.write_bytes(cubin)
@@ -176,17 +176,53 @@ def loads_ahead(cubin: bytes) -> dict:
                 labels[name_] = int(address, 16)
             pending = []
             code.append((int(address, 16), op.strip()))
+        out[name] = (code, labels)
+    return out
+
+
+def _loops(code: list, labels: dict):
+    """Each loop of a kernel's SASS as its instructions: the span from a branch's target back up
+    to the branch."""
+    for address, op in code:
+        target = re.search(r"\bBRA `\((\.L_\w+)\)", op)
+        start = labels.get(target.group(1)) if target else None
+        if start is not None and start < address:
+            yield start, address, [o for a, o in code if start <= a <= address]
+
+
+def loads_ahead(cubin: bytes) -> dict:
+    """{kernel: the most global loads (LDG) any of its loops issues before the loop's first
+    multiply-add (FFMA)}, from nvdisasm's SASS of ``cubin``. 0 for a kernel with no loop that
+    multiplies and adds."""
+    out = {}
+    for name, (code, labels) in _sass(cubin).items():
         best = 0
-        for address, op in code:
-            target = re.search(r"\bBRA `\((\.L_\w+)\)", op)
-            start = labels.get(target.group(1)) if target else None
-            if start is None or start >= address:
-                continue
-            loop = [o for a, o in code if start <= a <= address]
+        for _, _, loop in _loops(code, labels):
             first = next((i for i, o in enumerate(loop) if re.search(r"\bFFMA\b", o)), None)
             if first is not None:
                 best = max(best, sum(bool(re.search(r"\bLDG\b", o)) for o in loop[:first]))
         out[name] = best
+    return out
+
+
+def step_reloads(cubin: bytes) -> dict:
+    """{kernel: the local-memory loads (LDL) in each of its step loops, fewest first}: a step
+    loop is a loop with a threadgroup barrier (BAR.SYNC) and no such loop inside it, as the
+    recurrences' bodies run a step (one tuple entry per body the kernel compiles). A load there
+    is paid at every step, on its critical path where it comes between a barrier and the work
+    that waits on it; in a kernel whose weight streams through L1 it is a trip to L2 (the
+    LSTM's one-row bodies at 1000x8x128x128 on an H100 reloaded 8 and 27 values a step, the
+    static spill totals of the table saying nothing of where)."""
+    out = {}
+    for name, (code, labels) in _sass(cubin).items():
+        spans = {(start, end): loop for start, end, loop in _loops(code, labels)
+                 if any("BAR.SYNC" in o for o in loop)
+                 and not any(re.search(r"\bEXIT\b", o) for o in loop)}
+        inner = [loop for (start, end), loop in spans.items()
+                 if not any(s != start or e != end for s, e in spans
+                            if start <= s and e <= end and (s, e) != (start, end))]
+        out[name] = tuple(sorted(sum(bool(re.search(r"\bLDL\b", o)) for o in loop)
+                                 for loop in inner))
     return out
 
 
@@ -208,17 +244,18 @@ def parse(report: str) -> dict:
 
 def kernel_resources(arch: str = "sm_90", fast_math: bool = False) -> dict:
     """The table of every kernel of ``kernels/``, in the library's order; each row's
-    ``loads_ahead`` (:func:`loads_ahead`) is None where nvdisasm is not found."""
+    ``loads_ahead`` (:func:`loads_ahead`) and ``step_reloads`` (:func:`step_reloads`) are None
+    where nvdisasm is not found."""
     from rnngrad.backends.metal import library
 
     report, cubin = compile_cuda(library.source(), arch, fast_math)
     found = parse(report)
     try:
-        ahead = loads_ahead(cubin)
+        ahead, reloads = loads_ahead(cubin), step_reloads(cubin)
     except Unavailable:
-        ahead = {}
-    return {name: dict(found[name], loads_ahead=ahead.get(name)) for name in library.BUFFERS
-            if name in found}
+        ahead, reloads = {}, {}
+    return {name: dict(found[name], loads_ahead=ahead.get(name), step_reloads=reloads.get(name))
+            for name in library.BUFFERS if name in found}
 
 
 def main(argv=None) -> int:
@@ -232,12 +269,14 @@ def main(argv=None) -> int:
         print(f"kernel_resources: {exc}", file=sys.stderr)
         return 2
     print(f"| kernel ({args.arch}) | registers | stack frame B | spill stores B | spill loads B | "
-          f"threadgroup memory B | loads ahead |")
-    print("|---|---|---|---|---|---|---|")
+          f"threadgroup memory B | loads ahead | local loads a step, each step loop |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in table.items():
         ahead = "-" if r["loads_ahead"] is None else r["loads_ahead"]
+        reloads = ("-" if r["step_reloads"] is None
+                   else " ".join(map(str, r["step_reloads"])) or "no step loop")
         print(f"| {name} | {r['registers']} | {r['stack']} | {r['spill_stores']} | "
-              f"{r['spill_loads']} | {r['shared']} | {ahead} |")
+              f"{r['spill_loads']} | {r['shared']} | {ahead} | {reloads} |")
     local = [n for n, r in table.items() if r["stack"]]
     print(f"\n{len(table)} kernels; with local memory: {', '.join(local) if local else 'none'}")
     if any(r["loads_ahead"] is None for r in table.values()):
