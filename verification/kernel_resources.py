@@ -190,12 +190,12 @@ def _loops(code: list, labels: dict):
             yield start, address, [o for a, o in code if start <= a <= address]
 
 
-def loads_ahead(cubin: bytes) -> dict:
+def loads_ahead(cubin: bytes, sass: dict | None = None) -> dict:
     """{kernel: the most global loads (LDG) any of its loops issues before the loop's first
-    multiply-add (FFMA)}, from nvdisasm's SASS of ``cubin``. 0 for a kernel with no loop that
-    multiplies and adds."""
+    multiply-add (FFMA)}, from nvdisasm's SASS of ``cubin`` (or ``sass``, :func:`_sass`'s of
+    it). 0 for a kernel with no loop that multiplies and adds."""
     out = {}
-    for name, (code, labels) in _sass(cubin).items():
+    for name, (code, labels) in (sass or _sass(cubin)).items():
         best = 0
         for _, _, loop in _loops(code, labels):
             first = next((i for i, o in enumerate(loop) if re.search(r"\bFFMA\b", o)), None)
@@ -205,22 +205,21 @@ def loads_ahead(cubin: bytes) -> dict:
     return out
 
 
-def step_reloads(cubin: bytes) -> dict:
+def step_reloads(cubin: bytes, sass: dict | None = None) -> dict:
     """{kernel: the local-memory loads (LDL) in each of its step loops, fewest first}: a step
     loop is a loop with a threadgroup barrier (BAR.SYNC) and no such loop inside it, as the
     recurrences' bodies run a step (one tuple entry per body the kernel compiles). A load there
     is paid at every step, on its critical path where it comes between a barrier and the work
     that waits on it; in a kernel whose weight streams through L1 it is a trip to L2 (the
     LSTM's one-row bodies at 1000x8x128x128 on an H100 reloaded 8 and 27 values a step, the
-    static spill totals of the table saying nothing of where)."""
+    static spill totals of the table saying nothing of where). ``sass``: as for loads_ahead."""
     out = {}
-    for name, (code, labels) in _sass(cubin).items():
+    for name, (code, labels) in (sass or _sass(cubin)).items():
         spans = {(start, end): loop for start, end, loop in _loops(code, labels)
                  if any("BAR.SYNC" in o for o in loop)
                  and not any(re.search(r"\bEXIT\b", o) for o in loop)}
         inner = [loop for (start, end), loop in spans.items()
-                 if not any(s != start or e != end for s, e in spans
-                            if start <= s and e <= end and (s, e) != (start, end))]
+                 if not any(start <= s and e <= end and (s, e) != (start, end) for s, e in spans)]
         out[name] = tuple(sorted(sum(bool(re.search(r"\bLDL\b", o)) for o in loop)
                                  for loop in inner))
     return out
@@ -251,7 +250,8 @@ def kernel_resources(arch: str = "sm_90", fast_math: bool = False) -> dict:
     report, cubin = compile_cuda(library.source(), arch, fast_math)
     found = parse(report)
     try:
-        ahead, reloads = loads_ahead(cubin), step_reloads(cubin)
+        sass = _sass(cubin)  # one nvdisasm run for both columns
+        ahead, reloads = loads_ahead(cubin, sass), step_reloads(cubin, sass)
     except Unavailable:
         ahead, reloads = {}, {}
     return {name: dict(found[name], loads_ahead=ahead.get(name), step_reloads=reloads.get(name))
