@@ -173,6 +173,26 @@ def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
     assert {x.count for x in backward} == {-(-26 // 3) * 5 * 1024}
 
 
+def v2_checked_on_gpu(monkeypatch, rng, cell, cap=1024, optional=None, **shape):
+    """v2 as the rule runs it (a threadgroup asked for per row), a bidirectional training case
+    of ``shape`` (T, N, I, H; the GRU with reset_after, ``optional`` as random_case takes it),
+    its forward and gradients checked on the GPU against the reference in threadgroups of at
+    most ``cap``; (the case, the device's trace)."""
+    from rnngrad.backends.metal import versions
+    from rnngrad.backends.metal.host import cuda_device
+
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    extra = dict(reset_after=True) if cell == "gru" else {}
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
+    case = random_case(rng, cell, descriptor=desc, dtype=np.float32, optional=optional, **shape)
+    with cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True) as d:
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "metal-cuda", gradients)
+            assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+    return case, d.trace
+
+
 @pytest.mark.parametrize("entry", [1024, 512])
 @pytest.mark.parametrize("H", [70, 72])
 @pytest.mark.parametrize("cap", [1024, 64])
@@ -183,20 +203,11 @@ def test_v2_matches_the_reference(cell, cap, H, entry, monkeypatch):
     point (``entry``: threadgroups of up to 1024 or 512; the GRU's 512-thread one holds its
     three weight rows whole at H = 72, 4 lanes a unit)."""
     from rnngrad.backends.metal import versions
-    from rnngrad.backends.metal.host import cuda_device
 
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
     forward = force_v2_entry(monkeypatch, cell, entry)
     rng = np.random.default_rng(len(cell) + cap + H)
-    extra = dict(reset_after=True) if cell == "gru" else {}
-    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
-    case = random_case(rng, cell, descriptor=desc, T=6, N=13, I=9, H=H, dtype=np.float32)
-    with cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True) as d:
-        for gradients in (False, True):
-            worst, mismatches = check_case(case, "metal-cuda", gradients)
-            assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
-    runs = [x for x in d.trace if not x.kernel.startswith("strided")]
+    _, trace = v2_checked_on_gpu(monkeypatch, rng, cell, cap, T=6, N=13, I=9, H=H)
+    runs = [x for x in trace if not x.kernel.startswith("strided")]
     assert {x.kernel for x in runs} == {forward, f"{cell}_backward_v2"}
     assert {(x.kernel, x.count) for x in runs} == {
         (forward, 26 * entry), (f"{cell}_backward_v2", 26 * versions.V2_THREADS)}
@@ -208,22 +219,12 @@ def test_v2_lstm_every_thread_a_unit(peephole, monkeypatch):
     threadgroup of 1024 (the forward's FULL body, its cell on the product's lanes; the backward
     finds the next step's activations ahead), with and without the peephole (the backward's
     PEEP), every other optional input, bidirectional, against the reference."""
-    from rnngrad.backends.metal import versions
-    from rnngrad.backends.metal.host import cuda_device
-
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
     forward = force_v2_entry(monkeypatch, "lstm", 1024)
     rng = np.random.default_rng(128 + peephole)
-    desc = random_descriptor(rng, "lstm", bidirectional=True, training=True)
-    case = random_case(rng, "lstm", descriptor=desc, T=7, N=3, I=5, H=128, dtype=np.float32,
-                       optional={**ALL_OPTIONAL, "peephole": peephole})
+    case, trace = v2_checked_on_gpu(monkeypatch, rng, "lstm", T=7, N=3, I=5, H=128,
+                                    optional={**ALL_OPTIONAL, "peephole": peephole})
     assert ("peephole" in case.inputs) == peephole
-    with cuda_device(check_each_dispatch=True) as d:
-        for gradients in (False, True):
-            worst, mismatches = check_case(case, "metal-cuda", gradients)
-            assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
-    runs = [x for x in d.trace if not x.kernel.startswith("strided")]
+    runs = [x for x in trace if not x.kernel.startswith("strided")]
     assert {(x.kernel, x.threadgroup_size) for x in runs} == {
         (forward, 1024), ("lstm_backward_v2", 1024)}
 
@@ -234,21 +235,11 @@ def test_v2_backward_pairs(cell, H, cap, monkeypatch):
     """The single gate's and the GRU's backward one-row bodies where 2S lanes own two units
     (rg_pairs: every thread in the product, S = 4 lanes a unit), as the rule runs the
     100x32x256x256 backward (H = 256 at 1024 threads) and at H = 16 in threadgroups of 64:
-    bidirectional, every optional input, against the reference."""
-    from rnngrad.backends.metal import versions
-    from rnngrad.backends.metal.host import cuda_device
-
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    bidirectional, every optional input, against the reference (forward and gradients)."""
     rng = np.random.default_rng(H + cap)
-    extra = dict(reset_after=True) if cell == "gru" else {}
-    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
-    case = random_case(rng, cell, descriptor=desc, T=5, N=3, I=7, H=H, dtype=np.float32,
-                       optional=ALL_OPTIONAL)
-    with cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True) as d:
-        worst, mismatches = check_case(case, "metal-cuda", True)
-        assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
-    assert {(x.kernel, x.threadgroup_size) for x in d.trace
+    _, trace = v2_checked_on_gpu(monkeypatch, rng, cell, cap, T=5, N=3, I=7, H=H,
+                                 optional=ALL_OPTIONAL)
+    assert {(x.kernel, x.threadgroup_size) for x in trace
             if x.kernel == f"{cell}_backward_v2"} == {(f"{cell}_backward_v2", cap)}
 
 
