@@ -581,6 +581,9 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // (gru_forward_v2_512): the whole share at H <= 128 (S = 4), 96 registers of the 128 the CUDA
 // translation then gives a thread.
 #define RG_HOLD_512 8
+// float4 of each of its two rows of Rᵀ a thread of a backward's paired body holds in its 512-thread
+// entry (gru_backward_v2_512): 32 registers, 122 a thread in all at H = 128 (6 and 8 spilled)
+#define RG_PAIR_HOLD_512 4
 
 // One row of a recurrence, its indices computed once: the row's C columns in an [N, D·C] array
 // start at `at`; in a [T, N, D·C] array those of processing step s start at x0 + s·xs (input
@@ -678,6 +681,37 @@ inline void rg_held_dots(thread float* acc, thread const float4 (*held)[W],
     }
 }
 
+// rg_held_dots<G, W + 1> with round W of each row in threadgroup memory rather than registers:
+// tail[g · n + i] is row g's float4 of thread i of the n (rg_hold_tail), read after the W rounds
+// held, so the sums are bitwise rg_held_dots<G, W + 1>'s.
+template <uint G, uint W>
+inline void rg_held_dots_tail(thread float* acc, thread const float4 (*held)[W],
+                              threadgroup const float4* tail, uint n, uint i,
+                              threadgroup const float* v, uint K, uint lane, uint S) {
+    rg_held_dots<G, W>(acc, held, v, K, lane, S);
+    uint k = 4 * lane + 4 * S * W;
+    if (k < K) {
+        float4 x = *((threadgroup const float4*)(v + k));
+        #pragma unroll
+        for (uint g = 0; g < G; ++g) {
+            float4 w = tail[g * n + i];
+            acc[g] += w.x * x.x;
+            acc[g] += w.y * x.y;
+            acc[g] += w.z * x.z;
+            acc[g] += w.w * x.w;
+        }
+    }
+}
+
+// Round W of this lane's share of weight row w (K long) into tail[i] (zeros past K): the round
+// rg_held_dots_tail reads from threadgroup memory.
+template <uint W>
+inline void rg_hold_tail(threadgroup float4* tail, uint i, device const float* w, uint K,
+                         uint lane, uint S) {
+    uint k = 4 * lane + 4 * S * W;
+    tail[i] = k < K ? *((device const float4*)(w + k)) : float4(0.0f);
+}
+
 // This lane's share of Σ_k v[k] · w[k] read from device memory (rg_dots for one row and gate).
 inline float rg_row_dot(threadgroup const float* v, device const float* w, uint K, uint lane,
                         uint S) {
@@ -715,27 +749,31 @@ inline bool rg_pairs(uint H, uint S, uint tpg) {
     return S * H == tpg && 2 * S <= RG_LANES && (H & 3u) == 0;
 }
 
-// rg_row_dot_held<1> of two rows of w, at w and w + o1 (K long, K a multiple of 4), the first
-// round of each held (held[0], held[1]): each float4 of v read once for both rows, each row's
-// sum in rg_row_dot_held's order. A body whose 2S lanes own two units halves its threadgroup
-// memory reads with it, for the same weight reads a thread.
+// rg_row_dot_held<W> of two rows of w, at w and w + o1 (K long, K a multiple of 4), the first W
+// rounds of row g held at held[g · W ..] (rg_hold_some<W>): each float4 of v read once for both
+// rows, each row's sum in rg_row_dot_held's order. A body whose 2S lanes own two units halves its
+// threadgroup memory reads with it, for the same weight reads a thread.
+template <uint W>
 inline float2 rg_row_dots2_held(thread const float4* held, threadgroup const float* v,
                                 device const float* w, uint o1, uint K, uint lane, uint S) {
     RgAcc<2, 1> acc;
     rg_clear(acc);
-    uint k = 4 * lane;
-    if (k < K) {
-        float4 x = *((threadgroup const float4*)(v + k));
-        #pragma unroll
-        for (uint g = 0; g < 2; ++g) {
-            acc.v[g][0] += held[g].x * x.x;
-            acc.v[g][0] += held[g].y * x.y;
-            acc.v[g][0] += held[g].z * x.z;
-            acc.v[g][0] += held[g].w * x.w;
+    #pragma unroll
+    for (uint r = 0; r < W; ++r) {
+        uint k = 4 * lane + 4 * S * r;
+        if (k < K) {
+            float4 x = *((threadgroup const float4*)(v + k));
+            #pragma unroll
+            for (uint g = 0; g < 2; ++g) {
+                acc.v[g][0] += held[g * W + r].x * x.x;
+                acc.v[g][0] += held[g * W + r].y * x.y;
+                acc.v[g][0] += held[g * W + r].z * x.z;
+                acc.v[g][0] += held[g * W + r].w * x.w;
+            }
         }
     }
     uint off[4] = {0u, o1, 0u, 0u};
-    rg_dots_float4(acc, 2, 1, v, K, w, off, 4 * lane + 4 * S, K, S);
+    rg_dots_float4(acc, 2, 1, v, K, w, off, 4 * lane + 4 * S * W, K, S);
     return float2(acc.v[0][0], acc.v[1][0]);
 }
 

@@ -38,6 +38,10 @@
 //      next step's inputs loaded a step ahead (and its activations found by the threads past
 //      the product's, where there are 3H of them: gru_backward_ahead; where there are none and
 //      2S lanes fit, each 2S lanes own two units, the stage read once for both: rg_pairs).
+//      Second entry point gru_backward_v2_512: the same body in threadgroups of at most 512
+//      (RG_THREADS_512), which the host runs at H = 128 (versions.V2_512_BACKWARD_H): 4 lanes a
+//      unit there, so 8 lanes own two units (rg_pairs), and with 128 registers a thread they
+//      hold the first RG_PAIR_HOLD_512 rounds of both rows of Rᵀ.
 //      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1, reset_after only): the threadgroups
 //      of a group of rows each own a block of the units, one dispatch per step; phase A leaves
 //      dh ⊙ keep in dhn, and phase C's product lhs·R moves to the start of the next dispatch
@@ -66,7 +70,7 @@
 //   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
 //   13     device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of gru_backward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+// Buffers of gru_backward_v2 and gru_backward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             Rt    [D,H,3H] recurrent weight transposed: Rt[d,j,q] = R[d,q,j]
@@ -469,8 +473,13 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
 // PAIR (rg_pairs: no thread past the product's, so not AHEAD): 2S lanes own two units, j and
 // j + H / 2, and read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held;
 // the first round of each row held), half the threadgroup memory reads for the same weight
-// reads a thread, the sums of both met by one butterfly over the 2S lanes.
-template <bool AHEAD, bool PAIR>
+// reads a thread, the sums of both met by one butterfly over the 2S lanes; the first PW rounds
+// of each row held in registers (1 in gru_backward_v2; RG_PAIR_HOLD_512 in gru_backward_v2_512,
+// where at H = 128 the 512 threads pair up: on an H100 the 1000x8x128x128 backward went 2.523 ms
+// (1024 threads, unpaired) -> 1.936 (4 rounds held, 122 registers, no spills), 1.949 (6) and
+// 2.626 (8: spills); at H = 256 (100x32x256x256) 0.790 (1024 threads, paired) -> 1.002, so
+// that entry runs at H = 128 only).
+template <bool AHEAD, uint PW>
 inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                 device const float* h0, device const float* mask,
                                 device const float* dy, device const float* zs,
@@ -481,6 +490,7 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
                                 uint lid, uint tgid, uint tpg) {
     uint H = p.H, GH = 3 * p.H;
     RgRow r = rg_row(p, row);
+    const bool PAIR = PW > 0;
     // L lanes own U units (PAIR: unit j and j + U, U = H / 2)
     uint S = rg_slices(H, tpg), L = PAIR ? 2 * S : S, U = PAIR ? H / 2 : H;
     uint lane = lid % L, j = min(lid / L, U - 1);
@@ -490,10 +500,11 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     // ([T,N,D·Z·H]) at z3 + s·z3s: RgRow's offsets times 3 and Z (rhs is [T,N,D·H]: RgRow's).
     uint x3 = 3 * r.x0, x3s = 3 * r.xs, z3 = p.Z * r.o0, z3s = p.Z * r.os;
     device const float* Rj = Rt + (r.d * H + j) * GH;
-    float4 held[RG_HOLD / 2];  // the first rounds of the thread's share of Rᵀ's row (rows)
+    // the first rounds of the thread's share of Rᵀ's row (PAIR: of each of its two rows, PW)
+    float4 held[PAIR ? 2 * PW : RG_HOLD / 2];
     if (PAIR) {
-        rg_hold_some<1>(held, Rj, unit ? GH : 0u, lane, L);
-        rg_hold_some<1>(held + 1, Rj + U * GH, unit ? GH : 0u, lane, L);
+        rg_hold_some<(PAIR ? PW : 1)>(held, Rj, unit ? GH : 0u, lane, L);
+        rg_hold_some<(PAIR ? PW : 1)>(held + PW, Rj + U * GH, unit ? GH : 0u, lane, L);
     } else {
         rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? GH : 0u, lane, S);
     }
@@ -587,7 +598,7 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
         if (PAIR && !idle) {
             float t[2] = {0.0f, 0.0f};
             if (unit) {
-                float2 d2 = rg_row_dots2_held(held, stage, Rj, U * GH, GH, lane, L);
+                float2 d2 = rg_row_dots2_held<(PAIR ? PW : 1)>(held, stage, Rj, U * GH, GH, lane, L);
                 t[0] = d2.x;
                 t[1] = d2.y;
             }
@@ -624,6 +635,43 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// The body of gru_backward_v2 and gru_backward_v2_512: which version of the step runs in this
+// threadgroup. PW: the rounds of each of its two rows of Rᵀ a thread of the paired body holds
+// (the 512-thread entry's threads have the registers for more).
+template <uint PW>
+inline void gru_backward_v2_entry(constant RecurrenceParams& p, device const float* Rt,
+                                  device const float* h0, device const float* mask,
+                                  device const float* dy, device const float* zs,
+                                  device const float* hfwd, device float* dx, device float* lhs,
+                                  device float* rhs, device float* dhn, device float* work,
+                                  device float* prow, device uint2* status,
+                                  threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
+    if (p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 4 * p.H <= RG_STAGE) {  // lhs, sums
+        threadgroup float* stage = (threadgroup float*)staged;
+        uint row = rg_group_rows(p, tpg, tgid).x;
+        uint idle = tpg - rg_slices(p.H, tpg) * p.H;  // threads past the product's
+        // an item an idle thread; the stage, the sums and pre fit
+        threadgroup float* sums = stage + 3 * p.H;
+        threadgroup float* pre = stage + 4 * p.H;
+        if (3 * p.H <= idle && (4 + GRU_PRE) * p.H <= RG_STAGE) {
+            gru_backward_v2_row<true, 0>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
+                                         status, stage, sums, pre, row, lid, tgid, tpg);
+        } else if (rg_pairs(p.H, rg_slices(p.H, tpg), tpg)) {
+            gru_backward_v2_row<false, PW>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
+                                           status, stage, sums, pre, row, lid, tgid, tpg);
+        } else {
+            gru_backward_v2_row<false, 0>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
+                                          status, stage, sums, pre, row, lid, tgid, tpg);
+        }
+    } else if (rg_one_row(p, tpg, tgid)) {
+        gru_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow,
+                                status, staged, lid, tgid, tpg);
+    } else {
+        gru_backward_v2_rows<RG_BMAX>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow,
+                                      status, staged, lid, tgid, tpg);
+    }
+}
+
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             device const float* Rt [[buffer(1)]],
@@ -643,31 +691,31 @@ kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             uint tgid [[threadgroup_position_in_grid]],
                             uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    if (p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 4 * p.H <= RG_STAGE) {  // lhs, sums
-        threadgroup float* stage = (threadgroup float*)staged;
-        uint row = rg_group_rows(p, tpg, tgid).x;
-        uint idle = tpg - rg_slices(p.H, tpg) * p.H;  // threads past the product's
-        // an item an idle thread; the stage, the sums and pre fit
-        threadgroup float* sums = stage + 3 * p.H;
-        threadgroup float* pre = stage + 4 * p.H;
-        if (3 * p.H <= idle && (4 + GRU_PRE) * p.H <= RG_STAGE) {
-            gru_backward_v2_row<true, false>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn,
-                                             prow, status, stage, sums, pre, row, lid, tgid, tpg);
-        } else if (rg_pairs(p.H, rg_slices(p.H, tpg), tpg)) {
-            gru_backward_v2_row<false, true>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn,
-                                             prow, status, stage, sums, pre, row, lid, tgid, tpg);
-        } else {
-            gru_backward_v2_row<false, false>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn,
-                                              prow, status, stage, sums, pre, row, lid, tgid,
-                                              tpg);
-        }
-    } else if (rg_one_row(p, tpg, tgid)) {
-        gru_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow,
-                                status, staged, lid, tgid, tpg);
-    } else {
-        gru_backward_v2_rows<RG_BMAX>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow,
-                                      status, staged, lid, tgid, tpg);
-    }
+    gru_backward_v2_entry<1>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow, status,
+                             staged, lid, tgid, tpg);
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void gru_backward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
+                                device const float* Rt [[buffer(1)]],
+                                device const float* h0 [[buffer(2)]],
+                                device const float* mask [[buffer(3)]],
+                                device const float* dy [[buffer(4)]],
+                                device const float* zs [[buffer(5)]],
+                                device const float* hfwd [[buffer(6)]],
+                                device float* dx [[buffer(7)]],
+                                device float* lhs [[buffer(8)]],
+                                device float* rhs [[buffer(9)]],
+                                device float* dhn [[buffer(10)]],
+                                device float* work [[buffer(11)]],
+                                device float* prow [[buffer(12)]],
+                                device uint2* status [[buffer(13)]],
+                                uint lid [[thread_position_in_threadgroup]],
+                                uint tgid [[threadgroup_position_in_grid]],
+                                uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    gru_backward_v2_entry<RG_PAIR_HOLD_512>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work,
+                                            prow, status, staged, lid, tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

@@ -41,7 +41,8 @@
 //      (RG_THREADS_512), which the host runs at small H (versions.V2_512_H): the three weight
 //      rows then held whole where they fit (RG_HOLD_512), the cell on the product's lanes (z and
 //      r on lanes 0 and 1 side by side, met by simd_shuffle; one barrier a step:
-//      gru_forward_v2_spread).
+//      gru_forward_v2_spread, whose rows' last round sits in threadgroup memory instead of
+//      registers, the stage's two buffers beside the sums).
 //   v3 gru_forward_v3 (reset_after only): one dispatch a step (the host's spans),
 //      threadgroups of 256 over tiles of up to 16 rows of one direction × a block of units
 //      (p.unit_blocks blocks); the tile's three gate products are one matrix product whose
@@ -472,14 +473,21 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
 // gru_forward_v2_row and 1.98 with this body, so its rows-held-whole path runs it (W = WHOLE).
 // Elsewhere it was slower: 50x1x64x64 0.037 -> 0.048 ms (8 lanes a unit, two of them busy),
 // 100x32x256x256 0.88 -> 0.94 (the weight read from memory): there the two-barrier body runs.
+// Of the W + 1 rounds of each row a lane's share covers, W are held in registers and the last in
+// threadgroup memory (tail: 12 floats a thread, the stage then in two buffers of H at `stage` and
+// `other`), so that the 128 registers a thread of the 512-thread entry has leave room for the
+// step's values: held whole, ptxas spilled the next step's x' as soon as it was loaded (its
+// store waiting on the load: 15% of the stall samples at 1000x8x128x128) and reloaded 24 values
+// a step; now 17, the lane's stores and loads at offsets advanced a step at a time. On an H100
+// the 1000x8 forward went 2.149 -> 1.733 ms (one call, three rounds).
 template <uint W>
 inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const float* x,
                                   device const float* bias, device const float* R,
                                   device const float* h0, device const float* mask,
                                   device const float* b2, device float* h, device float* zs,
                                   device uint2* status, threadgroup float* stage,
-                                  threadgroup float* other, uint row, uint lid, uint tgid,
-                                  uint tpg) {
+                                  threadgroup float* other, threadgroup float4* tail, uint row,
+                                  uint lid, uint tgid, uint tpg) {
     uint H = p.H, GH = 3 * p.H;
     RgRow r = rg_row(p, row);
     RgRow xr = rg_row_of(p, row, GH);
@@ -492,6 +500,9 @@ inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const flo
     uint oz = (qz + j) * H, orr = (qr + j) * H, oo = (qo + j) * H;
     float4 held[3][W > 0 ? W : 1];
     gru_forward_v2_hold<W>(held, Rd, oz, orr, oo, unit, H, lane, S);
+    rg_hold_tail<W>(tail, lid, Rd + oz, unit ? H : 0u, lane, S);
+    rg_hold_tail<W>(tail, tpg + lid, Rd + orr, unit ? H : 0u, lane, S);
+    rg_hold_tail<W>(tail, 2 * tpg + lid, Rd + oo, unit ? H : 0u, lane, S);
     float bk = 0.0f, bq = 0.0f, mj = 0.0f, xk = 0.0f, hp = 0.0f;
     if (unit) {
         bk = bias[r.d * GH + gq + j];
@@ -506,6 +517,13 @@ inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const flo
         rg_stage_hm(stage, p, h0, h, mask, row, 1, p.s_begin, lid, tpg);
     }
     uint first = (lid & 31u) - lane;  // the unit's lane 0 in its SIMD-group
+    // The lane's offsets, advanced a step at a time (uint arithmetic wraps, as RgRow's): its
+    // z_state store of step s (lanes 0, 1, 2: a_z, a_r, a_o; lane 3: q), h of step s (lane 3),
+    // x' (lanes 0, 1, 2) and the mask (lane 0) of step s + 1.
+    uint zo = zr.o0 + p.s_begin * zr.os + (lane < 3 ? gq : GH) + j;
+    uint ho = r.o0 + p.s_begin * r.os + j;
+    uint xo = xr.x0 + (p.s_begin + 1) * xr.xs + gq + j;
+    uint mo = (p.s_begin + 1) * r.ms + r.at + j;
     for (uint s = p.s_begin; s < p.s_end; ++s) {
         bool odd = ((s - p.s_begin) & 1u) != 0;
         threadgroup float* cur = odd ? other : stage;
@@ -514,7 +532,7 @@ inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const flo
         if (!idle) {
             float d3[3] = {0.0f, 0.0f, 0.0f};
             if (unit) {
-                gru_forward_v2_dots<W>(d3, held, cur, Rd, oz, orr, oo, H, lane, S);
+                rg_held_dots_tail<3, W>(d3, held, tail, tpg, lid, cur, H, lane, S);
             }
             rg_lane_totals<3>(d3, S);
             // gru_cell_after's arithmetic in its order (bitwise its results)
@@ -528,25 +546,26 @@ inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const flo
             float ht = p.flip_z != 0 ? (1.0f - z) * hp + z * o : z * hp + (1.0f - z) * o;
             hp = ht;
             if (unit) {
-                uint zj = zr.o0 + s * zr.os + j;
-                if (lane < 2) {
-                    zs[zj + gq] = a;
-                } else if (lane == 2) {
-                    zs[zj + qo] = a_o;
-                } else if (lane == 3) {
-                    zs[zj + GH] = q;
-                    h[r.o0 + s * r.os + j] = ht;
+                if (lane < 4) {
+                    zs[zo] = lane < 2 ? a : (lane == 2 ? a_o : q);
+                }
+                if (lane == 3) {
+                    h[ho] = ht;
                 }
                 if (s + 1 < p.s_end) {
                     if (lane < 3) {
-                        xk = x[xr.x0 + (s + 1) * xr.xs + gq + j];  // in flight over the barrier
+                        xk = x[xo];  // in flight over the barrier
                     }
                     if (lane == 0) {
-                        nxt[j] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + j] : mj);
+                        nxt[j] = ht * (p.mask_per_step != 0 ? mask[mo] : mj);
                     }
                 }
             }
         }
+        zo += zr.os;
+        ho += r.os;
+        xo += xr.xs;
+        mo += r.ms;
     }
     // Every thread has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
@@ -573,9 +592,11 @@ inline void gru_forward_v2_entry(constant RecurrenceParams& p, device const floa
         if (rg_holds(p.H, RG_HOLD / 2, S)) {
             gru_forward_v2_row<RG_HOLD / 2>(p, x, bias, R, h0, mask, b2, h, zs, status, stage,
                                             sums, row, lid, tgid, tpg);
-        } else if (WHOLE > 0 && rg_holds(p.H, WHOLE, S) && S >= 4) {
-            gru_forward_v2_spread<WHOLE>(p, x, bias, R, h0, mask, b2, h, zs, status, stage, sums,
-                                         row, lid, tgid, tpg);
+        } else if (WHOLE > 1 && rg_holds(p.H, WHOLE, S) && S >= 4 && 12 * tpg <= RG_STAGE) {
+            // the stage's two buffers in nexts, the rows' last round in staged
+            gru_forward_v2_spread<(WHOLE > 1 ? WHOLE - 1 : 1)>(p, x, bias, R, h0, mask, b2, h, zs,
+                                                               status, sums, sums + p.H, staged,
+                                                               row, lid, tgid, tpg);
         } else if (WHOLE > 0 && rg_holds(p.H, WHOLE, S)) {
             gru_forward_v2_row<WHOLE>(p, x, bias, R, h0, mask, b2, h, zs, status, stage, sums, row,
                                       lid, tgid, tpg);

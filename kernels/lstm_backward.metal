@@ -30,6 +30,10 @@
 //      phase B's sums meet in threadgroup memory (two barriers a step), and where 6H threads
 //      can take an item each, the next step's activations are found while the product runs
 //      (lstm_backward_ahead); without a peephole, a body with no registers for it.
+//      Second entry point lstm_backward_v2_512: the same body in threadgroups of at most 512
+//      (RG_THREADS_512), which the host runs at H = 128 (versions.V2_512_BACKWARD_H): 4 lanes a
+//      unit there, so 8 lanes own two units, the stage read once for both (rg_pairs), and
+//      with 128 registers a thread they hold the first RG_PAIR_HOLD_512 rounds of both rows.
 //      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
 //      each own a block of the units, one dispatch per step, phase B moved to the start of the
 //      next dispatch (rg_carry: dA of every unit read back from dx), then phase A of the
@@ -61,7 +65,7 @@
 //   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
 //   15     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of lstm_backward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+// Buffers of lstm_backward_v2 and lstm_backward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
 //   index  type                            name      layout
 //   0      constant RecurrenceParams&      p         scalars
 //   1      device const float*             Rt        [D,H,4H] recurrent weight transposed: Rt[d,j,q] = R[d,q,j]
@@ -383,7 +387,12 @@ inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
 // reloaded 27 values from local memory at every step with them, 12 without; on an H100, 4.59 ->
 // 4.30 ms at 1000x8x128x128, 0.068 -> 0.063 ms at 50x1x64x64, 1.46 -> 1.43 at 100x32x256x256
 // (a torch.nn.LSTM's op: no peephole).
-template <bool AHEAD, bool PEEP>
+// PW > 0 (rg_pairs, in lstm_backward_v2_512; not AHEAD): 2S lanes own units j and j + H / 2 and
+// read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held), the first PW rounds
+// of each held in registers. At 64 registers a thread (lstm_backward_v2) that spilled (17 values
+// reloaded a step at 100x32x256x256, against 5); at 128, at H = 128 (4 lanes a unit, 8 a pair),
+// on an H100 the 1000x8x128x128 backward went 4.095 -> 3.059 ms (one call, three rounds).
+template <bool AHEAD, bool PEEP, uint PW>
 inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                  device const float* h0, device const float* c0,
                                  device const float* mask, device const float* peephole,
@@ -397,9 +406,17 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     uint H = p.H, GH = 4 * p.H;
     RgRow r = rg_row(p, row);
     RgRow z = rg_row_of(p, row, GH);  // z_state and dA: [T, N, D·4H]
-    uint S = rg_slices(H, tpg), lane = lid % S, j = min(lid / S, H - 1);
-    bool unit = lid / S < H, idle = rg_simd_idle(0, lid, S, H), cell = lid < H;
+    const bool PAIR = PW > 0;
+    // L lanes own U units (PAIR: unit j and j + U, U = H / 2)
+    uint S = rg_slices(H, tpg), L = PAIR ? 2 * S : S, U = PAIR ? H / 2 : H;
+    uint lane = lid % L, j = min(lid / L, U - 1);
+    bool unit = lid / L < U, idle = rg_simd_idle(0, lid, L, U), cell = lid < H;
     device const float* Rj = Rt + (r.d * H + j) * GH;
+    float4 held[PAIR ? 2 * PW : 1];  // PAIR: the first PW rounds of each of the two rows
+    if (PAIR) {
+        rg_hold_some<(PAIR ? PW : 1)>(held, Rj, unit ? GH : 0u, lane, L);
+        rg_hold_some<(PAIR ? PW : 1)>(held + PW, Rj + U * GH, unit ? GH : 0u, lane, L);
+    }
     uint u = min(lid, H - 1);
     uint q[4] = {p.gate0 * H + u, p.gate1 * H + u, p.gate2 * H + u, p.gate3 * H + u};
     bool peep = PEEP, per_step = p.cell_gradient_per_step != 0;  // PEEP: p.has_peephole
@@ -508,7 +525,19 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // Phase B: dh_next[j] = m_j Σ_q dA_q R[q,j].
-        if (!idle) {
+        if (PAIR && !idle) {
+            float t[2] = {0.0f, 0.0f};
+            if (unit) {
+                float2 d2 = rg_row_dots2_held<(PAIR ? PW : 1)>(held, stage, Rj, U * GH, GH, lane,
+                                                               L);
+                t[0] = d2.x;
+                t[1] = d2.y;
+            }
+            rg_lane_totals<2>(t, L);
+            if (unit && lane < 2) {
+                sums[j + lane * U] = lane == 0 ? t[0] : t[1];
+            }
+        } else if (!idle) {
             float dot = unit ? rg_row_dot(stage, Rj, GH, lane, S) : 0.0f;
             dot = rg_lane_total(dot, S);
             if (unit && lane == 0) {
@@ -540,6 +569,59 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// The body of lstm_backward_v2 and lstm_backward_v2_512: which version of the step runs in this
+// threadgroup. PW > 0 (the 512-thread entry, whose threads have the registers): where 2S lanes
+// can own two units (rg_pairs), they do, holding the first PW rounds of both rows of Rᵀ.
+template <uint PW>
+inline void lstm_backward_v2_entry(constant RecurrenceParams& p, device const float* Rt,
+                                   device const float* h0, device const float* c0,
+                                   device const float* mask, device const float* peephole,
+                                   device const float* dy, device const float* zs,
+                                   device const float* cfwd, device const float* cg,
+                                   device float* dx, device float* rhs, device float* dhn,
+                                   device float* dcn, device float* prow, device uint2* status,
+                                   uint lid, uint tgid, uint tpg, threadgroup float4* staged) {
+    if (rg_one_pass(p, tpg, tgid) && 5 * p.H <= RG_STAGE) {  // dA of four gates and the sums
+        threadgroup float* stage = (threadgroup float*)staged;
+        uint row = rg_group_rows(p, tpg, tgid).x;
+        bool ahead = 6 * p.H <= tpg && 16 * p.H <= RG_STAGE;  // an item a thread; pre fits
+        bool peep = p.has_peephole != 0;
+        threadgroup float* sums = stage + 4 * p.H;
+        threadgroup float* pre = stage + 5 * p.H;
+        if (ahead && peep) {
+            lstm_backward_v2_row<true, true, 0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
+                                             rhs, dhn, dcn, prow, status, stage, sums, pre, row,
+                                             lid, tgid, tpg);
+        } else if (ahead) {
+            lstm_backward_v2_row<true, false, 0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
+                                              rhs, dhn, dcn, prow, status, stage, sums, pre, row,
+                                              lid, tgid, tpg);
+        } else if (PW > 0 && rg_pairs(p.H, rg_slices(p.H, tpg), tpg) && peep) {
+            lstm_backward_v2_row<false, true, PW>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
+                                                  dx, rhs, dhn, dcn, prow, status, stage, sums, pre,
+                                                  row, lid, tgid, tpg);
+        } else if (PW > 0 && rg_pairs(p.H, rg_slices(p.H, tpg), tpg)) {
+            lstm_backward_v2_row<false, false, PW>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
+                                                   dx, rhs, dhn, dcn, prow, status, stage, sums,
+                                                   pre, row, lid, tgid, tpg);
+        } else if (peep) {
+            lstm_backward_v2_row<false, true, 0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
+                                              rhs, dhn, dcn, prow, status, stage, sums, pre, row,
+                                              lid, tgid, tpg);
+        } else {
+            lstm_backward_v2_row<false, false, 0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
+                                               dx, rhs, dhn, dcn, prow, status, stage, sums, pre,
+                                               row, lid, tgid, tpg);
+        }
+    } else if (rg_one_row(p, tpg, tgid)) {
+        lstm_backward_v2_rows<1>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,
+                                 prow, status, staged, lid, tgid, tpg);
+    } else {
+        lstm_backward_v2_rows<RG_BMAX>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs,
+                                       dhn, dcn, prow, status, staged, lid, tgid, tpg);
+    }
+}
+
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                              device const float* Rt [[buffer(1)]],
@@ -561,37 +643,33 @@ kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                              uint tgid [[threadgroup_position_in_grid]],
                              uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    if (rg_one_pass(p, tpg, tgid) && 5 * p.H <= RG_STAGE) {  // dA of four gates and the sums
-        threadgroup float* stage = (threadgroup float*)staged;
-        uint row = rg_group_rows(p, tpg, tgid).x;
-        bool ahead = 6 * p.H <= tpg && 16 * p.H <= RG_STAGE;  // an item a thread; pre fits
-        bool peep = p.has_peephole != 0;
-        threadgroup float* sums = stage + 4 * p.H;
-        threadgroup float* pre = stage + 5 * p.H;
-        if (ahead && peep) {
-            lstm_backward_v2_row<true, true>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
-                                             rhs, dhn, dcn, prow, status, stage, sums, pre, row,
-                                             lid, tgid, tpg);
-        } else if (ahead) {
-            lstm_backward_v2_row<true, false>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
-                                              rhs, dhn, dcn, prow, status, stage, sums, pre, row,
-                                              lid, tgid, tpg);
-        } else if (peep) {
-            lstm_backward_v2_row<false, true>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
-                                              rhs, dhn, dcn, prow, status, stage, sums, pre, row,
-                                              lid, tgid, tpg);
-        } else {
-            lstm_backward_v2_row<false, false>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
-                                               dx, rhs, dhn, dcn, prow, status, stage, sums, pre,
-                                               row, lid, tgid, tpg);
-        }
-    } else if (rg_one_row(p, tpg, tgid)) {
-        lstm_backward_v2_rows<1>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,
-                                 prow, status, staged, lid, tgid, tpg);
-    } else {
-        lstm_backward_v2_rows<RG_BMAX>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs,
-                                       dhn, dcn, prow, status, staged, lid, tgid, tpg);
-    }
+    lstm_backward_v2_entry<0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,
+                              prow, status, lid, tgid, tpg, staged);
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void lstm_backward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
+                                 device const float* Rt [[buffer(1)]],
+                                 device const float* h0 [[buffer(2)]],
+                                 device const float* c0 [[buffer(3)]],
+                                 device const float* mask [[buffer(4)]],
+                                 device const float* peephole [[buffer(5)]],
+                                 device const float* dy [[buffer(6)]],
+                                 device const float* zs [[buffer(7)]],
+                                 device const float* cfwd [[buffer(8)]],
+                                 device const float* cg [[buffer(9)]],
+                                 device float* dx [[buffer(10)]],
+                                 device float* rhs [[buffer(11)]],
+                                 device float* dhn [[buffer(12)]],
+                                 device float* dcn [[buffer(13)]],
+                                 device float* prow [[buffer(14)]],
+                                 device uint2* status [[buffer(15)]],
+                                 uint lid [[thread_position_in_threadgroup]],
+                                 uint tgid [[threadgroup_position_in_grid]],
+                                 uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    lstm_backward_v2_entry<RG_PAIR_HOLD_512>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
+                                             rhs, dhn, dcn, prow, status, lid, tgid, tpg, staged);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

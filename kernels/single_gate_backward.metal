@@ -26,6 +26,9 @@
 //      threadgroup memory (two barriers a step), Rᵀ's row held in registers where it fits;
 //      else, where every thread is in the product and 2S lanes fit, each 2S lanes own two
 //      units, the stage read once for both (rg_pairs).
+//      Second entry point single_gate_backward_v2_512: the same body in threadgroups of at most
+//      512 (RG_THREADS_512), which the host runs at H = 128 (versions.V2_512_BACKWARD_H): 4
+//      lanes a unit there, so 8 lanes own two units, both rows held whole (RG_PAIR_HOLD_512).
 //      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
 //      each own a block of the units, one dispatch per step, phase B moved to the start of the
 //      next dispatch (rg_carry: da of every unit read back from dx), then phase A of the
@@ -50,7 +53,7 @@
 //   8      device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
 //   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of single_gate_backward_v2 (count = one threadgroup of 1024 per chunk of rows, rnngrad/backends/metal/versions.py)
+// Buffers of single_gate_backward_v2 and single_gate_backward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
 //   index  type                            name  layout
 //   0      constant RecurrenceParams&      p     scalars
 //   1      device const float*             Rt    [D,H,H] recurrent weight transposed: Rt[d,j,k] = R[d,k,j]
@@ -231,9 +234,10 @@ inline void single_gate_backward_v2_rows(constant RecurrenceParams& p, device co
 // keeps its dh_next in a register from step to step (dhn is read once and written once); in
 // phase B thread lid is lane lid mod S of unit lid / S, and the sums meet in threadgroup memory.
 // HOLD: the thread's share of Rᵀ's row stays in registers.
-// PAIR (not HOLD; rg_pairs): 2S lanes own units j and j + H / 2, each float4 of the stage read
-// once for both rows (rg_row_dots2_held), as the GRU's backward (gru_backward_v2_row).
-template <bool HOLD, bool PAIR>
+// PAIR (PW > 0, not HOLD; rg_pairs): 2S lanes own units j and j + H / 2, each float4 of the
+// stage read once for both rows (rg_row_dots2_held), the first PW rounds of each held, as the
+// GRU's backward (gru_backward_v2_row).
+template <bool HOLD, uint PW>
 inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                         device const float* h0, device const float* mask,
                                         device const float* dy, device const float* zs,
@@ -243,17 +247,18 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
                                         uint tpg) {
     uint H = p.H;
     RgRow r = rg_row(p, row);
+    const bool PAIR = PW > 0;
     // L lanes own U units (PAIR: unit j and j + U, U = H / 2)
     uint S = rg_slices(H, tpg), L = PAIR ? 2 * S : S, U = PAIR ? H / 2 : H;
     uint lane = lid % L, j = lid / L;
     bool unit = j < U, idle = rg_simd_idle(0, lid, L, U), cell = lid < H;
     device const float* Rj = Rt + (r.d * H + min(j, U - 1)) * H;
-    float4 held[RG_HOLD];
+    float4 held[2 * PW > RG_HOLD ? 2 * PW : RG_HOLD];
     if (HOLD) {
         rg_hold<RG_HOLD>(held, Rj, unit ? H : 0u, lane, S);
-    } else if (PAIR) {  // the first round of each row's share
-        rg_hold_some<1>(held, Rj, unit ? H : 0u, lane, L);
-        rg_hold_some<1>(held + 1, Rj + U * H, unit ? H : 0u, lane, L);
+    } else if (PAIR) {  // the first PW rounds of each row's share
+        rg_hold_some<(PAIR ? PW : 1)>(held, Rj, unit ? H : 0u, lane, L);
+        rg_hold_some<(PAIR ? PW : 1)>(held + PW, Rj + U * H, unit ? H : 0u, lane, L);
     } else {  // the first rounds of the thread's share, the rest read at every step
         rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? H : 0u, lane, S);
     }
@@ -293,7 +298,7 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
         if (PAIR && !idle) {
             float t[2] = {0.0f, 0.0f};
             if (unit) {
-                float2 d2 = rg_row_dots2_held(held, stage, Rj, U * H, H, lane, L);
+                float2 d2 = rg_row_dots2_held<(PAIR ? PW : 1)>(held, stage, Rj, U * H, H, lane, L);
                 t[0] = d2.x;
                 t[1] = d2.y;
             }
@@ -326,6 +331,38 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
+// The body of single_gate_backward_v2 and single_gate_backward_v2_512: which version of the step
+// runs in this threadgroup. PW: the rounds of each of its two rows of Rᵀ a thread of the paired
+// body holds (the 512-thread entry's threads have the registers for more).
+template <uint PW>
+inline void single_gate_backward_v2_entry(constant RecurrenceParams& p, device const float* Rt,
+                                          device const float* h0, device const float* mask,
+                                          device const float* dy, device const float* zs,
+                                          device float* dx, device float* rhs, device float* dhn,
+                                          device uint2* status, uint lid, uint tgid, uint tpg,
+                                          threadgroup float4* staged) {
+    if (rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE) {  // the stage and the sums
+        uint row = rg_group_rows(p, tpg, tgid).x, S = rg_slices(p.H, tpg);
+        threadgroup float* stage = (threadgroup float*)staged;
+        if (rg_holds(p.H, RG_HOLD, S)) {
+            single_gate_backward_v2_row<true, 0>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
+                                                 stage, stage + p.H, row, lid, tgid, tpg);
+        } else if (rg_pairs(p.H, S, tpg)) {
+            single_gate_backward_v2_row<false, PW>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
+                                                   stage, stage + p.H, row, lid, tgid, tpg);
+        } else {
+            single_gate_backward_v2_row<false, 0>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
+                                                  stage, stage + p.H, row, lid, tgid, tpg);
+        }
+    } else if (rg_one_row(p, tpg, tgid)) {
+        single_gate_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged, lid,
+                                        tgid, tpg);
+    } else {
+        single_gate_backward_v2_rows<RG_BMAX>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged,
+                                              lid, tgid, tpg);
+    }
+}
+
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                     device const float* Rt [[buffer(1)]],
@@ -341,29 +378,27 @@ kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
                                     uint tgid [[threadgroup_position_in_grid]],
                                     uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    if (rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE) {  // the stage and the sums
-        uint row = rg_group_rows(p, tpg, tgid).x, S = rg_slices(p.H, tpg);
-        threadgroup float* stage = (threadgroup float*)staged;
-        if (rg_holds(p.H, RG_HOLD, S)) {
-            single_gate_backward_v2_row<true, false>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn,
-                                                     status, stage, stage + p.H, row, lid, tgid,
-                                                     tpg);
-        } else if (rg_pairs(p.H, S, tpg)) {
-            single_gate_backward_v2_row<false, true>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn,
-                                                     status, stage, stage + p.H, row, lid, tgid,
-                                                     tpg);
-        } else {
-            single_gate_backward_v2_row<false, false>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn,
-                                                      status, stage, stage + p.H, row, lid, tgid,
-                                                      tpg);
-        }
-    } else if (rg_one_row(p, tpg, tgid)) {
-        single_gate_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged, lid,
-                                        tgid, tpg);
-    } else {
-        single_gate_backward_v2_rows<RG_BMAX>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged,
-                                              lid, tgid, tpg);
-    }
+    single_gate_backward_v2_entry<1>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, lid, tgid, tpg,
+                                     staged);
+}
+
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void single_gate_backward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
+                                        device const float* Rt [[buffer(1)]],
+                                        device const float* h0 [[buffer(2)]],
+                                        device const float* mask [[buffer(3)]],
+                                        device const float* dy [[buffer(4)]],
+                                        device const float* zs [[buffer(5)]],
+                                        device float* dx [[buffer(6)]],
+                                        device float* rhs [[buffer(7)]],
+                                        device float* dhn [[buffer(8)]],
+                                        device uint2* status [[buffer(9)]],
+                                        uint lid [[thread_position_in_threadgroup]],
+                                        uint tgid [[threadgroup_position_in_grid]],
+                                        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    single_gate_backward_v2_entry<RG_PAIR_HOLD_512>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
+                                                    lid, tgid, tpg, staged);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

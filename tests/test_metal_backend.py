@@ -309,7 +309,7 @@ def test_v2_chunks_passes_and_directions(cell, N, H, threads, entry, monkeypatch
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("N, H, threads", [(3, 8, 1024), (2, 70, 1024), (3, 12, 32), (2, 5, 64),
                                             (2, 40, 32), (2, 32, 32), (1, 96, 1024),
-                                            (1, 400, 1024), (1, 16, 64)])
+                                            (1, 400, 1024), (1, 16, 64), (1, 128, 1024)])
 def test_v2_one_row_a_threadgroup(cell, N, H, threads, entry, monkeypatch):
     """v2 as the rule runs it, a threadgroup of 1024 asked for per row, against the reference:
     bidirectional, every optional input, adversarial schedule (the GRU with and without
@@ -348,11 +348,15 @@ def test_v2_one_row_a_threadgroup(cell, N, H, threads, entry, monkeypatch):
         with emulated_device(**device) as dev:
             case.gradients(backend=BACKEND)
         recurrences = [d for d in dev.trace if not d.kernel.startswith("strided")]
-        assert {d.kernel for d in recurrences} == {forward, f"{cell}_backward_v2"}
+        # the backwards at H = 128 on their 512-thread entry (V2_512_BACKWARD_H)
+        low, high = versions.V2_512_BACKWARD_H.get(cell, (1, 0))
+        backward, group = ((f"{cell}_backward_v2_512", 512) if low <= H <= high
+                           else (f"{cell}_backward_v2", 1024))
+        assert {d.kernel for d in recurrences} == {forward, backward}
         assert {(d.kernel, d.count) for d in recurrences} == {
-            (forward, 2 * N * entry), (f"{cell}_backward_v2", 2 * N * versions.V2_THREADS)}
+            (forward, 2 * N * entry), (backward, 2 * N * group)}
         assert {(d.kernel, d.threadgroup_size) for d in recurrences} == {
-            (forward, min(entry, threads)), (f"{cell}_backward_v2", threads)}
+            (forward, min(entry, threads)), (backward, min(group, threads))}
 
 
 @pytest.mark.parametrize("entry", [1024, 512])

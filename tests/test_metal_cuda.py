@@ -229,6 +229,20 @@ def test_v2_lstm_every_thread_a_unit(peephole, monkeypatch):
         (forward, 1024), ("lstm_backward_v2", 1024)}
 
 
+@pytest.mark.parametrize("cell", CELLS)
+def test_v2_at_128_as_the_bench_runs_it(cell, monkeypatch):
+    """H = 128, as the rule runs the 1000x8x128x128 op: each backward on its 512-thread entry
+    (V2_512_BACKWARD_H: 8 lanes own two units, the first RG_PAIR_HOLD_512 rounds of both rows of
+    Rᵀ held), the GRU's forward on its own (its rows' last round in threadgroup memory),
+    bidirectional, every optional input, forward and gradients against the reference."""
+    rng = np.random.default_rng(1280 + len(cell))
+    _, trace = v2_checked_on_gpu(monkeypatch, rng, cell, T=6, N=3, I=5, H=128,
+                                 optional=ALL_OPTIONAL)
+    forward = f"{cell}_forward_v2" + ("_512" if cell == "gru" else "")
+    assert {(x.kernel, x.threadgroup_size) for x in trace if not x.kernel.startswith("strided")} \
+        == {(forward, 512 if cell == "gru" else 1024), (f"{cell}_backward_v2_512", 512)}
+
+
 @pytest.mark.parametrize("H, cap", [(256, 1024), (16, 64)])
 @pytest.mark.parametrize("cell", ["single_gate", "gru"])
 def test_v2_backward_pairs(cell, H, cap, monkeypatch):

@@ -69,15 +69,14 @@ BUFFERS = {
 }
 # each v2 and v3 recurrence (after its v1 in the file, so here too): the same buffers, with the
 # recurrent weight the other way round (R forward, Rᵀ backward: each reads it along the index
-# its lanes reduce over); a forward's v2 has a second entry point, v2_512 (RG_THREADS_512 in
+# its lanes reduce over); each v2 has a second entry point, v2_512 (RG_THREADS_512 in
 # common.metal), between them
 _SWAP = {"Rt": "R", "R": "Rt"}
 BUFFERS = {name: table for kernel, buffers in BUFFERS.items()
            for name, table in ([(kernel, buffers)] if kernel.startswith("strided_gemm") else
                                [(kernel, buffers)]
                                + [(f"{kernel}_{v}", tuple(_SWAP.get(b, b) for b in buffers))
-                                  for v in (("v2", "v2_512", "v3") if kernel.endswith("forward")
-                                            else ("v2", "v3"))])}
+                                  for v in ("v2", "v2_512", "v3")])}
 
 #: flag of a completion mark's first word (``rg_done`` in common.metal): a zeroed entry is not done
 DONE = 0x80000000

@@ -254,6 +254,21 @@ backward went 2.54 → 2.94 (the sums met over 16 lanes, more spills), so it is 
 the LSTM's backward paired (rg_dots of two rows) reloaded 17 values a step from local memory at
 100×32 against 5, and was left out unmeasured.
 
+The GRU at 1000×8 then took 2.5× cuDNN's kernel time, the one cell and shape above 2×. Each
+backward now has a 512-thread entry point (``<cell>_backward_v2_512``, run where H is within
+:data:`V2_512_BACKWARD_H`): at H = 128 that is 4 lanes a unit, so 8 lanes pair up without
+16-lane butterflies, and the 128 registers a thread hold the first 4 rounds of both rows of Rᵀ
+(``RG_PAIR_HOLD_512``; the single gate's rows whole), a third of the GRU's weight reads from L1
+gone beside half the stage's. The GRU forward's spread body (``gru_forward_v2_spread``), whose
+rows held whole in registers left none for the step's values, keeps their last round in
+threadgroup memory instead: ptxas no longer spills the next step's x' as it is loaded (Nsight
+Compute had 15% of the stall samples on that store, which waits for the load). One H100 call,
+three rounds, device ms: GRU 1000×8 5.060 → 4.057 (forward 2.149 → 1.733, backward 2.523 →
+1.936). Then, in another call, the single gate's and the LSTM's backwards on their 512-thread
+entry too: RNN 1000×8 2.071 → 1.977 (backward 1.065 → 0.970), LSTM 7.633 → 6.587 (backward
+4.095 → 3.059). Measured and left out: 6 and 8 rounds held (GRU 4.069 and 4.747 ms: 8
+spilled) and the GRU's 512-thread backward at H = 256 (100×32 2.133 → 2.344).
+
 Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
 :data:`V2_MAX_ROWS` from ``rnngrad bench`` there. Override it with
@@ -421,6 +436,10 @@ V2_THREADS_512 = 512
 #: every forward at H = 64, the GRU's at 128 with its three weight rows held whole; slower at
 #: 256, and the LSTM's and single gate's at 128); None: never
 V2_512_H = {"single_gate": 64, "gru": 128, "lstm": 64}
+#: the H at which a v2 backward runs on its 512-thread entry point (``<cell>_backward_v2_512``),
+#: by cell: (smallest, largest), or absent (never). At H = 128 its 4 lanes a unit pair up, 8
+#: lanes owning two units with part of both rows of Rᵀ held in registers (RG_PAIR_HOLD_512)
+V2_512_BACKWARD_H = {"single_gate": (128, 128), "gru": (128, 128), "lstm": (128, 128)}
 #: rows per v2 threadgroup the host asks for (the kernels take more in chunks of V2_ROWS)
 V2_GROUP_ROWS = 1
 #: the H the rule gives v2, by cell and direction: (smallest, largest), or None (never); each
@@ -566,12 +585,20 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
 
 
 def _v2_entry(*, cell: str, direction: str, H: int) -> tuple:
-    """(kernel, a clause for the reason) of v2's entry point: a forward's 512-thread one
-    (``<cell>_forward_v2_512``) where H <= :data:`V2_512_H`, else ``<cell>_<direction>_v2``."""
-    largest = (V2_512_H or {}).get(cell) if direction == "forward" else None
-    if largest is not None and H <= largest:
-        return (f"{cell}_{direction}_v2_512",
-                f", threadgroups of {V2_THREADS_512} (H = {H} <= {largest}: V2_512_H)")
+    """(kernel, a clause for the reason) of v2's entry point: the 512-thread one
+    (``<cell>_<direction>_v2_512``) of a forward where H <= :data:`V2_512_H` and of a backward
+    within :data:`V2_512_BACKWARD_H`, else ``<cell>_<direction>_v2``."""
+    if direction == "forward":
+        largest = (V2_512_H or {}).get(cell)
+        if largest is not None and H <= largest:
+            return (f"{cell}_{direction}_v2_512",
+                    f", threadgroups of {V2_THREADS_512} (H = {H} <= {largest}: V2_512_H)")
+    else:
+        low, high = (V2_512_BACKWARD_H or {}).get(cell) or (1, 0)
+        if low <= H <= high:
+            return (f"{cell}_{direction}_v2_512",
+                    f", threadgroups of {V2_THREADS_512} ({low} <= H = {H} <= {high}: "
+                    f"V2_512_BACKWARD_H)")
     return f"{cell}_{direction}_v2", ""
 
 
