@@ -213,20 +213,27 @@ def test_v2_matches_the_reference(cell, cap, H, entry, monkeypatch):
         (forward, 26 * entry), (f"{cell}_backward_v2", 26 * versions.V2_THREADS)}
 
 
+@pytest.mark.parametrize("backward", [1024, 512])
 @pytest.mark.parametrize("peephole", [True, False])
-def test_v2_lstm_every_thread_a_unit(peephole, monkeypatch):
-    """The LSTM's one-row bodies as the bench runs them at H = 128: 8 lanes a unit fill a
-    threadgroup of 1024 (the forward's FULL body, its cell on the product's lanes; the backward
-    finds the next step's activations ahead), with and without the peephole (the backward's
-    PEEP), every other optional input, bidirectional, against the reference."""
+def test_v2_lstm_every_thread_a_unit(peephole, backward, monkeypatch):
+    """The LSTM's one-row bodies at H = 128: 8 lanes a unit fill a forward threadgroup of 1024
+    (the forward's FULL body, its cell on the product's lanes), and the backward runs on either
+    entry point (``backward``): at 1024 threads it finds the next step's activations ahead, at
+    512 (the rule's, V2_512_BACKWARD_H) 8 lanes own two units with rounds of both rows held;
+    with and without the peephole (the backward's PEEP), every other optional input,
+    bidirectional, against the reference."""
+    from rnngrad.backends.metal import versions
+
     forward = force_v2_entry(monkeypatch, "lstm", 1024)
+    if backward == 1024:
+        monkeypatch.setattr(versions, "V2_512_BACKWARD_H", None)
     rng = np.random.default_rng(128 + peephole)
     case, trace = v2_checked_on_gpu(monkeypatch, rng, "lstm", T=7, N=3, I=5, H=128,
                                     optional={**ALL_OPTIONAL, "peephole": peephole})
     assert ("peephole" in case.inputs) == peephole
     runs = [x for x in trace if not x.kernel.startswith("strided")]
     assert {(x.kernel, x.threadgroup_size) for x in runs} == {
-        (forward, 1024), ("lstm_backward_v2", 1024)}
+        (forward, 1024), ("lstm_backward_v2" + ("_512" if backward == 512 else ""), backward)}
 
 
 @pytest.mark.parametrize("cell", CELLS)
