@@ -274,7 +274,7 @@ def test_marks_cover_every_kernel_and_sit_in_the_last_binding():
     assert KERNELS == {"strided_gemm", "strided_gemm_tiled", "strided_gemm_blocked",
                        "strided_gemm_split", "strided_gemm_wide"} | {
         f"{c}_{p}{v}" for c in CELLS for p in ("forward", "backward") for v in ("", "_v2", "_v3")} | {
-        f"{c}_forward_v2_512" for c in CELLS}
+        f"{c}_{p}_v2_512" for c in CELLS for p in ("forward", "backward")}
 
 
 # -- on the harness's CUDA target ----------------------------------------------------------------

@@ -751,6 +751,16 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     assert rule(direction="backward", D=1, N=8, H=64).kernel == "lstm_backward_v2"
     for H in (256, 129):
         assert versions.recurrence(cell="gru", direction="forward", D=2, N=8, H=H).kernel == "gru_forward_v2"
+    # the backwards' 512-thread entry point at H = 128 (V2_512_BACKWARD_H), 1024 threads elsewhere
+    for cell in ("single_gate", "gru", "lstm"):
+        back = versions.recurrence(cell=cell, direction="backward", D=1, N=8, H=128)
+        assert back.kernel == f"{cell}_backward_v2_512", back
+        assert "threadgroups of 512 (128 <= H = 128 <= 128: V2_512_BACKWARD_H)" in back.reason
+        assert versions.recurrence_count(back, cell=cell, direction="backward", D=1, N=8,
+                                         H=128) == 8 * 512
+        for H in (64, 127, 256):
+            assert versions.recurrence(cell=cell, direction="backward", D=1, N=8,
+                                       H=H).kernel == f"{cell}_backward_v2"
     assert rule(direction="backward", D=1, N=32, H=256).version == "v2"
     assert rule(direction="backward", D=2, N=64, H=256).version == "v3"  # 2**25: STEPS_MIN_WORK
     # else v1 in its grid: below the range (H = 32 at N = 1: packed, one threadgroup), past the
