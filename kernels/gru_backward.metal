@@ -471,14 +471,13 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
 // the product's threads found them after their product instead (no thread past the product's),
 // 1000x8x128x128 went 2.87 -> 3.09 and 100x32x256x256 1.06 -> 1.08, so there phase A does.
 // PAIR (rg_pairs: no thread past the product's, so not AHEAD): 2S lanes own two units, j and
-// j + H / 2, and read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held;
-// the first round of each row held), half the threadgroup memory reads for the same weight
-// reads a thread, the sums of both met by one butterfly over the 2S lanes; the first PW rounds
-// of each row held in registers (1 in gru_backward_v2; RG_PAIR_HOLD_512 in gru_backward_v2_512,
-// where at H = 128 the 512 threads pair up: on an H100 the 1000x8x128x128 backward went 2.523 ms
-// (1024 threads, unpaired) -> 1.936 (4 rounds held, 122 registers, no spills), 1.949 (6) and
-// 2.626 (8: spills); at H = 256 (100x32x256x256) 0.790 (1024 threads, paired) -> 1.002, so
-// that entry runs at H = 128 only).
+// j + H / 2, and read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held),
+// half the threadgroup memory reads for the same weight reads a thread, the sums of both met by
+// one butterfly over the 2S lanes; the first PW rounds of each row held in registers (1 in
+// gru_backward_v2; RG_PAIR_HOLD_512 in gru_backward_v2_512, where at H = 128 the 512 threads
+// pair up: on an H100 the 1000x8x128x128 backward went 2.523 ms (1024 threads, unpaired) ->
+// 1.936 (4 rounds held, 122 registers, no spills), 1.949 (6) and 2.626 (8: spills); at H = 256
+// (100x32x256x256) 0.790 (1024 threads, paired) -> 1.002, so that entry runs at H = 128 only).
 template <bool AHEAD, uint PW>
 inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                 device const float* h0, device const float* mask,
