@@ -340,6 +340,52 @@ def test_trace_keeps_the_newest_dispatches():
     check_trace_keeps_the_newest_dispatches(metalcompute)
 
 
+def check_prepared_calls_bind_their_open_slots(module, to_host, **options):
+    """``Function.prepare`` (beyond metalcompute's API) on a device of harness target
+    ``module``: a prepared call computes what a plain call does, binds a ``(buffer, byte
+    offset)`` slot at that byte, keeps its fixed buffers across calls and refuses a wrong
+    number of open buffers (shared with the CUDA tests). ``to_host``: a buffer's bytes as
+    NumPy."""
+    dev = module.Device(**options)
+    fn = dev.kernel(ELEMENTWISE).function("gate")
+    n = 300
+    x = RNG.standard_normal(n).astype(np.float32) * 3
+    xb = dev.buffer(x)
+    want = dev.buffer(4 * n)
+    fn(n, xb, want, np.array([(n, 0.75)], PARAMS))
+    prepared = fn.prepare(n, None, None, np.array([(n, 0.75)], PARAMS))
+    assert prepared.open == (0, 1) and prepared.tg == fn.threadgroup_size()
+    y = dev.buffer(4 * n)
+    handles = [prepared(xb, y)]
+    # a (buffer, offset) slot: the result lands from byte 256 on, the bytes before it stay
+    big = dev.buffer(np.full(n + 64, 7.0, np.float32))
+    handles.append(prepared(xb, (big, 256)))
+    # the struct was bound once: a second call with other buffers uses it still
+    x2 = dev.buffer(-x)
+    y2 = dev.buffer(4 * n)
+    handles.append(prepared(x2, y2))
+    if hasattr(dev, "finish"):
+        dev.finish(handles)
+    expect = to_host(want).view(np.float32)
+    np.testing.assert_array_equal(to_host(y).view(np.float32), expect)
+    got = to_host(big).view(np.float32)
+    np.testing.assert_array_equal(got[64:], expect)
+    assert (got[:64] == 7.0).all()
+    plain = dev.buffer(4 * n)
+    handles = [fn(n, x2, plain, np.array([(n, 0.75)], PARAMS))]
+    if hasattr(dev, "finish"):
+        dev.finish(handles)
+    np.testing.assert_array_equal(to_host(y2).view(np.float32), to_host(plain).view(np.float32))
+    assert not np.array_equal(to_host(y2), to_host(y))
+    with pytest.raises(module.error, match=r"kernel 'gate': its prepared call has 2 open "
+                                           r"buffer\(s\), got 1"):
+        prepared(xb)
+
+
+def test_prepared_calls_bind_their_open_slots():
+    check_prepared_calls_bind_their_open_slots(metalcompute, lambda b: np.array(b, np.uint8))
+
+
 def test_call_errors_name_what_was_expected(dev):
     fn = dev.kernel(ELEMENTWISE).function("gate")
     with pytest.raises(metalcompute.error, match=r"reads \[\[buffer\(2\)\]\] but the call passed 2"):

@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.gpu,
 
 from draws import ALL_OPTIONAL  # noqa: E402  (after the skip)
 from test_harness_cpu import (ELEMENTWISE, GEMM, PARAMS, REDUCE,  # noqa: E402  (after the skip)
+                              check_prepared_calls_bind_their_open_slots,
                               check_trace_keeps_the_newest_dispatches)
 from test_metal_backend import force_v2_entry  # noqa: E402
 
@@ -341,6 +342,35 @@ def test_dispatches_per_op_match_the_cpu_harness_and_do_not_grow_with_T():
 
 def test_trace_keeps_the_newest_dispatches():
     check_trace_keeps_the_newest_dispatches(metalcompute, check_each_dispatch=True)
+
+
+@pytest.mark.parametrize("timing", [True, False])
+def test_prepared_calls_bind_their_open_slots(timing):
+    import cupy as cp
+
+    check_prepared_calls_bind_their_open_slots(metalcompute, cp.asnumpy, timing=timing)
+
+
+def test_fetch_copies_after_the_calls_before_it(dev):
+    """Device.fetch queues its copy behind the device's calls: what a kernel wrote is there once
+    finish returns; a (buffer, offset) pair reads from that byte; each fetch keeps its own
+    host memory, also past one pinned block."""
+    import cupy as cp
+
+    fn = dev.kernel(ELEMENTWISE).function("gate")
+    n = 5000
+    x = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+    y = dev.buffer(4 * n)
+    handle = fn(n, dev.buffer(x), y, np.array([(n, 0.5)], PARAMS))
+    whole, tail = dev.fetch(y, 4 * n), dev.fetch((y, 4 * 100), 4 * 10)
+    large = dev.buffer(np.arange(metalcompute.STAGING_BYTES // 4 + 2, dtype=np.float32))
+    big = dev.fetch(large, len(large))  # more than a pinned block: a block of its own
+    dev.finish([handle])
+    want = cp.asnumpy(y.view(cp.float32))
+    np.testing.assert_array_equal(whole.view(np.float32), want)
+    np.testing.assert_array_equal(tail.view(np.float32), want[100:110])
+    np.testing.assert_array_equal(big.view(np.float32), cp.asnumpy(large.view(cp.float32)))
+    assert dev.fetch(y, 0).size == 0
 
 
 CONSTANTS = """#include <metal_stdlib>

@@ -14,6 +14,7 @@ constants' bound and their drop when the host changes device.
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -80,6 +81,21 @@ class _CudaLikeDevice(_CountingDevice):
         del handles[:]
 
 
+class _FetchingDevice(_CudaLikeDevice):
+    """With ``fetch`` too: the marks' copies queued before the wait (calls here have finished
+    already, so the copy is made at once), counted in ``fetches`` (bytes of each)."""
+
+    def __init__(self, **options):
+        super().__init__(**options)
+        self.fetches = []
+
+    def fetch(self, buf, nbytes):
+        if type(buf) is tuple:
+            buf = buf[0][buf[1]:]
+        self.fetches.append(nbytes)
+        return np.array(buf[:nbytes], np.uint8)
+
+
 def _case(cell, optional, T=4):
     rng = np.random.default_rng(len(cell) + 10 * len(optional))
     desc = random_descriptor(rng, cell, bidirectional=True, training=True)
@@ -108,21 +124,37 @@ def _fwd_grad(case, device):
     return list(forward) + list(grads), counts
 
 
+@pytest.mark.parametrize("device_kind", [_CudaLikeDevice, _FetchingDevice])
 @pytest.mark.parametrize("optional", OPTIONAL)
 @pytest.mark.parametrize("cell", CELLS)
-def test_from_the_second_call_only_the_callers_arrays_are_copied(cell, optional):
+def test_from_the_second_call_only_the_callers_arrays_are_copied(cell, optional, device_kind):
+    """Also: an op's marks are read once (a read after the wait, or one fetch queued before it,
+    where the device fetches), and its prepared dispatches bind (buffer, offset) pairs."""
     case = _case(cell, optional)
-    device = _CudaLikeDevice()
-    reads = []
+    device = device_kind()
+    reads, pairs = [], []
     words = EMULATED_HOST.words
-    with metal_host._running_on(EMULATED_HOST, device):
+    launch = metal_host._Runs.launch
+
+    def spied(runs, kernel, count, buffers, steps, span, prepared=None):
+        pairs.append(prepared is not None and sum(type(b) is tuple for b in buffers))
+        return launch(runs, kernel, count, buffers, steps, span, prepared)
+
+    with metal_host._running_on(EMULATED_HOST, device), \
+            mock.patch.object(metal_host._Runs, "launch", spied):
         first, first_counts = _fwd_grad(case, device)
+        fetched = len(getattr(device, "fetches", ()))
         EMULATED_HOST.words = lambda buf, n: reads.append(n) or words(buf, n)
         try:
             second, counts = _fwd_grad(case, device)
         finally:
             del EMULATED_HOST.words
-    assert len(reads) == 2  # the marks of all an op's dispatches in one read
+        plans = list(EMULATED_HOST._plans.values())
+    fetches = getattr(device, "fetches", [])[fetched:]
+    assert len(reads) + len(fetches) == 2  # the marks of all an op's dispatches in one read
+    assert not (reads and fetches)
+    assert all(plan.prepared for plan in plans)
+    assert all(pairs), pairs  # every dispatch prepared, binding at least its new buffers as pairs
     for (copies, dispatches, arrays), (first_copies, _, _) in zip(counts, first_counts):
         assert copies <= arrays, counts
         # The first call copies one parameter struct per distinct dispatch besides.
@@ -152,7 +184,7 @@ def test_status_slices_of_one_arena_give_the_same_failures_and_messages(cell):
     for i, groups in enumerate(_dispatches(case)):
         for failure in (dict(stop=(i, groups // 2)), dict(timeout=i)):
             errors = []
-            for kind in (metalcompute.Device, _CudaLikeDevice):
+            for kind in (metalcompute.Device, _CudaLikeDevice, _FetchingDevice):
                 device = kind(**SMALL_GROUPS, **failure)
                 with metal_host._running_on(EMULATED_HOST, device):
                     with pytest.raises(IncompleteDispatch) as info:
@@ -160,7 +192,7 @@ def test_status_slices_of_one_arena_give_the_same_failures_and_messages(cell):
                 e = info.value
                 errors.append((str(e), e.kernel, e.op, e.sizes, e.dispatch, e.steps, e.missing,
                                e.reported))
-            assert errors[0] == errors[1]
+            assert errors[0] == errors[1] == errors[2]
 
 
 def test_an_arena_grows_by_whole_arenas_and_a_large_status_gets_its_own(monkeypatch):

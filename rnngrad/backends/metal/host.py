@@ -205,6 +205,10 @@ class _Runs:
         self._arena_zeros = getattr(host.device, "zeros", None) if self._finish else None
         #: whether the op's new buffers are slices of arenas and slabs (see new)
         self.slices = self._arena_zeros is not None
+        #: whether a slice is a (buffer, byte offset) pair rather than a buffer of its own: on a
+        #: device that binds pairs (its functions' prepared calls) and reads marks by fetch
+        self.pairs = False
+        self._fetch = getattr(host.device, "fetch", None) if self._finish else None
         # [[buffer, marks' end, zeroed slices' start]] since the last wait: marks grow up from
         # 0, zeroed buffers down from the end
         self._arenas = []
@@ -217,18 +221,25 @@ class _Runs:
         self.wait(check=kind is None)
         return False
 
-    def launch(self, kernel, count, buffers, steps, span):
+    def launch(self, kernel, count, buffers, steps, span, prepared=None):
+        """Dispatch ``kernel`` over ``count`` threads with ``buffers`` and a status buffer; with
+        ``prepared`` (the dispatch's prepared call, MetalHost.prepared), ``buffers`` are its
+        open slots only."""
         if self._finish is None:
             self.wait()
-        function = self.host.function(kernel)
         # One uint2 mark per threadgroup, zeroed here: one per threadgroup of the size the
         # device launches with where it tells it (the harness), else enough for threadgroups of
         # MIN_THREADGROUP or more (metalcompute picks the size at the call).
-        size = getattr(function, "threadgroup_size", None)
-        size = max(size(), library.MIN_THREADGROUP) if size is not None else library.MIN_THREADGROUP
+        if prepared is not None:
+            size = max(prepared.tg, library.MIN_THREADGROUP)
+        else:
+            function = self.host.function(kernel)
+            size = getattr(function, "threadgroup_size", None)
+            size = max(size(), library.MIN_THREADGROUP) if size is not None else library.MIN_THREADGROUP
         marks = -(-count // size)
         status, where = self._status(8 * marks)
-        handle = function(count, *buffers, status)
+        handle = (prepared(*buffers, status) if prepared is not None
+                  else function(count, *buffers, status))
         self._pending.append((handle, dict(kernel=kernel, count=count, status=where,
                                            marks=marks, steps=steps, span=span,
                                            number=self.count)))
@@ -243,7 +254,8 @@ class _Runs:
         last = self._arena(nbytes)
         offset = last[1]
         last[1] = offset + -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
-        return last[0][offset:offset + nbytes], (len(self._arenas) - 1, offset)
+        status = (last[0], offset) if self.pairs else last[0][offset:offset + nbytes]
+        return status, (len(self._arenas) - 1, offset)
 
     def _arena(self, nbytes):
         """The newest arena if ``nbytes`` fit between its marks and its zeroed slices, else a
@@ -267,7 +279,7 @@ class _Runs:
                 return self._arena_zeros(nbytes)
             last = self._arena(nbytes)
             last[2] -= -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
-            return last[0][last[2]:last[2] + nbytes]
+            return (last[0], last[2]) if self.pairs else last[0][last[2]:last[2] + nbytes]
         if nbytes > SLAB_BYTES // 4:
             return device.buffer(nbytes)
         slab = self._slab
@@ -275,12 +287,15 @@ class _Runs:
             slab = self._slab = [device.buffer(SLAB_BYTES), 0]
         offset = slab[1]
         slab[1] = offset + -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
-        return slab[0][offset:offset + nbytes]
+        return (slab[0], offset) if self.pairs else slab[0][offset:offset + nbytes]
 
-    def _read_arenas(self):
+    def _read_arenas(self, fetched=None):
         """The marks of each arena since the last wait as uint32 words (NumPy; None for an
-        arena that holds only zeroed buffers): one read per arena."""
+        arena that holds only zeroed buffers): one read per arena, or the copies ``fetched``
+        (the device's ``fetch``, queued before the wait)."""
         arenas, self._arenas = self._arenas, []
+        if fetched is not None:
+            return [words.view(np.uint32) if words is not None else None for words in fetched]
         return [self.host.words(buf, min(used, len(buf)) // 4) if used else None
                 for buf, used, _ in arenas]
 
@@ -352,13 +367,17 @@ class _Runs:
         handles = [handle for handle, _ in pending]
         runs = [run for _, run in pending]
         del pending
+        fetched = None
+        if check and self._fetch is not None:  # the marks' copies, queued behind the runs
+            fetched = [self._fetch(buf, min(used, len(buf))) if used else None
+                       for buf, used, _ in self._arenas]
         if self._finish is not None:  # waits, and raises naming a kernel that faulted
             self._finish(handles)
         del handles[:]  # the last references: metalcompute waits for the command buffer here
         if not check:
             self._arenas = []
             return
-        read = self._read_arenas()
+        read = self._read_arenas(fetched)
         if not any(reported) and self._all_marked(runs, read):
             return
         for run, said, words in zip(runs, reported, self._words(runs, read)):
@@ -578,9 +597,12 @@ class MetalHost:
         """The first prod(shape) floats of a buffer the op made: a NumPy copy, or on the CUDA
         target a CuPy view (the buffer is the op's own)."""
         n, xp = math.prod(shape), self.xp
+        offset = 0
+        if type(buf) is tuple:  # (buffer, byte offset): see _Runs.pairs
+            buf, offset = buf
         if xp is np:
-            return np.frombuffer(buf, F32, count=n).reshape(shape).copy()
-        return buf.view(xp.float32)[:n].reshape(shape)
+            return np.frombuffer(buf, F32, count=n, offset=offset).reshape(shape).copy()
+        return buf.view(xp.float32)[offset // 4:offset // 4 + n].reshape(shape)
 
     def recurrence(self, plan, problem, direction):
         """(choice, threads, {R's buffer name: slot}) of the op's recurrence dispatches: the
@@ -772,7 +794,9 @@ class MetalHost:
         :meth:`read`)."""
         with self._lock:
             plan = self.plan(problem)
+            prepared = self.prepared(plan)
             with self.runs(plan.op, problem) as runs:
+                runs.pairs = runs.slices and prepared is not None
                 kept, inputs, made = plan.kept, [None] * len(plan.inputs), [None] * len(plan.buffers)
 
                 def buffer(kind, i):
@@ -790,11 +814,36 @@ class MetalHost:
                         made[i] = runs.new(*plan.buffers[i])
                     return made[i]
 
-                for kernel, count, steps, span, slots in plan.launches:
-                    runs.launch(kernel, count, [buffer(k, i) for k, i in slots], steps, span)
+                if prepared is None:
+                    for kernel, count, steps, span, slots in plan.launches:
+                        runs.launch(kernel, count, [buffer(k, i) for k, i in slots], steps, span)
+                else:  # the kept buffers are bound already: only the open slots
+                    for (kernel, count, steps, span, _), (call, slots) in zip(plan.launches,
+                                                                               prepared):
+                        runs.launch(kernel, count, [buffer(k, i) for k, i in slots], steps, span,
+                                    call)
                 runs.wait()  # waits for the GPU and checks every dispatch's marks
                 return {field: self.read(buffer(*slot), shape)
                         for field, slot, shape in plan.outputs}
+
+    def prepared(self, plan):
+        """``[(prepared call, open slots)]`` per dispatch of ``plan``: each prepared once on this
+        host's device with its kept buffers (constants, parameter structs) bound and its other
+        slots and the status buffer open (the device's ``Function.prepare``), kept in the plan;
+        None where the device's functions do not prepare (metalcompute), whose calls bind every
+        buffer each time. Call under the host's lock."""
+        if plan.prepared is None:
+            calls = []
+            for kernel, count, _, _, slots in plan.launches:
+                prepare = getattr(self.function(kernel), "prepare", None)
+                if prepare is None:
+                    calls = False
+                    break
+                fixed = [plan.kept[i] if kind == KEPT else None for kind, i in slots]
+                calls.append((prepare(count, *fixed, None),
+                              tuple(slot for slot in slots if slot[0] != KEPT)))
+            plan.prepared = calls
+        return plan.prepared or None
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, problem) -> ForwardArrays:

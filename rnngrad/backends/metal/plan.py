@@ -56,7 +56,8 @@ class Plan:
       binds it);
     - ``launches``: ``(kernel, count, steps, span, slots)`` per dispatch, in order, ``slots`` in
       the kernel's buffer-table order without the status buffer (the host binds it);
-    - ``outputs``: ``(field, slot, shape)`` per result the op returns.
+    - ``outputs``: ``(field, slot, shape)`` per result the op returns;
+    - ``prepared``: the dispatches prepared on the host's device (see the attribute).
     """
 
     def __init__(self, op: str):
@@ -66,6 +67,9 @@ class Plan:
         self.buffers = []
         self.launches = []
         self.outputs = []
+        #: per dispatch, ``(prepared call, open slots)`` once the host has prepared them on a
+        #: device whose functions prepare (MetalHost.prepared); False on one whose do not
+        self.prepared = None
 
     def keep(self, buffer) -> tuple:
         """The slot of a read-only device buffer the plan holds."""

@@ -354,6 +354,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import os
 
 from ...descriptors import DESCRIPTORS
@@ -780,6 +781,8 @@ def forced(version: str | None):
 #: named once for :func:`settings`
 _KNOBS = tuple(name for name, value in list(globals().items())
                if name.isupper() and not callable(value) and not name.startswith("_"))
+#: the settings' values in _KNOBS' order, from the module's namespace: one call
+_KNOB_VALUES = operator.itemgetter(*_KNOBS)
 
 
 def settings() -> tuple:
@@ -790,7 +793,8 @@ def settings() -> tuple:
     tests and the bench do) takes effect on the next call. It is hashable as long as every
     setting is; where one is not (a list), the host keys the plan by its repr
     (``MetalHost.plan``)."""
-    names = globals()
-    return (os.environ.get(GEMM_ENV), os.environ.get(RECURRENCE_ENV),
-            tuple(tuple(value.items()) if type(value) is dict else value
-                  for value in map(names.__getitem__, _KNOBS)))
+    values = _KNOB_VALUES(globals())
+    if dict in map(type, values):
+        values = tuple([tuple(value.items()) if type(value) is dict else value
+                        for value in values])
+    return os.environ.get(GEMM_ENV), os.environ.get(RECURRENCE_ENV), values

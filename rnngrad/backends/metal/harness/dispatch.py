@@ -78,3 +78,31 @@ def check_threadgroup_memory(kernel: str, nbytes: int) -> None:
     if nbytes > THREADGROUP_MEMORY:
         raise ValueError(f"kernel '{kernel}' declares {nbytes} bytes of threadgroup memory; Apple "
                          f"GPUs allow {THREADGROUP_MEMORY} per threadgroup")
+
+
+def open_count_error(kernel: str, n_open: int, n_given: int) -> str:
+    return (f"kernel '{kernel}': its prepared call has {n_open} open buffer(s), got {n_given}")
+
+
+class Prepared:
+    """A call of ``function`` over ``count`` threads with its fixed buffers bound once
+    (``Function.prepare``; None marks an open slot): ``prepared(*open)`` calls the function
+    with the open slots filled in order, each a buffer or a ``(buffer, byte offset)`` pair,
+    which ``at(buffer, offset)`` makes a buffer of. For targets whose calls cost the host
+    little; the CUDA target prepares its launches itself."""
+
+    __slots__ = ("function", "count", "tg", "open", "_buffers", "_at", "_error")
+
+    def __init__(self, function, count, buffers, at, error=ValueError):
+        self.function, self.count, self._at, self._error = function, count, at, error
+        self.tg = function.threadgroup_size()
+        self._buffers = list(buffers)
+        self.open = tuple(i for i, b in enumerate(self._buffers) if b is None)
+
+    def __call__(self, *bound):
+        if len(bound) != len(self.open):
+            raise self._error(open_count_error(self.function.name, len(self.open), len(bound)))
+        buffers = list(self._buffers)
+        for i, b in zip(self.open, bound):
+            buffers[i] = self._at(*b) if type(b) is tuple else b
+        return self.function(self.count, *buffers)

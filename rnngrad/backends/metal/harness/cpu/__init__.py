@@ -189,6 +189,14 @@ def _guarded(nbytes: int, exact: bool = True) -> Buffer:
     return buf
 
 
+def _at(buf: Buffer, offset: int) -> Buffer:
+    """``buf``'s bytes from ``offset`` on, as a buffer at that address (a prepared call's
+    ``(buffer, byte offset)`` slot)."""
+    view = buf[offset:]
+    view._mc_addr = buf._mc_addr + offset
+    return view
+
+
 class RunHandle:
     """Returned by a call; deleting it waits for completion (here the call already completed).
 
@@ -354,6 +362,13 @@ class Function:
         if code:
             raise error(self._describe(outcome, count, tg, bound))
         return RunHandle(self, reported)
+
+    def prepare(self, count, *buffers) -> dispatch.Prepared:
+        """This kernel's call over ``count`` threads with ``buffers`` bound once, each None an
+        open slot that every call binds: a buffer, or a ``(buffer, byte offset)`` pair (the
+        buffer's bytes from that offset on). The CUDA target's ``Function.prepare``, which
+        the Metal host uses where a device has it; here each call is a plain call."""
+        return dispatch.Prepared(self, count, buffers, _at, error)
 
     def _describe(self, outcome: _Outcome, count: int, tg: int, bound) -> str:
         head = f"kernel '{self.name}' (count {count}, threadgroup size {tg}): "

@@ -65,8 +65,11 @@ import numpy as np
 from .. import dispatch, translate
 from . import _build
 
-__all__ = ["Device", "Kernel", "Function", "RunHandle", "Dispatch", "Constant", "error", "get_devices",
-           "available"]
+__all__ = ["Device", "Kernel", "Function", "Prepared", "RunHandle", "Dispatch", "Constant", "error",
+           "get_devices", "available"]
+
+#: bytes of each pinned host block that Device.fetch hands out copies from
+STAGING_BYTES = 1 << 16
 
 
 class error(Exception):
@@ -187,6 +190,7 @@ class Device:
             raise error(str(exc)) from None
         self.broken = None  # why the CUDA context is unusable, once a kernel faulted
         self._lock = threading.Lock()
+        self._staging = (None, 0, 0)  # (pinned host block, its address, bytes handed out): fetch
 
     def __repr__(self) -> str:
         return f"metalcompute.Device({self.deviceName}, CUDA device {self._cuda.id})"
@@ -261,6 +265,29 @@ class Device:
             with self._cuda, self.stream:
                 a = cp.ascontiguousarray(a)
         return a.reshape(-1).view(cp.uint8)
+
+    def fetch(self, buf, nbytes: int) -> np.ndarray:
+        """The first ``nbytes`` of ``buf`` (a CuPy array, or a ``(buffer, byte offset)`` pair)
+        as a NumPy uint8 array in pinned host memory, copied on the device's stream after the
+        calls before it: its bytes are there once :meth:`finish` or :meth:`synchronize` returns.
+        One copy the stream queues, no wait of its own (a CuPy ``get`` waits). Each fetch has
+        host memory of its own, which the array keeps. Not in metalcompute's API: the Metal
+        host reads the completion marks so."""
+        cp = _cupy()
+        self._check_usable()
+        nbytes = int(nbytes)
+        if nbytes <= 0:
+            return np.zeros(0, np.uint8)
+        block, address, used = self._staging
+        if block is None or used + nbytes > block.size:
+            memory = cp.cuda.alloc_pinned_memory(max(nbytes, STAGING_BYTES))
+            block, address, used = np.frombuffer(memory, np.uint8), memory.ptr, 0
+        self._staging = (block, address, used + -(-nbytes // 256) * 256)
+        src = buf.data.ptr if type(buf) is not tuple else buf[0].data.ptr + buf[1]
+        with self._cuda:
+            cp.cuda.runtime.memcpyAsync(address + used, src, nbytes,
+                                        cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
+        return block[used:used + nbytes]
 
     def finish(self, handles) -> None:
         """Wait for the calls in ``handles``, in order, and empty the list; raise :class:`error`
@@ -427,6 +454,100 @@ class Function:
                           (start, end) if start is not None else None)
         device.trace.append(record)
         handle = RunHandle(self, end, record)
+        if device.check_each_dispatch:
+            device._wait(handle)
+        return handle
+
+    def prepare(self, count, *buffers) -> "Prepared":
+        """This kernel's call over ``count`` threads with ``buffers`` bound once, each None an
+        open slot that every launch binds (:class:`Prepared`). Not in metalcompute's API."""
+        return Prepared(self, count, buffers)
+
+
+class Prepared:
+    """A call of one kernel with its thread count and its fixed buffers bound once
+    (:meth:`Function.prepare`): ``prepared(*open)`` launches it with the open slots bound, in
+    order, each to a buffer (a CuPy array, bound at its first byte) or a ``(buffer, byte
+    offset)`` pair (bound at that byte: a slice without making one). Everything a call of the
+    function checks is checked once, at ``prepare``; a launch only writes the open slots'
+    device pointers into the parameters it keeps and launches, as a Metal encoder sets a
+    pipeline's buffers. Not in metalcompute's API: the Metal host prepares each dispatch of an
+    op's plan where a device's functions have it."""
+
+    __slots__ = ("function", "count", "n_tg", "tg", "open", "_pointers", "_params", "_keep")
+
+    def __init__(self, function: "Function", count, buffers):
+        cp = _cupy()
+        device = function.kernel.device
+        device._check_usable()
+        tg = function.threadgroup_size()
+        n = function._info.n_buffers
+        try:
+            count = dispatch.check_call(function.name, count, len(buffers), n, tg,
+                                        function.max_total_threads_per_threadgroup)
+            if function.threadgroup_memory > dispatch.THREADGROUP_MEMORY:
+                dispatch.check_threadgroup_memory(function.name, function.threadgroup_memory)
+        except ValueError as exc:
+            raise error(str(exc)) from None
+        self.function, self.count, self.tg, self.n_tg = function, count, tg, -(-count // tg)
+        self._pointers = (ctypes.c_void_p * n)()  # the device pointers of the buffers
+        self._params = (ctypes.c_void_p * n)()  # the address of each parameter's value
+        base = ctypes.addressof(self._pointers)
+        self.open, self._keep = [], []
+        structs = function._structs
+        for i, b in enumerate(buffers[:n]):
+            if b is None:
+                if i in structs:
+                    raise error(f"kernel '{function.name}': buffer {i} is its `constant` struct, "
+                                f"which a prepared call binds once: expected it given, got None")
+                self.open.append(i)
+                self._params[i] = base + 8 * i
+                continue
+            try:
+                bound = (_struct(b, structs[i], function.name, i) if i in structs
+                         else b if isinstance(b, cp.ndarray)
+                         else b.buffer() if isinstance(b, Constant) else device.buffer(b))
+            except ValueError as exc:
+                raise error(str(exc)) from None
+            self._keep.append(bound)
+            if isinstance(bound, np.ndarray):
+                self._params[i] = bound.ctypes.data
+            else:
+                self._pointers[i] = bound.data.ptr
+                self._params[i] = base + 8 * i
+        self.open = tuple(self.open)
+
+    def __call__(self, *bound) -> RunHandle:
+        function = self.function
+        device = function.kernel.device
+        if device.broken:
+            device._check_usable()
+        if len(bound) != len(self.open):
+            raise error(dispatch.open_count_error(function.name, len(self.open), len(bound)))
+        pointers = self._pointers
+        for i, b in zip(self.open, bound):
+            pointers[i] = b.data.ptr if type(b) is not tuple else b[0].data.ptr + b[1]
+        cp = _cupy()
+        stream = device.stream
+        with device._cuda:
+            if device.timing:
+                start, end = cp.cuda.Event(), cp.cuda.Event()
+                start.record(stream)
+            else:
+                start, end = None, cp.cuda.Event(disable_timing=True)
+            if self.n_tg:
+                try:
+                    # the driver copies the parameters' values before it returns
+                    cp.cuda.driver.launchKernel(function._pointer, self.n_tg, 1, 1, self.tg, 1, 1,
+                                                0, stream.ptr, ctypes.addressof(self._params), 0)
+                except Exception as exc:
+                    raise error(f"kernel '{function.name}' (count {self.count}, threadgroup size "
+                                f"{self.tg}): launch failed: {exc}") from None
+            end.record(stream)
+        record = Dispatch(function.name, self.count, self.tg, self.n_tg,
+                          function.threadgroup_memory, (start, end) if start is not None else None)
+        device.trace.append(record)
+        handle = RunHandle(function, end, record)
         if device.check_each_dispatch:
             device._wait(handle)
         return handle
