@@ -78,8 +78,12 @@ class GpuLikeDevice(metalcompute.Device):
         return buf
 
     def wrap(self, array):
+        """As the CUDA target's: a C-contiguous array as it is, any other copied (a copy)."""
         self.ops["wrap"] += 1
-        assert isinstance(array, DeviceArray) and array.flags.c_contiguous, type(array)
+        assert isinstance(array, DeviceArray), type(array)
+        if not array.flags.c_contiguous:
+            self.ops["copy"] += 1
+            array = self.array(np.asarray(array))
         return array.reshape(-1).view(np.uint8)
 
     def finish(self, handles):

@@ -351,6 +351,24 @@ def test_prepared_calls_bind_their_open_slots(timing):
     check_prepared_calls_bind_their_open_slots(metalcompute, cp.asnumpy, timing=timing)
 
 
+@pytest.mark.parametrize("shape", [(2, 12, 4), (1, 3, 1), (33, 65), (2, 300, 100)])
+def test_wrap_copies_a_view_with_its_last_axes_swapped(dev, shape):
+    """wrap's copy of Rᵀ (its own kernel) and of another layout (CuPy's copy): each is the
+    array's C-contiguous layout, bitwise."""
+    import cupy as cp
+
+    a = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    g = cp.asarray(a)
+    swapped = g.swapaxes(-1, -2)
+    assert metalcompute._swaps_last_axes(swapped) and not metalcompute._swaps_last_axes(g[..., ::2])
+    for view, want in ((swapped, a.swapaxes(-1, -2)), (g[..., ::2], a[..., ::2])):
+        got = dev.wrap(view)
+        dev.synchronize()
+        assert got.nbytes == want.nbytes
+        np.testing.assert_array_equal(cp.asnumpy(got).view(np.float32),
+                                      np.ascontiguousarray(want).reshape(-1))
+
+
 def test_fetch_copies_after_the_calls_before_it(dev):
     """Device.fetch queues its copy behind the device's calls: what a kernel wrote is there once
     finish returns; a (buffer, offset) pair reads from that byte; each fetch keeps its own

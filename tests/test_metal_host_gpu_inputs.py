@@ -162,7 +162,7 @@ def test_a_gpu_input_off_the_float4_alignment_is_copied():
             assert inputs["recurrent_weight"].__cuda_array_interface__["data"][0] % 16 == 4 * offset
             bound = []
             wrap = device.wrap
-            device.wrap = lambda a: bound.append(a._mc_addr) or wrap(a)
+            device.wrap = lambda a: (lambda b: bound.append(b._mc_addr) or b)(wrap(a))
             try:
                 forward, grads = _pair("lstm", desc, inputs,
                                        {k: device.array(v) for k, v in upstream.items()})

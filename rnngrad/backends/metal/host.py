@@ -535,8 +535,9 @@ class MetalHost:
             wrap = getattr(self.device, "wrap", None)
             if wrap is None or (array.dtype == F32 and array.flags.c_contiguous):
                 return self.device.buffer(xp.ascontiguousarray(array, dtype=F32))
-            # Another layout or dtype: the conversion is a new array, the op's own (one copy).
-            return wrap(xp.ascontiguousarray(array, dtype=F32))
+            # Another layout or dtype: the conversion is a new array, the op's own (one copy),
+            # made by wrap for a float32 array in another layout (Rᵀ: its copy is one kernel).
+            return wrap(array if array.dtype == F32 else xp.ascontiguousarray(array, dtype=F32))
         array = np.ascontiguousarray(array)
         if array.dtype.names is not None:  # a params struct: plain bytes for metalcompute
             return self.params(array.dtype, tuple(array.reshape(-1)[0].tolist()))

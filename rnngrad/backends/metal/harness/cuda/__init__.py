@@ -263,7 +263,7 @@ class Device:
         a = cp.asarray(array)
         if not a.flags.c_contiguous:
             with self._cuda, self.stream:
-                a = cp.ascontiguousarray(a)
+                a = _transposed_copy(a) if _swaps_last_axes(a) else cp.ascontiguousarray(a)
         return a.reshape(-1).view(cp.uint8)
 
     def fetch(self, buf, nbytes: int) -> np.ndarray:
@@ -551,6 +551,49 @@ class Prepared:
         if device.check_each_dispatch:
             device._wait(handle)
         return handle
+
+
+#: out[k, j, i] = a[k, i, j] for a C-contiguous float32 a [batch, rows, cols]: Device.wrap's copy
+#: of a view with its last two axes swapped (as the Metal host binds Rᵀ), a grid-stride loop
+_TRANSPOSE_SOURCE = r"""
+extern "C" __global__ void rnngrad_transpose(const float* a, float* out, unsigned long long batch,
+                                             unsigned long long rows, unsigned long long cols) {
+    unsigned long long n = batch * rows * cols, plane = rows * cols;
+    for (unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; t < n;
+         t += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long k = t / plane, r = t % plane, i = r / cols, j = r % cols;
+        out[k * plane + j * rows + i] = a[t];
+    }
+}
+"""
+
+
+def _swaps_last_axes(a) -> bool:
+    """Whether ``a`` (a CuPy array) is float32 [.., cols, rows] with its last two axes those of
+    a C-contiguous [.., rows, cols] swapped, starting at that array's first element."""
+    if a.dtype != np.float32 or a.ndim not in (2, 3) or a.size == 0:
+        return False
+    cols, rows = a.shape[-2], a.shape[-1]
+    return (a.strides[-2] == 4 and a.strides[-1] == 4 * cols
+            and (a.ndim == 2 or a.strides[0] == 4 * rows * cols))
+
+
+_TRANSPOSE = []  # the compiled kernel, made on first use
+
+
+def _transposed_copy(a):
+    """A C-contiguous copy of ``a`` (:func:`_swaps_last_axes`) on the current stream: one
+    kernel, whose launch costs the host a fraction of CuPy's general copy."""
+    cp = _cupy()
+    if not _TRANSPOSE:
+        _TRANSPOSE.append(cp.RawKernel(_TRANSPOSE_SOURCE, "rnngrad_transpose"))
+    batch = a.shape[0] if a.ndim == 3 else 1
+    cols, rows = a.shape[-2], a.shape[-1]
+    out = cp.empty(a.shape, cp.float32)
+    n = batch * rows * cols
+    _TRANSPOSE[0]((min(-(-n // 256), 4096),), (256,),
+                  (a, out, np.uint64(batch), np.uint64(rows), np.uint64(cols)))
+    return out
 
 
 def _struct(arg, size: int, kernel: str, index: int) -> np.ndarray:
