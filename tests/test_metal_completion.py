@@ -293,7 +293,8 @@ def _cuda_unavailable():
 @pytest.mark.parametrize("cell", CELLS)
 def test_cuda_target_dispatch_launched_with_half_its_grid_raises(cell, monkeypatch):
     """The CUDA target has no injection option: dispatch i launches only the first half of its
-    grid's threadgroups (none when it has one) by wrapping the launch for that call."""
+    grid's threadgroups (none when it has one) by wrapping the target's one launch function,
+    which its calls and prepared calls (the host's) both go through."""
     from rnngrad.backends.metal.harness import cuda
     from rnngrad.backends.metal.host import cuda_device
 
@@ -301,25 +302,20 @@ def test_cuda_target_dispatch_launched_with_half_its_grid_raises(cell, monkeypat
     with cuda_device() as dev:
         case.gradients(backend="metal-cuda")
     kernels = [d.kernel for d in dev.trace]
-    call, launch = cuda.Function.__call__, cuda._launch
-
-    def half(function, n_tg, tg, stream, bound):
-        return None if n_tg < 2 else launch(function, n_tg // 2, tg, stream, bound)
+    launch = cuda._launch_params
 
     for i, kernel in enumerate(kernels):
         calls = [0]
 
-        def stopped(self, *args):
-            if calls[0] == i:
-                monkeypatch.setattr(cuda, "_launch", half)
-            calls[0] += 1
-            try:
-                return call(self, *args)
-            finally:
-                monkeypatch.setattr(cuda, "_launch", launch)
+        def stopped(function, n_tg, tg, stream, params):
+            number, calls[0] = calls[0], calls[0] + 1
+            if number == i:
+                return None if n_tg < 2 else launch(function, n_tg // 2, tg, stream, params)
+            return launch(function, n_tg, tg, stream, params)
 
-        monkeypatch.setattr(cuda.Function, "__call__", stopped)
+        monkeypatch.setattr(cuda, "_launch_params", stopped)
         with cuda_device(), pytest.raises(IncompleteDispatch) as info:
             case.gradients(backend="metal-cuda")
-        monkeypatch.setattr(cuda.Function, "__call__", call)
+        monkeypatch.setattr(cuda, "_launch_params", launch)
+        assert calls[0] > i  # dispatch i was launched (the op that has it raises)
         assert info.value.kernel == kernel, (i, str(info.value))

@@ -474,7 +474,8 @@ class Prepared:
     pipeline's buffers. Not in metalcompute's API: the Metal host prepares each dispatch of an
     op's plan where a device's functions have it."""
 
-    __slots__ = ("function", "count", "n_tg", "tg", "open", "_pointers", "_params", "_keep")
+    __slots__ = ("function", "count", "n_tg", "tg", "open", "_pointers", "_params", "_address",
+                 "_keep")
 
     def __init__(self, function: "Function", count, buffers):
         cp = _cupy()
@@ -492,6 +493,7 @@ class Prepared:
         self.function, self.count, self.tg, self.n_tg = function, count, tg, -(-count // tg)
         self._pointers = (ctypes.c_void_p * n)()  # the device pointers of the buffers
         self._params = (ctypes.c_void_p * n)()  # the address of each parameter's value
+        self._address = ctypes.addressof(self._params)
         base = ctypes.addressof(self._pointers)
         self.open, self._keep = [], []
         structs = function._structs
@@ -537,9 +539,7 @@ class Prepared:
                 start, end = None, cp.cuda.Event(disable_timing=True)
             if self.n_tg:
                 try:
-                    # the driver copies the parameters' values before it returns
-                    cp.cuda.driver.launchKernel(function._pointer, self.n_tg, 1, 1, self.tg, 1, 1,
-                                                0, stream.ptr, ctypes.addressof(self._params), 0)
+                    _launch_params(function._pointer, self.n_tg, self.tg, stream, self._address)
                 except Exception as exc:
                     raise error(f"kernel '{function.name}' (count {self.count}, threadgroup size "
                                 f"{self.tg}): launch failed: {exc}") from None
@@ -629,8 +629,13 @@ def _launch(function: int, n_tg: int, tg: int, stream, bound) -> None:
             pointers[i] = b.data.ptr
             params[i] = base + 8 * i
     # the driver copies the values before it returns, while pointers, params and bound live
-    _cupy().cuda.driver.launchKernel(function, n_tg, 1, 1, tg, 1, 1, 0, stream.ptr,
-                                     ctypes.addressof(params), 0)
+    _launch_params(function, n_tg, tg, stream, ctypes.addressof(params))
+
+
+def _launch_params(function: int, n_tg: int, tg: int, stream, params: int) -> None:
+    """cuLaunchKernel of ``n_tg`` blocks of ``tg`` threads on ``stream``, ``params`` the address
+    of the array of pointers to the parameters' values (every launch of the target)."""
+    _cupy().cuda.driver.launchKernel(function, n_tg, 1, 1, tg, 1, 1, 0, stream.ptr, params, 0)
 
 
 class Constant:
