@@ -87,13 +87,12 @@ def measure(cell: str, shape: str, reps: int, profile: bool = False) -> dict:
 
     from rnngrad.backends.metal.host import cuda_device
     from rnngrad.convert import torch as rgt
-    from verification.gpu_run import metal_step, paired_walls, wall
+    from verification.gpu_run import metal_step, paired_walls, torch_layer, wall
 
     T, N, I, H = (int(v) for v in shape.split("x"))
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
-    cls = {"single_gate": torch.nn.RNN, "gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[cell]
-    module = cls(I, H)
+    module = torch_layer(cell)(I, H)
     layer = rgt.from_module(module)
     module = module.cuda()
     rng = np.random.default_rng(0)

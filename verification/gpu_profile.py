@@ -51,10 +51,10 @@ def child(cell: str, shape: str, as_bench: bool = False) -> None:
         import torch
 
         from rnngrad.convert import torch as rgt
-        from verification.gpu_run import metal_step
+        from verification.gpu_run import metal_step, torch_layer
 
         torch.manual_seed(0)
-        module = {"single_gate": torch.nn.RNN, "gru": torch.nn.GRU, "lstm": torch.nn.LSTM}[cell](I, H)
+        module = torch_layer(cell)(I, H)
         step = metal_step(rgt.from_module(module), rng.standard_normal((T, N, I), np.float32),
                           cp.asarray(rng.standard_normal((T, N, H), np.float32)))
     else:

@@ -158,6 +158,16 @@ def kernel_work(kernel, cell, T, N, I, H):
 GEMM_CONFIGS = {"v1": "v1", "v2": "gemm v2", "v3": "gemm v3", "v5": "gemm v5", "auto": "auto"}
 GEMM_LABELS = tuple(GEMM_CONFIGS)
 CELL_MODES = {"RNN": "RNN_TANH", "GRU": "GRU", "LSTM": "LSTM"}  # --cells: the bench's names
+#: each rnngrad cell's cuDNN mode (torch.nn layer), the bench's name of it
+MODES = {"single_gate": "RNN_TANH", "gru": "GRU", "lstm": "LSTM"}
+
+
+def torch_layer(name: str):
+    """The torch.nn layer class of a cell: an rnngrad name (``MODES``' keys) or a cuDNN mode."""
+    import torch
+
+    mode = MODES.get(name, name)
+    return {"RNN_TANH": torch.nn.RNN, "GRU": torch.nn.GRU, "LSTM": torch.nn.LSTM}[mode]
 #: the recurrence versions the rule does not pick, as (label, RNNGRAD_METAL_RECURRENCE, versions
 #: settings): v2 (one row a threadgroup), the one-step grids v2-steps (versions.V2_STEP_UNITS,
 #: V2_STEP_ROWS) and v3 at three widths of tile (versions.V3_MIN_TILES)
@@ -309,9 +319,10 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
     rows = []
     shapes = shapes or (SHAPES[:2] if quick else SHAPES)
     for T, N, I, H in shapes:
-        for mode, cls in (("RNN_TANH", torch.nn.RNN), ("GRU", torch.nn.GRU), ("LSTM", torch.nn.LSTM)):
+        for mode in MODES.values():
             if mode not in {CELL_MODES[c] for c in cells}:
                 continue
+            cls = torch_layer(mode)
             torch.manual_seed(0)
             module = cls(I, H).cuda()
             layer = rgt.from_module(module.cpu())
