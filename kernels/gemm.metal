@@ -49,8 +49,9 @@
 //      slices, one SIMD-group each, summed in chunks of 64 as v1 does; the slices' sums meet in
 //      threadgroup memory, added in slice order by the first SIMD-group, which stores the 32
 //      elements with the bias. Two barriers per 32 elements. Correct for any shape and any
-//      threadgroup size of whole SIMD-groups up to 256; the host sizes the grid at 256 threads
-//      per 32 elements of a row and the kernel splits them over the threadgroups it gets.
+//      threadgroup size of whole SIMD-groups up to 1024; the host sizes the grid at 1024
+//      threads (32 slices of K) per 32 elements of a row and the kernel splits them over the
+//      threadgroups it gets.
 //   v5 strided_gemm_wide: one threadgroup per 128×128 tile of C and slice of K (at most 256
 //      threads, each an 8×8 block of C in registers: rows 4·ty + i and 64 + 4·ty + i, columns
 //      4·tx + j and 64 + 4·tx + j, i, j < 4, so that each k of a staged chunk is four float4
@@ -435,7 +436,7 @@ kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
 // SPLIT_THREADS), where the host counts the blocks of columns to size the grid.
 enum GemmSplit : uint {
     GS_COLS = 32,           // columns of C per block, one a lane
-    GS_THREADS = 256,       // 8 slices of K; the kernel's threadgroup limit
+    GS_THREADS = 1024,      // 32 slices of K; the kernel's threadgroup limit
 };
 
 // Buffers of strided_gemm_split (count = GS_THREADS · batch · M · ⌈P / GS_COLS⌉)
@@ -447,7 +448,7 @@ enum GemmSplit : uint {
 //   4      device float*              C       [batch, M, P]
 //   5      device uint2*              status  [ceil(count/32)] completion marks (steps: K)
 
-[[max_total_threads_per_threadgroup(256)]]
+[[max_total_threads_per_threadgroup(1024)]]
 kernel void strided_gemm_split(constant GemmParams& p [[buffer(0)]],
                                device const float* A [[buffer(1)]],
                                device const float* B [[buffer(2)]],

@@ -583,7 +583,7 @@ def test_the_tile_count_mirrors_the_kernel():
     assert re.search(r"\[\[max_total_threads_per_threadgroup\(" + str(versions.SPLIT_THREADS)
                      + r"\)\]\]\s*kernel void strided_gemm_split\(", text)
     v4 = versions.Choice("v4", versions.GEMM_KERNELS["v4"], "test")
-    assert versions.gemm_threads(v4, batch=2, M=3, P=65, block=3, b_block=0) == 2 * 3 * 3 * 256
+    assert versions.gemm_threads(v4, batch=2, M=3, P=65, block=3, b_block=0) == 2 * 3 * 3 * 1024
     v3 = versions.Choice("v3", BLOCKED, "test")
     assert versions.gemm_threads(v3, batch=2, M=130, P=65, block=65, b_block=7) == 256 * 16
     assert versions.gemm_threads(v3, batch=1, M=64, P=64, block=64, b_block=0) == 256

@@ -331,7 +331,11 @@ threadgroups: 1.65 ms of 200×64×512×512 LSTM's GEMMs under Nsight Compute
 of a whole op by the rule, v1 → v4 for the untiled products of fewer than 32768 elements, same
 H100: 200×64×512×512 RNN 9.85 → 7.74, GRU 12.36 → 10.18, LSTM 13.69 → 11.48; 1000×8×128×128
 RNN 2.09 → 0.39 (its dR and dW too: C of 16384 elements over K = 8000), GRU 2.47 → 2.01, LSTM
-2.59 → 2.05; 100×32×256×256 LSTM 1.77 → 1.55.
+2.59 → 2.05; 100×32×256×256 LSTM 1.77 → 1.55. Then 32 SIMD-groups a threadgroup instead of 8
+(1024 threads, each slice a quarter as long; 2026-11-27, ``gpu_ab.py``, least of two rounds,
+the rule's GEMM ms of a whole op, 8 → 32 slices): 1000×8×128×128 RNN / GRU / LSTM 0.352 / 0.388
+/ 0.427 → 0.296 / 0.350 / 0.367; 200×64×512×512 1.417 / 3.587 / 4.444 → 1.280 / 3.447 / 4.307;
+100×32×256×256 0.288 / 0.460 / 0.398 → 0.272 / 0.442 / 0.375.
 
 The tiled version the rule uses is v3: GEMM ms of a whole op, every product forced to v2 → v3
 on the H100: 100×32×256×256 RNN 1.78 → 1.68, GRU 2.17 → 1.95, LSTM 2.29 → 1.97;
@@ -401,9 +405,9 @@ TILED_MIN_SIDE = 8
 TILED_MIN_TILES = 128
 
 #: columns of C per v4 block (GS_COLS in gemm.metal) and threads the host dispatches per block
-#: (GS_THREADS: 8 slices of K)
+#: (GS_THREADS: 32 slices of K)
 SPLIT_COLUMNS = 32
-SPLIT_THREADS = 256
+SPLIT_THREADS = 1024
 #: v4 where v1 would run with fewer than this many threads (too few threadgroups for the
 #: cores) over a K of at least SPLIT_MIN_K
 SPLIT_MAX_ELEMENTS = 32768
