@@ -11,6 +11,8 @@ unchanged::
     out = dev.buffer(4 * n)                       # shared memory, zero-copy: np.frombuffer(out, np.float32)
     handle = fn(n, dev.buffer(x), params, out)    # non-Buffer arguments are copied for this call
     del handle                                    # waits (here: the call already finished)
+    call = fn.prepare(n, None, params, None)      # beyond metalcompute's API (as the CUDA
+    call(dev.buffer(x), (out, 0))                 # target's): None slots bound at each call
 
 How a kernel runs
     The source is compiled as C++17 against a stand-in ``<metal_stdlib>`` (``metal_stdlib.h``:

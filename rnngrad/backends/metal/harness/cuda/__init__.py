@@ -34,6 +34,11 @@ result the kernels never wrote shows; ``poison=False`` leaves them uninitialised
 compute-sanitizer's initcheck. Beyond metalcompute's API, ``Device.zeros(nbytes)`` and
 ``Device.full(n, value)`` make zeroed or filled buffers on the GPU with no copy from the host;
 the Metal host uses them, where a device has them, for the zeros and ones it would otherwise copy.
+``Function.prepare(count, *buffers)`` binds a call's fixed buffers once and leaves the slots
+given as None open (:class:`Prepared`): each launch then writes only the open slots' pointers,
+a buffer or a ``(buffer, byte offset)`` pair each, and calls the driver. ``Device.fetch(buf,
+nbytes)`` queues a copy to pinned host memory behind the calls, there once the device is waited
+on. The Metal host prepares every dispatch of an op's plan and fetches its completion marks so.
 
 A kernel's ``constant T&`` buffer (a parameter struct) is a by-value parameter of its CUDA
 launcher, in the kernel parameter space, which the GPU reads through its constant cache, as
