@@ -209,8 +209,11 @@ def test_an_arena_grows_by_whole_arenas_and_a_large_status_gets_its_own(monkeypa
     device = _CudaLikeDevice(**SMALL_GROUPS)
     zeros = device.zeros
     device.zeros = lambda nbytes: made.append(nbytes) or zeros(nbytes)
-    words = EMULATED_HOST.words
-    monkeypatch.setattr(EMULATED_HOST, "words", lambda buf, n: reads.append(n) or words(buf, n))
+    # on the class: monkeypatch would restore an instance attribute (the bound method), which
+    # would then shadow the class's for the rest of the session
+    words = metal_host.MetalHost.words
+    monkeypatch.setattr(metal_host.MetalHost, "words",
+                        lambda host, buf, n: reads.append(n) or words(host, buf, n))
     with metal_host._running_on(EMULATED_HOST, device):
         got = case.gradients(backend=BACKEND)
     arena_reads = len(reads)
