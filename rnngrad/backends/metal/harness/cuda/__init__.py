@@ -420,48 +420,9 @@ class Function:
         return kept[1]
 
     def __call__(self, count, *buffers) -> RunHandle:
-        cp = _cupy()
-        device = self.kernel.device
-        if device.broken:
-            device._check_usable()
-        tg = self.threadgroup_size()
-        try:
-            count = dispatch.check_call(self.name, count, len(buffers), self._info.n_buffers, tg,
-                                        self.max_total_threads_per_threadgroup)
-            if self.threadgroup_memory > dispatch.THREADGROUP_MEMORY:
-                dispatch.check_threadgroup_memory(self.name, self.threadgroup_memory)
-        except ValueError as exc:
-            raise error(str(exc)) from None
-        structs = self._structs
-        try:
-            bound = [_struct(b, structs[i], self.name, i) if i in structs
-                     else b if isinstance(b, cp.ndarray)
-                     else b.buffer() if isinstance(b, Constant) else device.buffer(b)
-                     for i, b in enumerate(buffers[:self._info.n_buffers])]
-        except ValueError as exc:
-            raise error(str(exc)) from None
-        n_tg = -(-count // tg)
-        stream = device.stream
-        with device._cuda:
-            if device.timing:
-                start, end = cp.cuda.Event(), cp.cuda.Event()
-                start.record(stream)
-            else:  # only what finish waits on
-                start, end = None, cp.cuda.Event(disable_timing=True)
-            if n_tg:
-                try:
-                    _launch(self._pointer, n_tg, tg, stream, bound)
-                except Exception as exc:  # a launch the driver refuses (resources)
-                    raise error(f"kernel '{self.name}' (count {count}, threadgroup size {tg}): "
-                                f"launch failed: {exc}") from None
-            end.record(stream)
-        record = Dispatch(self.name, count, tg, n_tg, self.threadgroup_memory,
-                          (start, end) if start is not None else None)
-        device.trace.append(record)
-        handle = RunHandle(self, end, record)
-        if device.check_each_dispatch:
-            device._wait(handle)
-        return handle
+        """One call: :class:`Prepared` with every buffer bound (None too, as a buffer to make,
+        which ``Device.buffer`` refuses), launched once."""
+        return Prepared(self, count, buffers, opens=False)()
 
     def prepare(self, count, *buffers) -> "Prepared":
         """This kernel's call over ``count`` threads with ``buffers`` bound once, each None an
@@ -477,12 +438,13 @@ class Prepared:
     function checks is checked once, at ``prepare``; a launch only writes the open slots'
     device pointers into the parameters it keeps and launches, as a Metal encoder sets a
     pipeline's buffers. Not in metalcompute's API: the Metal host prepares each dispatch of an
-    op's plan where a device's functions have it."""
+    op's plan where a device's functions have it. A plain call (:meth:`Function.__call__`) is
+    one with no open slot (``opens=False``), launched once."""
 
     __slots__ = ("function", "count", "n_tg", "tg", "open", "_pointers", "_params", "_address",
                  "_keep")
 
-    def __init__(self, function: "Function", count, buffers):
+    def __init__(self, function: "Function", count, buffers, opens: bool = True):
         cp = _cupy()
         device = function.kernel.device
         device._check_usable()
@@ -503,7 +465,7 @@ class Prepared:
         self.open, self._keep = [], []
         structs = function._structs
         for i, b in enumerate(buffers[:n]):
-            if b is None:
+            if b is None and opens:
                 if i in structs:
                     raise error(f"kernel '{function.name}': buffer {i} is its `constant` struct, "
                                 f"which a prepared call binds once: expected it given, got None")
@@ -618,23 +580,6 @@ def _struct(arg, size: int, kernel: str, index: int) -> np.ndarray:
         raise ValueError(f"kernel '{kernel}': buffer {index} is its `constant` struct: expected "
                          f"at least {size} bytes (its sizeof), got {data.nbytes}")
     return data
-
-
-def _launch(function: int, n_tg: int, tg: int, stream, bound) -> None:
-    """cuLaunchKernel with one pointer per parameter: a struct's bytes (:func:`_struct`,
-    by value) or the address of a buffer's device pointer."""
-    n = len(bound)
-    pointers = (ctypes.c_void_p * n)()  # the device pointers of the buffers
-    params = (ctypes.c_void_p * n)()  # the address of each parameter's value
-    base = ctypes.addressof(pointers)
-    for i, b in enumerate(bound):
-        if isinstance(b, np.ndarray):
-            params[i] = b.__array_interface__["data"][0]
-        else:
-            pointers[i] = b.data.ptr
-            params[i] = base + 8 * i
-    # the driver copies the values before it returns, while pointers, params and bound live
-    _launch_params(function, n_tg, tg, stream, ctypes.addressof(params))
 
 
 def _launch_params(function: int, n_tg: int, tg: int, stream, params: int) -> None:
