@@ -168,6 +168,8 @@ def torch_layer(name: str):
 
     mode = MODES.get(name, name)
     return {"RNN_TANH": torch.nn.RNN, "GRU": torch.nn.GRU, "LSTM": torch.nn.LSTM}[mode]
+
+
 #: the recurrence versions the rule does not pick, as (label, RNNGRAD_METAL_RECURRENCE, versions
 #: settings): v2 (one row a threadgroup), the one-step grids v2-steps (versions.V2_STEP_UNITS,
 #: V2_STEP_ROWS) and v3 at three widths of tile (versions.V3_MIN_TILES)

@@ -827,14 +827,10 @@ class MetalHost:
                         made[i] = runs.new(*plan.buffers[i])
                     return made[i]
 
-                if prepared is None:
-                    for kernel, count, steps, span, slots in plan.launches:
-                        runs.launch(kernel, count, [buffer(k, i) for k, i in slots], steps, span)
-                else:  # the kept buffers are bound already: only the open slots
-                    for (kernel, count, steps, span, _), (call, slots) in zip(plan.launches,
-                                                                               prepared):
-                        runs.launch(kernel, count, [buffer(k, i) for k, i in slots], steps, span,
-                                    call)
+                # a prepared dispatch has its kept buffers bound already: only its open slots
+                calls = prepared or [(None, launch[4]) for launch in plan.launches]
+                for (kernel, count, steps, span, _), (call, slots) in zip(plan.launches, calls):
+                    runs.launch(kernel, count, [buffer(k, i) for k, i in slots], steps, span, call)
                 runs.wait()  # waits for the GPU and checks every dispatch's marks
                 return {field: self.read(buffer(*slot), shape)
                         for field, slot, shape in plan.outputs}
