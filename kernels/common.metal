@@ -740,38 +740,34 @@ inline float rg_row_dot_held(thread const float4* held, threadgroup const float*
     return acc.v[0][0];
 }
 
-// Whether a backward's one-row body gives 2S lanes two units (PAIR, rg_row_dots2_held): every
-// thread in the product (S · H = tpg), 2S lanes within RG_LANES and H a multiple of 4. On an
+// Whether every thread of a one-row body is in the product, reading float4 (S · H = tpg, H a
+// multiple of 4): the lean bodies then test neither which unit a thread has nor H's alignment.
+inline bool rg_full(uint H, uint S, uint tpg) {
+    return S * H == tpg && (H & 3u) == 0;
+}
+
+// Whether a backward's one-row body gives 2S lanes two units (PAIR, rg_pair_sums): rg_full, and
+// 2S lanes within RG_LANES. On an
 // H100 at 100x32x256x256 (2S = 8), the GRU's backward 1.015 -> 0.802 ms and the single gate's
 // 0.390 -> 0.340 (one call, three rounds); with 2S = 16 at H = 128 the GRU's went 2.54 -> 2.94
 // at 1000x8x128x128 (its sums met over 16 lanes, more spills), so 2S stays within RG_LANES.
 inline bool rg_pairs(uint H, uint S, uint tpg) {
-    return S * H == tpg && 2 * S <= RG_LANES && (H & 3u) == 0;
+    return rg_full(H, S, tpg) && 2 * S <= RG_LANES;
 }
 
 // rg_row_dot_held<W> of two rows of w, at w and w + o1 (K long, K a multiple of 4), the first W
-// rounds of row g held at held[g · W ..] (rg_hold_some<W>): each float4 of v read once for both
-// rows, each row's sum in rg_row_dot_held's order. A body whose 2S lanes own two units halves its
-// threadgroup memory reads with it, for the same weight reads a thread.
+// rounds of row g held in held[g] (rg_hold_pair<W>): each float4 of v read once for both rows
+// (rg_held_dots, then rg_dots' float4 reads), each row's sum in rg_row_dot_held's order. A body
+// whose 2S lanes own two units halves its threadgroup memory reads with it, for the same weight
+// reads a thread.
 template <uint W>
-inline float2 rg_row_dots2_held(thread const float4* held, threadgroup const float* v,
+inline float2 rg_row_dots2_held(thread const float4 (*held)[W], threadgroup const float* v,
                                 device const float* w, uint o1, uint K, uint lane, uint S) {
+    float part[2];
+    rg_held_dots<2, W>(part, held, v, K, lane, S);
     RgAcc<2, 1> acc;
-    rg_clear(acc);
-    #pragma unroll
-    for (uint r = 0; r < W; ++r) {
-        uint k = 4 * lane + 4 * S * r;
-        if (k < K) {
-            float4 x = *((threadgroup const float4*)(v + k));
-            #pragma unroll
-            for (uint g = 0; g < 2; ++g) {
-                acc.v[g][0] += held[g * W + r].x * x.x;
-                acc.v[g][0] += held[g * W + r].y * x.y;
-                acc.v[g][0] += held[g * W + r].z * x.z;
-                acc.v[g][0] += held[g * W + r].w * x.w;
-            }
-        }
-    }
+    acc.v[0][0] = part[0];
+    acc.v[1][0] = part[1];
     uint off[4] = {0u, o1, 0u, 0u};
     rg_dots_float4(acc, 2, 1, v, K, w, off, 4 * lane + 4 * S * W, K, S);
     return float2(acc.v[0][0], acc.v[1][0]);
@@ -813,6 +809,43 @@ inline void rg_lane_totals(thread float* v, uint S) {
 inline float rg_lane_total(float v, uint S) {
     rg_lane_totals<1>(&v, S);
     return v;
+}
+
+// The first W rounds of this lane's share of its two rows of w, at w and w + o1 (K long), in
+// held[0] and held[1]: what rg_row_dots2_held reads from registers (rg_hold_some<W> of each).
+template <uint W>
+inline void rg_hold_pair(thread float4 (*held)[W], device const float* w, uint o1, uint K,
+                         uint lane, uint S) {
+    rg_hold_some<W>(held[0], w, K, lane, S);
+    rg_hold_some<W>(held[1], w + o1, K, lane, S);
+}
+
+// A backward's product with 2S lanes a pair of units (rg_pairs): the L lanes of units j and
+// j + U (rows w and w + U·K, K long) meet their sums (rg_row_dots2_held, rg_lane_totals) and
+// lanes 0 and 1 write sums[j] and sums[j + U]. Every lane of a SIMD-group with a unit calls it.
+template <uint W>
+inline void rg_pair_sums(threadgroup float* sums, thread const float4 (*held)[W],
+                         threadgroup const float* v, device const float* w, uint U, uint K,
+                         uint j, uint lane, uint L, bool unit) {
+    float t[2] = {0.0f, 0.0f};
+    if (unit) {
+        float2 d2 = rg_row_dots2_held<W>(held, v, w, U * K, K, lane, L);
+        t[0] = d2.x;
+        t[1] = d2.y;
+    }
+    rg_lane_totals<2>(t, L);
+    if (unit && lane < 2) {
+        sums[j + lane * U] = lane == 0 ? t[0] : t[1];
+    }
+}
+
+// A backward's product with S lanes a unit: the lanes of unit j meet their shares of its sum
+// (rg_lane_total) and lane 0 writes sums[j]. Every lane of a SIMD-group with a unit calls it.
+inline void rg_unit_sum(threadgroup float* sums, float dot, uint j, uint lane, uint S, bool unit) {
+    dot = rg_lane_total(dot, S);
+    if (unit && lane == 0) {
+        sums[j] = dot;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -500,12 +500,11 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     uint x3 = 3 * r.x0, x3s = 3 * r.xs, z3 = p.Z * r.o0, z3s = p.Z * r.os;
     device const float* Rj = Rt + (r.d * H + j) * GH;
     // the first rounds of the thread's share of Rᵀ's row (PAIR: of each of its two rows, PW)
-    float4 held[PAIR ? 2 * PW : RG_HOLD / 2];
+    float4 held[2][PAIR ? PW : RG_HOLD / 2];
     if (PAIR) {
-        rg_hold_some<(PAIR ? PW : 1)>(held, Rj, unit ? GH : 0u, lane, L);
-        rg_hold_some<(PAIR ? PW : 1)>(held + PW, Rj + U * GH, unit ? GH : 0u, lane, L);
+        rg_hold_pair<(PAIR ? PW : RG_HOLD / 2)>(held, Rj, U * GH, unit ? GH : 0u, lane, L);
     } else {
-        rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? GH : 0u, lane, S);
+        rg_hold_some<RG_HOLD / 2>(held[0], Rj, unit ? GH : 0u, lane, S);
     }
     // Unit lid's carries (dh_next, Σ dq) and mask, and the inputs of the dispatch's first
     // step: dy, z_state's a_z, a_r, a_o (only where phase A finds the activations), q, h[t−1].
@@ -595,25 +594,10 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // Phase C: dh_next[j] = dh ⊙ keep + m_j Σ_q lhs_q Rᵀ[j, q].
         if (PAIR && !idle) {
-            float t[2] = {0.0f, 0.0f};
-            if (unit) {
-                float2 d2 = rg_row_dots2_held<(PAIR ? PW : 1)>(held, stage, Rj, U * GH, GH, lane, L);
-                t[0] = d2.x;
-                t[1] = d2.y;
-            }
-            rg_lane_totals<2>(t, L);
-            if (unit && lane < 2) {
-                sums[j + lane * U] = lane == 0 ? t[0] : t[1];
-            }
+            rg_pair_sums<(PAIR ? PW : RG_HOLD / 2)>(sums, held, stage, Rj, U, GH, j, lane, L, unit);
         } else if (!idle) {
-            float dot = 0.0f;
-            if (unit) {
-                dot = rg_row_dot_held<RG_HOLD / 2>(held, stage, Rj, GH, lane, S);
-            }
-            dot = rg_lane_total(dot, S);
-            if (unit && lane == 0) {
-                sums[j] = dot;
-            }
+            float dot = unit ? rg_row_dot_held<RG_HOLD / 2>(held[0], stage, Rj, GH, lane, S) : 0.0f;
+            rg_unit_sum(sums, dot, j, lane, S, unit);
         }
         if (AHEAD && s > p.s_begin) {  // phase A has read pre (the barrier above)
             gru_backward_ahead(p, z3 + (s - 1) * z3s, zs, pre, first, lid, tpg);

@@ -412,10 +412,9 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     uint lane = lid % L, j = min(lid / L, U - 1);
     bool unit = lid / L < U, idle = rg_simd_idle(0, lid, L, U), cell = lid < H;
     device const float* Rj = Rt + (r.d * H + j) * GH;
-    float4 held[PAIR ? 2 * PW : 1];  // PAIR: the first PW rounds of each of the two rows
+    float4 held[2][PAIR ? PW : 1];  // PAIR: the first PW rounds of each of the two rows
     if (PAIR) {
-        rg_hold_some<(PAIR ? PW : 1)>(held, Rj, unit ? GH : 0u, lane, L);
-        rg_hold_some<(PAIR ? PW : 1)>(held + PW, Rj + U * GH, unit ? GH : 0u, lane, L);
+        rg_hold_pair<(PAIR ? PW : 1)>(held, Rj, U * GH, unit ? GH : 0u, lane, L);
     }
     uint u = min(lid, H - 1);
     uint q[4] = {p.gate0 * H + u, p.gate1 * H + u, p.gate2 * H + u, p.gate3 * H + u};
@@ -526,23 +525,9 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // Phase B: dh_next[j] = m_j Σ_q dA_q R[q,j].
         if (PAIR && !idle) {
-            float t[2] = {0.0f, 0.0f};
-            if (unit) {
-                float2 d2 = rg_row_dots2_held<(PAIR ? PW : 1)>(held, stage, Rj, U * GH, GH, lane,
-                                                               L);
-                t[0] = d2.x;
-                t[1] = d2.y;
-            }
-            rg_lane_totals<2>(t, L);
-            if (unit && lane < 2) {
-                sums[j + lane * U] = lane == 0 ? t[0] : t[1];
-            }
+            rg_pair_sums<(PAIR ? PW : 1)>(sums, held, stage, Rj, U, GH, j, lane, L, unit);
         } else if (!idle) {
-            float dot = unit ? rg_row_dot(stage, Rj, GH, lane, S) : 0.0f;
-            dot = rg_lane_total(dot, S);
-            if (unit && lane == 0) {
-                sums[j] = dot;
-            }
+            rg_unit_sum(sums, unit ? rg_row_dot(stage, Rj, GH, lane, S) : 0.0f, j, lane, S, unit);
         }
         if (AHEAD && s > p.s_begin) {  // phase A has read pre (the barrier above)
             lstm_backward_ahead(p, r, z, h0, c0, zs, cfwd, pre, s - 1, first, lid, tpg);
@@ -586,6 +571,7 @@ inline void lstm_backward_v2_entry(constant RecurrenceParams& p, device const fl
         uint row = rg_group_rows(p, tpg, tgid).x;
         bool ahead = 6 * p.H <= tpg && 16 * p.H <= RG_STAGE;  // an item a thread; pre fits
         bool peep = p.has_peephole != 0;
+        bool pairs = PW > 0 && rg_pairs(p.H, rg_slices(p.H, tpg), tpg);
         threadgroup float* sums = stage + 4 * p.H;
         threadgroup float* pre = stage + 5 * p.H;
         if (ahead && peep) {
@@ -596,11 +582,11 @@ inline void lstm_backward_v2_entry(constant RecurrenceParams& p, device const fl
             lstm_backward_v2_row<true, false, 0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
                                               rhs, dhn, dcn, prow, status, stage, sums, pre, row,
                                               lid, tgid, tpg);
-        } else if (PW > 0 && rg_pairs(p.H, rg_slices(p.H, tpg), tpg) && peep) {
+        } else if (pairs && peep) {
             lstm_backward_v2_row<false, true, PW>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
                                                   dx, rhs, dhn, dcn, prow, status, stage, sums, pre,
                                                   row, lid, tgid, tpg);
-        } else if (PW > 0 && rg_pairs(p.H, rg_slices(p.H, tpg), tpg)) {
+        } else if (pairs) {
             lstm_backward_v2_row<false, false, PW>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
                                                    dx, rhs, dhn, dcn, prow, status, stage, sums,
                                                    pre, row, lid, tgid, tpg);

@@ -422,7 +422,7 @@ inline void lstm_forward_v2_entry(constant RecurrenceParams& p, device const flo
         threadgroup float* stage = (threadgroup float*)staged;
         threadgroup float* after = (threadgroup float*)nexts;
         uint S = rg_slices(p.H, tpg);
-        bool full = S * p.H == tpg && (p.H & 3u) == 0;  // every thread a unit's; float4 reads
+        bool full = rg_full(p.H, S, tpg);  // every thread a unit's; float4 reads
         if (S >= 4 && full) {
             lstm_forward_v2_row<true, true>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
                                             status, stage, after, row, lid, tgid, tpg);

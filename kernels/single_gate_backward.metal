@@ -253,14 +253,16 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
     uint lane = lid % L, j = lid / L;
     bool unit = j < U, idle = rg_simd_idle(0, lid, L, U), cell = lid < H;
     device const float* Rj = Rt + (r.d * H + min(j, U - 1)) * H;
-    float4 held[2 * PW > RG_HOLD ? 2 * PW : RG_HOLD];
+    // HOLD: the share in held[0]; PAIR: the first PW rounds of each row's share in held[0] and
+    // held[1]; else the first rounds of the share in held[0], the rest read at every step
+    const uint HW = HOLD ? RG_HOLD : (PAIR ? PW : RG_HOLD / 2);
+    float4 held[2][HW];
     if (HOLD) {
-        rg_hold<RG_HOLD>(held, Rj, unit ? H : 0u, lane, S);
-    } else if (PAIR) {  // the first PW rounds of each row's share
-        rg_hold_some<(PAIR ? PW : 1)>(held, Rj, unit ? H : 0u, lane, L);
-        rg_hold_some<(PAIR ? PW : 1)>(held + PW, Rj + U * H, unit ? H : 0u, lane, L);
-    } else {  // the first rounds of the thread's share, the rest read at every step
-        rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? H : 0u, lane, S);
+        rg_hold<RG_HOLD>(held[0], Rj, unit ? H : 0u, lane, S);
+    } else if (PAIR) {
+        rg_hold_pair<HW>(held, Rj, U * H, unit ? H : 0u, lane, L);
+    } else {
+        rg_hold_some<RG_HOLD / 2>(held[0], Rj, unit ? H : 0u, lane, S);
     }
     // Unit lid's carry and mask, and the output-time inputs of the dispatch's first step: dy,
     // z_state and the z_state of the step before (h[t−1] = f of it).
@@ -296,26 +298,14 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // Phase B: dh_next[j] = m_j Σ_k da_k R[k,j].
         if (PAIR && !idle) {
-            float t[2] = {0.0f, 0.0f};
-            if (unit) {
-                float2 d2 = rg_row_dots2_held<(PAIR ? PW : 1)>(held, stage, Rj, U * H, H, lane, L);
-                t[0] = d2.x;
-                t[1] = d2.y;
-            }
-            rg_lane_totals<2>(t, L);
-            if (unit && lane < 2) {
-                sums[j + lane * U] = lane == 0 ? t[0] : t[1];
-            }
+            rg_pair_sums<HW>(sums, held, stage, Rj, U, H, j, lane, L, unit);
         } else if (!idle) {
             float dot = 0.0f;
             if (unit) {
-                dot = HOLD ? rg_held_dot<RG_HOLD>(held, stage, H, lane, S)
-                           : rg_row_dot_held<RG_HOLD / 2>(held, stage, Rj, H, lane, S);
+                dot = HOLD ? rg_held_dot<RG_HOLD>(held[0], stage, H, lane, S)
+                           : rg_row_dot_held<RG_HOLD / 2>(held[0], stage, Rj, H, lane, S);
             }
-            dot = rg_lane_total(dot, S);
-            if (unit && lane == 0) {
-                sums[j] = dot;
-            }
+            rg_unit_sum(sums, dot, j, lane, S, unit);
         }
         // Every sum is in, and the stage read before phase A writes it again.
         threadgroup_barrier(mem_flags::mem_threadgroup);
