@@ -575,12 +575,16 @@ inline void rg_stage_step(threadgroup float* cur, bool resident, constant Recurr
 // float4 of a weight row a thread of the one-row body holds at most (rg_hold): a single gate's
 // row W = RG_HOLD (4 · W · S >= H: H <= 128 at S = 8), each of the GRU forward's three
 // W = RG_HOLD / 2 (H <= 64): 16 or 24 registers. (The LSTM's four rows, 32 registers, and the
-// backwards' rows of 3H or 4H spilled in the CUDA translation's 64 registers a thread.)
+// backwards' rows of 3H or 4H spilled in the CUDA translation's 64 registers a thread; the
+// 512-thread entries, with 128, hold more: RG_HOLD_512, RG_LSTM_HOLD_512, RG_PAIR_HOLD_512.)
 #define RG_HOLD 4
 // float4 of each of the GRU forward's three weight rows a thread of its 512-thread entry holds
 // (gru_forward_v2_512): the whole share at H <= 128 (S = 4), 96 registers of the 128 the CUDA
 // translation then gives a thread.
 #define RG_HOLD_512 8
+// float4 of each of the LSTM forward's four weight rows a thread of its 512-thread entry holds
+// (lstm_forward_v2_512): half its share at H = 128 (S = 4), 64 registers; with 5, ptxas spills.
+#define RG_LSTM_HOLD_512 4
 // float4 of each of its two rows of Rᵀ a thread of a backward's paired body holds in its 512-thread
 // entry (gru_backward_v2_512): 32 registers, 122 a thread in all at H = 128 (6 and 8 spilled)
 #define RG_PAIR_HOLD_512 4

@@ -31,7 +31,9 @@
 //      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
 //      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
 //      Second entry point lstm_forward_v2_512: the same body in threadgroups of at most 512
-//      (RG_THREADS_512), which the host runs at small H (versions.V2_512_H).
+//      (RG_THREADS_512), which the host runs at H <= 128 (versions.V2_512_H); where every thread
+//      is a unit's with 4 lanes a unit or more, its threads hold the first RG_LSTM_HOLD_512
+//      float4 of their share of each of the four rows of R in registers across steps.
 //   v3 lstm_forward_v3: one dispatch a step (the host's spans), threadgroups of 256 over tiles
 //      of up to 16 rows of one direction × a block of units (p.unit_blocks blocks); the tile's
 //      four gate products (h[t−1] ⊙ m) R_kᵀ are one matrix product whose columns are the
@@ -271,7 +273,15 @@ inline void lstm_forward_v2_rows(constant RecurrenceParams& p, device const floa
 // and the product's first load at every step (where the weight's stream had evicted them from
 // L1); on an H100, 3.41 -> 3.13 ms at 1000x8x128x128, 0.069 -> 0.065 ms at 50x1x64x64 (the
 // 512-thread entry), 1.16 -> 1.13 ms at 100x32x256x256.
-template <bool SPREAD, bool FULL>
+// HW > 0 (FULL, in the 512-thread entry, whose threads have 128 registers): the first HW rounds
+// of the thread's share of its four rows of R stay in registers from step to step
+// (rg_held_dots), the rest read at every step after them, in rg_dots' order (the sums bitwise
+// those of HW = 0). At 1000x8x128x128 (S = 4: 8 rounds a row) HW = RG_LSTM_HOLD_512 = 4 halves
+// the weight a core streams through L1 a step: on an H100 the forward 3.12 -> 2.57 ms (the op
+// 6.53 -> 5.95; 2 rounds held: 3.10; 5 or more spill, ptxas reloading 23 or more values a
+// step). Where 2 float4 a lane cover a row (H = 64: S = 8) the entry holds the rows whole in 2:
+// 50x1x64x64 forward 0.064 -> 0.056 ms (0.061 with 4, half of them past the row's end).
+template <bool SPREAD, bool FULL, uint HW>
 inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                 device const float* bias, device const float* R,
                                 device const float* h0, device const float* c0,
@@ -288,6 +298,14 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
     // Unit j of gate k (the cell's order i, f, z, o) within the direction's 4H, and its row of R.
     uint q[4] = {p.gate0 * H + ju, p.gate1 * H + ju, p.gate2 * H + ju, p.gate3 * H + ju};
     device const float* Rd = R + r.d * GH * H;
+    // HW > 0 (FULL): the first HW rounds of the thread's share of its four rows of R, held
+    float4 held[4][HW > 0 ? HW : 1];
+    if (FULL && HW > 0) {
+        #pragma unroll
+        for (uint k = 0; k < 4; ++k) {
+            rg_hold<(HW > 0 ? HW : 1)>(held[k], Rd + q[k] * H, H, lane, S);
+        }
+    }
     RgRow z = rg_row_of(p, row, GH);  // x' and z_state: [T, N, D·4H]
     // The gate lanes' inputs that no step changes, c[t−1] and x' + bias of the dispatch's first
     // step: gate k's on lane 0 (SPREAD: on lane k, in slot 0).
@@ -329,7 +347,17 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
                 rg_clear(acc);
                 if (FULL) {  // rg_dots' float4 reads, with no test of H
                     uint off[4] = {q[0] * H, q[1] * H, q[2] * H, q[3] * H};
-                    rg_dots_float4(acc, 4, 1, cur, H, Rd, off, 4 * lane, H, S);
+                    uint k0 = 4 * lane;
+                    if (HW > 0) {  // the held rounds first, in rg_dots' order
+                        float part[4];
+                        rg_held_dots<4, (HW > 0 ? HW : 1)>(part, held, cur, H, lane, S);
+                        #pragma unroll
+                        for (uint k = 0; k < 4; ++k) {
+                            acc.v[k][0] = part[k];
+                        }
+                        k0 += 4 * S * HW;
+                    }
+                    rg_dots_float4(acc, 4, 1, cur, H, Rd, off, k0, H, S);
                 } else {
                     rg_dots(acc, 4, 1, cur, H, Rd, q[0] * H, q[1] * H, q[2] * H, q[3] * H, H,
                             lane, S);
@@ -410,6 +438,7 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
 
 // The body of lstm_forward_v2 and lstm_forward_v2_512: which version of the step runs
 // in this threadgroup.
+template <uint HW>
 inline void lstm_forward_v2_entry(constant RecurrenceParams& p, device const float* x,
                                   device const float* bias, device const float* R,
                                   device const float* h0, device const float* c0,
@@ -423,17 +452,20 @@ inline void lstm_forward_v2_entry(constant RecurrenceParams& p, device const flo
         threadgroup float* after = (threadgroup float*)nexts;
         uint S = rg_slices(p.H, tpg);
         bool full = rg_full(p.H, S, tpg);  // every thread a unit's; float4 reads
-        if (S >= 4 && full) {
-            lstm_forward_v2_row<true, true>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+        if (S >= 4 && full && HW > 2 && rg_holds(p.H, 2, S)) {  // the rows whole in 2 float4
+            lstm_forward_v2_row<true, true, 2>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+                                               status, stage, after, row, lid, tgid, tpg);
+        } else if (S >= 4 && full) {
+            lstm_forward_v2_row<true, true, HW>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
                                             status, stage, after, row, lid, tgid, tpg);
         } else if (S >= 4) {
-            lstm_forward_v2_row<true, false>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+            lstm_forward_v2_row<true, false, 0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
                                              status, stage, after, row, lid, tgid, tpg);
         } else if (full) {
-            lstm_forward_v2_row<false, true>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+            lstm_forward_v2_row<false, true, 0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
                                              status, stage, after, row, lid, tgid, tpg);
         } else {
-            lstm_forward_v2_row<false, false>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+            lstm_forward_v2_row<false, false, 0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
                                               status, stage, after, row, lid, tgid, tpg);
         }
     } else if (rg_one_row(p, tpg, tgid)) {
@@ -463,7 +495,7 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    lstm_forward_v2_entry(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged, nexts,
+    lstm_forward_v2_entry<0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged, nexts,
                           lid, tgid, tpg);
 }
 
@@ -485,7 +517,7 @@ kernel void lstm_forward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
                                 uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    lstm_forward_v2_entry(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged, nexts,
+    lstm_forward_v2_entry<RG_LSTM_HOLD_512>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged, nexts,
                           lid, tgid, tpg);
 }
 

@@ -380,6 +380,32 @@ def test_v2_lstm_one_row_without_peephole(H, threads, entry, monkeypatch):
         forward, "lstm_backward_v2"}
 
 
+@pytest.mark.parametrize("H, threads", [(128, 512), (64, 256), (32, 128), (16, 64)])
+def test_v2_lstm_forward_held_rounds_give_the_streamed_bits(H, threads, monkeypatch):
+    """The LSTM forward's 512-thread entry where every thread is a unit's with 4 lanes a unit:
+    its threads hold the first RG_LSTM_HOLD_512 float4 of their share of each of the four rows
+    of R across steps (H = 128: 4 of the 8 rounds, the rest read at every step; H = 64: all 4),
+    or the rows whole in 2 where 2 cover them (H = 32 and 16). Checked against the reference
+    (bidirectional, every optional input, adversarial schedule), and bitwise against the
+    1024-thread entry's body at the same threadgroup size, which reads every round at every
+    step: the held rounds are summed first, in the same order."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
+    rng = np.random.default_rng(H + 5)
+    case, device = checked_case(rng, "lstm", T=3, N=2, H=H, threads=threads)
+    results = {}
+    for entry in (512, 1024):
+        forward = force_v2_entry(monkeypatch, "lstm", entry)
+        with emulated_device(**device) as dev:
+            outputs = case.training_forward(backend=BACKEND)
+        assert {(d.kernel, d.threadgroup_size) for d in dev.trace
+                if not d.kernel.startswith("strided")} == {(forward, threads)}
+        results[entry] = [np.asarray(a) for a in outputs if a is not None]
+    assert len(results[512]) == len(results[1024]) >= 3  # y, cell output, z_state
+    for held, streamed in zip(results[512], results[1024]):
+        assert np.array_equal(held, streamed, equal_nan=True)
+
+
 def checked_case(rng, cell, T, N, H, threads, optional=ALL_OPTIONAL, **fixed):
     """A bidirectional training case with every optional input (or those ``optional`` gives;
     descriptor options ``fixed``), checked forward and gradients against the reference under

@@ -214,18 +214,21 @@ def test_v2_matches_the_reference(cell, cap, H, entry, monkeypatch):
         (forward, 26 * entry), (f"{cell}_backward_v2", 26 * versions.V2_THREADS)}
 
 
+@pytest.mark.parametrize("forward_entry", [1024, 512])
 @pytest.mark.parametrize("backward", [1024, 512])
 @pytest.mark.parametrize("peephole", [True, False])
-def test_v2_lstm_every_thread_a_unit(peephole, backward, monkeypatch):
-    """The LSTM's one-row bodies at H = 128: 8 lanes a unit fill a forward threadgroup of 1024
-    (the forward's FULL body, its cell on the product's lanes), and the backward runs on either
-    entry point (``backward``): at 1024 threads it finds the next step's activations ahead, at
-    512 (the rule's, V2_512_BACKWARD_H) 8 lanes own two units with rounds of both rows held;
-    with and without the peephole (the backward's PEEP), every other optional input,
-    bidirectional, against the reference."""
+def test_v2_lstm_every_thread_a_unit(peephole, backward, forward_entry, monkeypatch):
+    """The LSTM's one-row bodies at H = 128, every thread a unit's: the forward (its FULL body,
+    its cell on the product's lanes) on either entry point (``forward_entry``): 8 lanes a unit
+    fill a threadgroup of 1024, or 4 lanes one of 512 (the rule's, V2_512_H), whose threads
+    hold 4 of the 8 float4 of their share of each row of R (RG_LSTM_HOLD_512); and the
+    backward on either (``backward``): at 1024 threads it finds the next step's activations
+    ahead, at 512 (the rule's, V2_512_BACKWARD_H) 8 lanes own two units with rounds of both
+    rows held; with and without the peephole (the backward's PEEP), every other optional
+    input, bidirectional, against the reference."""
     from rnngrad.backends.metal import versions
 
-    forward = force_v2_entry(monkeypatch, "lstm", 1024)
+    forward = force_v2_entry(monkeypatch, "lstm", forward_entry)
     if backward == 1024:
         monkeypatch.setattr(versions, "V2_512_BACKWARD_H", None)
     rng = np.random.default_rng(128 + peephole)
@@ -234,21 +237,23 @@ def test_v2_lstm_every_thread_a_unit(peephole, backward, monkeypatch):
     assert ("peephole" in case.inputs) == peephole
     runs = [x for x in trace if not x.kernel.startswith("strided")]
     assert {(x.kernel, x.threadgroup_size) for x in runs} == {
-        (forward, 1024), ("lstm_backward_v2" + ("_512" if backward == 512 else ""), backward)}
+        (forward, forward_entry),
+        ("lstm_backward_v2" + ("_512" if backward == 512 else ""), backward)}
 
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_v2_at_128_as_the_bench_runs_it(cell, monkeypatch):
     """H = 128, as the rule runs the 1000x8x128x128 op: each backward on its 512-thread entry
     (V2_512_BACKWARD_H: 8 lanes own two units, the first RG_PAIR_HOLD_512 rounds of both rows of
-    Rᵀ held), the GRU's forward on its own (its rows' last round in threadgroup memory),
+    Rᵀ held), the GRU's and the LSTM's forwards on theirs (V2_512_H: the GRU's rows' last round
+    in threadgroup memory, half of the LSTM's rows held), the single gate's on 1024 threads,
     bidirectional, every optional input, forward and gradients against the reference."""
     rng = np.random.default_rng(1280 + len(cell))
     _, trace = v2_checked_on_gpu(monkeypatch, rng, cell, T=6, N=3, I=5, H=128,
                                  optional=ALL_OPTIONAL)
-    forward = f"{cell}_forward_v2" + ("_512" if cell == "gru" else "")
+    forward = f"{cell}_forward_v2" + ("" if cell == "single_gate" else "_512")
     assert {(x.kernel, x.threadgroup_size) for x in trace if not x.kernel.startswith("strided")} \
-        == {(forward, 512 if cell == "gru" else 1024), (f"{cell}_backward_v2_512", 512)}
+        == {(forward, 1024 if cell == "single_gate" else 512), (f"{cell}_backward_v2_512", 512)}
 
 
 @pytest.mark.parametrize("H, cap", [(256, 1024), (16, 64)])

@@ -692,7 +692,7 @@ def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch, tiled, tiles)
     logged = [r.getMessage() for r in caplog.records if r.name == "rnngrad.backends.metal"]
     recurrences = [m for m in logged if "lstm_" in m]
     assert len(recurrences) == 2 and "v2 lstm_forward_v2_512: lstm_forward, D=1, N=8, H=32" in recurrences[0]
-    assert "threadgroups of 512 (H = 32 <= 64: V2_512_H)" in recurrences[0]
+    assert "threadgroups of 512 (H = 32 <= 128: V2_512_H)" in recurrences[0]
     logged = [m for m in logged if m not in recurrences]
     assert len(logged) == 6
     assert logged[0] == (f"metal-emulated: {tiled} {TILED}: batch=1, M=128, P=128, K=64: "
@@ -738,11 +738,18 @@ def test_recurrence_rule_and_overrides(monkeypatch):
     rule = functools.partial(versions.recurrence, cell="lstm")
     count = functools.partial(versions.recurrence_count, cell="lstm")
     # the rule: v2, one row a threadgroup, for H in the range V2_H gives and D·N <= V2_MAX_ROWS
-    small = rule(direction="forward", D=1, N=8, H=128)
+    small = rule(direction="forward", D=1, N=8, H=256)
     assert (small.version, small.kernel) == ("v2", "lstm_forward_v2")
     assert "64 <= H <= 256 and D·N = 8 <= 64, 1 row(s) a threadgroup" in small.reason
-    assert count(small, direction="forward", D=1, N=8, H=128) == 8 * 1024
-    # the forwards' 512-thread entry point where H <= V2_512_H: the GRU's to 128, the rest to 64
+    assert count(small, direction="forward", D=1, N=8, H=256) == 8 * 1024
+    # the forwards' 512-thread entry point where H <= V2_512_H: the GRU's and the LSTM's to 128
+    # (the LSTM's holding half of its four rows, RG_LSTM_HOLD_512), the single gate's to 64
+    lstm = rule(direction="forward", D=1, N=8, H=128)
+    assert lstm.kernel == "lstm_forward_v2_512", lstm
+    assert "threadgroups of 512 (H = 128 <= 128: V2_512_H)" in lstm.reason
+    assert count(lstm, direction="forward", D=1, N=8, H=128) == 8 * 512
+    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=8,
+                               H=128).kernel == "single_gate_forward_v2"
     gru = versions.recurrence(cell="gru", direction="forward", D=2, N=8, H=128)
     assert gru.kernel == "gru_forward_v2_512", gru
     assert "threadgroups of 512 (H = 128 <= 128: V2_512_H)" in gru.reason

@@ -73,7 +73,8 @@ SANITIZER_CONFIGS = {
                 ", H = 256: the backwards' 2S lanes owning two units (rg_pairs)"),
     "v2-512": ("auto", "v2", ("--hidden", "128"),
                ", H = 128: the backwards' 512-thread entry (8 lanes owning two units, rounds "
-               "held) and the GRU forward's rows' last round in threadgroup memory"),
+               "held), the GRU forward's rows' last round in threadgroup memory and the LSTM "
+               "forward's 512-thread entry holding half its rows"),
     "v2x8": ("auto", "v2", ("--v2-group-rows", "8"), ", 8 rows a v2 threadgroup"),
     "v2-steps": ("auto", "v2-steps", ("--v2-step-units", "12"), ", H = 33 in 3 blocks of units"),
     "v3": ("auto", "v3", (), ", tiles of 4 columns"),

@@ -269,6 +269,17 @@ entry too: RNN 1000×8 2.071 → 1.977 (backward 1.065 → 0.970), LSTM 7.633 �
 4.095 → 3.059). Measured and left out: 6 and 8 rounds held (GRU 4.069 and 4.747 ms: 8
 spilled) and the GRU's 512-thread backward at H = 256 (100×32 2.133 → 2.344).
 
+The LSTM's forward at 1000×8 then streamed all of R (256 KB) through L1 at every step on its
+1024-thread entry, which has no registers to spare (Nsight Compute: 22% of the stall samples
+on one multiply-add waiting for its weight). Now the rule runs it on its 512-thread entry at
+H = 128 too, whose threads hold the first ``RG_LSTM_HOLD_512`` = 4 float4 of their share of
+each of the four rows (64 registers; rows that 2 float4 a lane cover, as at H = 64, held whole
+in 2), so that a step streams half of R: one H100 call, three rounds, LSTM 1000×8 6.526 →
+5.947 ms (forward 3.118 → 2.571), 50×1 0.175 → 0.167 with the rows whole in 2 float4
+(forward 0.064 → 0.056; 0.061 in 4), 100×32 unchanged (H = 256 stays on 1024 threads). With 2
+rounds held at H = 128 the forward took 3.096; with 5 or more ptxas spills and reloads 23 or
+more values a step.
+
 Not measured on Apple hardware, where
 Apple's compiler, not ptxas, allots the registers: set :data:`V2_H` and
 :data:`V2_MAX_ROWS` from ``rnngrad bench`` there. Override it with
@@ -438,9 +449,10 @@ V2_THREADS = 1024
 #: (``<cell>_forward_v2_512``: the same body, compiled for threadgroups of at most 512)
 V2_THREADS_512 = 512
 #: the largest H at which a v2 forward runs on its 512-thread entry point, by cell (measured:
-#: every forward at H = 64, the GRU's at 128 with its three weight rows held whole; slower at
-#: 256, and the LSTM's and single gate's at 128); None: never
-V2_512_H = {"single_gate": 64, "gru": 128, "lstm": 64}
+#: every forward at H = 64, the GRU's at 128 with its three weight rows held whole and the
+#: LSTM's with half of its four (RG_LSTM_HOLD_512); slower at 256, and the single gate's at
+#: 128); None: never
+V2_512_H = {"single_gate": 64, "gru": 128, "lstm": 128}
 #: the H at which a v2 backward runs on its 512-thread entry point (``<cell>_backward_v2_512``),
 #: by cell: (smallest, largest), or absent (never). At H = 128 its 4 lanes a unit pair up, 8
 #: lanes owning two units with part of both rows of Rᵀ held in registers (RG_PAIR_HOLD_512)
