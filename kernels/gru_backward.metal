@@ -500,9 +500,10 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     uint x3 = 3 * r.x0, x3s = 3 * r.xs, z3 = p.Z * r.o0, z3s = p.Z * r.os;
     device const float* Rj = Rt + (r.d * H + j) * GH;
     // the first rounds of the thread's share of Rᵀ's row (PAIR: of each of its two rows, PW)
-    float4 held[2][PAIR ? PW : RG_HOLD / 2];
+    const uint HW = PAIR ? PW : RG_HOLD / 2;
+    float4 held[2][HW];
     if (PAIR) {
-        rg_hold_pair<(PAIR ? PW : RG_HOLD / 2)>(held, Rj, U * GH, unit ? GH : 0u, lane, L);
+        rg_hold_pair<HW>(held, Rj, U * GH, unit ? GH : 0u, lane, L);
     } else {
         rg_hold_some<RG_HOLD / 2>(held[0], Rj, unit ? GH : 0u, lane, S);
     }
@@ -594,7 +595,7 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // Phase C: dh_next[j] = dh ⊙ keep + m_j Σ_q lhs_q Rᵀ[j, q].
         if (PAIR && !idle) {
-            rg_pair_sums<(PAIR ? PW : RG_HOLD / 2)>(sums, held, stage, Rj, U, GH, j, lane, L, unit);
+            rg_pair_sums<HW>(sums, held, stage, Rj, U, GH, j, lane, L, unit);
         } else if (!idle) {
             float dot = unit ? rg_row_dot_held<RG_HOLD / 2>(held[0], stage, Rj, GH, lane, S) : 0.0f;
             rg_unit_sum(sums, dot, j, lane, S, unit);

@@ -412,9 +412,10 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     uint lane = lid % L, j = min(lid / L, U - 1);
     bool unit = lid / L < U, idle = rg_simd_idle(0, lid, L, U), cell = lid < H;
     device const float* Rj = Rt + (r.d * H + j) * GH;
-    float4 held[2][PAIR ? PW : 1];  // PAIR: the first PW rounds of each of the two rows
+    const uint HW = PAIR ? PW : 1;
+    float4 held[2][HW];  // PAIR: the first PW rounds of each of the two rows
     if (PAIR) {
-        rg_hold_pair<(PAIR ? PW : 1)>(held, Rj, U * GH, unit ? GH : 0u, lane, L);
+        rg_hold_pair<HW>(held, Rj, U * GH, unit ? GH : 0u, lane, L);
     }
     uint u = min(lid, H - 1);
     uint q[4] = {p.gate0 * H + u, p.gate1 * H + u, p.gate2 * H + u, p.gate3 * H + u};
@@ -525,7 +526,7 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
         threadgroup_barrier(mem_flags::mem_threadgroup);
         // Phase B: dh_next[j] = m_j Σ_q dA_q R[q,j].
         if (PAIR && !idle) {
-            rg_pair_sums<(PAIR ? PW : 1)>(sums, held, stage, Rj, U, GH, j, lane, L, unit);
+            rg_pair_sums<HW>(sums, held, stage, Rj, U, GH, j, lane, L, unit);
         } else if (!idle) {
             rg_unit_sum(sums, unit ? rg_row_dot(stage, Rj, GH, lane, S) : 0.0f, j, lane, S, unit);
         }

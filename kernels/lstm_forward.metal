@@ -457,16 +457,16 @@ inline void lstm_forward_v2_entry(constant RecurrenceParams& p, device const flo
                                                status, stage, after, row, lid, tgid, tpg);
         } else if (S >= 4 && full) {
             lstm_forward_v2_row<true, true, HW>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                            status, stage, after, row, lid, tgid, tpg);
+                                                status, stage, after, row, lid, tgid, tpg);
         } else if (S >= 4) {
             lstm_forward_v2_row<true, false, 0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                             status, stage, after, row, lid, tgid, tpg);
+                                                status, stage, after, row, lid, tgid, tpg);
         } else if (full) {
             lstm_forward_v2_row<false, true, 0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                             status, stage, after, row, lid, tgid, tpg);
+                                                status, stage, after, row, lid, tgid, tpg);
         } else {
-            lstm_forward_v2_row<false, false, 0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                              status, stage, after, row, lid, tgid, tpg);
+            lstm_forward_v2_row<false, false, 0>(p, x, bias, R, h0, c0, mask, peephole, h, c,
+                                                 zs, status, stage, after, row, lid, tgid, tpg);
         }
     } else if (rg_one_row(p, tpg, tgid)) {
         lstm_forward_v2_rows<1>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged,
@@ -495,8 +495,8 @@ kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
                             uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    lstm_forward_v2_entry<0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged, nexts,
-                          lid, tgid, tpg);
+    lstm_forward_v2_entry<0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged,
+                             nexts, lid, tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
@@ -517,8 +517,8 @@ kernel void lstm_forward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
                                 uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
     threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    lstm_forward_v2_entry<RG_LSTM_HOLD_512>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged, nexts,
-                          lid, tgid, tpg);
+    lstm_forward_v2_entry<RG_LSTM_HOLD_512>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+                                            status, staged, nexts, lid, tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(256)]]
