@@ -266,8 +266,7 @@ class _Runs:
         last = self._arena(nbytes)
         offset = last[1]
         last[1] = offset + -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
-        status = (last[0], offset) if self.pairs else last[0][offset:offset + nbytes]
-        return status, (len(self._arenas) - 1, offset)
+        return self._slice(last[0], offset, nbytes), (len(self._arenas) - 1, offset)
 
     def _arena(self, nbytes):
         """The newest arena if ``nbytes`` fit between its marks and its zeroed slices, else a
@@ -291,7 +290,7 @@ class _Runs:
                 return self._arena_zeros(nbytes)
             last = self._arena(nbytes)
             last[2] -= -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
-            return (last[0], last[2]) if self.pairs else last[0][last[2]:last[2] + nbytes]
+            return self._slice(last[0], last[2], nbytes)
         if nbytes > SLAB_BYTES // 4:
             return device.buffer(nbytes)
         slab = self._slab
@@ -299,7 +298,12 @@ class _Runs:
             slab = self._slab = [device.buffer(SLAB_BYTES), 0]
         offset = slab[1]
         slab[1] = offset + -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
-        return (slab[0], offset) if self.pairs else slab[0][offset:offset + nbytes]
+        return self._slice(slab[0], offset, nbytes)
+
+    def _slice(self, buf, offset, nbytes):
+        """``nbytes`` of ``buf`` from byte ``offset``: a ``(buffer, offset)`` pair where the op's
+        dispatches bind pairs (:attr:`pairs`), else a slice of the buffer."""
+        return (buf, offset) if self.pairs else buf[offset:offset + nbytes]
 
     def _read_arenas(self, fetched=None):
         """The marks of each arena since the last wait as uint32 words (NumPy; None for an
