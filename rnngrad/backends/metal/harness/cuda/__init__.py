@@ -288,7 +288,7 @@ class Device:
             memory = cp.cuda.alloc_pinned_memory(max(nbytes, STAGING_BYTES))
             block, address, used = np.frombuffer(memory, np.uint8), memory.ptr, 0
         self._staging = (block, address, used + -(-nbytes // 256) * 256)
-        src = buf.data.ptr if type(buf) is not tuple else buf[0].data.ptr + buf[1]
+        src = _pointer(buf)
         with self._cuda:
             cp.cuda.runtime.memcpyAsync(address + used, src, nbytes,
                                         cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
@@ -495,7 +495,7 @@ class Prepared:
             raise error(dispatch.open_count_error(function.name, len(self.open), len(bound)))
         pointers = self._pointers
         for i, b in zip(self.open, bound):
-            pointers[i] = b.data.ptr if type(b) is not tuple else b[0].data.ptr + b[1]
+            pointers[i] = _pointer(b)
         cp = _cupy()
         stream = device.stream
         with device._cuda:
@@ -580,6 +580,11 @@ def _struct(arg, size: int, kernel: str, index: int) -> np.ndarray:
         raise ValueError(f"kernel '{kernel}': buffer {index} is its `constant` struct: expected "
                          f"at least {size} bytes (its sizeof), got {data.nbytes}")
     return data
+
+
+def _pointer(buf) -> int:
+    """The device address a buffer (a CuPy array) or a ``(buffer, byte offset)`` pair binds."""
+    return buf.data.ptr if type(buf) is not tuple else buf[0].data.ptr + buf[1]
 
 
 def _launch_params(function: int, n_tg: int, tg: int, stream, params: int) -> None:
