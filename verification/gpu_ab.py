@@ -68,7 +68,7 @@ def child(tree: Path, shapes, cells) -> dict:
     from rnngrad.convert import torch as rgt
 
     sys.path.insert(1, str(HERE))
-    from gpu_run import device_ms, metal_step
+    from gpu_run import CELL_MODES, device_ms, metal_step, torch_layer
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -76,8 +76,7 @@ def child(tree: Path, shapes, cells) -> dict:
     for T, N, I, H in shapes:
         for mode in cells:
             torch.manual_seed(0)
-            layer = rgt.from_module({"RNN": torch.nn.RNN, "GRU": torch.nn.GRU,
-                                     "LSTM": torch.nn.LSTM}[mode](I, H))
+            layer = rgt.from_module(torch_layer(CELL_MODES[mode])(I, H))
             x = np.random.default_rng(0).standard_normal((T, N, I)).astype(np.float32)
             gy = cp.asarray(np.random.default_rng(1).standard_normal((T, N, H)), cp.float32)
             step = metal_step(layer, x, gy)
