@@ -196,6 +196,23 @@ inline void rg_mark(device uint2* status, uint tgid, uint lid, uint tpg, uint st
     }
 }
 
+// The first word of a declined mark (rg_declines; rnngrad.backends.metal.library.DECLINED).
+#define RG_DECLINED 0x40000000u
+
+// Whether a v2 entry point declines threadgroup tgid: its body's conditions do not hold, or the
+// device gave the pipeline another threadgroup size than the `threads` the host chose the entry
+// for (a Mac may, where a pipeline needs more registers). Thread 0 then marks the threadgroup
+// declined, and the host runs the op's dispatches of that kernel with v1 instead. The
+// conditions are uniform, so every thread of the threadgroup returns.
+inline bool rg_declines(bool fits, uint threads, device uint2* status, uint lid, uint tgid,
+                        uint tpg) {
+    bool declines = !fits || tpg != threads;
+    if (declines && lid == 0) {
+        status[tgid] = uint2(RG_DECLINED, tpg);
+    }
+    return declines;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Helpers of the v2 recurrence kernels (<cell>_{forward,backward}_v2).
 //
@@ -384,29 +401,9 @@ inline void rg_dots(thread RgAcc<G, B>& acc, uint ng, uint nb,
     }
 }
 
-// The rows [x, y) of threadgroup tgid of a v2 dispatch: those of its row group tgid / U, with
-// U = p.unit_blocks (0 reads as 1) threadgroups a group (rg_rows over tpg · U threads a group).
+// The rows [x, y) of threadgroup tgid of a v2 dispatch (one row where its entry runs).
 inline uint2 rg_group_rows(constant RecurrenceParams& p, uint tpg, uint tgid) {
-    uint U = max(p.unit_blocks, 1u);
-    return rg_rows(p.D * p.N, p.count, tpg * U, tgid / U);
-}
-
-// Whether threadgroup tgid of a v2 dispatch owns at most one row (the rule's grid): its kernel
-// then runs with chunks of one row (RgAcc<G, 1>).
-inline bool rg_one_row(constant RecurrenceParams& p, uint tpg, uint tgid) {
-    uint2 rows = rg_group_rows(p, tpg, tgid);
-    return rows.y <= rows.x + 1;
-}
-
-// The units [x, y) of threadgroup tgid of a v2 dispatch: block tgid mod U of U blocks of
-// ⌈H / U⌉ (U as in rg_group_rows). With U > 1 the threadgroups of one row group share the
-// step's rows, so the host dispatches one step at a time: h[t−1] of every unit is then in
-// device memory before any threadgroup stages it.
-inline uint2 rg_units(constant RecurrenceParams& p, uint tgid) {
-    uint U = max(p.unit_blocks, 1u);
-    uint per = (p.H + U - 1) / U;
-    uint begin = min((tgid % U) * per, p.H);
-    return uint2(begin, min(begin + per, p.H));
+    return rg_rows(p.D * p.N, p.count, tpg, tgid);
 }
 
 // Zero the partial sums.
@@ -421,112 +418,11 @@ inline void rg_clear(thread RgAcc<G, B>& acc) {
     }
 }
 
-// The butterfly over the S lanes of a unit: every one of them ends with the full sums of
-// acc[g][b], g < ng, b < nb. Every lane of the SIMD-group calls it (ng, nb, S uniform).
-// (Rows past nb end the loop rather than being skipped one by one: a chunk of one row, the
-// rule's grid, then costs one row's shuffles and tests.)
-template <uint G, uint B>
-inline void rg_lane_sum(thread RgAcc<G, B>& acc, uint ng, uint nb, uint S) {
-    for (uint m = S / 2; m > 0; m /= 2) {
-        #pragma unroll
-        for (uint b = 0; b < B; ++b) {
-            if (b >= nb) {
-                break;
-            }
-            #pragma unroll
-            for (uint g = 0; g < G; ++g) {
-                if (g < ng) {
-                    acc.v[g][b] += simd_shuffle_xor(acc.v[g][b], (ushort)m);
-                }
-            }
-        }
-    }
-}
-
-// Rows of the chunk that starts at row r0 of [r0, end): at most cap, and never past the last
-// row of r0's direction (rows d·N .. d·N + N − 1), so that a chunk reads one weight.
-inline uint rg_chunk(uint r0, uint end, uint N, uint cap) {
-    uint d_end = (r0 / N + 1) * N;
-    return min(min(cap, end - r0), d_end - r0);
-}
-
 // Floats of threadgroup memory where a v2 forward keeps h[t] ⊙ m of its next step (8 KB: with
 // RG_STAGE, Apple's 32 KB) when its threadgroup's rows are one chunk that owns every unit
 // (rg_resident, the rule's grid): the cells leave h[t] ⊙ m[t+1] there (rg_leave), so that a
 // step stages nothing from device memory and waits at one barrier; the two buffers alternate.
 #define RG_NEXT 2048
-
-inline bool rg_resident(constant RecurrenceParams& p, uint2 rows, uint cap) {
-    uint nb = rows.y - rows.x;
-    return p.unit_blocks <= 1 && rg_chunk(rows.x, rows.y, p.N, cap) == nb && nb * p.H <= RG_NEXT;
-}
-
-// The stage processing step s reads: resident, stage and next alternate from the dispatch's
-// first step on (the cells of step s leave step s + 1's in the other); else always stage.
-inline threadgroup float* rg_stage_of(threadgroup float* stage, threadgroup float* next,
-                                      bool resident, constant RecurrenceParams& p, uint s) {
-    return resident && ((s - p.s_begin) & 1u) != 0 ? next : stage;
-}
-
-// The stage of processing step s + 1 (when the dispatch runs it) for row b of the chunk, unit
-// j: h[t] ⊙ m, as rg_stage_hm would read it back from device memory.
-inline void rg_leave(threadgroup float* next, constant RecurrenceParams& p,
-                     device const float* mask, uint s, uint row, uint b, uint j, float ht) {
-    if (s + 1 < p.s_end) {
-        uint n = row % p.N, d = row / p.N;
-        next[b * p.H + j] = ht * mask[rg_mask_step(p, s + 1) + n * p.D * p.H + d * p.H + j];
-    }
-}
-
-// The carry of a backward in v2's one-step grid (p.unit_blocks != 0), for the rows r0 .. r0 + nb
-// − 1 of one direction and the units [units.x, units.y): dhn[(row, j)] = m_j[c] Σ_q dA_q[c]
-// R[q, j] (R[q, j] = Rt[j·GH + q]), with dA[c] of every unit of the rows read from dx
-// ([T,N,D·GH], input time), where the dispatch of step c wrote it; with accumulate, added to
-// what dhn holds (the GRU's element-wise part). That is phase B of step c, moved to the start
-// of the next dispatch, since it reads dA of units other threadgroups own. Every thread of the
-// threadgroup calls it; it ends with a barrier. B: the caller's rows per chunk at most.
-template <uint B>
-inline void rg_carry(threadgroup float* stage, constant RecurrenceParams& p,
-                     device const float* dx, device const float* Rt, device const float* mask,
-                     device float* dhn, uint r0, uint nb, uint c, uint2 units, uint GH,
-                     bool accumulate, uint lid, uint tpg) {
-    uint N = p.N, H = p.H, DH = p.D * p.H, DGH = p.D * GH;
-    uint d = r0 / N;
-    for (uint e = lid; e < nb * GH; e += tpg) {
-        uint n = (r0 + e / GH) % N;
-        stage[e] = dx[(rg_x_time(p, d, c) * N + n) * DGH + d * GH + e % GH];
-    }
-    threadgroup_barrier(mem_flags::mem_threadgroup);
-    uint nu = units.y - units.x;
-    uint S = rg_slices(nu, tpg), lane = lid % S, per = tpg / S;
-    uint passes = (nu + per - 1) / per;
-    for (uint pass = 0; pass < passes; ++pass) {
-        uint j = units.x + pass * per + lid / S;
-        if (rg_simd_idle(units.x + pass * per, lid, S, units.y)) {
-            continue;  // no unit of this SIMD-group in the pass
-        }
-        RgAcc<1, B> acc;
-        rg_clear(acc);
-        if (j < units.y) {
-            rg_dots(acc, 1, nb, stage, GH, Rt + d * H * GH, j * GH, 0, 0, 0, GH, lane, S);
-        }
-        rg_lane_sum(acc, 1, nb, S);
-        #pragma unroll
-        for (uint b = 0; b < B; ++b) {
-            if (b >= nb) {
-                break;
-            }
-            if (j < units.y && b % S == lane) {
-                uint own = ((r0 + b) % N) * DH + d * H + j;
-                float carry = acc.v[0][b] * mask[rg_mask_step(p, c) + own];
-                dhn[own] = accumulate ? dhn[own] + carry : carry;
-            }
-        }
-    }
-    // dh_next is written and the stage read before phase A reads the one or the next chunk
-    // stages again.
-    threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-}
 
 // Stage (h[t−1] ⊙ m) of rows r0 .. r0 + nb − 1 (one direction) at processing step s into
 // stage[b·H + k], all threads of the threadgroup striding over the elements. h[t−1] is h0 at
@@ -541,18 +437,6 @@ inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
         uint col = d * H + e % H;
         float hp = s == 0 ? h0[n * DH + col] : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
         stage[e] = hp * mask[rg_mask_step(p, s) + n * DH + col];
-    }
-}
-
-// Step s's stage of the chunk's rows, h[t−1] ⊙ m, read from device memory into cur (then a
-// barrier), unless the previous step's cells left it there (resident, past the first step).
-inline void rg_stage_step(threadgroup float* cur, bool resident, constant RecurrenceParams& p,
-                          device const float* h0, device const float* h,
-                          device const float* mask, uint r0, uint nb, uint s, uint lid,
-                          uint tpg) {
-    if (!resident || s == p.s_begin) {
-        rg_stage_hm(cur, p, h0, h, mask, r0, nb, s, lid, tpg);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
     }
 }
 

@@ -278,161 +278,6 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// gru_backward_v2 for chunks of at most B rows: the kernel takes B = 1 where its threadgroup
-// owns one row (the rule's grid), so that a thread holds one row's partial sums.
-template <uint B>
-inline void gru_backward_v2_rows(constant RecurrenceParams& p, device const float* Rt,
-                                 device const float* h0, device const float* mask,
-                                 device const float* dy, device const float* zs,
-                                 device const float* hfwd, device float* dx, device float* lhs,
-                                 device float* rhs, device float* dhn, device float* work,
-                                 device float* prow, device uint2* status,
-                                 threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
-    // [b][q]: lhs of the chunk's rows (its o block unused without reset_after), then from
-    // cap·3H on [b][k]: da_o (without reset_after)
-    threadgroup float* stage = (threadgroup float*)staged;
-    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
-    uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
-    uint2 rows = rg_group_rows(p, tpg, tgid);
-    if (rows.x >= rows.y) {
-        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-        return;  // the whole threadgroup owns no row
-    }
-    uint cap = min(B, (uint)RG_STAGE / (4 * H));
-    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
-    if (p.unit_blocks != 0) {
-        // The one-step grid, with reset_after only: step s = p.s_begin (none when s_end =
-        // s_begin, the last dispatch), its carry from step c = p.s_end first (none at c = T:
-        // dhn holds the host's). Phase A leaves dh ⊙ keep in dhn; the carry adds m ⊙ (lhs R).
-        uint2 units = rg_units(p, tgid);
-        uint nu = units.y - units.x;
-        for (uint r0 = rows.x; r0 < rows.y;) {
-            uint nb = rg_chunk(r0, rows.y, N, cap);
-            if (p.s_end < p.T) {
-                rg_carry<B>(stage, p, lhs, Rt, mask, dhn, r0, nb, p.s_end, units, GH, true, lid,
-                            tpg);
-            }
-            if (p.s_end > p.s_begin) {
-                uint s = p.s_begin;
-                for (uint e = lid; e < nb * nu; e += tpg) {
-                    uint row = r0 + e / nu, j = units.x + e % nu;
-                    gru_gate_gradients(p, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, s, row,
-                                       j);
-                    dhn[(row % N) * DH + (row / N) * H + j] = gru_kept(p, dy, zs, dhn, s, row, j);
-                }
-                // the next chunk's carry stages only after this
-                threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-            }
-            r0 += nb;
-        }
-        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-        return;
-    }
-    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
-    uint passes = (H + per - 1) / per;
-    threadgroup float* staged_o = stage + cap * GH;
-    for (uint step = p.s_end; step > p.s_begin; --step) {
-        uint s = step - 1;
-        for (uint r0 = rows.x; r0 < rows.y;) {
-            uint nb = rg_chunk(r0, rows.y, N, cap);
-            uint d = r0 / N;
-            device const float* Rd = Rt + d * H * GH;
-            // Phase A: element-wise gate gradients.
-            for (uint e = lid; e < nb * H; e += tpg) {
-                uint b = e / H, j = e % H;
-                float4 g = gru_gate_gradients(p, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, s,
-                                              r0 + b, j);
-                stage[b * GH + qz + j] = g[0];
-                if (p.reset_after != 0) {
-                    stage[b * GH + qr + j] = g[1];
-                    stage[b * GH + qo + j] = g[3];
-                } else {
-                    staged_o[b * H + j] = g[2];
-                }
-            }
-            threadgroup_barrier(mem_flags::mem_threadgroup);
-            if (p.reset_after == 0) {
-                // Phase B: g[j] = Σ_k da_o,k R_o[k,j], then da_r, for every row of the chunk.
-                for (uint pass = 0; pass < passes; ++pass) {
-                    uint j = pass * per + lid / S;
-                    if (rg_simd_idle(pass * per, lid, S, H)) {
-                        continue;  // no unit of this SIMD-group in the pass
-                    }
-                    RgAcc<1, B> acc;
-                    rg_clear(acc);
-                    if (j < H) {
-                        rg_dots(acc, 1, nb, staged_o, H, Rd, j * GH + qo, 0, 0, 0, H, lane, S);
-                    }
-                    rg_lane_sum(acc, 1, nb, S);
-                    #pragma unroll
-                    for (uint b = 0; b < B; ++b) {
-                        if (b >= nb) {
-                            break;
-                        }
-                        if (j < H && b % S == lane) {
-                            uint row = r0 + b, n = row % N;
-                            uint col = d * H + j;
-                            uint own = n * DH + col;
-                            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-                            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-                            float g = acc.v[0][b];
-                            float hp = s == 0 ? h0[own] : hfwd[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
-                            float m = mask[rg_mask_step(p, s) + own];
-                            float da_r = g * hp * m * rg_derivative(p.act1, zs[zrow + qr + j]);
-                            dx[xrow + qr + j] = da_r;
-                            lhs[xrow + qr + j] = da_r;
-                            stage[b * GH + qr + j] = da_r;
-                            work[row * H + j] = g;
-                        }
-                    }
-                }
-                // Phase C reads da_r of every unit of the chunk.
-                threadgroup_barrier(mem_flags::mem_threadgroup);
-            }
-            // Phase C: dh_next for every row of the chunk.
-            for (uint pass = 0; pass < passes; ++pass) {
-                uint j = pass * per + lid / S;
-                if (rg_simd_idle(pass * per, lid, S, H)) {
-                    continue;  // no unit of this SIMD-group in the pass
-                }
-                RgAcc<1, B> acc;
-                rg_clear(acc);
-                if (j < H) {
-                    if (p.reset_after != 0) {
-                        rg_dots(acc, 1, nb, stage, GH, Rd, j * GH, 0, 0, 0, GH, lane, S);
-                    } else {  // the o block enters through g ⊙ r instead
-                        rg_dots(acc, 1, nb, stage + qz, GH, Rd, j * GH + qz, 0, 0, 0, H, lane, S);
-                        rg_dots(acc, 1, nb, stage + qr, GH, Rd, j * GH + qr, 0, 0, 0, H, lane, S);
-                    }
-                }
-                rg_lane_sum(acc, 1, nb, S);
-                #pragma unroll
-                for (uint b = 0; b < B; ++b) {
-                    if (b >= nb) {
-                        break;
-                    }
-                    if (j < H && b % S == lane) {
-                        uint row = r0 + b, n = row % N;
-                        uint col = d * H + j;
-                        uint own = n * DH + col;
-                        uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-                        float m = mask[rg_mask_step(p, s) + own];
-                        float next = gru_kept(p, dy, zs, dhn, s, row, j);
-                        if (p.reset_after == 0) {  // g from phase B of this thread
-                            next += work[row * H + j] * rg_activate(p.act1, zs[zrow + qr + j]) * m;
-                        }
-                        dhn[own] = next + acc.v[0][b] * m;
-                    }
-                }
-            }
-            // dh_next is written and the stages read before any thread starts phase A again.
-            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-            r0 += nb;
-        }
-    }
-    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-}
-
 // The activations of step t that gru_backward_v2_row<true>'s phase A reads, and their
 // derivatives (none depends on dh_next), unit u's together at pre[GRU_PRE·u]: slot k = f_k(a_k)
 // and slot 3 + k = f_k'(a_k) for gate k < 3 (z, r, o: z_state's a_z, a_r, a_o), the arithmetic
@@ -619,87 +464,103 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The body of gru_backward_v2 and gru_backward_v2_512: which version of the step runs in this
-// threadgroup. PW: the rounds of each of its two rows of Rᵀ a thread of the paired body holds
-// (the 512-thread entry's threads have the registers for more).
-template <uint PW>
-inline void gru_backward_v2_entry(constant RecurrenceParams& p, device const float* Rt,
-                                  device const float* h0, device const float* mask,
-                                  device const float* dy, device const float* zs,
-                                  device const float* hfwd, device float* dx, device float* lhs,
-                                  device float* rhs, device float* dhn, device float* work,
-                                  device float* prow, device uint2* status,
-                                  threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
-    if (p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 4 * p.H <= RG_STAGE) {  // lhs, sums
-        threadgroup float* stage = (threadgroup float*)staged;
-        uint row = rg_group_rows(p, tpg, tgid).x;
-        uint idle = tpg - rg_slices(p.H, tpg) * p.H;  // threads past the product's
-        // an item an idle thread; the stage, the sums and pre fit
-        threadgroup float* sums = stage + 3 * p.H;
-        threadgroup float* pre = stage + 4 * p.H;
-        if (3 * p.H <= idle && (4 + GRU_PRE) * p.H <= RG_STAGE) {
-            gru_backward_v2_row<true, 0>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
-                                         status, stage, sums, pre, row, lid, tgid, tpg);
-        } else if (rg_pairs(p.H, rg_slices(p.H, tpg), tpg)) {
-            gru_backward_v2_row<false, PW>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
-                                           status, stage, sums, pre, row, lid, tgid, tpg);
-        } else {
-            gru_backward_v2_row<false, 0>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow,
-                                          status, stage, sums, pre, row, lid, tgid, tpg);
-        }
-    } else if (rg_one_row(p, tpg, tgid)) {
-        gru_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow,
-                                status, staged, lid, tgid, tpg);
-    } else {
-        gru_backward_v2_rows<RG_BMAX>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow,
-                                      status, staged, lid, tgid, tpg);
+// ---------------------------------------------------------------------------------------------
+// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
+// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
+// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
+
+// The one-row body's conditions: reset_after, a row a threadgroup, one pass of the threads over the
+// units, the stage and sums within RG_STAGE; AHEAD: 3H threads idle in the product and the
+// activations found ahead within RG_STAGE; PW > 0: 2S lanes own two units (rg_pairs).
+template <bool AHEAD, uint PW>
+inline void gru_backward_v2_run(uint threads,
+                                constant RecurrenceParams& p, device const float* Rt,
+                                device const float* h0, device const float* mask,
+                                device const float* dy, device const float* zs,
+                                device const float* hfwd, device float* dx, device float* lhs,
+                                device float* rhs, device float* dhn, device float* work,
+                                device float* prow, device uint2* status,
+                                threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
+    uint S = rg_slices(p.H, tpg);
+    bool fits = p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 4 * p.H <= RG_STAGE
+                && (!AHEAD || (3 * p.H <= tpg - S * p.H && (4 + GRU_PRE) * p.H <= RG_STAGE))
+                && (PW == 0 || rg_pairs(p.H, S, tpg));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
     }
+    threadgroup float* stage = (threadgroup float*)staged;
+    gru_backward_v2_row<AHEAD, PW>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, status, stage,
+                                   stage + 3 * p.H, stage + 4 * p.H, rg_group_rows(p, tpg, tgid).x, lid,
+                                   tgid, tpg);
 }
 
+// gru_backward_v2_ahead: the threads idle in the product find the next step's activations ahead
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void gru_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                            device const float* Rt [[buffer(1)]],
-                            device const float* h0 [[buffer(2)]],
-                            device const float* mask [[buffer(3)]],
-                            device const float* dy [[buffer(4)]],
-                            device const float* zs [[buffer(5)]],
-                            device const float* hfwd [[buffer(6)]],
-                            device float* dx [[buffer(7)]],
-                            device float* lhs [[buffer(8)]],
-                            device float* rhs [[buffer(9)]],
-                            device float* dhn [[buffer(10)]],
-                            device float* work [[buffer(11)]],
-                            device float* prow [[buffer(12)]],
-                            device uint2* status [[buffer(13)]],
-                            uint lid [[thread_position_in_threadgroup]],
-                            uint tgid [[threadgroup_position_in_grid]],
-                            uint tpg [[threads_per_threadgroup]]) {
+kernel void gru_backward_v2_ahead(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
+        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
+        device const float* hfwd [[buffer(6)]], device float* dx [[buffer(7)]],
+        device float* lhs [[buffer(8)]], device float* rhs [[buffer(9)]],
+        device float* dhn [[buffer(10)]], device float* work [[buffer(11)]],
+        device float* prow [[buffer(12)]], device uint2* status [[buffer(13)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    gru_backward_v2_entry<1>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work, prow, status,
-                             staged, lid, tgid, tpg);
+    gru_backward_v2_run<true, 0>(RG_THREADS, p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work,
+                                 prow, status, staged, lid, tgid, tpg);
 }
 
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void gru_backward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
-                                device const float* Rt [[buffer(1)]],
-                                device const float* h0 [[buffer(2)]],
-                                device const float* mask [[buffer(3)]],
-                                device const float* dy [[buffer(4)]],
-                                device const float* zs [[buffer(5)]],
-                                device const float* hfwd [[buffer(6)]],
-                                device float* dx [[buffer(7)]],
-                                device float* lhs [[buffer(8)]],
-                                device float* rhs [[buffer(9)]],
-                                device float* dhn [[buffer(10)]],
-                                device float* work [[buffer(11)]],
-                                device float* prow [[buffer(12)]],
-                                device uint2* status [[buffer(13)]],
-                                uint lid [[thread_position_in_threadgroup]],
-                                uint tgid [[threadgroup_position_in_grid]],
-                                uint tpg [[threads_per_threadgroup]]) {
+// gru_backward_v2_paired: 2S lanes own units j and j + H/2 (rg_pairs), one round of each row held
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void gru_backward_v2_paired(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
+        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
+        device const float* hfwd [[buffer(6)]], device float* dx [[buffer(7)]],
+        device float* lhs [[buffer(8)]], device float* rhs [[buffer(9)]],
+        device float* dhn [[buffer(10)]], device float* work [[buffer(11)]],
+        device float* prow [[buffer(12)]], device uint2* status [[buffer(13)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    gru_backward_v2_entry<RG_PAIR_HOLD_512>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work,
-                                            prow, status, staged, lid, tgid, tpg);
+    gru_backward_v2_run<false, 1>(RG_THREADS, p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn,
+                                  work, prow, status, staged, lid, tgid, tpg);
+}
+
+// gru_backward_v2_streamed: the rows of Rᵀ read at every step
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void gru_backward_v2_streamed(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
+        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
+        device const float* hfwd [[buffer(6)]], device float* dx [[buffer(7)]],
+        device float* lhs [[buffer(8)]], device float* rhs [[buffer(9)]],
+        device float* dhn [[buffer(10)]], device float* work [[buffer(11)]],
+        device float* prow [[buffer(12)]], device uint2* status [[buffer(13)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    gru_backward_v2_run<false, 0>(RG_THREADS, p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn,
+                                  work, prow, status, staged, lid, tgid, tpg);
+}
+
+// gru_backward_v2_paired_512: the paired body in threadgroups of 512, RG_PAIR_HOLD_512 rounds of each row held
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void gru_backward_v2_paired_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
+        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
+        device const float* hfwd [[buffer(6)]], device float* dx [[buffer(7)]],
+        device float* lhs [[buffer(8)]], device float* rhs [[buffer(9)]],
+        device float* dhn [[buffer(10)]], device float* work [[buffer(11)]],
+        device float* prow [[buffer(12)]], device uint2* status [[buffer(13)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    gru_backward_v2_run<false, RG_PAIR_HOLD_512>(RG_THREADS_512, p, Rt, h0, mask, dy, zs, hfwd, dx,
+                                                 lhs, rhs, dhn, work, prow, status, staged, lid,
+                                                 tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

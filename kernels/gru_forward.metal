@@ -207,129 +207,6 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// gru_forward_v2 for chunks of at most B rows: the kernel takes B = 1 where its threadgroup
-// owns one row (the rule's grid), so that a thread holds one row's partial sums.
-template <uint B>
-inline void gru_forward_v2_rows(constant RecurrenceParams& p, device const float* x,
-                                device const float* bias, device const float* R,
-                                device const float* h0, device const float* mask,
-                                device const float* b2, device float* h, device float* zs,
-                                device uint2* status, threadgroup float4* staged,
-                                threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
-    // [b][k]: h[t−1] ⊙ m of the chunk's rows, then (without reset_after) from cap·H on
-    // h[t−1] ⊙ r ⊙ m
-    threadgroup float* stage = (threadgroup float*)staged;
-    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
-    uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
-    uint2 rows = rg_group_rows(p, tpg, tgid);
-    uint2 units = rg_units(p, tgid);
-    if (rows.x >= rows.y) {
-        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-        return;  // the whole threadgroup owns no row
-    }
-    uint S = rg_slices(units.y - units.x, tpg), lane = lid % S, per = tpg / S;
-    uint passes = (units.y - units.x + per - 1) / per;
-    uint cap = min(B, (uint)RG_STAGE / (2 * H));
-    threadgroup float* staged_r = stage + cap * H;
-    bool resident = rg_resident(p, rows, cap);
-    threadgroup float* after = (threadgroup float*)nexts;
-    uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
-    uint ng = p.reset_after != 0 ? 3u : 2u;  // the gates of the first product: z, r (, o)
-    for (uint s = p.s_begin; s < p.s_end; ++s) {
-        threadgroup float* cur = rg_stage_of(stage, after, resident, p, s);
-        threadgroup float* next = rg_stage_of(stage, after, resident, p, s + 1);
-        for (uint r0 = rows.x; r0 < rows.y;) {
-            uint nb = rg_chunk(r0, rows.y, N, cap);
-            uint d = r0 / N;
-            rg_stage_step(cur, resident, p, h0, h, mask, r0, nb, s, lid, tpg);
-            device const float* Rd = R + d * GH * H;
-            for (uint pass = 0; pass < passes; ++pass) {
-                uint j = units.x + pass * per + lid / S;
-                if (rg_simd_idle(units.x + pass * per, lid, S, units.y)) {
-                    continue;  // no unit of this SIMD-group in the pass
-                }
-                RgAcc<3, B> acc;
-                rg_clear(acc);
-                if (j < units.y) {
-                    rg_dots(acc, ng, nb, cur, H, Rd, (qz + j) * H, (qr + j) * H, (qo + j) * H,
-                            0, H, lane, S);
-                }
-                rg_lane_sum(acc, ng, nb, S);
-                #pragma unroll
-                for (uint b = 0; b < B; ++b) {
-                    if (b >= nb) {
-                        break;
-                    }
-                    if (j < units.y && b % S == lane) {
-                        if (p.reset_after != 0) {
-                            float ht = gru_cell_after(p, x, bias, h0, b2, h, zs, s, r0 + b, j,
-                                                      float3(acc.v[0][b], acc.v[1][b],
-                                                             acc.v[2][b]));
-                            if (resident) {
-                                rg_leave(next, p, mask, s, r0 + b, b, j, ht);
-                            }
-                        } else {
-                            uint n = (r0 + b) % N;
-                            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-                            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-                            float a_z = (x[xrow + qz + j] + bias[d * GH + qz + j]) + acc.v[0][b];
-                            float a_r = (x[xrow + qr + j] + bias[d * GH + qr + j]) + acc.v[1][b];
-                            zs[zrow + qz + j] = a_z;
-                            zs[zrow + qr + j] = a_r;
-                            staged_r[b * H + j] = cur[b * H + j] * rg_activate(p.act1, a_r);
-                        }
-                    }
-                }
-            }
-            if (p.reset_after == 0) {
-                // a_o reads h[t−1] ⊙ r ⊙ m of every unit of the chunk.
-                threadgroup_barrier(mem_flags::mem_threadgroup);
-                for (uint pass = 0; pass < passes; ++pass) {
-                    uint j = units.x + pass * per + lid / S;
-                    if (rg_simd_idle(units.x + pass * per, lid, S, units.y)) {
-                        continue;  // no unit of this SIMD-group in the pass
-                    }
-                    RgAcc<1, B> acc;  // the o gate alone
-                    rg_clear(acc);
-                    if (j < units.y) {
-                        rg_dots(acc, 1, nb, staged_r, H, Rd, (qo + j) * H, 0, 0, 0, H, lane, S);
-                    }
-                    rg_lane_sum(acc, 1, nb, S);
-                    #pragma unroll
-                    for (uint b = 0; b < B; ++b) {
-                        if (b >= nb) {
-                            break;
-                        }
-                        if (j < units.y && b % S == lane) {
-                            uint n = (r0 + b) % N;
-                            uint col = d * H;
-                            uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
-                            uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-                            float hp = s == 0 ? h0[n * DH + col + j]
-                                              : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col + j];
-                            float a_o = (x[xrow + qo + j] + bias[d * GH + qo + j]) + acc.v[0][b];
-                            zs[zrow + qo + j] = a_o;
-                            float z = rg_activate(p.act0, zs[zrow + qz + j]);  // this thread's own
-                            float o = rg_activate(p.act2, a_o);
-                            float ht = p.flip_z != 0 ? (1.0f - z) * hp + z * o
-                                                     : z * hp + (1.0f - z) * o;
-                            h[(rg_out_time(p, d, s) * N + n) * DH + col + j] = ht;
-                            if (resident) {
-                                rg_leave(next, p, mask, s, r0 + b, b, j, ht);
-                            }
-                        }
-                    }
-                }
-            }
-            // The stages are read and h[t] written (resident: the next stage left) before any
-            // thread stages again.
-            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-            r0 += nb;
-        }
-    }
-    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-}
-
 // The one-row bodies' weights: with W > 0, the thread's share of R's three rows of unit j (at
 // offsets oz, orr, oo of Rd) in registers, W float4 of each (rg_hold<W>).
 template <uint W>
@@ -572,85 +449,112 @@ inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const flo
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The body of gru_forward_v2 and gru_forward_v2_512: which version of the step runs in this
-// threadgroup. WHOLE > 0 (the 512-thread entry, whose threads have the registers): a one-row body
-// whose three rows two float4 a lane do not cover holds them in WHOLE float4 a lane where that
-// covers them, with its cell on the product's lanes where there are 4 or more a unit
-// (gru_forward_v2_spread).
-template <uint WHOLE>
-inline void gru_forward_v2_entry(constant RecurrenceParams& p, device const float* x,
-                                 device const float* bias, device const float* R,
-                                 device const float* h0, device const float* mask,
-                                 device const float* b2, device float* h, device float* zs,
-                                 device uint2* status, threadgroup float4* staged,
-                                 threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
-    if (p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 3 * p.H <= RG_NEXT) {  // 3 gates' sums
-        uint row = rg_group_rows(p, tpg, tgid).x;
-        threadgroup float* stage = (threadgroup float*)staged;
-        threadgroup float* sums = (threadgroup float*)nexts;
-        uint S = rg_slices(p.H, tpg);
-        if (rg_holds(p.H, RG_HOLD / 2, S)) {
-            gru_forward_v2_row<RG_HOLD / 2>(p, x, bias, R, h0, mask, b2, h, zs, status, stage,
-                                            sums, row, lid, tgid, tpg);
-        } else if (WHOLE > 1 && rg_holds(p.H, WHOLE, S) && S >= 4 && 12 * tpg <= RG_STAGE) {
-            // the stage's two buffers in nexts, the rows' last round in staged
-            gru_forward_v2_spread<(WHOLE > 1 ? WHOLE - 1 : 1)>(p, x, bias, R, h0, mask, b2, h, zs,
-                                                               status, sums, sums + p.H, staged,
-                                                               row, lid, tgid, tpg);
-        } else if (WHOLE > 0 && rg_holds(p.H, WHOLE, S)) {
-            gru_forward_v2_row<WHOLE>(p, x, bias, R, h0, mask, b2, h, zs, status, stage, sums, row,
-                                      lid, tgid, tpg);
-        } else {
-            gru_forward_v2_row<0>(p, x, bias, R, h0, mask, b2, h, zs, status, stage, sums, row, lid,
-                                  tgid, tpg);
-        }
-    } else if (rg_one_row(p, tpg, tgid)) {
-        gru_forward_v2_rows<1>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid, tgid,
-                               tpg);
-    } else {
-        gru_forward_v2_rows<RG_BMAX>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid,
-                                     tgid, tpg);
+// ---------------------------------------------------------------------------------------------
+// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
+// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
+// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
+
+// The one-row bodies' conditions: reset_after (its o gate reads r of its own unit only), a row a
+// threadgroup, one pass of the threads over the units, the three gates' sums within RG_NEXT;
+// W > 0: the thread's share of each of the three rows of R in W float4.
+template <uint W>
+inline void gru_forward_v2_run(uint threads, constant RecurrenceParams& p,
+                               device const float* x, device const float* bias,
+                               device const float* R, device const float* h0,
+                               device const float* mask, device const float* b2, device float* h,
+                               device float* zs, device uint2* status, threadgroup float4* staged,
+                               threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
+    bool fits = p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 3 * p.H <= RG_NEXT
+                && (W == 0 || rg_holds(p.H, W, rg_slices(p.H, tpg)));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
     }
+    gru_forward_v2_row<W>(p, x, bias, R, h0, mask, b2, h, zs, status, (threadgroup float*)staged,
+                          (threadgroup float*)nexts, rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
+// The spread body's: those, the rows whole in RG_HOLD_512 float4 a lane, 4 lanes a unit or more,
+// and 12 floats a thread of threadgroup memory for the rows' last round.
+inline void gru_forward_v2_spread_run(uint threads, constant RecurrenceParams& p,
+                                      device const float* x, device const float* bias,
+                                      device const float* R, device const float* h0,
+                                      device const float* mask, device const float* b2,
+                                      device float* h, device float* zs, device uint2* status,
+                                      threadgroup float4* staged, threadgroup float4* nexts,
+                                      uint lid, uint tgid, uint tpg) {
+    uint S = rg_slices(p.H, tpg);
+    bool fits = p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 3 * p.H <= RG_NEXT
+                && rg_holds(p.H, RG_HOLD_512, S) && S >= 4 && 12 * tpg <= RG_STAGE;
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
+    }
+    threadgroup float* sums = (threadgroup float*)nexts;  // the stage's two buffers
+    gru_forward_v2_spread<RG_HOLD_512 - 1>(p, x, bias, R, h0, mask, b2, h, zs, status, sums, sums + p.H,
+                                           staged, rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
+}
+
+// gru_forward_v2_streamed: the three rows of R read at every step
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void gru_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                           device const float* x [[buffer(1)]],
-                           device const float* bias [[buffer(2)]],
-                           device const float* R [[buffer(3)]],
-                           device const float* h0 [[buffer(4)]],
-                           device const float* mask [[buffer(5)]],
-                           device const float* b2 [[buffer(6)]],
-                           device float* h [[buffer(7)]],
-                           device float* zs [[buffer(8)]],
-                           device uint2* status [[buffer(9)]],
-                           uint lid [[thread_position_in_threadgroup]],
-                           uint tgid [[threadgroup_position_in_grid]],
-                           uint tpg [[threads_per_threadgroup]]) {
+kernel void gru_forward_v2_streamed(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
+        device const float* b2 [[buffer(6)]], device float* h [[buffer(7)]],
+        device float* zs [[buffer(8)]], device uint2* status [[buffer(9)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    gru_forward_v2_entry<0>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid, tgid,
-                            tpg);
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    gru_forward_v2_run<0>(RG_THREADS, p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts,
+                          lid, tgid, tpg);
 }
 
+// gru_forward_v2_streamed_512: gru_forward_v2_streamed in threadgroups of 512
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void gru_forward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
-                               device const float* x [[buffer(1)]],
-                               device const float* bias [[buffer(2)]],
-                               device const float* R [[buffer(3)]],
-                               device const float* h0 [[buffer(4)]],
-                               device const float* mask [[buffer(5)]],
-                               device const float* b2 [[buffer(6)]],
-                               device float* h [[buffer(7)]],
-                               device float* zs [[buffer(8)]],
-                               device uint2* status [[buffer(9)]],
-                               uint lid [[thread_position_in_threadgroup]],
-                               uint tgid [[threadgroup_position_in_grid]],
-                               uint tpg [[threads_per_threadgroup]]) {
+kernel void gru_forward_v2_streamed_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
+        device const float* b2 [[buffer(6)]], device float* h [[buffer(7)]],
+        device float* zs [[buffer(8)]], device uint2* status [[buffer(9)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    gru_forward_v2_entry<RG_HOLD_512>(p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts,
-                                      lid, tgid, tpg);
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    gru_forward_v2_run<0>(RG_THREADS_512, p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts,
+                          lid, tgid, tpg);
+}
+
+// gru_forward_v2_held_512: the three rows held whole in RG_HOLD / 2 float4 a lane
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void gru_forward_v2_held_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
+        device const float* b2 [[buffer(6)]], device float* h [[buffer(7)]],
+        device float* zs [[buffer(8)]], device uint2* status [[buffer(9)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    gru_forward_v2_run<RG_HOLD / 2>(RG_THREADS_512, p, x, bias, R, h0, mask, b2, h, zs, status,
+                                    staged, nexts, lid, tgid, tpg);
+}
+
+// gru_forward_v2_spread_512: the rows held whole (their last round in threadgroup memory), the cell on 4 lanes a unit
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void gru_forward_v2_spread_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
+        device const float* b2 [[buffer(6)]], device float* h [[buffer(7)]],
+        device float* zs [[buffer(8)]], device uint2* status [[buffer(9)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    gru_forward_v2_spread_run(RG_THREADS_512, p, x, bias, R, h0, mask, b2, h, zs, status, staged,
+                              nexts, lid, tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

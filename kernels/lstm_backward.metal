@@ -236,98 +236,6 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// lstm_backward_v2 for chunks of at most B rows: the kernel takes B = 1 where its threadgroup
-// owns one row (the rule's grid), so that a thread holds one row's partial sums.
-template <uint B>
-inline void lstm_backward_v2_rows(constant RecurrenceParams& p, device const float* Rt,
-                                  device const float* h0, device const float* c0,
-                                  device const float* mask, device const float* peephole,
-                                  device const float* dy, device const float* zs,
-                                  device const float* cfwd, device const float* cg,
-                                  device float* dx, device float* rhs, device float* dhn,
-                                  device float* dcn, device float* prow, device uint2* status,
-                                  threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
-    threadgroup float* stage = (threadgroup float*)staged;  // [b][q]: dA of the chunk's rows
-    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H;
-    uint2 rows = rg_group_rows(p, tpg, tgid);
-    if (rows.x >= rows.y) {
-        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-        return;  // the whole threadgroup owns no row
-    }
-    uint cap = min(B, (uint)RG_STAGE / GH);
-    if (p.unit_blocks != 0) {
-        // The one-step grid: step s = p.s_begin (none when s_end = s_begin, the last dispatch),
-        // its carry from step c = p.s_end first (none at c = T: dhn holds the host's).
-        uint2 units = rg_units(p, tgid);
-        uint nu = units.y - units.x;
-        for (uint r0 = rows.x; r0 < rows.y;) {
-            uint nb = rg_chunk(r0, rows.y, N, cap);
-            if (p.s_end < p.T) {
-                rg_carry<B>(stage, p, dx, Rt, mask, dhn, r0, nb, p.s_end, units, GH, false, lid,
-                            tpg);
-            }
-            if (p.s_end > p.s_begin) {
-                for (uint e = lid; e < nb * nu; e += tpg) {
-                    lstm_cell_gradients(p, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn,
-                                        dcn, prow, p.s_begin, r0 + e / nu, units.x + e % nu);
-                }
-                // dx of step s is written before the next dispatch stages it (the dispatch
-                // boundary); the next chunk's carry stages only after this.
-                threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-            }
-            r0 += nb;
-        }
-        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-        return;
-    }
-    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
-    uint passes = (H + per - 1) / per;
-    for (uint step = p.s_end; step > p.s_begin; --step) {
-        uint s = step - 1;
-        for (uint r0 = rows.x; r0 < rows.y;) {
-            uint nb = rg_chunk(r0, rows.y, N, cap);
-            uint d = r0 / N;
-            // Phase A: the cell chain of every (row, j) of the chunk.
-            for (uint e = lid; e < nb * H; e += tpg) {
-                uint b = e / H, j = e % H;
-                float4 da = lstm_cell_gradients(p, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
-                                                rhs, dhn, dcn, prow, s, r0 + b, j);
-                for (uint k = 0; k < 4; ++k) {
-                    stage[b * GH + rg_gate(p, k) * H + j] = da[k];
-                }
-            }
-            threadgroup_barrier(mem_flags::mem_threadgroup);
-            // Phase B: dh_next[j] = m_j Σ_q dA_q R[q,j] for every row of the chunk.
-            for (uint pass = 0; pass < passes; ++pass) {
-                uint j = pass * per + lid / S;
-                if (rg_simd_idle(pass * per, lid, S, H)) {
-                    continue;  // no unit of this SIMD-group in the pass
-                }
-                RgAcc<1, B> acc;
-                rg_clear(acc);
-                if (j < H) {
-                    rg_dots(acc, 1, nb, stage, GH, Rt + d * H * GH, j * GH, 0, 0, 0, GH, lane, S);
-                }
-                rg_lane_sum(acc, 1, nb, S);
-                #pragma unroll
-                for (uint b = 0; b < B; ++b) {
-                    if (b >= nb) {
-                        break;
-                    }
-                    if (j < H && b % S == lane) {
-                        uint own = ((r0 + b) % N) * DH + d * H + j;
-                        dhn[own] = acc.v[0][b] * mask[rg_mask_step(p, s) + own];
-                    }
-                }
-            }
-            // dh_next is written and the stage read before any thread starts phase A again.
-            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-            r0 += nb;
-        }
-    }
-    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-}
-
 // The activations of step t that lstm_backward_v2_row<true>'s phase A reads, and their
 // derivatives (none depends on dh_next), unit u's LSTM_PRE values together at pre[LSTM_PRE·u]:
 // slot k = f_k(a_k) and slot 4 + k = f_k'(a_k) for gate k < 4, slot 8 = g(c[t]), slot 9 =
@@ -555,108 +463,149 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The body of lstm_backward_v2 and lstm_backward_v2_512: which version of the step runs in this
-// threadgroup. PW > 0 (the 512-thread entry, whose threads have the registers): where 2S lanes
-// can own two units (rg_pairs), they do, holding the first PW rounds of both rows of Rᵀ.
-template <uint PW>
-inline void lstm_backward_v2_entry(constant RecurrenceParams& p, device const float* Rt,
-                                   device const float* h0, device const float* c0,
-                                   device const float* mask, device const float* peephole,
-                                   device const float* dy, device const float* zs,
-                                   device const float* cfwd, device const float* cg,
-                                   device float* dx, device float* rhs, device float* dhn,
-                                   device float* dcn, device float* prow, device uint2* status,
-                                   uint lid, uint tgid, uint tpg, threadgroup float4* staged) {
-    if (rg_one_pass(p, tpg, tgid) && 5 * p.H <= RG_STAGE) {  // dA of four gates and the sums
-        threadgroup float* stage = (threadgroup float*)staged;
-        uint row = rg_group_rows(p, tpg, tgid).x;
-        bool ahead = 6 * p.H <= tpg && 16 * p.H <= RG_STAGE;  // an item a thread; pre fits
-        bool peep = p.has_peephole != 0;
-        bool pairs = PW > 0 && rg_pairs(p.H, rg_slices(p.H, tpg), tpg);
-        threadgroup float* sums = stage + 4 * p.H;
-        threadgroup float* pre = stage + 5 * p.H;
-        if (ahead && peep) {
-            lstm_backward_v2_row<true, true, 0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
-                                             rhs, dhn, dcn, prow, status, stage, sums, pre, row,
-                                             lid, tgid, tpg);
-        } else if (ahead) {
-            lstm_backward_v2_row<true, false, 0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
-                                              rhs, dhn, dcn, prow, status, stage, sums, pre, row,
-                                              lid, tgid, tpg);
-        } else if (pairs && peep) {
-            lstm_backward_v2_row<false, true, PW>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
-                                                  dx, rhs, dhn, dcn, prow, status, stage, sums, pre,
-                                                  row, lid, tgid, tpg);
-        } else if (pairs) {
-            lstm_backward_v2_row<false, false, PW>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
-                                                   dx, rhs, dhn, dcn, prow, status, stage, sums,
-                                                   pre, row, lid, tgid, tpg);
-        } else if (peep) {
-            lstm_backward_v2_row<false, true, 0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
-                                              rhs, dhn, dcn, prow, status, stage, sums, pre, row,
-                                              lid, tgid, tpg);
-        } else {
-            lstm_backward_v2_row<false, false, 0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
-                                               dx, rhs, dhn, dcn, prow, status, stage, sums, pre,
-                                               row, lid, tgid, tpg);
-        }
-    } else if (rg_one_row(p, tpg, tgid)) {
-        lstm_backward_v2_rows<1>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,
-                                 prow, status, staged, lid, tgid, tpg);
-    } else {
-        lstm_backward_v2_rows<RG_BMAX>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs,
-                                       dhn, dcn, prow, status, staged, lid, tgid, tpg);
+// ---------------------------------------------------------------------------------------------
+// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
+// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
+// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
+
+// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units, the
+// four gates' dA and the sums within RG_STAGE; AHEAD: 6H threads, the activations found ahead
+// within RG_STAGE; PEEP: compiled with the peephole's registers, run only where it is given;
+// PW > 0: 2S lanes own two units (rg_pairs).
+template <bool AHEAD, bool PEEP, uint PW>
+inline void lstm_backward_v2_run(uint threads,
+                                 constant RecurrenceParams& p, device const float* Rt,
+                                 device const float* h0, device const float* c0,
+                                 device const float* mask, device const float* peephole,
+                                 device const float* dy, device const float* zs,
+                                 device const float* cfwd, device const float* cg, device float* dx,
+                                 device float* rhs, device float* dhn, device float* dcn,
+                                 device float* prow, device uint2* status,
+                                 threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
+    bool fits = rg_one_pass(p, tpg, tgid) && 5 * p.H <= RG_STAGE
+                && (!AHEAD || (6 * p.H <= tpg && 16 * p.H <= RG_STAGE))
+                && PEEP == (p.has_peephole != 0)
+                && (PW == 0 || rg_pairs(p.H, rg_slices(p.H, tpg), tpg));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
     }
+    threadgroup float* stage = (threadgroup float*)staged;
+    lstm_backward_v2_row<AHEAD, PEEP, PW>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn, prow, status, stage,
+                                          stage + 4 * p.H, stage + 5 * p.H,
+                                          rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
+// lstm_backward_v2_ahead: the threads idle in the product find the next step's activations ahead
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                             device const float* Rt [[buffer(1)]],
-                             device const float* h0 [[buffer(2)]],
-                             device const float* c0 [[buffer(3)]],
-                             device const float* mask [[buffer(4)]],
-                             device const float* peephole [[buffer(5)]],
-                             device const float* dy [[buffer(6)]],
-                             device const float* zs [[buffer(7)]],
-                             device const float* cfwd [[buffer(8)]],
-                             device const float* cg [[buffer(9)]],
-                             device float* dx [[buffer(10)]],
-                             device float* rhs [[buffer(11)]],
-                             device float* dhn [[buffer(12)]],
-                             device float* dcn [[buffer(13)]],
-                             device float* prow [[buffer(14)]],
-                             device uint2* status [[buffer(15)]],
-                             uint lid [[thread_position_in_threadgroup]],
-                             uint tgid [[threadgroup_position_in_grid]],
-                             uint tpg [[threads_per_threadgroup]]) {
+kernel void lstm_backward_v2_ahead(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
+        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
+        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
+        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
+        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
+        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
+        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    lstm_backward_v2_entry<0>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,
-                              prow, status, lid, tgid, tpg, staged);
+    lstm_backward_v2_run<true, false, 0>(RG_THREADS, p, Rt, h0, c0, mask, peephole, dy, zs, cfwd,
+                                         cg, dx, rhs, dhn, dcn, prow, status, staged, lid, tgid,
+                                         tpg);
 }
 
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void lstm_backward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
-                                 device const float* Rt [[buffer(1)]],
-                                 device const float* h0 [[buffer(2)]],
-                                 device const float* c0 [[buffer(3)]],
-                                 device const float* mask [[buffer(4)]],
-                                 device const float* peephole [[buffer(5)]],
-                                 device const float* dy [[buffer(6)]],
-                                 device const float* zs [[buffer(7)]],
-                                 device const float* cfwd [[buffer(8)]],
-                                 device const float* cg [[buffer(9)]],
-                                 device float* dx [[buffer(10)]],
-                                 device float* rhs [[buffer(11)]],
-                                 device float* dhn [[buffer(12)]],
-                                 device float* dcn [[buffer(13)]],
-                                 device float* prow [[buffer(14)]],
-                                 device uint2* status [[buffer(15)]],
-                                 uint lid [[thread_position_in_threadgroup]],
-                                 uint tgid [[threadgroup_position_in_grid]],
-                                 uint tpg [[threads_per_threadgroup]]) {
+// lstm_backward_v2_ahead_peephole: lstm_backward_v2_ahead with a peephole
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void lstm_backward_v2_ahead_peephole(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
+        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
+        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
+        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
+        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
+        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
+        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    lstm_backward_v2_entry<RG_PAIR_HOLD_512>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx,
-                                             rhs, dhn, dcn, prow, status, lid, tgid, tpg, staged);
+    lstm_backward_v2_run<true, true, 0>(RG_THREADS, p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
+                                        dx, rhs, dhn, dcn, prow, status, staged, lid, tgid, tpg);
+}
+
+// lstm_backward_v2_streamed: the rows of Rᵀ read at every step
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void lstm_backward_v2_streamed(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
+        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
+        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
+        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
+        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
+        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
+        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    lstm_backward_v2_run<false, false, 0>(RG_THREADS, p, Rt, h0, c0, mask, peephole, dy, zs, cfwd,
+                                          cg, dx, rhs, dhn, dcn, prow, status, staged, lid, tgid,
+                                          tpg);
+}
+
+// lstm_backward_v2_streamed_peephole: lstm_backward_v2_streamed with a peephole
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void lstm_backward_v2_streamed_peephole(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
+        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
+        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
+        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
+        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
+        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
+        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    lstm_backward_v2_run<false, true, 0>(RG_THREADS, p, Rt, h0, c0, mask, peephole, dy, zs, cfwd,
+                                         cg, dx, rhs, dhn, dcn, prow, status, staged, lid, tgid,
+                                         tpg);
+}
+
+// lstm_backward_v2_paired_512: 2S lanes own units j and j + H/2 (rg_pairs), RG_PAIR_HOLD_512 rounds of each row held
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void lstm_backward_v2_paired_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
+        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
+        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
+        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
+        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
+        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
+        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    lstm_backward_v2_run<false, false, RG_PAIR_HOLD_512>(RG_THREADS_512, p, Rt, h0, c0, mask,
+                                                         peephole, dy, zs, cfwd, cg, dx, rhs, dhn,
+                                                         dcn, prow, status, staged, lid, tgid, tpg);
+}
+
+// lstm_backward_v2_paired_peephole_512: lstm_backward_v2_paired_512 with a peephole
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void lstm_backward_v2_paired_peephole_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
+        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
+        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
+        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
+        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
+        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
+        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    lstm_backward_v2_run<false, true, RG_PAIR_HOLD_512>(RG_THREADS_512, p, Rt, h0, c0, mask,
+                                                        peephole, dy, zs, cfwd, cg, dx, rhs, dhn,
+                                                        dcn, prow, status, staged, lid, tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

@@ -187,73 +187,6 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// lstm_forward_v2 for chunks of at most B rows: the kernel takes B = 1 where its threadgroup
-// owns one row (the rule's grid), so that a thread holds one row's partial sums.
-template <uint B>
-inline void lstm_forward_v2_rows(constant RecurrenceParams& p, device const float* x,
-                                 device const float* bias, device const float* R,
-                                 device const float* h0, device const float* c0,
-                                 device const float* mask, device const float* peephole,
-                                 device float* h, device float* c, device float* zs,
-                                 device uint2* status, threadgroup float4* staged,
-                                 threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
-    threadgroup float* stage = (threadgroup float*)staged;  // [b][k]: h[t−1] ⊙ m of the chunk's rows
-    uint N = p.N, H = p.H, GH = 4 * p.H;
-    uint2 rows = rg_group_rows(p, tpg, tgid);
-    uint2 units = rg_units(p, tgid);
-    if (rows.x >= rows.y) {
-        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-        return;  // the whole threadgroup owns no row
-    }
-    uint S = rg_slices(units.y - units.x, tpg), lane = lid % S, per = tpg / S;
-    uint passes = (units.y - units.x + per - 1) / per;
-    uint cap = min(B, (uint)RG_STAGE / H);
-    bool resident = rg_resident(p, rows, cap);
-    threadgroup float* after = (threadgroup float*)nexts;
-    for (uint s = p.s_begin; s < p.s_end; ++s) {
-        threadgroup float* cur = rg_stage_of(stage, after, resident, p, s);
-        threadgroup float* next = rg_stage_of(stage, after, resident, p, s + 1);
-        for (uint r0 = rows.x; r0 < rows.y;) {
-            uint nb = rg_chunk(r0, rows.y, N, cap);
-            uint d = r0 / N;
-            rg_stage_step(cur, resident, p, h0, h, mask, r0, nb, s, lid, tpg);
-            for (uint pass = 0; pass < passes; ++pass) {
-                uint j = units.x + pass * per + lid / S;
-                if (rg_simd_idle(units.x + pass * per, lid, S, units.y)) {
-                    continue;  // no unit of this SIMD-group in the pass
-                }
-                RgAcc<4, B> acc;
-                rg_clear(acc);
-                if (j < units.y) {  // gates in the cell's order i, f, z, o
-                    rg_dots(acc, 4, nb, cur, H, R + d * GH * H, (p.gate0 * H + j) * H,
-                            (p.gate1 * H + j) * H, (p.gate2 * H + j) * H, (p.gate3 * H + j) * H,
-                            H, lane, S);
-                }
-                rg_lane_sum(acc, 4, nb, S);
-                #pragma unroll
-                for (uint b = 0; b < B; ++b) {
-                    if (b >= nb) {
-                        break;
-                    }
-                    if (j < units.y && b % S == lane) {
-                        float ht = lstm_cell(p, x, bias, c0, peephole, h, c, zs, s, r0 + b, j,
-                                             float4(acc.v[0][b], acc.v[1][b], acc.v[2][b],
-                                                    acc.v[3][b]));
-                        if (resident) {
-                            rg_leave(next, p, mask, s, r0 + b, b, j, ht);
-                        }
-                    }
-                }
-            }
-            // The stage is read and h[t], c[t] written (resident: the next stage left) before
-            // any thread stages again.
-            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-            r0 += nb;
-        }
-    }
-    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-}
-
 // lstm_forward_v2's one-row body (rg_one_pass): thread lid is lane lid mod S of unit lid / S,
 // lane 0 runs the unit's cell and keeps c[t] in a register for the next step. Unlike the other
 // one-row bodies, the cell runs on the product's SIMD-groups: a SIMD-group's long cell (four
@@ -436,89 +369,118 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The body of lstm_forward_v2 and lstm_forward_v2_512: which version of the step runs
-// in this threadgroup.
-template <uint HW>
-inline void lstm_forward_v2_entry(constant RecurrenceParams& p, device const float* x,
-                                  device const float* bias, device const float* R,
-                                  device const float* h0, device const float* c0,
-                                  device const float* mask, device const float* peephole,
-                                  device float* h, device float* c, device float* zs,
-                                  device uint2* status, threadgroup float4* staged,
-                                  threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
-    if (rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT) {
-        uint row = rg_group_rows(p, tpg, tgid).x;
-        threadgroup float* stage = (threadgroup float*)staged;
-        threadgroup float* after = (threadgroup float*)nexts;
-        uint S = rg_slices(p.H, tpg);
-        bool full = rg_full(p.H, S, tpg);  // every thread a unit's; float4 reads
-        if (S >= 4 && full && HW > 2 && rg_holds(p.H, 2, S)) {  // the rows whole in 2 float4
-            lstm_forward_v2_row<true, true, 2>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                               status, stage, after, row, lid, tgid, tpg);
-        } else if (S >= 4 && full) {
-            lstm_forward_v2_row<true, true, HW>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                                status, stage, after, row, lid, tgid, tpg);
-        } else if (S >= 4) {
-            lstm_forward_v2_row<true, false, 0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                                status, stage, after, row, lid, tgid, tpg);
-        } else if (full) {
-            lstm_forward_v2_row<false, true, 0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                                status, stage, after, row, lid, tgid, tpg);
-        } else {
-            lstm_forward_v2_row<false, false, 0>(p, x, bias, R, h0, c0, mask, peephole, h, c,
-                                                 zs, status, stage, after, row, lid, tgid, tpg);
-        }
-    } else if (rg_one_row(p, tpg, tgid)) {
-        lstm_forward_v2_rows<1>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged,
-                                nexts, lid, tgid, tpg);
-    } else {
-        lstm_forward_v2_rows<RG_BMAX>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
-                                      staged, nexts, lid, tgid, tpg);
+// ---------------------------------------------------------------------------------------------
+// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
+// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
+// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
+
+// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units, the
+// next step's stage within RG_NEXT; SPREAD: 4 lanes a unit or more (lane k < 4 gate k's
+// activation); FULL: every thread a unit's, float4 reads (rg_full); HW: float4 of each row held.
+template <bool SPREAD, bool FULL, uint HW>
+inline void lstm_forward_v2_run(uint threads,
+                                constant RecurrenceParams& p, device const float* x,
+                                device const float* bias, device const float* R,
+                                device const float* h0, device const float* c0,
+                                device const float* mask, device const float* peephole,
+                                device float* h, device float* c, device float* zs,
+                                device uint2* status, threadgroup float4* staged,
+                                threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
+    uint S = rg_slices(p.H, tpg);
+    bool fits = rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT && (!SPREAD || S >= 4)
+                && (!FULL || rg_full(p.H, S, tpg));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
     }
+    lstm_forward_v2_row<SPREAD, FULL, HW>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
+                                          (threadgroup float*)staged, (threadgroup float*)nexts,
+                                          rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
+// lstm_forward_v2_spread: lane k < 4 of a unit gate k's activation, R read at every step
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                            device const float* x [[buffer(1)]],
-                            device const float* bias [[buffer(2)]],
-                            device const float* R [[buffer(3)]],
-                            device const float* h0 [[buffer(4)]],
-                            device const float* c0 [[buffer(5)]],
-                            device const float* mask [[buffer(6)]],
-                            device const float* peephole [[buffer(7)]],
-                            device float* h [[buffer(8)]],
-                            device float* c [[buffer(9)]],
-                            device float* zs [[buffer(10)]],
-                            device uint2* status [[buffer(11)]],
-                            uint lid [[thread_position_in_threadgroup]],
-                            uint tgid [[threadgroup_position_in_grid]],
-                            uint tpg [[threads_per_threadgroup]]) {
+kernel void lstm_forward_v2_spread(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
+        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
+        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
+        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    lstm_forward_v2_entry<0>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status, staged,
-                             nexts, lid, tgid, tpg);
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    lstm_forward_v2_run<true, false, 0>(RG_THREADS, p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+                                        status, staged, nexts, lid, tgid, tpg);
 }
 
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void lstm_forward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
-                                device const float* x [[buffer(1)]],
-                                device const float* bias [[buffer(2)]],
-                                device const float* R [[buffer(3)]],
-                                device const float* h0 [[buffer(4)]],
-                                device const float* c0 [[buffer(5)]],
-                                device const float* mask [[buffer(6)]],
-                                device const float* peephole [[buffer(7)]],
-                                device float* h [[buffer(8)]],
-                                device float* c [[buffer(9)]],
-                                device float* zs [[buffer(10)]],
-                                device uint2* status [[buffer(11)]],
-                                uint lid [[thread_position_in_threadgroup]],
-                                uint tgid [[threadgroup_position_in_grid]],
-                                uint tpg [[threads_per_threadgroup]]) {
+// lstm_forward_v2_full: lstm_forward_v2_spread where every thread is a unit's: no per-step test of which
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void lstm_forward_v2_full(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
+        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
+        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
+        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    lstm_forward_v2_entry<RG_LSTM_HOLD_512>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                            status, staged, nexts, lid, tgid, tpg);
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    lstm_forward_v2_run<true, true, 0>(RG_THREADS, p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
+                                       status, staged, nexts, lid, tgid, tpg);
+}
+
+// lstm_forward_v2_spread_512: lstm_forward_v2_spread in threadgroups of 512
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void lstm_forward_v2_spread_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
+        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
+        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
+        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    lstm_forward_v2_run<true, false, 0>(RG_THREADS_512, p, x, bias, R, h0, c0, mask, peephole, h, c,
+                                        zs, status, staged, nexts, lid, tgid, tpg);
+}
+
+// lstm_forward_v2_full_whole_512: lstm_forward_v2_full in threadgroups of 512, the four rows held whole in 2 float4 a lane
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void lstm_forward_v2_full_whole_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
+        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
+        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
+        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    lstm_forward_v2_run<true, true, 2>(RG_THREADS_512, p, x, bias, R, h0, c0, mask, peephole, h, c,
+                                       zs, status, staged, nexts, lid, tgid, tpg);
+}
+
+// lstm_forward_v2_full_held_512: lstm_forward_v2_full in threadgroups of 512, the first RG_LSTM_HOLD_512 float4 of each row held
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void lstm_forward_v2_full_held_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
+        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
+        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
+        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    lstm_forward_v2_run<true, true, RG_LSTM_HOLD_512>(RG_THREADS_512, p, x, bias, R, h0, c0, mask,
+                                                      peephole, h, c, zs, status, staged, nexts,
+                                                      lid, tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

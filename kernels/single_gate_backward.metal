@@ -146,90 +146,6 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// single_gate_backward_v2 for chunks of at most B rows: the kernel takes B = 1 where its
-// threadgroup owns one row (the rule's grid), so that a thread holds one row's partial sums.
-template <uint B>
-inline void single_gate_backward_v2_rows(constant RecurrenceParams& p, device const float* Rt,
-                                         device const float* h0, device const float* mask,
-                                         device const float* dy, device const float* zs,
-                                         device float* dx, device float* rhs, device float* dhn,
-                                         device uint2* status, threadgroup float4* staged, uint lid,
-                                         uint tgid, uint tpg) {
-    threadgroup float* stage = (threadgroup float*)staged;  // [b][k]: da of the chunk's rows
-    uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint2 rows = rg_group_rows(p, tpg, tgid);
-    if (rows.x >= rows.y) {
-        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-        return;  // the whole threadgroup owns no row
-    }
-    uint cap = min(B, (uint)RG_STAGE / H);
-    if (p.unit_blocks != 0) {
-        // The one-step grid: step s = p.s_begin (none when s_end = s_begin, the last dispatch),
-        // its carry from step c = p.s_end first (none at c = T: dhn holds the host's).
-        uint2 units = rg_units(p, tgid);
-        uint nu = units.y - units.x;
-        for (uint r0 = rows.x; r0 < rows.y;) {
-            uint nb = rg_chunk(r0, rows.y, N, cap);
-            if (p.s_end < p.T) {
-                rg_carry<B>(stage, p, dx, Rt, mask, dhn, r0, nb, p.s_end, units, H, false, lid,
-                            tpg);
-            }
-            if (p.s_end > p.s_begin) {
-                for (uint e = lid; e < nb * nu; e += tpg) {
-                    single_gate_da(p, h0, mask, dy, zs, dx, rhs, dhn, p.s_begin, r0 + e / nu,
-                                   units.x + e % nu);
-                }
-                // the next chunk's carry stages only after this
-                threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-            }
-            r0 += nb;
-        }
-        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-        return;
-    }
-    uint S = rg_slices(H, tpg), lane = lid % S, per = tpg / S;
-    uint passes = (H + per - 1) / per;
-    for (uint step = p.s_end; step > p.s_begin; --step) {
-        uint s = step - 1;
-        for (uint r0 = rows.x; r0 < rows.y;) {
-            uint nb = rg_chunk(r0, rows.y, N, cap);
-            uint d = r0 / N;
-            // Phase A: da for every (row, j) of the chunk.
-            for (uint e = lid; e < nb * H; e += tpg) {
-                stage[e] = single_gate_da(p, h0, mask, dy, zs, dx, rhs, dhn, s, r0 + e / H, e % H);
-            }
-            threadgroup_barrier(mem_flags::mem_threadgroup);
-            // Phase B: dh_next[j] = m_j Σ_k da_k R[k,j] for every row of the chunk.
-            for (uint pass = 0; pass < passes; ++pass) {
-                uint j = pass * per + lid / S;
-                if (rg_simd_idle(pass * per, lid, S, H)) {
-                    continue;  // no unit of this SIMD-group in the pass
-                }
-                RgAcc<1, B> acc;
-                rg_clear(acc);
-                if (j < H) {
-                    rg_dots(acc, 1, nb, stage, H, Rt + d * H * H, j * H, 0, 0, 0, H, lane, S);
-                }
-                rg_lane_sum(acc, 1, nb, S);
-                #pragma unroll
-                for (uint b = 0; b < B; ++b) {
-                    if (b >= nb) {
-                        break;
-                    }
-                    if (j < H && b % S == lane) {
-                        uint own = ((r0 + b) % N) * DH + d * H + j;
-                        dhn[own] = acc.v[0][b] * mask[rg_mask_step(p, s) + own];
-                    }
-                }
-            }
-            // dh_next is written and the stage read before any thread starts phase A again.
-            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-            r0 += nb;
-        }
-    }
-    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-}
-
 // single_gate_backward_v2's one-row body (rg_one_pass): thread u < H runs unit u's phase A and
 // keeps its dh_next in a register from step to step (dhn is read once and written once); in
 // phase B thread lid is lane lid mod S of unit lid / S, and the sums meet in threadgroup memory.
@@ -321,74 +237,92 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The body of single_gate_backward_v2 and single_gate_backward_v2_512: which version of the step
-// runs in this threadgroup. PW: the rounds of each of its two rows of Rᵀ a thread of the paired
-// body holds (the 512-thread entry's threads have the registers for more).
-template <uint PW>
-inline void single_gate_backward_v2_entry(constant RecurrenceParams& p, device const float* Rt,
-                                          device const float* h0, device const float* mask,
-                                          device const float* dy, device const float* zs,
-                                          device float* dx, device float* rhs, device float* dhn,
-                                          device uint2* status, uint lid, uint tgid, uint tpg,
-                                          threadgroup float4* staged) {
-    if (rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE) {  // the stage and the sums
-        uint row = rg_group_rows(p, tpg, tgid).x, S = rg_slices(p.H, tpg);
-        threadgroup float* stage = (threadgroup float*)staged;
-        if (rg_holds(p.H, RG_HOLD, S)) {
-            single_gate_backward_v2_row<true, 0>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                                 stage, stage + p.H, row, lid, tgid, tpg);
-        } else if (rg_pairs(p.H, S, tpg)) {
-            single_gate_backward_v2_row<false, PW>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                                   stage, stage + p.H, row, lid, tgid, tpg);
-        } else {
-            single_gate_backward_v2_row<false, 0>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                                  stage, stage + p.H, row, lid, tgid, tpg);
-        }
-    } else if (rg_one_row(p, tpg, tgid)) {
-        single_gate_backward_v2_rows<1>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged, lid,
-                                        tgid, tpg);
-    } else {
-        single_gate_backward_v2_rows<RG_BMAX>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, staged,
-                                              lid, tgid, tpg);
+// ---------------------------------------------------------------------------------------------
+// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
+// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
+// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
+
+// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units,
+// the stage and the sums within RG_STAGE; HOLD: the share of Rᵀ's row in RG_HOLD float4; PW > 0:
+// 2S lanes own two units (rg_pairs), holding the first PW rounds of both rows.
+template <bool HOLD, uint PW>
+inline void single_gate_backward_v2_run(uint threads,
+                                        constant RecurrenceParams& p, device const float* Rt,
+                                        device const float* h0, device const float* mask,
+                                        device const float* dy, device const float* zs,
+                                        device float* dx, device float* rhs, device float* dhn,
+                                        device uint2* status, threadgroup float4* staged, uint lid,
+                                        uint tgid, uint tpg) {
+    uint S = rg_slices(p.H, tpg);
+    bool fits = rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE
+                && (!HOLD || rg_holds(p.H, RG_HOLD, S)) && (PW == 0 || rg_pairs(p.H, S, tpg));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
     }
+    threadgroup float* stage = (threadgroup float*)staged;
+    single_gate_backward_v2_row<HOLD, PW>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, stage,
+                                          stage + p.H, rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
+// single_gate_backward_v2_held: Rᵀ's row held in registers (4·RG_HOLD·S >= H)
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_backward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                                    device const float* Rt [[buffer(1)]],
-                                    device const float* h0 [[buffer(2)]],
-                                    device const float* mask [[buffer(3)]],
-                                    device const float* dy [[buffer(4)]],
-                                    device const float* zs [[buffer(5)]],
-                                    device float* dx [[buffer(6)]],
-                                    device float* rhs [[buffer(7)]],
-                                    device float* dhn [[buffer(8)]],
-                                    device uint2* status [[buffer(9)]],
-                                    uint lid [[thread_position_in_threadgroup]],
-                                    uint tgid [[threadgroup_position_in_grid]],
-                                    uint tpg [[threads_per_threadgroup]]) {
+kernel void single_gate_backward_v2_held(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
+        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
+        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
+        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    single_gate_backward_v2_entry<1>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, lid, tgid, tpg,
-                                     staged);
+    single_gate_backward_v2_run<true, 0>(RG_THREADS, p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
+                                         staged, lid, tgid, tpg);
 }
 
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void single_gate_backward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
-                                        device const float* Rt [[buffer(1)]],
-                                        device const float* h0 [[buffer(2)]],
-                                        device const float* mask [[buffer(3)]],
-                                        device const float* dy [[buffer(4)]],
-                                        device const float* zs [[buffer(5)]],
-                                        device float* dx [[buffer(6)]],
-                                        device float* rhs [[buffer(7)]],
-                                        device float* dhn [[buffer(8)]],
-                                        device uint2* status [[buffer(9)]],
-                                        uint lid [[thread_position_in_threadgroup]],
-                                        uint tgid [[threadgroup_position_in_grid]],
-                                        uint tpg [[threads_per_threadgroup]]) {
+// single_gate_backward_v2_paired: 2S lanes own units j and j + H/2 (rg_pairs), one round of each row held
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void single_gate_backward_v2_paired(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
+        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
+        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
+        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    single_gate_backward_v2_entry<RG_PAIR_HOLD_512>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                                    lid, tgid, tpg, staged);
+    single_gate_backward_v2_run<false, 1>(RG_THREADS, p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
+                                          staged, lid, tgid, tpg);
+}
+
+// single_gate_backward_v2_streamed: Rᵀ's row read at every step, past its first RG_HOLD / 2 float4
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void single_gate_backward_v2_streamed(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
+        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
+        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
+        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    single_gate_backward_v2_run<false, 0>(RG_THREADS, p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
+                                          staged, lid, tgid, tpg);
+}
+
+// single_gate_backward_v2_paired_512: the paired body in threadgroups of 512, RG_PAIR_HOLD_512 rounds of each row held
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void single_gate_backward_v2_paired_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
+        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
+        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
+        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
+        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    single_gate_backward_v2_run<false, RG_PAIR_HOLD_512>(RG_THREADS_512, p, Rt, h0, mask, dy, zs,
+                                                         dx, rhs, dhn, status, staged, lid, tgid,
+                                                         tpg);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

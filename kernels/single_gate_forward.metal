@@ -130,68 +130,6 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// single_gate_forward_v2 for chunks of at most B rows: the kernel takes B = 1 where its threadgroup
-// owns one row (the rule's grid), so that a thread holds one row's partial sums.
-template <uint B>
-inline void single_gate_forward_v2_rows(constant RecurrenceParams& p, device const float* x,
-                                        device const float* bias, device const float* R,
-                                        device const float* h0, device const float* mask,
-                                        device float* h, device float* zs, device uint2* status,
-                                        threadgroup float4* staged, threadgroup float4* nexts,
-                                        uint lid, uint tgid, uint tpg) {
-    threadgroup float* stage = (threadgroup float*)staged;  // [b][k]: h[t−1] ⊙ m of the chunk's rows
-    uint N = p.N, H = p.H;
-    uint2 rows = rg_group_rows(p, tpg, tgid);
-    uint2 units = rg_units(p, tgid);
-    if (rows.x >= rows.y) {
-        rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-        return;  // the whole threadgroup owns no row
-    }
-    uint S = rg_slices(units.y - units.x, tpg), lane = lid % S, per = tpg / S;
-    uint passes = (units.y - units.x + per - 1) / per;
-    uint cap = min(B, (uint)RG_STAGE / H);
-    bool resident = rg_resident(p, rows, cap);
-    threadgroup float* after = (threadgroup float*)nexts;
-    for (uint s = p.s_begin; s < p.s_end; ++s) {
-        threadgroup float* cur = rg_stage_of(stage, after, resident, p, s);
-        threadgroup float* next = rg_stage_of(stage, after, resident, p, s + 1);
-        for (uint r0 = rows.x; r0 < rows.y;) {
-            uint nb = rg_chunk(r0, rows.y, N, cap);
-            uint d = r0 / N;
-            rg_stage_step(cur, resident, p, h0, h, mask, r0, nb, s, lid, tpg);
-            for (uint pass = 0; pass < passes; ++pass) {
-                uint j = units.x + pass * per + lid / S;
-                if (rg_simd_idle(units.x + pass * per, lid, S, units.y)) {
-                    continue;  // no unit of this SIMD-group in the pass
-                }
-                RgAcc<1, B> acc;
-                rg_clear(acc);
-                if (j < units.y) {
-                    rg_dots(acc, 1, nb, cur, H, R + d * H * H, j * H, 0, 0, 0, H, lane, S);
-                }
-                rg_lane_sum(acc, 1, nb, S);
-                #pragma unroll
-                for (uint b = 0; b < B; ++b) {
-                    if (b >= nb) {
-                        break;
-                    }
-                    if (j < units.y && b % S == lane) {
-                        float ht = single_gate_cell(p, x, bias, h, zs, s, r0 + b, j, acc.v[0][b]);
-                        if (resident) {
-                            rg_leave(next, p, mask, s, r0 + b, b, j, ht);
-                        }
-                    }
-                }
-            }
-            // The stage is read and h[t] written (resident: the next stage left) before any
-            // thread stages again.
-            threadgroup_barrier(mem_flags::mem_device | mem_flags::mem_threadgroup);
-            r0 += nb;
-        }
-    }
-    rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
-}
-
 // single_gate_forward_v2's one-row body (rg_one_pass): thread lid is lane lid mod S of unit lid / S
 // in the product, whose sums meet in threadgroup memory; thread u < H then runs unit u's cell.
 // HOLD: the thread's share of R's row stays in registers.
@@ -257,70 +195,74 @@ inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device cons
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The body of single_gate_forward_v2 and single_gate_forward_v2_512: which version of the step
-// runs in this threadgroup.
-inline void single_gate_forward_v2_entry(constant RecurrenceParams& p, device const float* x,
-                                         device const float* bias, device const float* R,
-                                         device const float* h0, device const float* mask,
-                                         device float* h, device float* zs, device uint2* status,
-                                         threadgroup float4* staged, threadgroup float4* nexts,
-                                         uint lid, uint tgid, uint tpg) {
-    if (rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT) {
-        uint row = rg_group_rows(p, tpg, tgid).x;
-        if (rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg))) {
-            single_gate_forward_v2_row<true>(p, x, bias, R, h0, mask, h, zs, status,
-                                             (threadgroup float*)staged,
-                                             (threadgroup float*)nexts, row, lid, tgid, tpg);
-        } else {
-            single_gate_forward_v2_row<false>(p, x, bias, R, h0, mask, h, zs, status,
-                                              (threadgroup float*)staged,
-                                              (threadgroup float*)nexts, row, lid, tgid, tpg);
-        }
-    } else if (rg_one_row(p, tpg, tgid)) {
-        single_gate_forward_v2_rows<1>(p, x, bias, R, h0, mask, h, zs, status, staged, nexts, lid,
-                                       tgid, tpg);
-    } else {
-        single_gate_forward_v2_rows<RG_BMAX>(p, x, bias, R, h0, mask, h, zs, status, staged, nexts,
-                                             lid, tgid, tpg);
+// ---------------------------------------------------------------------------------------------
+// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
+// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
+// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
+
+// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units,
+// the next step's stage within RG_NEXT; HOLD: the thread's share of R's row in RG_HOLD float4.
+template <bool HOLD>
+inline void single_gate_forward_v2_run(uint threads,
+                                       constant RecurrenceParams& p, device const float* x,
+                                       device const float* bias, device const float* R,
+                                       device const float* h0, device const float* mask,
+                                       device float* h, device float* zs, device uint2* status,
+                                       threadgroup float4* staged, threadgroup float4* nexts,
+                                       uint lid, uint tgid, uint tpg) {
+    bool fits = rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT
+                && (!HOLD || rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg)));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
     }
+    single_gate_forward_v2_row<HOLD>(p, x, bias, R, h0, mask, h, zs, status,
+                                     (threadgroup float*)staged, (threadgroup float*)nexts,
+                                     rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
+// single_gate_forward_v2_held: R's row held in registers (4·RG_HOLD·S >= H)
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_forward_v2(constant RecurrenceParams& p [[buffer(0)]],
-                                   device const float* x [[buffer(1)]],
-                                   device const float* bias [[buffer(2)]],
-                                   device const float* R [[buffer(3)]],
-                                   device const float* h0 [[buffer(4)]],
-                                   device const float* mask [[buffer(5)]],
-                                   device float* h [[buffer(6)]],
-                                   device float* zs [[buffer(7)]],
-                                   device uint2* status [[buffer(8)]],
-                                   uint lid [[thread_position_in_threadgroup]],
-                                   uint tgid [[threadgroup_position_in_grid]],
-                                   uint tpg [[threads_per_threadgroup]]) {
+kernel void single_gate_forward_v2_held(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
+        device float* h [[buffer(6)]], device float* zs [[buffer(7)]],
+        device uint2* status [[buffer(8)]], uint lid [[thread_position_in_threadgroup]],
+        uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    single_gate_forward_v2_entry(p, x, bias, R, h0, mask, h, zs, status, staged, nexts, lid, tgid,
-                                 tpg);
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    single_gate_forward_v2_run<true>(RG_THREADS, p, x, bias, R, h0, mask, h, zs, status, staged,
+                                     nexts, lid, tgid, tpg);
 }
 
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void single_gate_forward_v2_512(constant RecurrenceParams& p [[buffer(0)]],
-                                       device const float* x [[buffer(1)]],
-                                       device const float* bias [[buffer(2)]],
-                                       device const float* R [[buffer(3)]],
-                                       device const float* h0 [[buffer(4)]],
-                                       device const float* mask [[buffer(5)]],
-                                       device float* h [[buffer(6)]],
-                                       device float* zs [[buffer(7)]],
-                                       device uint2* status [[buffer(8)]],
-                                       uint lid [[thread_position_in_threadgroup]],
-                                       uint tgid [[threadgroup_position_in_grid]],
-                                       uint tpg [[threads_per_threadgroup]]) {
+// single_gate_forward_v2_streamed: R's row read at every step, past its first RG_HOLD / 2 float4
+[[max_total_threads_per_threadgroup(RG_THREADS)]]
+kernel void single_gate_forward_v2_streamed(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
+        device float* h [[buffer(6)]], device float* zs [[buffer(7)]],
+        device uint2* status [[buffer(8)]], uint lid [[thread_position_in_threadgroup]],
+        uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // resident: the stage of the next step
-    single_gate_forward_v2_entry(p, x, bias, R, h0, mask, h, zs, status, staged, nexts, lid, tgid,
-                                 tpg);
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    single_gate_forward_v2_run<false>(RG_THREADS, p, x, bias, R, h0, mask, h, zs, status, staged,
+                                      nexts, lid, tgid, tpg);
+}
+
+// single_gate_forward_v2_held_512: single_gate_forward_v2_held in threadgroups of 512
+[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
+kernel void single_gate_forward_v2_held_512(
+        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
+        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
+        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
+        device float* h [[buffer(6)]], device float* zs [[buffer(7)]],
+        device uint2* status [[buffer(8)]], uint lid [[thread_position_in_threadgroup]],
+        uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]]) {
+    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    single_gate_forward_v2_run<true>(RG_THREADS_512, p, x, bias, R, h0, mask, h, zs, status, staged,
+                                     nexts, lid, tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(256)]]

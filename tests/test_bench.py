@@ -60,7 +60,7 @@ def test_a_failing_worker_reports_its_error():
 def test_a_metal_worker_names_the_kernel_versions_it_ran(monkeypatch):
     """On metal-emulated the first reply lists the host's choices: the recurrence kernels of the
     version the environment forces, and each GEMM's, each with its reason, once."""
-    for setting, kernels in (("v2", ("lstm_forward_v2_512", "lstm_backward_v2")),  # H <= V2_512_H
+    for setting, kernels in (("v2", ("lstm_forward_v2_spread_512", "lstm_backward_v2_ahead")),
                              ("v1", ("lstm_forward", "lstm_backward"))):
         env = dict(os.environ, RNNGRAD_METAL_RECURRENCE=setting)
         req = dict(impl="metal-emulated", cell="lstm", T=3, N=2, I=4, H=5, dtype="float32",

@@ -20,7 +20,7 @@ from rnngrad import registry
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 from rnngrad.descriptors import Activation
 from rnngrad.backends.metal import library, versions
-from rnngrad.backends.metal.host import EMULATED_BACKEND, emulated_device
+from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
 from rnngrad.testing import check_case
 from draws import ALL_OPTIONAL, conditioned
 
@@ -268,142 +268,73 @@ def test_dispatch_count_does_not_grow_with_T(cell, recurrence_version):
     assert len(counts[1000]) <= 8, counts[1000]
 
 
-# -- v2's chunks ----------------------------------------------------------------------------------
+# -- v2: every entry point as the rule runs it ----------------------------------------------------
 
-def force_v2_entry(monkeypatch, cell: str, entry: int) -> str:
-    """Every v2 forward on its entry point of ``entry`` threads a threadgroup (1024 or 512:
-    ``<cell>_forward_v2_512`` at any H) rather than the rule's; the forward kernel of ``cell``."""
-    monkeypatch.setattr(versions, "V2_512_H", {c: 10 ** 6 for c in CELLS} if entry == 512 else None)
-    return f"{cell}_forward_v2" + ("_512" if entry == 512 else "")
+def v2_shapes() -> dict:
+    """{(cell, H, peephole): the v2 entry points the rule runs there, forward and backward} for
+    a list of H that, together, reach every v2 entry point (tests/test_metal_versions.py checks
+    the rule reaches every compiled one)."""
+    shapes = {}
+    for cell in CELLS:
+        for H in (64, 65, 68, 94, 128, 129, 256):
+            for peephole in ((False, True) if cell == "lstm" else (False,)):
+                kernels = tuple(versions.recurrence(cell=cell, direction=direction, D=2, N=1, H=H,
+                                                    peephole=peephole).kernel
+                                for direction in ("forward", "backward"))
+                shapes[(cell, H, peephole)] = kernels
+    return shapes
 
 
-@pytest.mark.parametrize("entry", [1024, 512])
+V2_SHAPES = v2_shapes()
+
+
+def test_the_shapes_below_reach_every_v2_entry_point():
+    reached = {k for kernels in V2_SHAPES.values() for k in kernels if "_v2_" in k}
+    assert reached == {k for k in library.BUFFERS if "_v2_" in k}
+
+
+@pytest.mark.parametrize("cell, H, peephole", list(V2_SHAPES), ids=lambda v: str(v))
+def test_v2_entry_points_match_the_reference(cell, H, peephole, monkeypatch):
+    """Each v2 entry point the rule runs at (cell, H), forward and backward, at the threadgroup
+    size the rule chose it for: bidirectional, every optional input (the LSTM's peephole as
+    given), adversarial schedule, against the float64 reference; the trace names the entry
+    points that ran, at that size."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")  # auto is v1 packed on the harness
+    optional = {**ALL_OPTIONAL, "peephole": peephole} if cell == "lstm" else ALL_OPTIONAL
+    fixed = dict(reset_after=True) if cell == "gru" else {}
+    rng = np.random.default_rng(H + 7 * peephole)
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **fixed)
+    case = random_case(rng, cell, descriptor=desc, T=3, N=1, H=H, I=3, dtype=np.float32,
+                       optional=optional, cell_gradient_form="per_step")
+    with emulated_device(schedule="adversarial", seed=H) as dev:
+        assert_matches(case, False)
+        assert_matches(case, True)
+    ran = {(d.kernel, d.threadgroup_size) for d in dev.trace if "_v2_" in d.kernel}
+    assert ran == {(k, 512 if k.endswith("_512") else 1024) for k in V2_SHAPES[(cell, H, peephole)]}
+
+
 @pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("N, H, threads", [(11, 3, 1024), (11, 40, 32), (5, 7, 1024)])
-def test_v2_chunks_passes_and_directions(cell, N, H, threads, entry, monkeypatch):
-    """Eight rows a threadgroup asked for (the rule asks for one). Bidirectional, N = 11 at 1024
-    threads: 22 rows over 3 threadgroups of 8, 8 and 6 rows, the second's in a chunk of 3 rows
-    of one direction and 5 of the other; H = 40 in threadgroups of 32 needs two passes of
-    units (one lane a unit, the second pass 8 units short); H = 7 at 1024 threads: 8 lanes a
-    unit (RG_LANES), the SIMD-groups past the 7 units skipping the pass. Chunks of eight rows
-    take the kernels' B = RG_BMAX bodies. Against the reference, adversarial schedule. The
-    forwards on either entry point (``entry``: threadgroups of up to 1024 or 512 threads)."""
+def test_v2_entries_decline_another_threadgroup_size_and_v1_runs(cell, monkeypatch):
+    """A device that gives v2's pipelines smaller threadgroups than the host asks for (as a Mac
+    may): each v2 dispatch is declined by all its threadgroups, the host notes it and runs the op
+    with v1, whose results match the reference; from then on the rule runs v1 for it."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)
-    forward = force_v2_entry(monkeypatch, cell, entry)
-    rng = np.random.default_rng(N * H + threads)
-    case, device = checked_case(rng, cell, T=3, N=N, H=H, threads=threads)
-    with emulated_device(**device) as dev:
-        case.gradients(backend=BACKEND)
-    recurrences = [d for d in dev.trace if not d.kernel.startswith("strided")]
-    assert {d.kernel for d in recurrences} == {forward, f"{cell}_backward_v2"}
-    groups = {d.kernel: -(-2 * N // min(8, versions.v2_rows(
-        cell=cell, direction="forward" if d.kernel == forward else "backward", H=H)))
-        for d in recurrences}
-    assert {(d.kernel, d.count) for d in recurrences} == {
-        (forward, groups[forward] * entry),
-        (f"{cell}_backward_v2", groups[f"{cell}_backward_v2"] * 1024)}
-
-
-@pytest.mark.parametrize("entry", [1024, 512])
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("N, H, threads", [(3, 8, 1024), (2, 70, 1024), (3, 12, 32), (2, 5, 64),
-                                            (2, 40, 32), (2, 32, 32), (1, 96, 1024),
-                                            (1, 400, 1024), (1, 16, 64), (1, 128, 1024)])
-def test_v2_one_row_a_threadgroup(cell, N, H, threads, entry, monkeypatch):
-    """v2 as the rule runs it, a threadgroup of 1024 asked for per row, against the reference:
-    bidirectional, every optional input, adversarial schedule (the GRU with and without
-    reset_after). H = 8 and 12 (K, the stage's pitch and every weight offset multiples of 4)
-    take rg_dots' float4 reads, H = 70 and 5 its scalar ones; 32 threads for 12 units leave 2
-    lanes a unit (two float4 blocks a lane over the forward's K = 12), 64 threads for 5 units
-    8; at 1024 threads 8 lanes a unit (RG_LANES), the SIMD-groups past the units skipping the
-    product. Where one pass of the threads covers every unit (all but H = 40 at 32 threads:
-    one lane a unit, two passes) the kernels run their one-row bodies (rg_one_pass), with the
-    weights held in registers at H = 8 and 12 (the LSTM's never) and the GRU's only with
-    reset_after; else the chunked bodies with B = 1. H = 32 at 32 threads (one lane a unit) holds
-    only the first two float4 of each thread's share of a weight row and reads the rest at every
-    step (rg_row_dot_held: the single gate's products, the GRU's backward). H = 16 at 64 threads
-    (4 lanes a unit) and H = 32 at 32 (one) have every thread a unit's: the LSTM's forward then
-    runs its body with no per-step test of which (lstm_forward_v2_row's FULL), and the GRU's
-    backward (both) and the single gate's (H = 32) give 2S lanes two units (rg_pairs). The LSTM's and the
-    GRU's backwards find the next step's activations ahead of phase A (lstm_backward_ahead,
-    gru_backward_ahead) at H = 8, 70 and 5, where their stage has room and enough threads can find
-    them, an item each (at H = 5 the LSTM's items wrap round to the product's threads); H = 400
-    (2 lanes a unit), 12 and 32 at 32 threads have phase A find them.
-
-    Each forward runs on either entry point (``entry``): ``<cell>_forward_v2`` (threadgroups of
-    up to 1024) or ``<cell>_forward_v2_512`` (up to 512: at 1024 threads asked for, 4 lanes a
-    unit at H = 70 and 96, one at H = 400). The GRU's 512-thread entry holds each of its three
-    weight rows whole where two float4 a lane do not cover them (RG_HOLD_512): H = 96 at 512
-    threads (4 lanes a unit, the last of each lane's 8 float4 past the row's end; there its
-    cell runs on the product's lanes, one barrier a step: gru_forward_v2_spread) and H = 32 at
-    32 threads; its 1024-thread entry reads them from memory at H = 96."""
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
-    forward = force_v2_entry(monkeypatch, cell, entry)
-    for reset_after in ((True, False) if cell == "gru" else (None,)):
-        fixed = {} if reset_after is None else dict(reset_after=reset_after)
-        rng = np.random.default_rng(N * H + threads + 4)
-        case, device = checked_case(rng, cell, T=3, N=N, H=H, threads=threads, **fixed)
-        with emulated_device(**device) as dev:
-            case.gradients(backend=BACKEND)
-        recurrences = [d for d in dev.trace if not d.kernel.startswith("strided")]
-        # the backwards at H = 128 on their 512-thread entry (V2_512_BACKWARD_H)
-        low, high = versions.V2_512_BACKWARD_H.get(cell, (1, 0))
-        backward, group = ((f"{cell}_backward_v2_512", 512) if low <= H <= high
-                           else (f"{cell}_backward_v2", 1024))
-        assert {d.kernel for d in recurrences} == {forward, backward}
-        assert {(d.kernel, d.count) for d in recurrences} == {
-            (forward, 2 * N * entry), (backward, 2 * N * group)}
-        assert {(d.kernel, d.threadgroup_size) for d in recurrences} == {
-            (forward, min(entry, threads)), (backward, min(group, threads))}
-
-
-@pytest.mark.parametrize("entry", [1024, 512])
-@pytest.mark.parametrize("H, threads", [(16, 64), (8, 1024), (32, 32)])
-def test_v2_lstm_one_row_without_peephole(H, threads, entry, monkeypatch):
-    """The LSTM's one-row bodies with every optional input but the peephole, which the backward's
-    then runs compiled without (lstm_backward_v2_row's PEEP), against the reference: H = 8 at
-    1024 threads finds the next step's activations ahead of phase A (AHEAD), H = 16 at 64 and
-    H = 32 at 32 in phase A; at H = 16 and 32 every thread is a unit's (the forward's FULL
-    body, with 4 lanes a unit at H = 16 its cell on the product's lanes)."""
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
-    forward = force_v2_entry(monkeypatch, "lstm", entry)
-    rng = np.random.default_rng(H + threads)
-    case, device = checked_case(rng, "lstm", T=4, N=2, H=H, threads=threads,
-                                optional={**ALL_OPTIONAL, "peephole": False})
-    assert "peephole" not in case.inputs and "mask" in case.inputs
-    with emulated_device(**device) as dev:
-        case.gradients(backend=BACKEND)
-    assert {d.kernel for d in dev.trace if not d.kernel.startswith("strided")} == {
-        forward, "lstm_backward_v2"}
-
-
-@pytest.mark.parametrize("H, threads", [(128, 512), (64, 256), (32, 128), (16, 64)])
-def test_v2_lstm_forward_held_rounds_give_the_streamed_bits(H, threads, monkeypatch):
-    """The LSTM forward's 512-thread entry where every thread is a unit's with 4 lanes a unit:
-    its threads hold the first RG_LSTM_HOLD_512 float4 of their share of each of the four rows
-    of R across steps (H = 128: 4 of the 8 rounds, the rest read at every step; H = 64: all 4),
-    or the rows whole in 2 where 2 cover them (H = 32 and 16). Checked against the reference
-    (bidirectional, every optional input, adversarial schedule), and bitwise against the
-    1024-thread entry's body at the same threadgroup size, which reads every round at every
-    step: the held rounds are summed first, in the same order."""
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
-    rng = np.random.default_rng(H + 5)
-    case, device = checked_case(rng, "lstm", T=3, N=2, H=H, threads=threads)
-    results = {}
-    for entry in (512, 1024):
-        forward = force_v2_entry(monkeypatch, "lstm", entry)
-        with emulated_device(**device) as dev:
-            outputs = case.training_forward(backend=BACKEND)
-        assert {(d.kernel, d.threadgroup_size) for d in dev.trace
-                if not d.kernel.startswith("strided")} == {(forward, threads)}
-        results[entry] = [np.asarray(a) for a in outputs if a is not None]
-    assert len(results[512]) == len(results[1024]) >= 3  # y, cell output, z_state
-    for held, streamed in zip(results[512], results[1024]):
-        assert np.array_equal(held, streamed, equal_nan=True)
+    rng = np.random.default_rng(3)
+    case = random_case(rng, cell, T=3, N=2, H=64, I=3, dtype=np.float32, optional=ALL_OPTIONAL,
+                       descriptor=random_descriptor(rng, cell, bidirectional=True, training=True,
+                                                    **({"reset_after": True} if cell == "gru"
+                                                       else {})))
+    with emulated_device(max_threads_per_threadgroup=256) as dev:
+        assert_matches(case, True)
+        kernels = [d.kernel for d in dev.trace if not d.kernel.startswith("strided")]
+        declined = dict(EMULATED_HOST.declined)
+        dev.trace.clear()
+        assert_matches(case, True)
+        again = [d.kernel for d in dev.trace if not d.kernel.startswith("strided")]
+    v2 = [k for k in kernels if "_v2_" in k]
+    assert set(declined) == set(v2) and set(declined.values()) == {256}, declined
+    assert f"{cell}_forward" in kernels and f"{cell}_backward" in kernels
+    assert again == [f"{cell}_forward", f"{cell}_backward"]  # v1 only, no declined dispatch
 
 
 def checked_case(rng, cell, T, N, H, threads, optional=ALL_OPTIONAL, **fixed):
@@ -434,101 +365,6 @@ def one_step_runs(rng, cell, T, N, H, threads):
             case.gradients(BACKEND, forward_backend="reference")
             backward = [d for d in dev.trace if not d.kernel.startswith("strided")]
         yield reset_after, forward, backward
-
-
-# -- v2's one-step grid (v2-steps) ----------------------------------------------------------------
-
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("N, H, units, rows, threads", [
-    (3, 20, 8, 2, 64),     # H = 20 in 3 blocks of 7, 7 and 6 units; 6 rows in groups of 2
-    (5, 9, 4, 8, 1024),    # 3 blocks of 4, 4 and 1 unit, 32 lanes a unit; whole chunks
-    (2, 33, 128, 1, 32),   # one block (U = 1) at 32 threads: two passes of units
-])
-def test_v2_steps_blocks_of_units_one_step_a_dispatch(cell, N, H, units, rows, threads,
-                                                      monkeypatch):
-    """Threadgroups over groups of rows × blocks of units, one dispatch a step (the backward's
-    last dispatch its carry alone); bidirectional, every optional input, against the reference
-    under the adversarial schedule. A GRU without reset_after has no one-step grid: the rule's
-    v2 runs."""
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
-    monkeypatch.setattr(versions, "V2_STEP_UNITS", units)
-    monkeypatch.setattr(versions, "V2_STEP_ROWS", rows)
-    rng = np.random.default_rng(N * H + units)
-    T = 4
-    for reset_after, forward, backward in one_step_runs(rng, cell, T, N, H, threads):
-        v2 = "" if reset_after is False else "_v2"
-        assert {d.kernel for d in forward} == {f"{cell}_forward{v2}"}
-        assert {d.kernel for d in backward} == {f"{cell}_backward{v2}"}
-        for direction, runs, steps in (("forward", forward, T), ("backward", backward, T + 1)):
-            if reset_after is False:
-                assert len(runs) == 1 and runs[0].count == 2 * N * H  # the rule's v1, packed
-                continue
-            chunk = versions.v2_rows(cell=cell, direction=direction, H=H)
-            groups = -(-2 * N // min(rows, chunk)) * -(-H // units)
-            assert len(runs) == steps  # a dispatch a step (and the backward's last carry)
-            assert {d.count for d in runs} == {groups * 1024}
-            assert {d.threadgroups for d in runs} == {groups * (1024 // threads)}
-
-
-@pytest.mark.parametrize("cell", CELLS)
-def test_v2_steps_with_one_block_gives_bitwise_v2s_results(cell, monkeypatch):
-    """With one block of units and v2's rows a threadgroup, the one-step grid does v2's work in
-    v2's order, the backward's dA·R moved to the next dispatch: the same bits, every option."""
-    rng = np.random.default_rng(31)
-    extra = dict(reset_after=True) if cell == "gru" else {}
-    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
-    case = random_case(rng, cell, descriptor=desc, T=5, N=5, H=12, I=4, dtype=np.float32,
-                       optional=ALL_OPTIONAL, cell_gradient_form="per_step")
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 3)
-    monkeypatch.setattr(versions, "V2_STEP_ROWS", 3)
-    monkeypatch.setattr(versions, "V2_STEP_UNITS", 12)
-    results, kernels = [], []
-    for setting in ("v2", "v2-steps"):
-        monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", setting)
-        with emulated_device(schedule="adversarial", seed=3, max_threads_per_threadgroup=64) as dev:
-            forward = case.forward(backend=BACKEND)
-            gradients = case.gradients(BACKEND)
-        results.append([np.asarray(a) for a in list(forward) + list(gradients) if a is not None])
-        kernels.append(sum(not d.kernel.startswith("strided") for d in dev.trace))
-    assert kernels[1] > kernels[0]  # the one-step grid ran: a dispatch a step
-    for v2, steps in zip(*results):
-        assert np.array_equal(v2, steps, equal_nan=True)
-
-
-def test_v2_steps_choice_and_its_limits(monkeypatch):
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
-    monkeypatch.setattr(versions, "V2_STEP_UNITS", 128)
-    monkeypatch.setattr(versions, "V2_STEP_ROWS", None)
-    choice = versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512)
-    assert (choice.version, choice.kernel) == ("v2-steps", "lstm_forward_v2")
-    assert "8 row(s) × 4 block(s) of units" in choice.reason  # 6144 // 512 = 12, at most 8
-    assert versions.recurrence_count(choice, cell="lstm", direction="forward", D=1, N=64,
-                                     H=512) == 8 * 4 * 1024
-    back = versions.recurrence(cell="lstm", direction="backward", D=1, N=64, H=256)
-    assert (back.version, back.kernel) == ("v2-steps", "lstm_backward_v2")
-    assert "6 row(s) × 2 block(s)" in back.reason  # 6144 // (4·256) = 6 rows a chunk
-    # where it does not apply, the rule chooses: v1 in its grid
-    gru = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=256)
-    assert (gru.version, gru.kernel) == ("v2-steps", "gru_backward_v2")
-    gru_back = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=256,
-                                   reset_after=False)
-    assert gru_back.version == "rows"
-    assert "a GRU without reset_after needs da_o of every unit within a step, so the rule" in gru_back.reason
-    wide = versions.recurrence(cell="gru", direction="backward", D=1, N=64, H=512, reset_after=False)
-    assert wide.version == "rows" and wide.kernel == "gru_backward"
-    gru = versions.recurrence(cell="gru", direction="forward", D=1, N=4, H=8, reset_after=False)
-    assert gru.version == "rows" and "needs r of every unit" in gru.reason
-    with pytest.raises(ValueError, match=r"RNNGRAD_METAL_RECURRENCE=v2-steps: lstm_forward, D=1, "
-                                         r"N=1, H=7000: one row stages 1·H = 7000 floats"):
-        versions.recurrence(cell="lstm", direction="forward", D=1, N=1, H=7000)
-    rng = np.random.default_rng(0)
-    case = random_case(rng, "lstm", T=3, N=2, H=4, I=3, dtype=np.float32)
-    from rnngrad.backends.metal.host import MetalHost
-    from rnngrad.validation import forward_problem
-    problem = forward_problem("lstm", case.descriptor, **case.inputs)[0]
-    with pytest.raises(ValueError, match=r"recurrence_values: 2 unit block\(s\) need at most "
-                                         r"one step a dispatch, got steps 0..3"):
-        MetalHost.recurrence_values(problem, 1024, (0, 3), 2)
 
 
 # -- v3's tiles, one step a dispatch ---------------------------------------------------------------
@@ -585,17 +421,15 @@ def test_v3_tile_blocks_and_choice():
         del os.environ["RNNGRAD_METAL_RECURRENCE"]
 
 
-@pytest.mark.parametrize("grid, kernel", [("v2-steps", "lstm_backward_v2"),
-                                          ("v3", "lstm_backward_v3")])
+@pytest.mark.parametrize("grid, kernel", [("v3", "lstm_backward_v3")])
 @pytest.mark.parametrize("which", ["a step", "the last carry"])
-def test_a_stopped_v2_steps_dispatch_raises_naming_it(which, grid, kernel, monkeypatch):
-    """A backward dispatch of a one-step grid (v2-steps, v3) whose later threadgroups never ran:
+def test_a_stopped_v3_dispatch_raises_naming_it(which, grid, kernel, monkeypatch):
+    """A backward dispatch of v3's one-step grid whose later threadgroups never ran:
     no result, and the error names the dispatch, its step (or the carry alone) and what is
     missing."""
     from rnngrad.backends.metal import IncompleteDispatch
 
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", grid)
-    monkeypatch.setattr(versions, "V2_STEP_UNITS", 4)
     rng = np.random.default_rng(41)
     case = random_case(rng, "lstm", T=3, N=2, H=8, I=3, dtype=np.float32,
                        descriptor=random_descriptor(rng, "lstm", training=True))

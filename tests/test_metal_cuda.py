@@ -27,7 +27,7 @@ from draws import ALL_OPTIONAL  # noqa: E402  (after the skip)
 from test_harness_cpu import (ELEMENTWISE, GEMM, PARAMS, REDUCE,  # noqa: E402  (after the skip)
                               check_prepared_calls_bind_their_open_slots,
                               check_trace_keeps_the_newest_dispatches)
-from test_metal_backend import force_v2_entry  # noqa: E402
+from test_metal_backend import V2_SHAPES  # noqa: E402
 
 OPS = ("single_gate_rnn", "single_gate_rnn_gradients", "gru", "gru_gradients", "lstm",
        "lstm_gradients")
@@ -88,7 +88,7 @@ def test_every_cell_at_boundary_sizes_matches_the_reference(cell, sizes):
             assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
 
 
-@pytest.mark.parametrize("version", ["v1", "v2", "v3", "v4", "v5"])
+@pytest.mark.parametrize("version", ["v1", "v3", "v4", "v5"])
 @pytest.mark.parametrize("cap", [1024, 64])
 @pytest.mark.parametrize("cell", CELLS)
 def test_every_gemm_version_matches_the_reference(cell, cap, version):
@@ -119,7 +119,7 @@ def test_wide_gemm_slices_of_k_match_the_reference(cap, monkeypatch, caplog):
     from rnngrad.backends.metal import versions
     from rnngrad.backends.metal.host import cuda_device
 
-    monkeypatch.setattr(versions, "TILED_VERSION", "v5")
+    monkeypatch.setattr(versions, "WIDE_MIN_GROUPS", 1)
     monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
     monkeypatch.setattr(versions, "TILED_MIN_WORK", 1)
     monkeypatch.setattr(versions, "WIDE_MIN_SLICE", 64)
@@ -156,118 +156,47 @@ def _one_step_trace(cell, cap, seed, H=70):
     return d
 
 
-@pytest.mark.parametrize("cap", [1024, 64])
-@pytest.mark.parametrize("cell", CELLS)
-def test_v2_steps_matches_the_reference(cell, cap, monkeypatch):
-    """v2's one-step grid on the GPU: H = 70 in ⌈70 / 16⌉ = 5 blocks of 14 units, 26 rows (13
-    a direction) in groups of 3, one dispatch a step (the backward's last the carry alone)."""
-    from rnngrad.backends.metal import versions
-
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2-steps")
-    monkeypatch.setattr(versions, "V2_STEP_UNITS", 16)
-    monkeypatch.setattr(versions, "V2_STEP_ROWS", 3)
-    d = _one_step_trace(cell, cap, seed=len(cell) + cap + 1)
-    forward = [x for x in d.trace if x.kernel == f"{cell}_forward_v2"]
-    assert len(forward) >= 6 and {x.count for x in forward} == {-(-26 // 3) * 5 * 1024}
-    backward = [x for x in d.trace if x.kernel == f"{cell}_backward_v2"]  # and the last carry
-    assert len(backward) >= 7 and len(backward) % 7 == 0
-    assert {x.count for x in backward} == {-(-26 // 3) * 5 * 1024}
-
-
-def v2_checked_on_gpu(monkeypatch, rng, cell, cap=1024, optional=None, **shape):
-    """v2 as the rule runs it (a threadgroup asked for per row), a bidirectional training case
-    of ``shape`` (T, N, I, H; the GRU with reset_after, ``optional`` as random_case takes it),
-    its forward and gradients checked on the GPU against the reference in threadgroups of at
-    most ``cap``; (the case, the device's trace)."""
-    from rnngrad.backends.metal import versions
+@pytest.mark.parametrize("cell, H, peephole", list(V2_SHAPES), ids=lambda v: str(v))
+def test_v2_entry_points_match_the_reference(cell, H, peephole, monkeypatch):
+    """Each v2 entry point the rule runs at (cell, H), forward and backward, on the GPU at the
+    threadgroup size the rule chose it for: 26 rows (bidirectional, N = 13), every optional input
+    (the LSTM's peephole as given), against the float64 reference; the trace names them."""
     from rnngrad.backends.metal.host import cuda_device
 
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
-    extra = dict(reset_after=True) if cell == "gru" else {}
-    desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
-    case = random_case(rng, cell, descriptor=desc, dtype=np.float32, optional=optional, **shape)
-    with cuda_device(max_threads_per_threadgroup=cap, check_each_dispatch=True) as d:
+    optional = {**ALL_OPTIONAL, "peephole": peephole} if cell == "lstm" else ALL_OPTIONAL
+    rng = np.random.default_rng(H + peephole)
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True,
+                             **(dict(reset_after=True) if cell == "gru" else {}))
+    case = random_case(rng, cell, descriptor=desc, T=6, N=13, I=9, H=H, dtype=np.float32,
+                       optional=optional, cell_gradient_form="per_step")
+    with cuda_device(check_each_dispatch=True) as d:
         for gradients in (False, True):
             worst, mismatches = check_case(case, "metal-cuda", gradients)
             assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
-    return case, d.trace
-
-
-@pytest.mark.parametrize("entry", [1024, 512])
-@pytest.mark.parametrize("H", [70, 72])
-@pytest.mark.parametrize("cap", [1024, 64])
-@pytest.mark.parametrize("cell", CELLS)
-def test_v2_matches_the_reference(cell, cap, H, entry, monkeypatch):
-    """v2 on the GPU as the rule runs it, a threadgroup asked for per row (26 rows): H = 72
-    through rg_dots' float4 reads, H = 70 through its scalar ones; the forwards on either entry
-    point (``entry``: threadgroups of up to 1024 or 512; the GRU's 512-thread one holds its
-    three weight rows whole at H = 72, 4 lanes a unit)."""
-    from rnngrad.backends.metal import versions
-
-    forward = force_v2_entry(monkeypatch, cell, entry)
-    rng = np.random.default_rng(len(cell) + cap + H)
-    _, trace = v2_checked_on_gpu(monkeypatch, rng, cell, cap, T=6, N=13, I=9, H=H)
-    runs = [x for x in trace if not x.kernel.startswith("strided")]
-    assert {x.kernel for x in runs} == {forward, f"{cell}_backward_v2"}
-    assert {(x.kernel, x.count) for x in runs} == {
-        (forward, 26 * entry), (f"{cell}_backward_v2", 26 * versions.V2_THREADS)}
-
-
-@pytest.mark.parametrize("forward_entry", [1024, 512])
-@pytest.mark.parametrize("backward", [1024, 512])
-@pytest.mark.parametrize("peephole", [True, False])
-def test_v2_lstm_every_thread_a_unit(peephole, backward, forward_entry, monkeypatch):
-    """The LSTM's one-row bodies at H = 128, every thread a unit's: the forward (its FULL body,
-    its cell on the product's lanes) on either entry point (``forward_entry``): 8 lanes a unit
-    fill a threadgroup of 1024, or 4 lanes one of 512 (the rule's, V2_512_H), whose threads
-    hold 4 of the 8 float4 of their share of each row of R (RG_LSTM_HOLD_512); and the
-    backward on either (``backward``): at 1024 threads it finds the next step's activations
-    ahead, at 512 (the rule's, V2_512_BACKWARD_H) 8 lanes own two units with rounds of both
-    rows held; with and without the peephole (the backward's PEEP), every other optional
-    input, bidirectional, against the reference."""
-    from rnngrad.backends.metal import versions
-
-    forward = force_v2_entry(monkeypatch, "lstm", forward_entry)
-    if backward == 1024:
-        monkeypatch.setattr(versions, "V2_512_BACKWARD_H", None)
-    rng = np.random.default_rng(128 + peephole)
-    case, trace = v2_checked_on_gpu(monkeypatch, rng, "lstm", T=7, N=3, I=5, H=128,
-                                    optional={**ALL_OPTIONAL, "peephole": peephole})
-    assert ("peephole" in case.inputs) == peephole
-    runs = [x for x in trace if not x.kernel.startswith("strided")]
-    assert {(x.kernel, x.threadgroup_size) for x in runs} == {
-        (forward, forward_entry),
-        ("lstm_backward_v2" + ("_512" if backward == 512 else ""), backward)}
+    ran = {(x.kernel, x.threadgroup_size) for x in d.trace if "_v2_" in x.kernel}
+    assert ran == {(k, 512 if k.endswith("_512") else 1024) for k in V2_SHAPES[(cell, H, peephole)]}
 
 
 @pytest.mark.parametrize("cell", CELLS)
-def test_v2_at_128_as_the_bench_runs_it(cell, monkeypatch):
-    """H = 128, as the rule runs the 1000x8x128x128 op: each backward on its 512-thread entry
-    (V2_512_BACKWARD_H: 8 lanes own two units, the first RG_PAIR_HOLD_512 rounds of both rows of
-    Rᵀ held), the GRU's and the LSTM's forwards on theirs (V2_512_H: the GRU's rows' last round
-    in threadgroup memory, half of the LSTM's rows held), the single gate's on 1024 threads,
-    bidirectional, every optional input, forward and gradients against the reference."""
-    rng = np.random.default_rng(1280 + len(cell))
-    _, trace = v2_checked_on_gpu(monkeypatch, rng, cell, T=6, N=3, I=5, H=128,
-                                 optional=ALL_OPTIONAL)
-    forward = f"{cell}_forward_v2" + ("" if cell == "single_gate" else "_512")
-    assert {(x.kernel, x.threadgroup_size) for x in trace if not x.kernel.startswith("strided")} \
-        == {(forward, 1024 if cell == "single_gate" else 512), (f"{cell}_backward_v2_512", 512)}
+def test_v2_declined_on_smaller_threadgroups_runs_v1(cell, monkeypatch):
+    """Pipelines capped at 64 threads (as a Mac may cap a pipeline that needs more registers):
+    the v2 dispatches are declined, the host runs v1, and the results match the reference."""
+    from rnngrad.backends.metal.host import CUDA_HOST, cuda_device
 
-
-@pytest.mark.parametrize("H, cap", [(256, 1024), (16, 64)])
-@pytest.mark.parametrize("cell", ["single_gate", "gru"])
-def test_v2_backward_pairs(cell, H, cap, monkeypatch):
-    """The single gate's and the GRU's backward one-row bodies where 2S lanes own two units
-    (rg_pairs: every thread in the product, S = 4 lanes a unit), as the rule runs the
-    100x32x256x256 backward (H = 256 at 1024 threads) and at H = 16 in threadgroups of 64:
-    bidirectional, every optional input, against the reference (forward and gradients)."""
-    rng = np.random.default_rng(H + cap)
-    _, trace = v2_checked_on_gpu(monkeypatch, rng, cell, cap, T=5, N=3, I=7, H=H,
-                                 optional=ALL_OPTIONAL)
-    assert {(x.kernel, x.threadgroup_size) for x in trace
-            if x.kernel == f"{cell}_backward_v2"} == {(f"{cell}_backward_v2", cap)}
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    rng = np.random.default_rng(7)
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True,
+                             **(dict(reset_after=True) if cell == "gru" else {}))
+    case = random_case(rng, cell, descriptor=desc, T=6, N=13, I=9, H=64, dtype=np.float32,
+                       optional=ALL_OPTIONAL)
+    with cuda_device(max_threads_per_threadgroup=64, check_each_dispatch=True) as d:
+        for gradients in (False, True):
+            worst, mismatches = check_case(case, "metal-cuda", gradients)
+            assert not mismatches, f"{desc}: {[str(m) for m in mismatches]}"
+        declined = dict(CUDA_HOST.declined)
+    assert declined and set(declined.values()) == {64}
+    assert {x.kernel for x in d.trace} >= {f"{cell}_forward", f"{cell}_backward"}
 
 
 @pytest.mark.parametrize("H", [70, 72])

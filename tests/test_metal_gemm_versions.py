@@ -1,10 +1,10 @@
-"""The matrix-product versions of the Metal path (kernels/gemm.metal) and the host's choice
-between them (rnngrad.backends.metal.versions), on the CPU harness.
+"""The matrix-product versions of the Metal path (kernels/gemm.metal), on the CPU harness (the
+rule that chooses between them: tests/test_metal_versions.py).
 
-The tiled versions, v2 (strided_gemm_tiled) and v3 (strided_gemm_blocked), are called directly
-through the harness's metalcompute API and compared with a float64 NumPy product: tails in M, P
-and K around their tiles (8×8 and 32×32 for v2; 4×4 blocks, 64×64 tiles and chunks of 32 k for
-v3), batches with strides, a bias, GRU's row blocks reading other parts of B, adversarial
+The versions past v1 (v3 strided_gemm_blocked, v4 strided_gemm_split, v5 strided_gemm_wide) are
+called directly through the harness's metalcompute API and compared with a float64 NumPy product:
+tails in M, P and K around their tiles (4×4 blocks, 64×64 tiles and chunks of 32 k for v3),
+batches with strides, a bias, GRU's row blocks reading other parts of B, adversarial
 schedules and forced threadgroups of 32, 64 and 96 threads (and, for v3, of 160, 384 and 1024),
 a long K against v1. Mutants of each kernel (a missing barrier, no zero padding, a fixed
 threadgroup size, no running total) must fail the same checks. Then the whole "metal-emulated"
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import re
 
 import numpy as np
 import pytest
@@ -36,17 +35,15 @@ BACKEND = "metal-emulated"
 SIDES = (1, 7, 8, 9, 31, 33, 65)
 HARSH = dict(schedule="adversarial", seed=7, max_threads_per_threadgroup=64)
 NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
-TILED = versions.GEMM_KERNELS["v2"]
 BLOCKED = versions.GEMM_KERNELS["v3"]
-#: the versions past v1 (the tiled v2 and v3, v4's split of K), and for each the sides of M
+#: the versions past v1 (the tiled v3 and v5, v4's split of K), and for each the sides of M
 #: and P, and of K, around its tiles, chunks and slices
-VERSIONS = ("v2", "v3", "v4", "v5")
-TAILS = {"v2": (SIDES, SIDES),
-         "v3": ((1, 4, 15, 17, 63, 64, 65, 129), (0, 1, 31, 32, 33, 127, 129)),
+VERSIONS = ("v3", "v4", "v5")
+TAILS = {"v3": ((1, 4, 15, 17, 63, 64, 65, 129), (0, 1, 31, 32, 33, 127, 129)),
          "v4": ((1, 3, 31, 33, 65), (0, 1, 7, 8, 9, 63, 64, 65, 520)),
          "v5": ((1, 5, 64, 67, 128, 131), (0, 1, 7, 8, 9, 129))}
 #: threads each version asks for per threadgroup
-THREADS = {"v2": versions.THREADS, "v3": versions.BLOCKED_THREADS, "v4": versions.SPLIT_THREADS,
+THREADS = {"v3": versions.BLOCKED_THREADS, "v4": versions.SPLIT_THREADS,
            "v5": versions.WIDE_THREADS}
 
 
@@ -120,7 +117,7 @@ def _function(dev, source, kernel):
     return dev.kernel(source).function(kernel)
 
 
-def run(dev, product, version="v2", source=None, k_split=0):
+def run(dev, product, version="v3", source=None, k_split=0):
     """Run one version of the product on ``dev``; (C, completion marks). ``k_split`` (v5): k
     per slice of K; the slices' products are then added in order, in float32, as the host
     does."""
@@ -144,7 +141,7 @@ def run(dev, product, version="v2", source=None, k_split=0):
     return out, marks
 
 
-def assert_product(dev, product, version="v2", quantity="input_weight"):
+def assert_product(dev, product, version="v3", quantity="input_weight"):
     """The version's C equals the float64 product within the float32 tolerance of ``quantity``
     (a parameter gradient: relative to the largest magnitude), and every threadgroup marked."""
     got, marks = run(dev, product, version)
@@ -157,7 +154,7 @@ def assert_product(dev, product, version="v2", quantity="input_weight"):
     return ratio
 
 
-# -- v2 and v3 against float64 --------------------------------------------------------------------
+# -- each version against float64 --------------------------------------------------------------------
 
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("device", [dict(), HARSH, dict(schedule="reverse", max_threads_per_threadgroup=32)],
@@ -240,7 +237,7 @@ def test_backend_splits_k_of_the_weight_gradients(monkeypatch, caplog):
     """Through the backend, with v5 the rule's tiled version and slices made small enough to
     split the weight gradients of a small op: each split product is v5 over slices followed
     by v1 adding them (M = 1, K = the slices), and every result matches the reference."""
-    monkeypatch.setattr(versions, "TILED_VERSION", "v5")
+    monkeypatch.setattr(versions, "WIDE_MIN_GROUPS", 1)
     monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
     monkeypatch.setattr(versions, "TILED_MIN_WORK", 1)
     monkeypatch.setattr(versions, "WIDE_MIN_SLICE", 8)
@@ -340,7 +337,7 @@ def test_tiled_nan_and_infinity_stay_where_the_product_puts_them():
     (NaN where A[·, k] is 0); no other element of the same 8×8 fragment may change. Both
     versions, with K long enough that partial sums are carried between chunks."""
     rng = np.random.default_rng(4)
-    for version, device in (("v2", dict()), ("v2", HARSH), ("v3", dict()), ("v3", HARSH),
+    for version, device in (("v3", dict()), ("v3", HARSH),
                             ("v1", dict())):
         dev = metalcompute.Device(**device)
         product = Product(rng, 1, 20, 19, 300)
@@ -372,17 +369,7 @@ def _mutant(kernel, *edits):
 
 # No barrier after a chunk's multiply: the next chunk is staged over one still being read.
 _NO_BARRIER = [("threadgroup_barrier(mem_flags::mem_threadgroup);\n            }\n", "\n            }\n")]
-MUTANTS = {"v2": {
-    "missing barrier": _NO_BARRIER,
-    # Edges left unstaged: stale chunks and the NaN-poisoned threadgroup memory get multiplied.
-    "no zero padding": [
-        ("As[r * GT_LD + k] = (r < rows && k < kn) ? a[r * p.a_row + (k0 + k) * p.a_k] : 0.0f;",
-         "if (r < rows && k < kn) As[r * GT_LD + k] = a[r * p.a_row + (k0 + k) * p.a_k];"),
-        ("Bs[k * GT_LD + j] = (j < cols && k < kn) ? bb[(k0 + k) * p.b_k + j * p.b_col] : 0.0f;",
-         "if (j < cols && k < kn) Bs[k * GT_LD + j] = bb[(k0 + k) * p.b_k + j * p.b_col];")],
-    # Threadgroup size assumed to be 128: with fewer threads, quarters are never done.
-    "assumes 128 threads": [("uint n_sg = tpg / 32;", "uint n_sg = 4;")],
-}, "v3": {
+MUTANTS = {"v3": {
     "missing barrier": _NO_BARRIER,
     "no zero padding": [
         ("As[k * GB_LD + r] = (r < rows && k < kn) ? a[r * p.a_row + (k0 + k) * p.a_k] : 0.0f;",
@@ -498,118 +485,7 @@ def test_mutants_of_v5_float4_staging_fail(mutant, transposed):
     assert_mutant_fails(dict(schedule="adversarial", seed=7), product, "v5", source, mutant)
 
 
-# -- the rule and its overrides -------------------------------------------------------------------
-
-def test_the_rule():
-    big = dict(batch=1, M=12800, P=2048, K=512)
-    assert versions.TILED_VERSION == "v3"  # the tiled version where v5 has too few threadgroups
-    assert versions.gemm(**big).version == "v5"
-    assert "tiled, v5: 1600 128x128 tile(s), 1600 threadgroups >= 64" in versions.gemm(**big).reason
-    # v5 splits the weight gradients of 200x64x512x512 (64 tiles) into 5 slices of K
-    dw = versions.gemm(batch=1, M=2048, P=512, K=12800)
-    assert dw.version == "v5" and "64 128x128 tile(s) over 5 slices of K, 320 threadgroups" in dw.reason
-    # too few threadgroups for v5 (and no long K to split: the source gradient of 1000x8x128x128)
-    d_source = versions.gemm(batch=1, M=8000, P=128, K=512)
-    assert d_source.version == "v3" and "63 128x128 threadgroup(s) < 64" in d_source.reason
-    # a bias is added once, so a product with one is never split
-    assert "slices" not in versions.gemm(batch=1, M=2048, P=512, K=12800, has_bias=True).reason
-    # v4 for a reduction to one row over a long K (the bias gradient of 200x64x512x512)
-    bias = versions.gemm(batch=1, M=1, P=2048, K=12800)
-    assert (bias.version, bias.kernel) == ("v4", "strided_gemm_split"), bias
-    assert "M=1 < 8 (a reduction to one row)" in bias.reason
-    assert "2048 element(s) < 32768 over K = 12800 >= 256: v4" in bias.reason
-    assert versions.gemm(batch=1, M=1, P=32768, K=12800).version == "v1"  # enough threads
-    assert versions.gemm(batch=1, M=1, P=2048, K=255).version == "v1"  # too short a K
-    for shape, why in [(dict(batch=2, M=1, P=512, K=64), "M=1 < 8"),
-                       (dict(batch=1, M=12800, P=2048, K=2), "K=2 < 8"),
-                       (dict(batch=1, M=64, P=64, K=64), "262144 < 1048576")]:
-        choice = versions.gemm(**shape)
-        assert (choice.version, choice.kernel) == ("v1", "strided_gemm"), choice
-        assert why in choice.reason, choice
-    edge = dict(batch=1, M=32 * 16, P=32 * 8, K=versions.TILED_MIN_WORK // (32 * 16 * 32 * 8))
-    assert versions.gemm(**edge).version == "v3"  # 128 32x32 tiles, 2**20 multiply-adds
-    assert versions.gemm(**dict(edge, P=32 * 8 - 1)).version == "v1"
-    few = versions.gemm(batch=1, M=512, P=128, K=8000)  # dR of 1000x8x128x128: 64 tiles
-    assert few.version == "v5" and "64 32x32 tiles of C < 128" in few.reason, few
-    assert "4 128x128 tile(s) over 15 slices of K" in few.reason, few
-    # where v4 applies (C under 32768 elements), it keeps the product: dR of RNN 1000x8x128x128
-    assert versions.gemm(batch=1, M=128, P=128, K=8000).version == "v4"
-    # with a bias (no split) or a short K, few tiles stay untiled
-    assert versions.gemm(batch=1, M=512, P=128, K=8000, has_bias=True).version == "v1"
-    assert versions.gemm(batch=1, M=512, P=128, K=1000).version == "v1"
-    assert "input weight gradient (batch=1" in str(versions.gemm(**big, product="input weight gradient"))
-
-
-def test_overrides_and_their_errors(monkeypatch):
-    small = dict(batch=1, M=1, P=3, K=2)
-    monkeypatch.setenv(versions.GEMM_ENV, "v2")
-    choice = versions.gemm(**small)
-    assert choice.version == "v2" and "forced by RNNGRAD_METAL_GEMM=v2" in choice.reason
-    with versions.forced("v1"):  # the module setting wins over the variable
-        choice = versions.gemm(batch=1, M=4096, P=4096, K=4096)
-        assert choice.version == "v1" and "versions.GEMM=v1" in choice.reason
-    assert versions.GEMM is None
-    monkeypatch.setenv(versions.GEMM_ENV, " AUTO ")
-    assert versions.gemm(**small).version == "v1"
-    monkeypatch.setenv(versions.GEMM_ENV, "v6")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, v4, v5, auto, got 'v6'"):
-        versions.gemm(**small)
-    with pytest.raises(ValueError, match="forced: expected one of v1, v2, v3, v4, v5, auto or None, got 'tiled'"):
-        with versions.forced("tiled"):
-            pass
-
-
-def test_the_tile_count_mirrors_the_kernel():
-    text = library.read("gemm.metal")
-    enum = dict(re.findall(r"\b(G[TBS]_\w+)\s*=\s*(\d+)", text))
-    assert int(enum["GT_TILE"]) == versions.TILE and int(enum["GT_THREADS"]) == versions.THREADS
-    assert f"[[max_total_threads_per_threadgroup({versions.THREADS})]]" in text
-    assert re.search(r"//\s+v2 strided_gemm_tiled: ", text)
-    assert versions.gemm_tiles(batch=2, M=99, P=33, block=33, b_block=0) == 2 * 4 * 2
-    assert versions.gemm_tiles(batch=2, M=99, P=33, block=33, b_block=5) == 2 * 3 * 2 * 2
-    # v3: GB_THREADS is one thread per GB_MICRO×GB_MICRO block of a GB_TILE×GB_TILE tile
-    assert int(enum["GB_TILE"]) == versions.BLOCKED_TILE
-    assert (versions.BLOCKED_TILE // int(enum["GB_MICRO"])) ** 2 == versions.BLOCKED_THREADS
-    assert re.search(r"GB_THREADS = GB_SIDE \* GB_SIDE", text)
-    assert re.search(r"\[\[max_total_threads_per_threadgroup\(" + str(versions.BLOCKED_THREADS)
-                     + r"\)\]\]\s*kernel void strided_gemm_blocked\(", text)
-    assert re.search(r"//\s+v3 strided_gemm_blocked: ", text)
-    tiles = dict(batch=2, M=130, P=65, block=65, tile=versions.BLOCKED_TILE)
-    assert versions.gemm_tiles(**tiles, b_block=0) == 2 * 3 * 2
-    assert versions.gemm_tiles(**tiles, b_block=7) == 2 * 2 * 2 * 2  # 65 rows: 2 tiles per block
-    # v4: GS_THREADS threads per GS_COLS elements of a row, its threadgroup limit
-    assert (int(enum["GS_COLS"]), int(enum["GS_THREADS"])) == (versions.SPLIT_COLUMNS,
-                                                                versions.SPLIT_THREADS)
-    assert re.search(r"\[\[max_total_threads_per_threadgroup\(" + str(versions.SPLIT_THREADS)
-                     + r"\)\]\]\s*kernel void strided_gemm_split\(", text)
-    v4 = versions.Choice("v4", versions.GEMM_KERNELS["v4"], "test")
-    assert versions.gemm_threads(v4, batch=2, M=3, P=65, block=3, b_block=0) == 2 * 3 * 3 * 1024
-    v3 = versions.Choice("v3", BLOCKED, "test")
-    assert versions.gemm_threads(v3, batch=2, M=130, P=65, block=65, b_block=7) == 256 * 16
-    assert versions.gemm_threads(v3, batch=1, M=64, P=64, block=64, b_block=0) == 256
-
-
-def test_the_rule_tiles_with_the_chosen_version(monkeypatch):
-    """TILED_VERSION picks which tiled version the rule uses; the tile count is an area of C,
-    in 32×32 tiles, whichever version tiles."""
-    big = dict(batch=1, M=12800, P=2048, K=512)
-    monkeypatch.setattr(versions, "WIDE_MIN_GROUPS", 10 ** 9)  # v5 only as TILED_VERSION
-    monkeypatch.setattr(versions, "WIDE_MIN_SLICE", 10 ** 9)  # and never over slices of K
-    for tiled, kernel, side in (("v3", BLOCKED, 64), ("v2", TILED, 32),
-                                ("v5", versions.GEMM_KERNELS["v5"], 128)):
-        monkeypatch.setattr(versions, "TILED_VERSION", tiled)
-        choice = versions.gemm(**big)
-        assert (choice.version, choice.kernel) == (tiled, kernel), choice
-        assert "800 32x32 tiles" in versions.gemm(batch=1, M=64 * 20, P=64 * 10, K=2048).reason
-        few = versions.gemm(batch=1, M=256, P=256, K=8000)  # 8 × 8 tiles of 32×32
-        assert few.version == "v1" and "64 32x32 tiles of C < 128" in few.reason, few
-        assert f"a {side}x{side} tile" in versions.gemm(batch=1, M=1, P=2048, K=12800).reason
-    monkeypatch.setattr(versions, "TILED_VERSION", "v1")
-    with pytest.raises(ValueError, match="TILED_VERSION: expected one of v2, v3, v5, got 'v1'"):
-        versions.gemm(**big)
-
-
-# -- the backend with v2 and v3 ---------------------------------------------------------------------
+# -- the backend with each version ---------------------------------------------------------------------
 
 def _descriptors(cell):
     rng = np.random.default_rng(len(cell))
@@ -619,7 +495,7 @@ def _descriptors(cell):
 
 
 #: T, N (T·N = 65 rows: two 64-row tiles of v3) and H, I of the whole-op checks per version
-BACKEND_SHAPES = {"v2": dict(T=3, N=3, H=9, I=5), "v3": dict(T=5, N=13, H=9, I=5),
+BACKEND_SHAPES = {"v3": dict(T=5, N=13, H=9, I=5),
                   "v4": dict(T=4, N=5, H=9, I=5), "v5": dict(T=5, N=13, H=9, I=5)}
 
 
@@ -665,17 +541,15 @@ def test_backend_with_v3_from_the_environment(monkeypatch):
     assert max(d.threadgroups for d in products) >= 4
 
 
-@pytest.mark.parametrize("tiled, tiles", [("v2", 16), ("v3", 16)])
-def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch, tiled, tiles):
-    """An LSTM whose input-side products reach 2**20 multiply-adds: the rule tiles those (with
-    TILED_VERSION) and keeps the smaller dR and the one-row reductions on v1; the result
-    matches, and each choice is logged with its reason. (The tile-count condition is lowered
-    to 1 so that a shape the CPU harness runs quickly reaches the tiled version.)"""
+def test_backend_auto_rule_tiles_the_large_products(caplog, monkeypatch):
+    """An LSTM whose input-side products reach 2**20 multiply-adds: the rule tiles those (v3)
+    and keeps the smaller dR and the one-row reductions on v1; the result matches, and each
+    choice is logged with its reason, naming the entry point that ran. (The tile-count
+    condition is lowered to 1 so that a shape the CPU harness runs quickly is tiled.)"""
     monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
     monkeypatch.setenv(versions.RECURRENCE_ENV, "v2")
-    monkeypatch.setattr(versions, "TILED_VERSION", tiled)
     monkeypatch.setattr(versions, "WIDE_MIN_GROUPS", 2)  # v5 only with two threadgroups
-    TILED = versions.GEMM_KERNELS[tiled]
+    tiled, tiles, TILED = "v3", 16, BLOCKED
     rng = np.random.default_rng(8)
     desc = random_descriptor(rng, "lstm", bidirectional=False, training=True)
     case = random_case(rng, "lstm", descriptor=desc, T=16, N=8, H=32, I=64, dtype=np.float32,
@@ -685,14 +559,15 @@ def test_backend_auto_rule_runs_both_versions(caplog, monkeypatch, tiled, tiles)
     assert not mismatches, "\n".join(map(str, mismatches[:5]))
     # T·N = 128 rows, G·H = 128: x' and d_source and dW are 2**20 multiply-adds, dR 2**19.
     assert [d.kernel for d in dev.trace] == [
-        TILED, "lstm_forward_v2_512",           # x' = source·Wᵀ + b (H <= V2_512_H)
-        "lstm_backward_v2", "strided_gemm",     # dR
+        TILED, "lstm_forward_v2_spread_512",    # x' = source·Wᵀ + b (H <= V2_512_H)
+        "lstm_backward_v2_ahead_peephole", "strided_gemm",  # dR
         TILED, TILED,                           # d_source, dW
         "strided_gemm", "strided_gemm"]         # db, dpeephole: one-row reductions
     logged = [r.getMessage() for r in caplog.records if r.name == "rnngrad.backends.metal"]
     recurrences = [m for m in logged if "lstm_" in m]
-    assert len(recurrences) == 2 and "v2 lstm_forward_v2_512: lstm_forward, D=1, N=8, H=32" in recurrences[0]
-    assert "threadgroups of 512 (H = 32 <= 128: V2_512_H)" in recurrences[0]
+    assert len(recurrences) == 2
+    assert "v2 lstm_forward_v2_spread_512: lstm_forward, D=1, N=8, H=32" in recurrences[0]
+    assert "threadgroups of 512" in recurrences[0]
     logged = [m for m in logged if m not in recurrences]
     assert len(logged) == 6
     assert logged[0] == (f"metal-emulated: {tiled} {TILED}: batch=1, M=128, P=128, K=64: "
@@ -705,13 +580,13 @@ def test_backend_refuses_an_unknown_setting(monkeypatch):
     case = random_case(3, "gru", T=2, N=2, H=2, I=2, dtype=np.float32,
                        optional=dict(input_weight=True))
     monkeypatch.setenv(versions.GEMM_ENV, "fast")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v2, v3, v4, v5, auto, got 'fast'"):
+    with pytest.raises(ValueError, match="RNNGRAD_METAL_GEMM: expected one of v1, v3, v4, v5, auto, got 'fast'"):
         case.forward(backend=BACKEND)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_stopped_tiled_dispatch_raises(version):
-    """The completion marks of v2, v3 and v4: a dispatch whose later threadgroups never ran is
+    """The completion marks of v3, v4 and v5: a dispatch whose later threadgroups never ran is
     named."""
     TILED = versions.GEMM_KERNELS[version]
     rng = np.random.default_rng(2)
@@ -731,139 +606,7 @@ def test_a_stopped_tiled_dispatch_raises(version):
     assert f"kernel {TILED} did not finish" in str(info.value)
 
 
-# -- the recurrences' grid ---------------------------------------------------------------------
-
-def test_recurrence_rule_and_overrides(monkeypatch):
-    monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
-    rule = functools.partial(versions.recurrence, cell="lstm")
-    count = functools.partial(versions.recurrence_count, cell="lstm")
-    # the rule: v2, one row a threadgroup, for H in the range V2_H gives and D·N <= V2_MAX_ROWS
-    small = rule(direction="forward", D=1, N=8, H=256)
-    assert (small.version, small.kernel) == ("v2", "lstm_forward_v2")
-    assert "64 <= H <= 256 and D·N = 8 <= 64, 1 row(s) a threadgroup" in small.reason
-    assert count(small, direction="forward", D=1, N=8, H=256) == 8 * 1024
-    # the forwards' 512-thread entry point where H <= V2_512_H: the GRU's and the LSTM's to 128
-    # (the LSTM's holding half of its four rows, RG_LSTM_HOLD_512), the single gate's to 64
-    lstm = rule(direction="forward", D=1, N=8, H=128)
-    assert lstm.kernel == "lstm_forward_v2_512", lstm
-    assert "threadgroups of 512 (H = 128 <= 128: V2_512_H)" in lstm.reason
-    assert count(lstm, direction="forward", D=1, N=8, H=128) == 8 * 512
-    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=8,
-                               H=128).kernel == "single_gate_forward_v2"
-    gru = versions.recurrence(cell="gru", direction="forward", D=2, N=8, H=128)
-    assert gru.kernel == "gru_forward_v2_512", gru
-    assert "threadgroups of 512 (H = 128 <= 128: V2_512_H)" in gru.reason
-    assert versions.recurrence_count(gru, cell="gru", direction="forward", D=2, N=8, H=128) == 16 * 512
-    assert rule(direction="forward", D=1, N=8, H=64).kernel == "lstm_forward_v2_512"
-    assert rule(direction="backward", D=1, N=8, H=64).kernel == "lstm_backward_v2"
-    for H in (256, 129):
-        assert versions.recurrence(cell="gru", direction="forward", D=2, N=8, H=H).kernel == "gru_forward_v2"
-    # the backwards' 512-thread entry point at H = 128 (V2_512_BACKWARD_H), 1024 threads elsewhere
-    for cell in ("single_gate", "gru", "lstm"):
-        back = versions.recurrence(cell=cell, direction="backward", D=1, N=8, H=128)
-        assert back.kernel == f"{cell}_backward_v2_512", back
-        assert "threadgroups of 512 (128 <= H = 128 <= 128: V2_512_BACKWARD_H)" in back.reason
-        assert versions.recurrence_count(back, cell=cell, direction="backward", D=1, N=8,
-                                         H=128) == 8 * 512
-        for H in (64, 127, 256):
-            assert versions.recurrence(cell=cell, direction="backward", D=1, N=8,
-                                       H=H).kernel == f"{cell}_backward_v2"
-    assert rule(direction="backward", D=1, N=32, H=256).version == "v2"
-    assert rule(direction="backward", D=2, N=64, H=256).version == "v3"  # 2**25: STEPS_MIN_WORK
-    # else v1 in its grid: below the range (H = 32 at N = 1: packed, one threadgroup), past the
-    # rows, the single-gate backward past H = 256, a GRU without reset_after, and on the CPU
-    # harness (packed)
-    v1 = rule(direction="forward", D=1, N=1, H=32)
-    assert (v1.version, v1.kernel) == ("packed", "lstm_forward") and "auto, v1" in v1.reason
-    assert rule(direction="forward", D=2, N=33, H=128).version == "rows"
-    single = functools.partial(versions.recurrence, cell="single_gate", D=1, N=32)
-    assert single(direction="forward", H=256).version == "v2"
-    assert single(direction="backward", H=256).version == "v2"
-    assert single(direction="forward", H=512).version == "v2"
-    assert single(direction="backward", H=512).version == "rows"
-    for cell in ("single_gate", "gru", "lstm"):  # 50x1x64x64: v2 both ways
-        for direction in ("forward", "backward"):
-            assert versions.recurrence(cell=cell, direction=direction, D=1, N=1,
-                                       H=64).version == "v2"
-    assert versions.recurrence(cell="single_gate", direction="forward", D=1, N=63,
-                               H=512).version == "v2"
-    gru = functools.partial(versions.recurrence, cell="gru", direction="forward", D=1, N=8, H=128)
-    assert gru().version == "v2" and gru(reset_after=False).version == "rows"
-    assert rule(direction="forward", D=1, N=64, H=64, device="metal-emulated").version == "packed"
-    assert rule(direction="forward", D=1, N=8, H=128, device="metal-emulated").version == "packed"
-    monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), (32, 256))
-    assert rule(direction="forward", D=1, N=1, H=32).version == "v2"
-    # More rows a threadgroup, at most a chunk: the backward stages 4H floats a row, so
-    # 6144 // 1024 = 6 rows a chunk at H = 256.
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 8)
-    assert versions.v2_rows(cell="lstm", direction="backward", H=256) == 6
-    wide = rule(direction="backward", D=2, N=31, H=256)  # below STEPS_MIN_WORK
-    assert wide.version == "v2" and count(wide, direction="backward", D=2, N=31, H=256) == 11 * 1024
-    assert count(wide, direction="forward", D=2, N=32, H=256) == 8 * 1024
-    monkeypatch.setattr(versions, "V2_GROUP_ROWS", 1)
-    # Past the range of H, v1 in its grid; past one row of threadgroup memory, v2 cannot run.
-    assert rule(direction="forward", D=1, N=15, H=512).version == "rows"
-    assert rule(direction="forward", D=2, N=512, H=300).version == "v3"  # past STEPS_MIN_WORK
-    monkeypatch.setattr(versions, "STEPS_MIN_WORK", None)
-    assert rule(direction="forward", D=2, N=512, H=300).version == "packed"
-    monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), (1, 4000))
-    assert versions.v2_rows(cell="lstm", direction="backward", H=1537) == 0
-    gru = versions.recurrence(cell="gru", direction="backward", D=1, N=8, H=2000)
-    assert gru.version == "packed" and gru.kernel == "gru_backward"
-    harness = rule(direction="forward", D=1, N=8, H=7000, device="metal-emulated")
-    assert harness.version == "packed" and "CPU harness" in harness.reason
-    monkeypatch.setenv(versions.RECURRENCE_ENV, "v1")  # v1, in the grid its rule picks
-    v1 = rule(direction="forward", D=1, N=8, H=128)
-    assert (v1.version, v1.kernel) == ("rows", "lstm_forward") and "v1 forced" in v1.reason
-    assert count(v1, direction="forward", D=1, N=8, H=128) == 8 * 1024
-    monkeypatch.setenv(versions.RECURRENCE_ENV, "rows")
-    assert rule(direction="forward", D=1, N=1, H=4, device="metal-emulated").version == "rows"
-    monkeypatch.setenv(versions.RECURRENCE_ENV, "v2")
-    with pytest.raises(ValueError, match=r"RNNGRAD_METAL_RECURRENCE=v2: lstm_backward, D=1, N=1, "
-                                         r"H=2000: one row stages 4·H = 8000 floats"):
-        rule(direction="backward", D=1, N=1, H=2000)
-    monkeypatch.setenv(versions.RECURRENCE_ENV, "wide")
-    with pytest.raises(ValueError, match="RNNGRAD_METAL_RECURRENCE: expected one of v2, v2-steps, v3, "
-                                         "v1, packed, rows, auto, got 'wide'"):
-        rule(direction="forward", D=1, N=1, H=4)
-
-
-def test_the_rule_takes_the_one_step_grid_for_large_steps(monkeypatch):
-    """v3 (one dispatch a step) where a step's product D·N·G·H² reaches STEPS_MIN_WORK (2**25:
-    the GRU and LSTM at 200x64x512x512, both directions); below it (the single-gate RNN there,
-    2**24), with it set to None, for a GRU without reset_after and on the CPU harness the rest
-    of the rule (v2 for the single-gate forward at H = 512, else v1's rows)."""
-    monkeypatch.delenv(versions.RECURRENCE_ENV, raising=False)
-    assert versions.STEPS_MIN_WORK == 2 ** 25
-    for cell in ("gru", "lstm"):
-        for direction in ("forward", "backward"):
-            choice = versions.recurrence(cell=cell, direction=direction, D=1, N=64, H=512)
-            G = {"gru": 3, "lstm": 4}[cell]
-            assert (choice.version, choice.kernel) == ("v3", f"{cell}_{direction}_v3"), choice
-            assert f"D·N·G·H² = {64 * G * 512 * 512} >= {2 ** 25}" in choice.reason, choice
-            row_tiles, blocks = versions.tile_blocks(cell=cell, direction=direction, D=1, N=64,
-                                                     H=512)
-            assert f"{row_tiles * blocks} tile(s) of 16 row(s) × {-(-512 // blocks)} unit(s)" \
-                in choice.reason, choice
-            assert versions.recurrence_count(choice, cell=cell, direction=direction, D=1, N=64,
-                                             H=512) == row_tiles * blocks * versions.V3_THREADS
-    single = functools.partial(versions.recurrence, cell="single_gate", N=64, H=512)
-    assert single(direction="forward", D=1).version == "v2"  # 64·512² = 2**24 < 2**25
-    assert single(direction="backward", D=1).version == "rows"
-    assert single(direction="forward", D=2).version == "v3"  # 2·64·512² = 2**25
-    assert single(direction="backward", D=2).version == "v3"
-    assert versions.recurrence(cell="gru", direction="forward", D=1, N=64, H=512,
-                               reset_after=False).version == "rows"
-    assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512,
-                               device="metal-emulated").version == "packed"
-    monkeypatch.setattr(versions, "STEPS_MIN_WORK", None)
-    assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512).version == "rows"
-    assert single(direction="forward", D=2).version == "rows"  # D·N = 128 > V2_MAX_ROWS
-    monkeypatch.setattr(versions, "STEPS_MIN_WORK", 2 ** 25)
-    # a forced version wins over it
-    monkeypatch.setenv(versions.RECURRENCE_ENV, "v1")
-    assert versions.recurrence(cell="lstm", direction="forward", D=1, N=64, H=512).version == "rows"
-
+# -- the recurrences' grids ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_one_threadgroup_per_row_gives_bitwise_the_packed_results(cell, monkeypatch):

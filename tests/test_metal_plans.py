@@ -137,12 +137,12 @@ def test_a_changed_setting_takes_effect_on_the_next_call(made, monkeypatch):
 
         assert "lstm_forward" in kernels()
         monkeypatch.setattr(versions, "RECURRENCE", "v2")
-        assert "lstm_forward_v2_512" in kernels()  # H = 8 <= V2_512_H
-        monkeypatch.setattr(versions, "V2_512_H", None)
-        assert "lstm_forward_v2" in kernels()
+        assert "lstm_forward_v2_spread_512" in kernels()  # H = 8 <= V2_512_H
+        monkeypatch.setattr(versions, "V2_512_H", {})
+        assert "lstm_forward_v2_spread" in kernels()
         monkeypatch.setattr(versions, "RECURRENCE", None)
         monkeypatch.setenv(versions.RECURRENCE_ENV, "v2")
-        assert "lstm_forward_v2" in kernels()
+        assert "lstm_forward_v2_spread" in kernels()
         monkeypatch.delenv(versions.RECURRENCE_ENV)
         assert "lstm_forward" in kernels()
         monkeypatch.setattr(EMULATED_HOST, "dispatch_budget", 1)  # one step a dispatch

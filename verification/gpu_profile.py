@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     parser.add_argument("--recurrence", default=None, help="RNNGRAD_METAL_RECURRENCE")
     parser.add_argument("--gemm", default=None, help="RNNGRAD_METAL_GEMM")
     parser.add_argument("--set", nargs="*", default=(), metavar="NAME=VALUE",
-                        help="integer settings of rnngrad.backends.metal.versions (V2_GROUP_ROWS=8)")
+                        help="integer settings of rnngrad.backends.metal.versions (V3_MIN_TILES=32)")
     parser.add_argument("--sass", type=int, default=0, metavar="TOP",
                         help="instead of the sections: the TOP SASS instructions by warp stall "
                              "samples (ncu's SourceCounters), per kernel")

@@ -55,28 +55,19 @@ def _env(extra=None):
 #: time.time() by which every step must have ended (``--deadline``); None: no limit
 DEADLINE = None
 #: name: (RNNGRAD_METAL_GEMM, RNNGRAD_METAL_RECURRENCE, extra arguments of gpu_sanitize.py, what
-#: they do): the versions the rules pick, each tiled GEMM everywhere, v1's recurrences, v2's
-#: chunks, v2's one-step grid, v3's tiles at their narrowest and widest
+#: they do): the versions the rules pick, each GEMM version past v1 everywhere, v1's recurrences,
+#: every v2 entry point, v3's tiles at their narrowest and widest
 SANITIZER_CONFIGS = {
     "auto": ("auto", "auto", (), ""),
-    "gemm-v2": ("v2", "auto", (), ""),
     "gemm-v3": ("v3", "auto", (), ""),
     "gemm-v4": ("v4", "auto", (), ""),
     "gemm-v5": ("v5", "auto", (), ""),
     "gemm-v5-split": ("v5", "auto", ("--wide-min-slice", "8"), ", K split into slices"),
     "gemm-v5-float4": ("v5", "auto", ("--hidden", "36"), ", H = 36: float4 staging"),
     "v1": ("auto", "v1", (), ""),
-    "v2": ("auto", "v2", ("--hidden", "36"), ", H = 36: rg_dots' float4 reads"),
-    "v2-whole": ("auto", "v2", ("--hidden", "72"),
-                 ", H = 72: the GRU forward's 512-thread entry holding its rows whole"),
-    "v2-pair": ("auto", "v2", ("--hidden", "256"),
-                ", H = 256: the backwards' 2S lanes owning two units (rg_pairs)"),
-    "v2-512": ("auto", "v2", ("--hidden", "128"),
-               ", H = 128: the backwards' 512-thread entry (8 lanes owning two units, rounds "
-               "held), the GRU forward's rows' last round in threadgroup memory and the LSTM "
-               "forward's 512-thread entry holding half its rows"),
-    "v2x8": ("auto", "v2", ("--v2-group-rows", "8"), ", 8 rows a v2 threadgroup"),
-    "v2-steps": ("auto", "v2-steps", ("--v2-step-units", "12"), ", H = 33 in 3 blocks of units"),
+    # v2 at the H where the rule picks each of its entry points (kernels/README.md)
+    **{f"v2-{H}": ("auto", "v2", ("--hidden", str(H)), f", H = {H}")
+       for H in (64, 65, 68, 94, 128, 129, 256)},
     "v3": ("auto", "v3", (), ", tiles of 4 columns"),
     "v3-wide": ("auto", "v3", ("--v3-min-tiles", "1"), ", the widest tiles"),
     "v3-float4": ("auto", "v3", ("--hidden", "36"), ", H = 36: float4 staging"),
@@ -144,7 +135,7 @@ def kernel_work(kernel, cell, T, N, I, H):
     Z = 4 if cell == "gru" else G  # the GRU of the bench has reset_after: q in z_state
     rows, GH = T * N, G * H
     cells = 2 if cell == "lstm" else 1  # h (and c) per step
-    kernel = kernel.removesuffix("_512").removesuffix("_v2").removesuffix("_v3")
+    kernel = re.sub(r"_v[23](_\w+)?$", "", kernel)
     if kernel.endswith("_forward"):
         return 2 * rows * GH * H, 4 * (rows * GH + rows * H * cells + rows * Z * H + GH * H)
     if kernel.endswith("_backward"):
@@ -156,7 +147,7 @@ def kernel_work(kernel, cell, T, N, I, H):
 
 #: the GEMM versions the bench times, each forced for a whole op, and the rule ("auto"): the
 #: label of each in the tables -> the bench configuration (STEP_CONFIGS) that measures it
-GEMM_CONFIGS = {"v1": "v1", "v2": "gemm v2", "v3": "gemm v3", "v5": "gemm v5", "auto": "auto"}
+GEMM_CONFIGS = {"v1": "v1", "v3": "gemm v3", "v5": "gemm v5", "auto": "auto"}
 GEMM_LABELS = tuple(GEMM_CONFIGS)
 CELL_MODES = {"RNN": "RNN_TANH", "GRU": "GRU", "LSTM": "LSTM"}  # --cells: the bench's names
 #: each rnngrad cell's cuDNN mode (torch.nn layer), the bench's name of it
@@ -172,10 +163,8 @@ def torch_layer(name: str):
 
 
 #: the recurrence versions the rule does not pick, as (label, RNNGRAD_METAL_RECURRENCE, versions
-#: settings): v2 (one row a threadgroup), the one-step grids v2-steps (versions.V2_STEP_UNITS,
-#: V2_STEP_ROWS) and v3 at three widths of tile (versions.V3_MIN_TILES)
-STEP_KNOBS = (("v2", "v2", dict(V2_GROUP_ROWS=1)),
-              ("v2-steps 64u", "v2-steps", dict(V2_STEP_UNITS=64, V2_STEP_ROWS=None)),
+#: settings): v2 (one row a threadgroup) and v3 at three widths of tile (versions.V3_MIN_TILES)
+STEP_KNOBS = (("v2", "v2", {}),
               ("v3", "v3", {}),
               ("v3 wide", "v3", dict(V3_MIN_TILES=32)),
               ("v3 narrow", "v3", dict(V3_MIN_TILES=1024)))
@@ -275,8 +264,7 @@ def dispatch_ms(per_kernel: dict) -> float:
 def recurrence_ms(measured: dict, direction: str, key: str = "per_kernel") -> float:
     """The ms of a configuration's forward or backward recurrence dispatches (either version)."""
     return sum(v for k, v in measured[key].items()
-               if k.endswith((f"_{direction}", f"_{direction}_v2", f"_{direction}_v2_512",
-                              f"_{direction}_v3")))
+               if re.search(f"_{direction}(_v2_\\w+|_v3)?$", k))
 
 
 def metal_step(layer, x, gy, backend: str = "metal-cuda", xp=None):

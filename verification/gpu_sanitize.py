@@ -1,5 +1,6 @@
-"""One run for compute-sanitizer: every cell, forward and gradients, with every option on, on
-backend "metal-cuda"; or one planted defect kernel (``--defect NAME``).
+"""One run for compute-sanitizer: every cell, forward and gradients, with every option on (an
+LSTM also without its peephole, whose backward runs other v2 entry points), on backend
+"metal-cuda"; or one planted defect kernel (``--defect NAME``).
 
     compute-sanitizer --tool memcheck python verification/gpu_sanitize.py
     compute-sanitizer --tool racecheck python verification/gpu_sanitize.py --defect race
@@ -92,12 +93,15 @@ def run_ops(H: int = 33) -> str:
         for cell, desc in (("single_gate", rg.SingleGateRNNDescriptor(bidirectional=True, training=True)),
                            ("gru", rg.GRUDescriptor(reset_after=True, bidirectional=True, training=True)),
                            ("gru", rg.GRUDescriptor(reverse=True, training=True)),
-                           ("lstm", rg.LSTMDescriptor(bidirectional=True, training=True))):
+                           ("lstm", rg.LSTMDescriptor(bidirectional=True, training=True)),
+                           ("lstm", rg.LSTMDescriptor(training=True))):
+            peephole = not (cell == "lstm" and not desc.bidirectional)  # both LSTM backwards
             case = random_case(5, cell, T=5, N=33, I=7, H=H, descriptor=desc, dtype=np.float32,
-                               optional={k: True for k in ("input_weight", "bias", "init_state",
-                                                           "init_cell", "mask", "peephole",
-                                                           "secondary_bias", "state_gradient",
-                                                           "cell_gradient")})
+                               optional={k: k != "peephole" or peephole
+                                         for k in ("input_weight", "bias", "init_state",
+                                                   "init_cell", "mask", "peephole",
+                                                   "secondary_bias", "state_gradient",
+                                                   "cell_gradient")})
             for gradients in (False, True):
                 worst, mismatches = check_case(case, "metal-cuda", gradients)
                 rows.append(f"{cell} {'gradients' if gradients else 'forward'}: worst {worst:.3f}"
@@ -107,11 +111,6 @@ def run_ops(H: int = 33) -> str:
 
 #: --flag: (the rnngrad.backends.metal.versions setting it sets, help)
 SETTINGS = {
-    "--v2-group-rows": ("V2_GROUP_ROWS", "rows per v2 recurrence threadgroup (the rule's is 1): "
-                                         "more take the kernels' chunked path"),
-    "--v2-step-units": ("V2_STEP_UNITS", "units per threadgroup of v2's one-step grid (with "
-                                         "RNNGRAD_METAL_RECURRENCE=v2-steps): fewer than H split "
-                                         "the units into blocks"),
     "--v3-min-tiles": ("V3_MIN_TILES", "the fewest tiles v3 aims for (with "
                                        "RNNGRAD_METAL_RECURRENCE=v3): 1 gives the widest tiles"),
     "--wide-min-slice": ("WIDE_MIN_SLICE", "the fewest k of a v5 slice of K (with "

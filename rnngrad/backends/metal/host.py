@@ -12,7 +12,7 @@ Three backends share this code and differ only in the device they are given:
   and returns CuPy arrays on the GPU for them, with no copy through the host; NumPy inputs are
   copied to the GPU once per call and the results come back as NumPy arrays.
 
-Each op is a small number of dispatches (contract and kernel files for the math):
+Each op is a small number of dispatches (the kernel files for the math):
 
 ==========================  =======================================================================
 forward                     [strided_gemm: x' = source·Wᵀ + b, when input_weight is given]
@@ -37,8 +37,8 @@ GPU memory that the kernels only read is bound where it is (the CUDA target's ``
 cell_gradient) and the weights read transposed (R where the version reads Rᵀ; W only for a
 large untiled projection, :meth:`MetalHost._copies_weight`) are copied there. The buffers an
 op's kernels write are slices of one slab and one zeroed arena per op on the CUDA target (see
-:class:`_Runs`). T = 0 and N = 0 are answered on the host (contract section 4): there is nothing
-to dispatch.
+:class:`_Runs`). T = 0 and N = 0 are answered on the host (SEMANTICS.md §4 beside the reference): there is
+nothing to dispatch.
 
 Plans. Everything above but the arrays follows from the problem's signature (sizes, descriptor,
 which optional inputs are given), the work budget and the version settings. The host decides
@@ -46,9 +46,7 @@ it once, on an op's first call of a signature, as a :class:`~rnngrad.backends.me
 (kernel versions and thread counts, parameter structs, constants, each dispatch's buffers by
 slot, the outputs), keeps :data:`PLANS_KEPT` of them per device, and from then on a call only
 binds its arrays, makes its new buffers, dispatches, waits and checks (:meth:`MetalHost._call`).
-The version choices are logged (DEBUG) when a plan is made. On an LSTM 50x1x64x64 forward and
-gradients through "metal-cuda" (an H200) this took the host's own time from 0.74-0.85 ms to
-0.47-0.49 ms a pair.
+The version choices are logged (DEBUG) when a plan is made.
 
 Prepared dispatches. Where the device's functions have ``prepare`` (both harness targets;
 metalcompute has none), the host prepares each dispatch of a plan once, on first use
@@ -59,8 +57,6 @@ without making a view of each; the CUDA target's prepared call writes those poin
 parameters it keeps and launches, as a Metal encoder sets a pipeline's buffers. Where the device
 also has ``fetch`` (the CUDA target), the completion marks' copy is queued behind the op's
 dispatches, into pinned host memory, before the one wait: the marks need no read of their own.
-On an H100, a forward and gradients at 50x1x64x64 went from 0.84-1.30 ms of host time to
-0.55-0.65 ms (``verification/gpu_host.py``).
 
 Completion checks. metalcompute 0.2.9 never checks a command buffer's status, so a dispatch
 that faults or that the GPU watchdog stops would return partial outputs silently. Every kernel
@@ -173,6 +169,16 @@ def step_ranges(T: int, units: int, budget: int) -> list:
     (at least one step per dispatch)."""
     per = max(1, budget // max(units, 1))
     return [(s, min(s + per, T)) for s in range(0, T, per)]
+
+
+class _Declined(Exception):
+    """The threadgroups of a v2 entry point's dispatch declined to run its body (``rg_declines``
+    in common.metal): the device gave the pipeline ``threads`` threads a threadgroup, not the
+    size the rule chose the entry for. The host runs the op again with v1 for it."""
+
+    def __init__(self, kernel: str, threads: int):
+        super().__init__(f"{kernel} declined threadgroups of {threads} threads")
+        self.kernel, self.threads = kernel, threads
 
 
 class _Runs:
@@ -408,6 +414,9 @@ class _Runs:
             if (groups <= len(words) and (words[:groups, 0] == library.DONE | steps).all()
                     and (words[:groups, 1] == size).all() and not words[groups:, 0].any()):
                 return
+        declined = words[:, 0] == library.DECLINED
+        if not reported and declined.any():
+            raise _Declined(kernel, int(words[declined, 1][0]))
         done = (words[:, 0] & library.DONE) != 0
         problems, missing = [], ()
         if reported:
@@ -446,7 +455,7 @@ class _Runs:
         else:
             T = self.sizes["T"]
             where = (f"processing steps [{span[0]}, {span[1]}) of T={T}, " if span[0] != span[1]
-                     # v2-steps: a backward's last dispatch runs no step, only the carry
+                     # v3: a backward's last dispatch runs no step, only the carry
                      else f"no step, the carry of processing step {span[1]} of T={T}, ")
             hint = (f" A long sequence runs in shorter dispatches with a smaller work budget "
                     f"({BUDGET_ENV}; now {self.host.budget()}).")
@@ -477,6 +486,9 @@ class MetalHost:
         #: went well (see _Runs._all_marked), or False
         self._marks = {}
         self._lock = threading.Lock()
+        #: v2 entry point -> the threadgroup size this device gave it, where it declined that
+        #: size (see versions): the rule runs v1 for it from then on
+        self.declined = {}
         self._device_lock = threading.Lock()
         #: work budget of one recurrence dispatch in units; None: $RNNGRAD_METAL_DISPATCH_BUDGET,
         #: else DISPATCH_BUDGET (module docstring)
@@ -519,6 +531,7 @@ class MetalHost:
         self._functions = {}
         self._constants = collections.OrderedDict()
         self._plans = collections.OrderedDict()
+        self.declined = {}
 
     def function(self, name):
         if name not in self._functions:
@@ -629,7 +642,9 @@ class MetalHost:
         sizes = dict(cell=problem.cell, direction=direction, D=problem.D, N=problem.N,
                      H=problem.H)
         reset_after = bool(getattr(problem.descriptor, "reset_after", True))  # the GRU's
-        choice = versions.recurrence(**sizes, device=self.name, reset_after=reset_after)
+        choice = versions.recurrence(**sizes, device=self.name, reset_after=reset_after,
+                                     peephole=problem.cell == "lstm" and problem.peephole is not None,
+                                     declined=frozenset(self.declined))
         _LOG.debug("%s: %s", self.name, choice)
         name = library.BUFFERS[choice.kernel][3 if direction == "forward" else 1]
         weight = plan.input("recurrent_weight", (0, 2, 1) if name == "Rt" else None)  # [D,GH,H]
@@ -649,13 +664,11 @@ class MetalHost:
 
     def recurrence_spans(self, problem, choice, direction):
         """(unit_blocks, [(s_begin, s_end)] in processing order) of the recurrence dispatches
-        under ``choice``: a kernel's own grid (0) over the budget's step ranges, or a one-step
-        grid (v2-steps, v3: its unit blocks) a step a dispatch, the backward ending with the
-        carry of step 0 alone (0, 0)."""
+        under ``choice``: a kernel's own grid (0) over the budget's step ranges, or v3's one-step
+        grid (its unit blocks) a step a dispatch, the backward ending with the carry of step 0
+        alone (0, 0)."""
         T = problem.T
-        if choice.version == "v2-steps":
-            blocks = versions.step_blocks(cell=problem.cell, direction=direction, H=problem.H)[1]
-        elif choice.version == "v3":
+        if choice.version == "v3":
             blocks = versions.tile_blocks(cell=problem.cell, direction=direction, D=problem.D,
                                           N=problem.N, H=problem.H)[1]
         else:
@@ -724,7 +737,7 @@ class MetalHost:
         """The fields of the RecurrenceParams struct (``library.RECURRENCE_PARAMS``) of one
         dispatch running processing steps ``span`` = ``(s_begin, s_end)`` (default all T), as a
         tuple of ints in the struct's order; ``unit_blocks``: 0 for a kernel's own grid, else a
-        one-step grid (v2-steps, v3) with that many blocks of units to a group of rows (a span
+        one-step grid (v3) with that many blocks of units to a group of rows (a span
         of one step, or none: a backward's last carry)."""
         desc, cell = problem.descriptor, problem.cell
         acts = [Activation.NONE] * 5
@@ -788,12 +801,12 @@ class MetalHost:
         """The :class:`~rnngrad.backends.metal.plan.Plan` of ``problem``'s op: kept per
         signature, budget and version settings (:data:`PLANS_KEPT` of them, least recently used
         dropped first), made on first use. Call under the host's lock."""
-        key = (signature(problem), self.budget(), versions.settings())
+        key = (signature(problem), self.budget(), versions.settings(), frozenset(self.declined))
         plans = self._plans
         try:
             plan = plans.get(key)
         except TypeError:  # a setting set to an unhashable value (a list): its repr stands in
-            key = key[:2] + (repr(key[2]),)
+            key = key[:2] + (repr(key[2]),) + key[3:]
             plan = plans.get(key)
         if plan is not None:
             plans.move_to_end(key)
@@ -805,39 +818,54 @@ class MetalHost:
         return plan
 
     def _call(self, problem) -> dict:
+        """Run ``problem``'s op by its plan (:meth:`_run`); where a v2 entry point declines the
+        device's threadgroups, note it in :attr:`declined` and run the op again, by a plan that
+        runs v1 for it."""
+        with self._lock:
+            while True:
+                try:
+                    return self._run(problem)
+                except _Declined as declined:
+                    if declined.kernel in self.declined:
+                        raise RuntimeError(f"{declined}, again: the rule chose it although it "
+                                           f"had declined") from None
+                    self.declined[declined.kernel] = declined.threads
+                    _LOG.warning("%s: %s; the host runs v1 for it on this device", self.name,
+                                 declined)
+
+    def _run(self, problem) -> dict:
         """Run ``problem``'s op by its plan: bind the call's inputs and make its new buffers as
         the dispatches first need them (so that the first dispatch is on the device while the
         host readies the next), dispatch, wait and check; the outputs by field (see
-        :meth:`read`)."""
-        with self._lock:
-            plan = self.plan(problem)
-            prepared = self.prepared(plan)
-            with self.runs(plan.op, problem) as runs:
-                runs.pairs = runs.slices and prepared is not None
-                kept, inputs, made = plan.kept, [None] * len(plan.inputs), [None] * len(plan.buffers)
+        :meth:`read`). Call under the host's lock."""
+        plan = self.plan(problem)
+        prepared = self.prepared(plan)
+        with self.runs(plan.op, problem) as runs:
+            runs.pairs = runs.slices and prepared is not None
+            kept, inputs, made = plan.kept, [None] * len(plan.inputs), [None] * len(plan.buffers)
 
-                def buffer(kind, i):
-                    if kind == KEPT:
-                        return kept[i]
-                    if kind == INPUT:
-                        if inputs[i] is None:
-                            field, axes, written = plan.inputs[i]
-                            array = getattr(problem, field)
-                            if axes is not None:
-                                array = array.transpose(axes)
-                            inputs[i] = self.buffer(array) if written else self.read_only(array)
-                        return inputs[i]
-                    if made[i] is None:
-                        made[i] = runs.new(*plan.buffers[i])
-                    return made[i]
+            def buffer(kind, i):
+                if kind == KEPT:
+                    return kept[i]
+                if kind == INPUT:
+                    if inputs[i] is None:
+                        field, axes, written = plan.inputs[i]
+                        array = getattr(problem, field)
+                        if axes is not None:
+                            array = array.transpose(axes)
+                        inputs[i] = self.buffer(array) if written else self.read_only(array)
+                    return inputs[i]
+                if made[i] is None:
+                    made[i] = runs.new(*plan.buffers[i])
+                return made[i]
 
-                # a prepared dispatch has its kept buffers bound already: only its open slots
-                calls = prepared or [(None, launch[4]) for launch in plan.launches]
-                for (kernel, count, steps, span, _), (call, slots) in zip(plan.launches, calls):
-                    runs.launch(kernel, count, [buffer(k, i) for k, i in slots], steps, span, call)
-                runs.wait()  # waits for the GPU and checks every dispatch's marks
-                return {field: self.read(buffer(*slot), shape)
-                        for field, slot, shape in plan.outputs}
+            # a prepared dispatch has its kept buffers bound already: only its open slots
+            calls = prepared or [(None, launch[4]) for launch in plan.launches]
+            for (kernel, count, steps, span, _), (call, slots) in zip(plan.launches, calls):
+                runs.launch(kernel, count, [buffer(k, i) for k, i in slots], steps, span, call)
+            runs.wait()  # waits for the GPU and checks every dispatch's marks
+            return {field: self.read(buffer(*slot), shape)
+                    for field, slot, shape in plan.outputs}
 
     def prepared(self, plan):
         """``[(prepared call, open slots)]`` per dispatch of ``plan``: each prepared once on this
@@ -1164,12 +1192,12 @@ CUDA_BACKEND = registry.Backend(
 
 @contextlib.contextmanager
 def _running_on(host, device):
-    previous = host._device, host._functions, host._constants, host._plans
+    previous = host._device, host._functions, host._constants, host._plans, host.declined
     host.use(device)
     try:
         yield device
     finally:
-        host._device, host._functions, host._constants, host._plans = previous
+        host._device, host._functions, host._constants, host._plans, host.declined = previous
 
 
 def emulated_device(**options):

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import versions
+
 #: the shared header, first in the library source
 HEADER = "common.metal"
 #: kernel files, in the order they are appended after the header
@@ -49,14 +51,13 @@ GEMM_PARAMS = _struct((
     "block", "b_block", "has_bias", "k_split",
 ))
 
-#: the buffers of every kernel, in ``[[buffer(i)]]`` order; the launcher binds them by these names
-#: (every kernel's last buffer, ``status``, is the completion marks the launcher itself binds)
-BUFFERS = {
+#: the buffers of every kernel family, in ``[[buffer(i)]]`` order; the launcher binds them by
+#: these names (every kernel's last buffer, ``status``, is the completion marks the launcher
+#: itself binds). A recurrence's v2 and v3 entry points take its v1's buffers with the recurrent
+#: weight the other way round (R forward, Rᵀ backward: each reads it along the index its lanes
+#: reduce over): :func:`buffers`.
+_FAMILIES = {
     "strided_gemm": ("p", "A", "B", "bias", "C", "status"),
-    "strided_gemm_tiled": ("p", "A", "B", "bias", "C", "status"),
-    "strided_gemm_blocked": ("p", "A", "B", "bias", "C", "status"),
-    "strided_gemm_split": ("p", "A", "B", "bias", "C", "status"),
-    "strided_gemm_wide": ("p", "A", "B", "bias", "C", "status"),
     "single_gate_forward": ("p", "x", "bias", "Rt", "h0", "mask", "h", "zs", "status"),
     "single_gate_backward": ("p", "R", "h0", "mask", "dy", "zs", "dx", "rhs", "dhn", "status"),
     "gru_forward": ("p", "x", "bias", "Rt", "h0", "mask", "b2", "h", "zs", "status"),
@@ -67,19 +68,28 @@ BUFFERS = {
     "lstm_backward": ("p", "R", "h0", "c0", "mask", "peephole", "dy", "zs", "cfwd", "cg",
                       "dx", "rhs", "dhn", "dcn", "prow", "status"),
 }
-# each v2 and v3 recurrence (after its v1 in the file, so here too): the same buffers, with the
-# recurrent weight the other way round (R forward, Rᵀ backward: each reads it along the index
-# its lanes reduce over); each v2 has a second entry point, v2_512 (RG_THREADS_512 in
-# common.metal), between them
 _SWAP = {"Rt": "R", "R": "Rt"}
-BUFFERS = {name: table for kernel, buffers in BUFFERS.items()
-           for name, table in ([(kernel, buffers)] if kernel.startswith("strided_gemm") else
-                               [(kernel, buffers)]
-                               + [(f"{kernel}_{v}", tuple(_SWAP.get(b, b) for b in buffers))
-                                  for v in ("v2", "v2_512", "v3")])}
+
+
+def buffers(kernel: str) -> tuple:
+    """The buffer names of entry point ``kernel`` in ``[[buffer(i)]]`` order."""
+    if kernel.startswith("strided_gemm"):
+        return _FAMILIES["strided_gemm"]
+    family = kernel.split("_v2")[0].split("_v3")[0]
+    table = _FAMILIES.get(family)
+    if table is None:
+        raise ValueError(f"kernel: expected an rnngrad entry point, got {kernel!r}")
+    return table if family == kernel else tuple(_SWAP.get(b, b) for b in table)
+
+
+#: every entry point of the library, in source order: its buffer names
+BUFFERS = {kernel: buffers(kernel) for kernel in versions.entry_points()}
 
 #: flag of a completion mark's first word (``rg_done`` in common.metal): a zeroed entry is not done
 DONE = 0x80000000
+#: first word of a declined mark (``RG_DECLINED`` in common.metal): a v2 entry point's
+#: threadgroup that did not run its body (see rnngrad.backends.metal.versions)
+DECLINED = 0x40000000
 #: the smallest threadgroup metalcompute makes (one SIMD-group): status buffers hold
 #: ``ceil(count / MIN_THREADGROUP)`` marks, enough for any threadgroup size
 MIN_THREADGROUP = 32
