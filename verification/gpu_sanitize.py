@@ -124,15 +124,19 @@ def main(argv=None) -> int:
     parser.add_argument("--defect", choices=sorted(DEFECTS))
     for flag, (attribute, help) in SETTINGS.items():
         parser.add_argument(flag, type=int, default=None, dest=attribute, help=help)
-    parser.add_argument("--hidden", type=int, default=33, metavar="H",
-                        help="the cases' hidden size (33; a multiple of 4 takes v2's float4 reads)")
+    parser.add_argument("--hidden", type=int, nargs="+", default=[33], metavar="H",
+                        help="the cases' hidden sizes, each run in turn (33; a multiple of 4 takes "
+                             "v2's float4 reads)")
     args = parser.parse_args(argv)
     from rnngrad.backends.metal import versions
 
     for attribute, _ in SETTINGS.values():
         if getattr(args, attribute) is not None:
             setattr(versions, attribute, getattr(args, attribute))
-    print(run_defect(args.defect) if args.defect else run_ops(args.hidden), flush=True)
+    if args.defect:
+        print(run_defect(args.defect), flush=True)
+    for H in () if args.defect else args.hidden:
+        print(f"H = {H}: {run_ops(H)}", flush=True)
     return 0
 
 

@@ -36,10 +36,9 @@ pipeline another size (a Mac may, for a pipeline that needs more registers), eve
 of the dispatch marks itself declined (``rg_declines`` in common.metal) and the host runs the
 op again with v1 for that entry, on that device from then on (``declined`` below).
 
-Matrix products (C[batch, M, P] = A·B over K, + bias): v1 ``strided_gemm`` (a thread an
-element), v3 ``strided_gemm_blocked`` (64×64 tiles, 4×4 a thread), v4 ``strided_gemm_split``
-(32 elements of a row a threadgroup, K over 32 SIMD-groups), v5 ``strided_gemm_wide`` (128×128
-tiles, 8×8 a thread, K optionally split into slices the host adds): :func:`gemm`.
+Matrix products C[batch, M, P] = A·B (+ bias): v1 ``strided_gemm`` (a thread an element), v3
+``strided_gemm_blocked`` (64×64 tiles), v4 ``strided_gemm_split`` (K over 32 SIMD-groups), v5
+``strided_gemm_wide`` (128×128 tiles, K optionally in slices the host adds): :func:`gemm`.
 
 Overrides: ``RNNGRAD_METAL_RECURRENCE`` = ``auto`` | ``v1`` | ``packed`` | ``rows`` | ``v2`` |
 ``v3`` and ``RNNGRAD_METAL_GEMM`` = ``auto`` | ``v1`` | ``v3`` | ``v4`` | ``v5``, read at every
@@ -65,19 +64,14 @@ GEMM = None
 #: the versions of the matrix product: version -> kernel
 GEMM_KERNELS = {"v1": "strided_gemm", "v3": "strided_gemm_blocked", "v4": "strided_gemm_split",
                 "v5": "strided_gemm_wide"}
-#: rows and columns of the tiles the rule counts (an area of C, whichever version tiles)
+#: the side of the tiles the rule counts (an area of C); v3's tile side (GB_TILE in gemm.metal)
+#: and threads (GB_THREADS); v5's tile side (GW_TILE), k a chunk (GW_K) and threads (GW_THREADS)
 TILE = 32
-#: rows and columns of a v3 tile of C (GB_TILE in gemm.metal), threads per tile (GB_THREADS)
-BLOCKED_TILE = 64
-BLOCKED_THREADS = 256
-#: rows and columns of a v5 tile of C (GW_TILE), k per staged chunk (GW_K), threads (GW_THREADS)
-WIDE_TILE = 128
-WIDE_K = 8
-WIDE_THREADS = 256
+BLOCKED_TILE, BLOCKED_THREADS = 64, 256
+WIDE_TILE, WIDE_K, WIDE_THREADS = 128, 8, 256
 #: v5 splits K into slices where C has fewer tiles than this (about two threadgroups a core of
 #: a large GPU), for products without a bias, into at most K / WIDE_MIN_SLICE slices
-WIDE_SPLIT_TILES = 264
-WIDE_MIN_SLICE = 512
+WIDE_SPLIT_TILES, WIDE_MIN_SLICE = 264, 512
 #: the rule takes v5 for a tiled product where it gives at least this many threadgroups (tiles
 #: × slices of K; about half the cores of a large GPU), else v3
 WIDE_MIN_GROUPS = 64
@@ -90,12 +84,10 @@ TILED_MIN_SIDE = 8
 #: the fewest 32×32 tiles of C that the rule tiles (about one per core of a large GPU)
 TILED_MIN_TILES = 128
 #: columns of C per v4 block (GS_COLS in gemm.metal), threads per block (GS_THREADS)
-SPLIT_COLUMNS = 32
-SPLIT_THREADS = 1024
+SPLIT_COLUMNS, SPLIT_THREADS = 32, 1024
 #: v4 where v1 would run with fewer than this many threads (too few threadgroups for the
 #: cores) over a K of at least SPLIT_MIN_K
-SPLIT_MAX_ELEMENTS = 32768
-SPLIT_MIN_K = 256
+SPLIT_MAX_ELEMENTS, SPLIT_MIN_K = 32768, 256
 _SETTINGS = ("v1", "v3", "v4", "v5", "auto")
 
 #: environment variable that overrides the recurrences' version: v1, packed, rows, v2, v3, auto
@@ -107,76 +99,60 @@ RECURRENCE = None
 ROWS_MAX_H = 512
 #: below this many packed threadgroups the rule spreads v1's rows (about the cores of a GPU)
 ROWS_MIN_GROUPS = 128
-#: threads of a v2 threadgroup (RG_THREADS in common.metal), and of a ``_512`` entry's
-#: (RG_THREADS_512)
-V2_THREADS = 1024
-V2_THREADS_512 = 512
-#: floats of threadgroup memory a v2 body stages (RG_STAGE), and keeps for its next step (RG_NEXT)
-V2_STAGE = 6144
-V2_NEXT = 2048
-#: lanes a unit at most (RG_LANES), float4 of a weight row a thread holds (RG_HOLD)
-V2_LANES = 8
-V2_HOLD = 4
+#: threads of a v2 threadgroup (RG_THREADS in common.metal) and of a ``_512`` entry's
+V2_THREADS, V2_THREADS_512 = 1024, 512
+#: floats of threadgroup memory a v2 body stages (RG_STAGE) and keeps for its next step
+#: (RG_NEXT); lanes a unit at most (RG_LANES); float4 of a weight row held (RG_HOLD)
+V2_STAGE, V2_NEXT, V2_LANES, V2_HOLD = 6144, 2048, 8, 4
 #: the H the rule gives v2, by cell and direction: (smallest, largest); each row's threadgroup
 #: reads all of R at every step
 V2_H = {("single_gate", "forward"): (64, 512), ("single_gate", "backward"): (64, 256),
         ("gru", "forward"): (64, 256), ("gru", "backward"): (64, 256),
         ("lstm", "forward"): (64, 256), ("lstm", "backward"): (64, 256)}
-#: the most rows (D·N) the rule gives v2, a threadgroup each
-V2_MAX_ROWS = 64
-#: the largest H at which a forward runs on its 512-thread entries, by cell
+V2_MAX_ROWS = 64  # the most rows (D·N) the rule gives v2, a threadgroup each
+#: the largest H at which a forward runs on its 512-thread entries, by cell; the H at which a
+#: backward does: (smallest, largest)
 V2_512_H = {"single_gate": 64, "gru": 128, "lstm": 128}
-#: the H at which a backward runs on its 512-thread entries, by cell: (smallest, largest)
 V2_512_BACKWARD_H = {"single_gate": (128, 128), "gru": (128, 128), "lstm": (128, 128)}
 #: the rule runs v3 where a step's product has at least this many multiply-adds (D·N·G·H²):
 #: where the device time it saves outweighs its dispatches' cost to the host; None: never
 STEPS_MIN_WORK = 2 ** 25
 #: threads of a v3 threadgroup (the kernels' limit), rows of a tile at most (RS_ROWS), columns
 #: (RS_COLS: units × gates in the LSTM's and GRU's forward, units elsewhere)
-V3_THREADS = 256
-V3_ROWS = 16
-V3_COLS = 64
+V3_THREADS, V3_ROWS, V3_COLS = 256, 16, 64
 #: the fewest v3 tiles the host aims for (about one per core of a large GPU): the widest block
 #: of units (a power of two) that still gives this many, else the narrowest
 V3_MIN_TILES = 128
 _GRIDS = ("v1", "packed", "rows", "v2", "v3", "auto")
 
-#: every v2 entry point, by cell and direction: what its body does, in a line
+#: every v2 entry point, by cell and direction: its body, in a few words (kernels/README.md)
 V2_ENTRIES = {
-    ("single_gate", "forward"): {
-        "held": "R's row held in registers (4·V2_HOLD·S >= H)",
-        "streamed": "R's row read at every step past its first V2_HOLD / 2 float4",
-        "held_512": "the held body in threadgroups of 512"},
-    ("single_gate", "backward"): {
-        "held": "Rᵀ's row held in registers (4·V2_HOLD·S >= H)",
-        "paired": "2S lanes own units j and j + H/2, one round of each row held",
-        "streamed": "Rᵀ's row read at every step past its first V2_HOLD / 2 float4",
-        "paired_512": "the paired body in threadgroups of 512, four rounds of each row held"},
-    ("gru", "forward"): {
-        "streamed": "the three rows of R read at every step",
-        "streamed_512": "the streamed body in threadgroups of 512",
-        "held_512": "the three rows held whole in 2 float4 a lane",
-        "spread_512": "the rows held whole (their last round in threadgroup memory), the cell "
-                      "on 4 lanes a unit"},
-    ("gru", "backward"): {
-        "ahead": "the threads idle in the product find the next step's activations ahead",
-        "paired": "2S lanes own units j and j + H/2, one round of each row held",
-        "streamed": "the rows of Rᵀ read at every step",
-        "paired_512": "the paired body in threadgroups of 512, four rounds of each row held"},
-    ("lstm", "forward"): {
-        "spread": "lane k < 4 of a unit runs gate k's activation, R read at every step",
-        "full": "the spread body where every thread is a unit's: no per-step test of which",
-        "spread_512": "the spread body in threadgroups of 512",
-        "full_whole_512": "the full body in threadgroups of 512, the four rows whole in 2 float4",
-        "full_held_512": "the full body in threadgroups of 512, the first 4 float4 of each row "
-                         "held"},
-    ("lstm", "backward"): {
-        "ahead": "the threads idle in the product find the next step's activations ahead",
-        "ahead_peephole": "the ahead body with a peephole",
-        "streamed": "the rows of Rᵀ read at every step",
-        "streamed_peephole": "the streamed body with a peephole",
-        "paired_512": "2S lanes own units j and j + H/2, four rounds of each row held",
-        "paired_peephole_512": "the paired body with a peephole"},
+    ("single_gate", "forward"): {"held": "R's row held in registers",
+                                 "streamed": "R's row read at every step",
+                                 "held_512": "R's row held in registers"},
+    ("single_gate", "backward"): {"held": "Rᵀ's row held in registers",
+                                  "paired": "2S lanes own two units, a round of each row held",
+                                  "streamed": "Rᵀ's row read at every step",
+                                  "paired_512": "2S lanes own two units, 4 rounds of each held"},
+    ("gru", "forward"): {"streamed": "the three rows of R read at every step",
+                         "streamed_512": "the three rows of R read at every step",
+                         "held_512": "the three rows held whole in registers",
+                         "spread_512": "the rows held whole, the cell on 4 lanes a unit"},
+    ("gru", "backward"): {"ahead": "idle threads find the next step's activations ahead",
+                          "paired": "2S lanes own two units, a round of each row held",
+                          "streamed": "the rows of Rᵀ read at every step",
+                          "paired_512": "2S lanes own two units, 4 rounds of each held"},
+    ("lstm", "forward"): {"spread": "gate k's activation on lane k of a unit",
+                          "full": "every thread a unit's, gate k's activation on lane k",
+                          "spread_512": "gate k's activation on lane k of a unit",
+                          "full_whole_512": "every thread a unit's, the rows held whole",
+                          "full_held_512": "every thread a unit's, 4 float4 of each row held"},
+    ("lstm", "backward"): {"ahead": "idle threads find the next step's activations ahead",
+                           "ahead_peephole": "the ahead body, with a peephole",
+                           "streamed": "the rows of Rᵀ read at every step",
+                           "streamed_peephole": "the streamed body, with a peephole",
+                           "paired_512": "2S lanes own two units, 4 rounds of each held",
+                           "paired_peephole_512": "the paired body, with a peephole"},
 }
 
 
@@ -192,7 +168,7 @@ def entry_points() -> tuple:
 
 def v2_slices(H: int, threads: int) -> int:
     """Lanes a unit of a v2 body (rg_slices): the largest power of two S <= :data:`V2_LANES`
-    with 2·S·H <= threads... that is, S·H within the threadgroup's one pass, at least 1."""
+    that keeps S·H within one pass of the threadgroup, at least 1."""
     S = 1
     while S < V2_LANES and 2 * S * H <= threads:
         S *= 2
@@ -289,9 +265,8 @@ def tile_blocks(*, cell: str, direction: str, D: int, N: int, H: int) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    """The code that runs one dispatch: ``version`` ("v1" to "v5" for a product; "packed",
-    "rows", "v2" or "v3" for a recurrence), ``kernel`` (its entry point in ``kernels/``) and
-    ``reason`` (a sentence)."""
+    """The code that runs one dispatch: ``version`` ("v1" ... "v5" for a product; "packed",
+    "rows", "v2" or "v3" for a recurrence), ``kernel`` (its entry point) and ``reason``."""
     version: str
     kernel: str
     reason: str
@@ -365,9 +340,8 @@ def _v3(shape: str, why: str, *, cell, direction, D, N, H) -> Choice:
 
 def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: int,
                      H: int) -> int:
-    """The threads a recurrence dispatch asks for under ``choice``: v2 a threadgroup per row
-    (512 threads for the ``_512`` entries, else :data:`V2_THREADS`), v3 :data:`V3_THREADS` per
-    tile, v1 ``rows`` 1024 per row, v1 ``packed`` one thread per (row, unit)."""
+    """The threads a recurrence dispatch asks for under ``choice``: v2 a threadgroup a row, v3
+    :data:`V3_THREADS` a tile, v1 ``rows`` 1024 a row, v1 ``packed`` one a (row, unit)."""
     if choice.version == "v2":
         return D * N * (V2_THREADS_512 if choice.kernel.endswith("_512") else V2_THREADS)
     if choice.version == "v3":
@@ -481,10 +455,9 @@ def wide_slices(*, batch: int, M: int, P: int, K: int, block: int, b_block: int,
 
 def gemm_threads(choice: Choice, *, batch: int, M: int, P: int, block: int, b_block: int,
                  slices: int = 1) -> int:
-    """The threads to dispatch for ``choice``: one per element of C for v1,
-    :data:`SPLIT_THREADS` per :data:`SPLIT_COLUMNS` elements of a row for v4, and per tile the
-    tiled versions' threads (per tile and slice of K for v5); each kernel splits its work over
-    the threadgroups it gets."""
+    """The threads to dispatch for ``choice``: one an element of C for v1, :data:`SPLIT_THREADS`
+    per :data:`SPLIT_COLUMNS` elements of a row for v4, the tiled versions' threads per tile
+    (and slice of K, for v5)."""
     if choice.version == "v1":
         return batch * M * P
     if choice.version == "v4":
@@ -496,7 +469,7 @@ def gemm_threads(choice: Choice, *, batch: int, M: int, P: int, block: int, b_bl
 
 @contextlib.contextmanager
 def forced(version: str | None):
-    """Set :data:`GEMM` to ``version`` inside the block (``with versions.forced("v3"): ...``)."""
+    """Set :data:`GEMM` to ``version`` inside the block."""
     global GEMM
     if version is not None and str(version).strip().lower() not in _SETTINGS:
         raise ValueError(f"forced: expected one of {', '.join(_SETTINGS)} or None, "
