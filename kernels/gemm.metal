@@ -89,8 +89,8 @@ kernel void strided_gemm(constant GemmParams& p [[buffer(0)]],
         float total = 0.0f;
         float chunk = 0.0f;
         // 16 loads of each factor in flight: a small product's loop is a chain of loads (ptxas
-        // had unrolled it 4-fold, and the small products measured slower so). The order of the
-        // sums is the loop's.
+        // had unrolled it 4-fold, and small products measured slower that way). The order of
+        // the sums is the loop's.
         #pragma unroll 16
         for (uint k = 0; k < p.K; ++k) {
             chunk += a[k * p.a_k] * bb[k * p.b_k];

@@ -30,10 +30,10 @@
 //      threadgroup of the size the host chose it for, one pass of its threads over the units
 //      (S · H <= threads), 5H floats of RG_STAGE and the peephole it was compiled for, and
 //      declines otherwise (common.metal, rg_declines); the host then runs v1.
-//        lstm_backward_v2_ahead[_peephole]     6H threads (an item each) find the next step's
-//                                              activations while the product runs
-//                                              (lstm_backward_ahead): 6H <= threads and 16H
-//                                              floats of RG_STAGE (H <= 170)
+//        lstm_backward_v2_ahead[_peephole]     the threads past the product's (where too few,
+//                                              the product's after it) find the next step's
+//                                              activations, an item each (lstm_backward_ahead):
+//                                              6H <= threads, 16H floats of RG_STAGE (H <= 170)
 //        lstm_backward_v2_streamed[_peephole]  phase A finds them itself; Rᵀ's row read at
 //                                              every step: any H the pass covers
 //        lstm_backward_v2_paired[_peephole]_512  2S lanes own units j and j + H/2 in
@@ -282,7 +282,7 @@ inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
 // of the next step and their derivatives (lstm_backward_ahead) are found by the threads past
 // the product's (or by the product's threads after it) while the product runs, so that phase A,
 // on the step's critical path between the sums and the next product, is its few
-// multiplications. Where 6H > tpg (H = 256: two items for some threads) that measured slower,
+// multiplications. Where 6H > tpg (some threads two items, as at H = 256) that measured slower,
 // so there phase A finds them.
 // PEEP (p.has_peephole): without a peephole, its four weights and four partial sums take no
 // registers (a torch.nn.LSTM's op has none). In the CUDA translation's 64 registers a thread,
