@@ -97,7 +97,7 @@
 //   12     device float*               prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
 //   13     device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// Phase A of both versions for (row, j) at processing step s: the element-wise gate gradients
+// Phase A of v1 and v3 for (row, j) at processing step s: the element-wise gate gradients
 // of unit j. Writes dx (da_z, da_o, and da_r with reset_after), lhs, rhs and, with reset_after,
 // the partial sums of dq (prow); returns (da_z, da_r, da_o, dq), da_r and dq 0 without
 // reset_after (phase B finds da_r).
@@ -163,7 +163,7 @@ inline float4 gru_gate_gradients(constant RecurrenceParams& p, device const floa
 }
 
 // dh ⊙ keep of (row, j) at processing step s, with dh = dy + dh_next and keep = z (1 − z
-// with flip_z): the part of dh_next that passes the update gate, in every version.
+// with flip_z): the part of dh_next that passes the update gate, in v1 and v3.
 inline float gru_kept(constant RecurrenceParams& p, device const float* dy,
                       device const float* zs, device const float* dhn, uint s, uint row,
                       uint j) {

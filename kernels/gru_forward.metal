@@ -73,9 +73,9 @@
 //   8      device float*               zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
 //   9      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// The step of every version with reset_after for (row, j) at processing step s, from the
-// three gates' recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the order z, r, o: writes
-// z_state (a_z, a_r, a_o, then q) and h[t]; returns h[t].
+// The step of v1 and v3 with reset_after (the v2 bodies repeat its arithmetic, bitwise) for
+// (row, j) at processing step s, from the three gates' recurrent products (h[t−1] ⊙ m) R_kᵀ of
+// unit j in the order z, r, o: writes z_state (a_z, a_r, a_o, then q) and h[t]; returns h[t].
 inline float gru_cell_after(constant RecurrenceParams& p, device const float* x,
                            device const float* bias, device const float* h0,
                            device const float* b2, device float* h, device float* zs, uint s,

@@ -99,7 +99,7 @@
 //   14     device float*               prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
 //   15     device uint2*               status    [ceil(count/32)] completion marks (common.metal)
 
-// Phase A of both versions for (row, j) at processing step s: the cell chain of unit j. Writes
+// Phase A of v1 and v3 for (row, j) at processing step s: the cell chain of unit j. Writes
 // da of the four gates (dx), dc_next (dcn), the peephole partials (prow) and h[t−1] ⊙ m (rhs);
 // returns da in the cell's order i, f, z, o.
 inline float4 lstm_cell_gradients(constant RecurrenceParams& p, device const float* h0,

@@ -76,7 +76,7 @@
 //   10     device float*               zs        [T,N,D·4H] output time (written when p.training)
 //   11     device uint2*               status    [ceil(count/32)] completion marks (common.metal)
 
-// The cell update of both versions for (row, j) at processing step s, from the four gates'
+// The cell update of v1 and v3 for (row, j) at processing step s, from the four gates'
 // recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the cell's order i, f, z, o: writes
 // z_state (when training), c[t] and h[t]; returns h[t].
 inline float lstm_cell(constant RecurrenceParams& p, device const float* x,

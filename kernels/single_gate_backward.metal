@@ -74,7 +74,7 @@
 //                                            out: init_state gradient
 //   9      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// Phase A of both versions for (row, j) at processing step s: da = (dy + dh_next) ⊙ f'(a)
+// Phase A of v1 and v3 for (row, j) at processing step s: da = (dy + dh_next) ⊙ f'(a)
 // into dx, and h[t−1] ⊙ m into rhs (the right factor of dR); returns da.
 inline float single_gate_da(constant RecurrenceParams& p, device const float* h0,
                             device const float* mask, device const float* dy,

@@ -58,8 +58,9 @@
 //   7      device float*               zs    [T,N,D·H] output time (written when p.training)
 //   8      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// The step of every version for (row, j) at processing step s, from the recurrent product
-// (h[t−1] ⊙ m) Rᵀ of unit j: writes z_state (when training) and h[t]; returns h[t].
+// The step of v1 and v3 for (row, j) at processing step s, from the recurrent product
+// (h[t−1] ⊙ m) Rᵀ of unit j: writes z_state (when training) and h[t]; returns h[t]. (The v2
+// body repeats its arithmetic with its indices found once.)
 inline float single_gate_cell(constant RecurrenceParams& p, device const float* x,
                              device const float* bias, device float* h, device float* zs,
                              uint s, uint row, uint j, float dot) {
