@@ -1,9 +1,10 @@
 // common.metal: the shared header of rnngrad's Metal kernels.
 //
 // metalcompute compiles one source string and local #include does not work, so the host
-// (rnngrad/backends/metal/library.py) concatenates this file in front of every kernel file. It holds no
-// kernel: the parameter structs, the five MPSGraph activations and their derivatives, and the
-// index helpers every recurrence kernel shares.
+// (rnngrad/backends/metal/library.py) concatenates this file in front of every kernel file. It
+// holds no kernel: the parameter structs, the five MPSGraph activations and their derivatives,
+// the index helpers every recurrence kernel shares, and the helpers of the v2 and v3 bodies.
+// kernels/README.md lists every entry point, its grid and when the host picks it.
 //
 // Notation: T steps, N batch, H hidden units, G gates, D directions, Z blocks of H per direction
 // in z_state (G, or 4 for GRU with reset_after). A "row" of a recurrence is one (direction,
@@ -14,11 +15,12 @@
 // gradient of it) is in input time: xt = T−1−s for the backward direction and for a
 // unidirectional reverse op, else s. h, c, z_state, source_gradient, output_fwd,
 // cell_output_fwd and a per-step cell_gradient are in output time: ot = T−1−s for the backward
-// direction of a bidirectional op only (contract 2.1). A per-step mask is indexed by s.
+// direction of a bidirectional op only (rnngrad/backends/reference/SEMANTICS.md §2.1). A per-step
+// mask is indexed by s.
 //
 // Fast math is forced by metalcompute, so NaN is never trusted to propagate by itself: every
 // activation and derivative tests for NaN on the bits (the compiler may fold isnan(x) to false
-// under fast math) and returns the NaN (contract section 4).
+// under fast math) and returns the NaN (SEMANTICS.md §4).
 //
 // Completion marks. metalcompute never checks a command buffer's status, so a dispatch that
 // faults or that the GPU watchdog stops leaves its outputs partly written and says nothing. Every
@@ -34,10 +36,12 @@
 #include <metal_stdlib>
 using namespace metal;
 
-// Scalars of every recurrence kernel, one buffer; mirrored by rnngrad.backends.metal.library.RECURRENCE_PARAMS.
-// All fields are 4-byte uints, in this order.
+// Scalars of every recurrence kernel, one buffer; mirrored by
+// rnngrad.backends.metal.library.RECURRENCE_PARAMS. All fields are 4-byte uints, in this order.
 struct RecurrenceParams {
-    uint count;            // threads the host dispatched: D·N·H, or D·N·1024 for one threadgroup a row (versions.py)
+    uint count;            // threads the host dispatched (versions.recurrence_count): v1 D·N·H,
+                           //   or D·N·1024 for one threadgroup a row; v2 D·N·1024 (D·N·512 for
+                           //   a _512 entry); v3 256 per tile
     uint T;
     uint N;
     uint H;
@@ -63,19 +67,19 @@ struct RecurrenceParams {
     uint s_begin;          // processing steps [s_begin, s_end) run by this dispatch: the forward
     uint s_end;            //   runs them upward, the backward downward; the state carries over
                            //   between dispatches in the output buffers (h, c; dhn, dcn, prow)
-    uint unit_blocks;      // v2: 0, its own grid; else its one-step grid: this many threadgroups
-                           //   per group of rows, each a block of the units (rg_units), one
-                           //   step a dispatch (the backward: rg_carry, then phase A);
-                           //   v3: the blocks of units of its tiles (rs_tile)
+    uint unit_blocks;      // v3: the blocks of units of its tiles (rs_tile); 0 for v1 and v2
 };
 
-// Scalars of strided_gemm and strided_gemm_tiled; mirrored by rnngrad.backends.metal.library.GEMM_PARAMS.
-// C[b,i,j] = Σ_k A[b·a_batch + i·a_row + k·a_k] · B[b·b_batch + k·b_k + j·b_col + (i / block)·b_block]
+// Scalars of every matrix-product kernel (gemm.metal), one buffer; mirrored by
+// rnngrad.backends.metal.library.GEMM_PARAMS.
+// C[b,i,j] = Σ_k A[b·a_batch + i·a_row + k·a_k]
+//              · B[b·b_batch + k·b_k + j·b_col + (i / block)·b_block]
 //            (+ bias[j] when has_bias); C is contiguous [batch, M, P].
 struct GemmParams {
-    uint count;            // threads the host dispatched: batch·M·P (strided_gemm), 128 per tile
-                           // (strided_gemm_tiled), 256 per tile (strided_gemm_blocked),
-                           // 256 per tile and slice of K (strided_gemm_wide)
+    uint count;            // threads the host dispatched (versions.gemm_threads): batch·M·P
+                           // (strided_gemm), 1024 per 32 elements of a row (strided_gemm_split),
+                           // 256 per tile (strided_gemm_blocked), 256 per tile and slice of K
+                           // (strided_gemm_wide)
     uint batch;
     uint M;
     uint P;
@@ -214,57 +218,53 @@ inline bool rg_declines(bool fits, uint threads, device uint2* status, uint lid,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Helpers of the v2 recurrence kernels (<cell>_{forward,backward}_v2).
+// Helpers of the v2 recurrence kernels (<cell>_<direction>_v2_<body>[_512]).
 //
-// v1 gives every (row, unit) its own thread and dot product, so the threads of every batch row
-// read the whole recurrent weight again at every step, each a long dependent chain of loads.
-// v2 makes each step's recurrent product a small matrix product over a chunk of at most
-// RG_BMAX rows of the threadgroup (rows of one direction): the chunk's left factor (h[t−1] ⊙ m
-// forward, dA backward) is staged in threadgroup memory, and each thread owns one unit and a
-// slice of the reduction index for every row of the chunk, so each weight element it loads
-// serves up to RG_BMAX rows and its RG_BMAX × gates partial sums are independent chains. The
-// S lanes that share a unit (consecutive lanes of one SIMD-group) add their partial sums with
-// a butterfly of simd_shuffle_xor; lane l then finishes the rows b ≡ l (mod S). The weight is
-// read along its contiguous index by consecutive lanes (R forward, Rᵀ backward). Each v2
-// kernel's body is a template on B, the rows of a chunk at most: a threadgroup that owns one
-// row (the rule's grid) runs it with B = 1, so that a thread holds gates × 1 partial sums, not
-// gates × RG_BMAX, and zeroes, shuffles and spills none for rows it does not have.
+// v1 gives every (row, unit) its own thread and dot product, so each thread's step is a long
+// dependent chain of loads of h (or dA) and of the recurrent weight. v2 gives each row (a
+// direction and a batch index) a threadgroup of its own and splits each step's recurrent product
+// over the threadgroup: the left factor (h[t−1] ⊙ m forward, dA backward) is staged in threadgroup
+// memory, and the S lanes of a unit (consecutive lanes of one SIMD-group, rg_slices) each take
+// a slice of the reduction index and add their partial sums with a butterfly of
+// simd_shuffle_xor (rg_lane_totals). The weight is read along its contiguous index by
+// consecutive lanes (R forward, Rᵀ backward), and a thread may keep its share of it in
+// registers from step to step (rg_hold). Each body is its own entry point: the host picks one
+// by name for the threadgroup size it asks for (rnngrad/backends/metal/versions.py, v2_entry),
+// and the entry point checks its body's conditions on the threadgroup it gets (rg_declines).
 
-// Rows per chunk at most (registers: gates × RG_BMAX partial sums per thread). Every loop over
-// gates, rows or the four k of a step of rg_dots is unrolled (#pragma unroll), so that the
-// partial sums are indexed by constants and stay in registers.
+// The most rows (RgAcc's B) the product helpers are meant for; every v2 body passes one.
+// Every loop over gates, rows or the four k of a step of rg_dots is unrolled (#pragma unroll),
+// so that the partial sums are indexed by constants and stay in registers.
 #define RG_BMAX 8
-// Threads of a v2 threadgroup at most (its kernels' max_total_threads_per_threadgroup; the
-// host asks for versions.V2_THREADS a threadgroup).
+// Threads of a v2 threadgroup (its entry points' max_total_threads_per_threadgroup; the host
+// asks for versions.V2_THREADS a threadgroup).
 #define RG_THREADS 1024
-// Threads of the forwards' second v2 entry point (<cell>_forward_v2_512, the same body; the host
-// asks for versions.V2_THREADS_512 where versions.V2_512_H says). A kernel's threadgroup limit
-// is what its compiler allots registers by: at 1024 threads the CUDA translation gets 64 a
-// thread, at 512 it gets 128, room for the GRU forward's three weight rows (RG_HOLD_512). On an
-// H100 at 50x1x64x64 (8 lanes a unit either way: at 1024 threads half of them idle) the
-// forwards took RNN / GRU / LSTM 0.027 / 0.060 / 0.080 ms at 1024 and 0.023 / 0.048 / 0.068 at
-// 512, and the GRU's at 1000x8x128x128 2.98 ms at 1024 and 2.50 at 512 with its rows held whole;
-// at 100x32x256x256 the GRU's took 0.90 ms at 1024 and 1.43 at 512, and the backwards were
-// slower at 512 (GRU 1000x8: 2.49 ms, 3.13 with Rᵀ's row held whole, 3.30 without).
+// Threads of the _512 entry points (the host asks for versions.V2_THREADS_512 where
+// versions.V2_512_H and V2_512_BACKWARD_H say). A kernel's threadgroup limit is what its
+// compiler allots registers by: at 1024 threads the CUDA translation gets 64 a thread, at 512
+// it gets 128, room to hold more of the weight rows (RG_HOLD_512, RG_LSTM_HOLD_512,
+// RG_PAIR_HOLD_512). At H = 64 a threadgroup of 1024 leaves half its SIMD-groups idle (8 lanes
+// a unit at most), so 512 threads lose no lanes there. Measured faster only for the forwards at
+// small H and the backwards at H = 128 (verification/PERFORMANCE.md), so only there.
 #define RG_THREADS_512 512
 
 // One thread's partial sums: v[g][b] for gate g < G (in the order the kernel passes the
-// weights) and row b < B of the chunk. Each kernel holds as many gates as its product has and,
-// where its threadgroup owns one row (the rule's grid), one row: registers the step neither
-// zeroes nor carries.
+// weights) and row b < B (every v2 body passes B = 1: registers the step neither zeroes nor
+// carries for rows it does not have).
 template <uint G, uint B>
 struct RgAcc {
     float v[G][B];
 };
-// Floats of threadgroup memory a v2 recurrence stages (24 KB of Apple's 32 KB); a chunk holds
-// min(RG_BMAX, RG_STAGE / floats per row) rows (the host runs v2 only where that is at least 1).
+// Floats of a v2 body's first threadgroup array (24 KB of Apple's 32 KB): the staged left factor
+// and, in the backwards, the product's sums and the activations found ahead; an entry point
+// declines an H whose floats do not fit (the host's rule keeps to the H that fit).
 #define RG_STAGE 6144
 
 // Lanes per unit at most. More lanes make a unit's chain of multiply-adds shorter, but every
 // SIMD-group that holds a unit runs the step's own work too (index arithmetic, the butterfly,
-// the cell's lanes): at H = 64 in a threadgroup of 1024, 16 lanes a unit took 0.17 ms for the
-// LSTM's 50 forward steps, 8 lanes (half the SIMD-groups idle) 0.14 ms, and the GRU's 0.14 →
-// 0.12 ms (an H100). At H = 128 and 256 a threadgroup of 1024 gives 8 and 4 lanes either way.
+// the cell's lanes): at H = 64 in a threadgroup of 1024, 8 lanes a unit (half the SIMD-groups
+// idle) measured faster than 16 for the LSTM and the GRU (verification/PERFORMANCE.md). At
+// H = 128 and 256 a threadgroup of 1024 gives 8 and 4 lanes either way.
 #define RG_LANES 8
 
 // Lanes per unit: the largest power of two S <= RG_LANES with S · units <= tpg (at least 1),
@@ -322,9 +322,8 @@ inline void rg_rounds(thread RgAcc<G, B>& acc, uint ng, uint nb, threadgroup con
 // the rounds at k, k + 4S, ... below K, in order.
 // A thread holding one row's sums (G · B <= 4) takes two rounds a loop where there are at least
 // eight (K >= 32 S: the backward's products over the gates, the forward's at H = 256), so that
-// the 2 · ng weight loads of both are in flight together. On an H100: 1000x8 LSTM backward 6.97
-// -> 6.64 ms, 100x32 LSTM backward 1.78 -> 1.66; with four rounds or fewer (the forward at H = 64
-// and 128) the single-gate forward at 1000x8 went 1.86 -> 1.96 ms instead.
+// the 2 · ng weight loads of both are in flight together. With four rounds or fewer (the
+// forward at H = 64 and 128) two a loop measured slower, so those take one.
 template <uint G, uint B>
 inline void rg_dots_float4(thread RgAcc<G, B>& acc, uint ng, uint nb, threadgroup const float* v,
                            uint ldv, device const float* w, thread const uint* off, uint k, uint K,
@@ -401,7 +400,8 @@ inline void rg_dots(thread RgAcc<G, B>& acc, uint ng, uint nb,
     }
 }
 
-// The rows [x, y) of threadgroup tgid of a v2 dispatch (one row where its entry runs).
+// The rows [x, y) of threadgroup tgid of a v2 dispatch: one row, where the host asked for a
+// threadgroup a row and got it (rg_one_pass).
 inline uint2 rg_group_rows(constant RecurrenceParams& p, uint tpg, uint tgid) {
     return rg_rows(p.D * p.N, p.count, tpg, tgid);
 }
@@ -418,10 +418,10 @@ inline void rg_clear(thread RgAcc<G, B>& acc) {
     }
 }
 
-// Floats of threadgroup memory where a v2 forward keeps h[t] ⊙ m of its next step (8 KB: with
-// RG_STAGE, Apple's 32 KB) when its threadgroup's rows are one chunk that owns every unit
-// (rg_resident, the rule's grid): the cells leave h[t] ⊙ m[t+1] there (rg_leave), so that a
-// step stages nothing from device memory and waits at one barrier; the two buffers alternate.
+// Floats of a v2 forward's second threadgroup array (8 KB: with RG_STAGE, Apple's 32 KB): the
+// product's sums (the single gate's H, the GRU's 3H), or the stage's second buffer (the LSTM's
+// and the GRU spread body's stages alternate between two, so that h[t] ⊙ m of the next step is
+// written while other SIMD-groups still read this one's).
 #define RG_NEXT 2048
 
 // Stage (h[t−1] ⊙ m) of rows r0 .. r0 + nb − 1 (one direction) at processing step s into
@@ -441,20 +441,17 @@ inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
 }
 
 // ---------------------------------------------------------------------------------------------
-// v2's one-row body. Where a v2 threadgroup owns one row and one pass of its threads covers every
-// unit (rg_one_pass: the rule's grid, where S · H fits the threadgroup), its kernels run a lean
-// body instead of the chunked one. The row's indices are computed once (RgRow), not with
-// divisions by N at every step. The product runs on every SIMD-group (S lanes a unit), its sums
-// meet in threadgroup memory, and then thread u < H alone runs unit u's element-wise work: the
-// cell's code then runs on H / 32 SIMD-groups rather than on all of them, for a second barrier
-// a step, and what crosses steps (the LSTM's c, the backward's dh_next) stays in that thread's
-// registers (the LSTM's forward keeps its long cell on the product's SIMD-groups instead:
-// lstm_forward.metal says why). The weights a thread reads stay in its registers from step to
-// step where they fit (rg_hold), and the next step's inputs are loaded before the product.
-// Nsight Compute counted 312 instructions a SIMD-group a step in the chunked body's single-gate
-// forward at 1000x8x128x128, for 16 multiply-adds a thread. On an H100, that forward / backward
-// at 1000x8: 1.99 / 2.39 ms chunked, 0.91 / 1.27 with the lean body's cell on lane 0 of every
-// unit's lanes (every SIMD-group), 0.66 / 1.04 with it on H threads.
+// The one-row bodies that every v2 entry point runs: its threadgroup owns one row and one pass
+// of its threads covers every unit (rg_one_pass: S · H fits the threadgroup). The row's indices
+// are computed once (RgRow), not with divisions by N at every step. The product runs on every
+// SIMD-group (S lanes a unit), its sums meet in threadgroup memory, and then thread u < H alone
+// runs unit u's element-wise work: the cell's code then runs on H / 32 SIMD-groups rather than
+// on all of them, for a second barrier a step, and what crosses steps (the backwards' dh_next)
+// stays in that thread's registers (the LSTM's forward and the GRU's spread body keep the cell
+// on the product's lanes instead: their files say why). The weights a thread reads stay in its
+// registers from step to step where they fit (rg_hold), and the next step's inputs are loaded
+// before the product. The cell on H threads measured faster than on lane 0 of every unit's
+// lanes for the single gate's forward and backward (verification/PERFORMANCE.md).
 
 // float4 of a weight row a thread of the one-row body holds at most (rg_hold): a single gate's
 // row W = RG_HOLD (4 · W · S >= H: H <= 128 at S = 8), each of the GRU forward's three
@@ -462,15 +459,15 @@ inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
 // backwards' rows of 3H or 4H spilled in the CUDA translation's 64 registers a thread; the
 // 512-thread entries, with 128, hold more: RG_HOLD_512, RG_LSTM_HOLD_512, RG_PAIR_HOLD_512.)
 #define RG_HOLD 4
-// float4 of each of the GRU forward's three weight rows a thread of its 512-thread entry holds
-// (gru_forward_v2_512): the whole share at H <= 128 (S = 4), 96 registers of the 128 the CUDA
-// translation then gives a thread.
+// float4 of each of the GRU forward's three weight rows a lane's share covers in
+// gru_forward_v2_spread_512 (the whole share at H <= 128, S = 4): RG_HOLD_512 − 1 of them in
+// registers, the last in threadgroup memory (gru_forward.metal says why).
 #define RG_HOLD_512 8
-// float4 of each of the LSTM forward's four weight rows a thread of its 512-thread entry holds
-// (lstm_forward_v2_512): half its share at H = 128 (S = 4), 64 registers; with 5, ptxas spills.
+// float4 of each of the LSTM forward's four weight rows a thread of lstm_forward_v2_full_held_512
+// holds: half its share at H = 128 (S = 4), 64 registers; with 5, ptxas spills.
 #define RG_LSTM_HOLD_512 4
-// float4 of each of its two rows of Rᵀ a thread of a backward's paired body holds in its 512-thread
-// entry (gru_backward_v2_512): 32 registers, 122 a thread in all at H = 128 (6 and 8 spilled)
+// float4 of each of its two rows of Rᵀ a thread of a backward's paired_512 entry holds: 32
+// registers, 122 a thread in all at H = 128 (with 8, ptxas spills)
 #define RG_PAIR_HOLD_512 4
 
 // One row of a recurrence, its indices computed once: the row's C columns in an [N, D·C] array
@@ -499,9 +496,8 @@ inline RgRow rg_row(constant RecurrenceParams& p, uint row) {
     return rg_row_of(p, row, p.H);
 }
 
-// Whether threadgroup tgid of a v2 dispatch runs the one-row body: its own grid (not the
-// one-step one), one row, and S · units <= tpg, so that a thread owns one unit for the whole
-// dispatch.
+// Whether threadgroup tgid of a v2 dispatch can run a one-row body: no unit blocks (v3's), one
+// row, and S · units <= tpg, so that a thread owns one unit for the whole dispatch.
 inline bool rg_one_pass(constant RecurrenceParams& p, uint tpg, uint tgid) {
     uint2 rows = rg_group_rows(p, tpg, tgid);
     return p.unit_blocks == 0 && rows.y == rows.x + 1 && rg_slices(p.H, tpg) * p.H <= tpg;
@@ -611,10 +607,9 @@ inline float rg_row_dot(threadgroup const float* v, device const float* w, uint 
 
 // rg_row_dot with the first W rounds of this lane's share of w held in registers (rg_hold<W>,
 // where K is a multiple of 4; else held is not read): the rounds after them are read as rg_dots
-// reads them, in its order. Each step then streams W rounds less of the weight from memory: on
-// an H100 the RNN's at 100x32x256x256, forward / backward 0.374 / 0.414 -> 0.355 / 0.391 ms, the
-// GRU's backward at 1000x8x128x128 3.04 -> 2.86 (the LSTM's backward, at 64 registers a thread
-// already, spilled more and went 4.59 -> 4.91: it reads its row at every step).
+// reads them, in its order. Each step then streams W rounds less of the weight from memory (the
+// LSTM's backward, at 64 registers a thread already, spilled more and ran slower: it reads its
+// row at every step).
 template <uint W>
 inline float rg_row_dot_held(thread const float4* held, threadgroup const float* v,
                              device const float* w, uint K, uint lane, uint S) {
@@ -635,10 +630,8 @@ inline bool rg_full(uint H, uint S, uint tpg) {
 }
 
 // Whether a backward's one-row body gives 2S lanes two units (PAIR, rg_pair_sums): rg_full, and
-// 2S lanes within RG_LANES. On an
-// H100 at 100x32x256x256 (2S = 8), the GRU's backward 1.015 -> 0.802 ms and the single gate's
-// 0.390 -> 0.340 (one call, three rounds); with 2S = 16 at H = 128 the GRU's went 2.54 -> 2.94
-// at 1000x8x128x128 (its sums met over 16 lanes, more spills), so 2S stays within RG_LANES.
+// 2S lanes within RG_LANES. With 2S = 16 (H = 128 in 1024 threads) the GRU's sums met over 16
+// lanes and spilled more, and it ran slower than unpaired (verification/PERFORMANCE.md).
 inline bool rg_pairs(uint H, uint S, uint tpg) {
     return rg_full(H, S, tpg) && 2 * S <= RG_LANES;
 }
@@ -752,8 +745,9 @@ inline void rg_unit_sum(threadgroup float* sums, float dot, uint j, uint lane, u
 // consecutive wc, so a SIMD-group's loads of A are broadcasts and of B consecutive (no bank
 // conflicts). The threads split each staged chunk of g.KCH k (rs_chunk) into KS slices (the
 // largest power of two ≤ RS_KS with KS · W ≤ tpg); the slices' partial blocks meet in
-// threadgroup memory (rs_sum). With fewer threads than workers (a threadgroup below 64) the workers run in rounds,
-// each walking K again. Tiles are numbered t = (d · ⌈N / (4 WR)⌉ + row tile) · U + unit block.
+// threadgroup memory (rs_sum). With fewer threads than workers (a threadgroup below 64) the
+// workers run in rounds, each walking K again. Tiles are numbered
+// t = (d · ⌈N / (4 WR)⌉ + row tile) · U + unit block.
 
 #define RS_ROWS 16            // rows of a tile at most (4 · WR)
 #define RS_COLS 64            // columns of a tile at most (4 · WC)

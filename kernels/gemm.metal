@@ -4,14 +4,15 @@
 // (GemmParams in common.metal gives the strides):
 //   input projection      x'[T·N, D·G·H] = source[T·N, I] · input_weightᵀ + bias
 //   source gradient       d_source[T·N, I] = dA[T·N, D·G·H] · input_weight
-//   input weight gradient dW[D·G·H, I] = dAᵀ · source                  (a reduction over T·N rows)
-//   bias gradient         db[1, D·G·H] = 1ᵀ · dA                       (A is a one-float buffer of 1)
-//   recurrent weight grad dR[d][G·H, H] = lhs[d]ᵀ · rhs[d]             (batched over directions;
-//                         GRU without reset_after reads a different rhs block for the o gate)
+//   input weight gradient dW[D·G·H, I] = dAᵀ · source        (a reduction over T·N rows)
+//   bias gradient         db[1, D·G·H] = 1ᵀ · dA             (A is a one-float buffer of 1)
+//   recurrent weight grad dR[d][G·H, H] = lhs[d]ᵀ · rhs[d]   (batched over directions; GRU
+//                         without reset_after reads a different rhs block for the o gate)
 //   peephole / secondary-bias gradients: 1ᵀ · per-row partial sums the recurrence wrote
 // The reductions run after the recurrence as separate passes: MSL 2.3 has no float atomics.
 //
-// Kernel versions (the host picks one per product: rnngrad/backends/metal/versions.py)
+// Kernel versions (the host picks one per product: rnngrad/backends/metal/versions.py, gemm;
+// kernels/README.md). Their numbers are the values of RNNGRAD_METAL_GEMM that force them.
 //   v1 strided_gemm: one thread per element of C, a sequential loop over K summed in chunks
 //      of 64 (a partial sum per chunk, then the chunk totals), no threadgroup memory. One
 //      barrier, at the very end, before the completion mark (common.metal): padded threads
@@ -24,9 +25,10 @@
 //      threadgroup memory (zero past the edges; consecutive threads load consecutive addresses
 //      of whichever index is unit stride), two barriers per chunk, 32 multiply-adds of 4×4 per
 //      thread between them. Every 4 chunks (128 k) the partial sums join running totals, in
-//      registers, as v2 does. The tile is stored from registers, with the bias. With fewer
-//      than 256 threads the 4×4 blocks are done in rounds, each walking K again; threads past
-//      256 only stage. Tiles never straddle a block of p.block rows when p.b_block != 0.
+//      registers, as v1's chunks of 64 do. The tile is stored from registers, with the bias.
+//      With fewer than 256 threads the 4×4 blocks are done in rounds, each walking K again;
+//      threads past 256 only stage. Tiles never straddle a block of p.block rows when
+//      p.b_block != 0.
 //      16,640 bytes of threadgroup memory; 2·ceil(K/32) barriers per tile with 256 threads.
 //      Correct for any shape and any threadgroup size of whole SIMD-groups up to 1024; the
 //      host sizes the grid at 256 threads per tile and the kernel splits the tiles over the
@@ -57,14 +59,14 @@
 //      shape and any threadgroup size of whole SIMD-groups up to 256; the host sizes the grid
 //      at 256 threads per tile and slice.
 //
-// Buffers of strided_gemm
-//   index  type                       name    layout
-//   0      constant GemmParams&       p       scalars
-//   1      device const float*        A       strided by p.a_batch, p.a_row, p.a_k
-//   2      device const float*        B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
-//   3      device const float*        bias    [P] (read only when p.has_bias)
-//   4      device float*              C       [batch, M, P]
-//   5      device uint2*              status  [ceil(count/32)] completion marks (steps: K)
+// Buffers of strided_gemm (count = batch·M·P, a thread an element of C)
+//   index  type                        name    layout
+//   0      constant GemmParams&        p       scalars
+//   1      device const float*         A       strided by p.a_batch, p.a_row, p.a_k
+//   2      device const float*         B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
+//   3      device const float*         bias    [P] (read only when p.has_bias)
+//   4      device float*               C       [batch, M, P]
+//   5      device uint2*               status  [ceil(count/32)] completion marks (steps: K)
 
 kernel void strided_gemm(constant GemmParams& p [[buffer(0)]],
                          device const float* A [[buffer(1)]],
@@ -86,9 +88,9 @@ kernel void strided_gemm(constant GemmParams& p [[buffer(0)]],
         // Chunked summation keeps a T·N-row reduction accurate in float32.
         float total = 0.0f;
         float chunk = 0.0f;
-        // 16 loads of each factor in flight: a small product's loop is a chain of loads (the
-        // GEMMs of 50x1x64x64 on an H200: GRU 0.072 -> 0.063 ms, RNN 0.058 -> 0.053; ptxas had
-        // unrolled it 4-fold). The order of the sums is the loop's.
+        // 16 loads of each factor in flight: a small product's loop is a chain of loads (ptxas
+        // had unrolled it 4-fold, and small products measured slower that way). The order of
+        // the sums is the loop's.
         #pragma unroll 16
         for (uint k = 0; k < p.K; ++k) {
             chunk += a[k * p.a_k] * bb[k * p.b_k];
@@ -113,7 +115,7 @@ kernel void strided_gemm(constant GemmParams& p [[buffer(0)]],
 enum GemmBlock : uint {
     GB_TILE = 64,           // rows and columns of C per tile
     GB_K = 32,              // k per staged chunk
-    GB_LD = GB_TILE + 1,    // pitch of a staged k: odd, so a column-wise store of 32 k hits 32 banks
+    GB_LD = GB_TILE + 1,    // odd pitch of a staged k: a column-wise store of 32 k hits 32 banks
     GB_MICRO = 4,           // rows and columns of C per thread and micro-tile
     GB_SIDE = GB_TILE / GB_MICRO,       // 16 micro-tiles across a tile
     GB_THREADS = GB_SIDE * GB_SIDE,     // 256: one micro-tile each; the kernel's threadgroup limit
@@ -121,13 +123,13 @@ enum GemmBlock : uint {
 };
 
 // Buffers of strided_gemm_blocked (count = GB_THREADS · tiles: versions.py counts the tiles)
-//   index  type                       name    layout
-//   0      constant GemmParams&       p       scalars (p.count: the threads dispatched)
-//   1      device const float*        A       strided by p.a_batch, p.a_row, p.a_k
-//   2      device const float*        B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
-//   3      device const float*        bias    [P] (read only when p.has_bias)
-//   4      device float*              C       [batch, M, P]
-//   5      device uint2*              status  [ceil(count/32)] completion marks (steps: K)
+//   index  type                        name    layout
+//   0      constant GemmParams&        p       scalars (p.count: the threads dispatched)
+//   1      device const float*         A       strided by p.a_batch, p.a_row, p.a_k
+//   2      device const float*         B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
+//   3      device const float*         bias    [P] (read only when p.has_bias)
+//   4      device float*               C       [batch, M, P]
+//   5      device uint2*               status  [ceil(count/32)] completion marks (steps: K)
 
 [[max_total_threads_per_threadgroup(256)]]
 kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
@@ -224,7 +226,7 @@ kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
                         }
                     }
                     // The sum of GB_GROUP chunks joins the running total, which keeps a long
-                    // reduction over T·N rows accurate in float32 (as v2 does every 128 k).
+                    // reduction over T·N rows accurate in float32.
                     if (c % GB_GROUP == GB_GROUP - 1) {
                         for (uint x = 0; x < GB_MICRO; ++x) {
                             for (uint y = 0; y < GB_MICRO; ++y) {
@@ -264,13 +266,13 @@ enum GemmSplit : uint {
 };
 
 // Buffers of strided_gemm_split (count = GS_THREADS · batch · M · ⌈P / GS_COLS⌉)
-//   index  type                       name    layout
-//   0      constant GemmParams&       p       scalars (p.count: the threads dispatched)
-//   1      device const float*        A       strided by p.a_batch, p.a_row, p.a_k
-//   2      device const float*        B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
-//   3      device const float*        bias    [P] (read only when p.has_bias)
-//   4      device float*              C       [batch, M, P]
-//   5      device uint2*              status  [ceil(count/32)] completion marks (steps: K)
+//   index  type                        name    layout
+//   0      constant GemmParams&        p       scalars (p.count: the threads dispatched)
+//   1      device const float*         A       strided by p.a_batch, p.a_row, p.a_k
+//   2      device const float*         B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
+//   3      device const float*         bias    [P] (read only when p.has_bias)
+//   4      device float*               C       [batch, M, P]
+//   5      device uint2*               status  [ceil(count/32)] completion marks (steps: K)
 
 [[max_total_threads_per_threadgroup(1024)]]
 kernel void strided_gemm_split(constant GemmParams& p [[buffer(0)]],
@@ -421,13 +423,13 @@ inline void gw_store4(threadgroup float* st, bool by_k, uint q, float4 v) {
 }
 
 // Buffers of strided_gemm_wide (count = GW_THREADS · tiles · slices: versions.py counts them)
-//   index  type                       name    layout
-//   0      constant GemmParams&       p       scalars (p.count: the threads dispatched)
-//   1      device const float*        A       strided by p.a_batch, p.a_row, p.a_k
-//   2      device const float*        B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
-//   3      device const float*        bias    [P] (read only when p.has_bias, by slice 0)
-//   4      device float*              C       [slices, batch, M, P]
-//   5      device uint2*              status  [ceil(count/32)] completion marks (steps: K)
+//   index  type                        name    layout
+//   0      constant GemmParams&        p       scalars (p.count: the threads dispatched)
+//   1      device const float*         A       strided by p.a_batch, p.a_row, p.a_k
+//   2      device const float*         B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
+//   3      device const float*         bias    [P] (read only when p.has_bias, by slice 0)
+//   4      device float*               C       [slices, batch, M, P]
+//   5      device uint2*               status  [ceil(count/32)] completion marks (steps: K)
 
 [[max_total_threads_per_threadgroup(256)]]
 kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],

@@ -1,7 +1,9 @@
-// gru_backward.metal: the recurrence of GRUGradients (contract 3.3).
+// gru_backward.metal: the recurrence of GRUGradients (SEMANTICS.md §3.3).
 //
-//   flip_z = 0:  da_o = dh ⊙ (1−z) ⊙ f_output'(a_o);  da_z = dh ⊙ (hp − o) ⊙ f_update'(a_z);  keep = z
-//   flip_z = 1:  da_o = dh ⊙ z ⊙ f_output'(a_o);      da_z = dh ⊙ (o − hp) ⊙ f_update'(a_z);  keep = 1−z
+//   flip_z = 0:  da_o = dh ⊙ (1−z) ⊙ f_output'(a_o);  da_z = dh ⊙ (hp − o) ⊙ f_update'(a_z)
+//                keep = z
+//   flip_z = 1:  da_o = dh ⊙ z ⊙ f_output'(a_o);      da_z = dh ⊙ (o − hp) ⊙ f_update'(a_z)
+//                keep = 1−z
 //   reset_after = 0:  g = da_o R_o;  da_r = g ⊙ hp ⊙ m ⊙ f_reset'(a_r)
 //                     dh_next = dh ⊙ keep + g ⊙ r ⊙ m + (da_z R_z + da_r R_r) ⊙ m
 //   reset_after = 1:  da_r = da_o ⊙ q ⊙ f_reset'(a_r);  dq = da_o ⊙ r
@@ -14,38 +16,38 @@
 // block 2 in both gate layouts). With reset_after it also writes the per-row partial sums of
 // dq over time (prow) for the secondary-bias gradient.
 //
-// Kernel versions
+// Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 gru_backward: rows (d, n) in contiguous blocks per threadgroup, a loop down the
 //      dispatch's processing steps [p.s_begin, p.s_end) (all T unless the host splits a long
 //      sequence), three phases per step separated by two device-memory barriers: A (element-wise
 //      da_z, da_o, and with reset_after da_r, dq), B (without reset_after: g[j] = Σ_k da_o,k
 //      R_o[k,j] and da_r), C (dh_next[j], a dot product of length 3H over lhs). dh_next lives in
 //      the init-state gradient buffer and g in a scratch buffer; only the thread owning
-//      (row, j) touches either. dh_next and prow carry over to the next dispatch.
-//   v2 gru_backward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX rows of
-//      one direction, the same three phases per step and chunk; phase A also stages lhs in
-//      threadgroup memory (da_o apart, without reset_after), and phases B and C are small
-//      matrix products over the chunk (common.metal, rg_dots): a thread owns unit j for every
-//      row of the chunk and a slice of the reduction, the slices' sums meet through
-//      simd_shuffle_xor, lane b mod S finishes row b (phase B stages da_r for phase C; g goes
-//      through the scratch buffer to the same thread in phase C). Phase C sums over the z and
-//      r blocks only without reset_after, over all three with it. Rᵀ [D,H,3H] comes instead
-//      of R (the gate index contiguous). Two barriers per step and chunk, three without
-//      reset_after. Where a threadgroup owns one row and one pass of its threads covers every
-//      unit (rg_one_pass, the rule's grid), with reset_after a lean body runs
-//      (gru_backward_v2_row): thread u < H runs unit u's phase A and keeps dh_next and Σ dq
-//      in registers, phase C's sums meet in threadgroup memory (two barriers a step), the
-//      next step's inputs loaded a step ahead (and its activations found by the threads past
-//      the product's, where there are 3H of them: gru_backward_ahead; where there are none and
-//      2S lanes fit, each 2S lanes own two units, the stage read once for both: rg_pairs).
-//      Second entry point gru_backward_v2_512: the same body in threadgroups of at most 512
-//      (RG_THREADS_512), which the host runs at H = 128 (versions.V2_512_BACKWARD_H): 4 lanes a
-//      unit there, so 8 lanes own two units (rg_pairs), and with 128 registers a thread they
-//      hold the first RG_PAIR_HOLD_512 rounds of both rows of Rᵀ.
-//      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1, reset_after only): the threadgroups
-//      of a group of rows each own a block of the units, one dispatch per step; phase A leaves
-//      dh ⊙ keep in dhn, and phase C's product lhs·R moves to the start of the next dispatch
-//      (rg_carry, lhs of every unit read back); T + 1 dispatches, the last one the carry alone.
+//      (row, j) touches either. dh_next and prow carry over to the next dispatch. Correct for
+//      every shape and threadgroup size, with or without reset_after.
+//   v2 gru_backward_v2_<body>[_512], with reset_after only (without it, phase B's da_r reads
+//      da_o of every unit): one row a threadgroup, of 1024 threads (512 for a _512 entry), all
+//      of the dispatch's steps (gru_backward_v2_row). Thread u < H runs unit u's phase A, stages
+//      lhs (da_z, da_r, dq) in threadgroup memory and keeps dh_next and Σ dq in registers, the
+//      next step's inputs loaded a step ahead; in phase C, lhs·R, S lanes a unit (common.metal,
+//      rg_slices) each take a slice of the 3H gate rows and meet their sums through
+//      simd_shuffle_xor, then in threadgroup memory (two barriers a step). Rᵀ [D,H,3H] comes
+//      instead of R (the gate index contiguous). Every entry needs reset_after, a threadgroup
+//      of the size the host chose it for, one pass of its threads over the units
+//      (S · H <= threads) and 4H floats of RG_STAGE, and declines otherwise (common.metal,
+//      rg_declines); the host then runs v1.
+//        gru_backward_v2_ahead       the 3H threads past the product's find the next step's
+//                                    activations while it runs (gru_backward_ahead): 3H <=
+//                                    threads − S·H and 11H floats of RG_STAGE (H <= 93, or
+//                                    129 .. 146)
+//        gru_backward_v2_paired      2S lanes own units j and j + H/2, each float4 of the stage
+//                                    read once for both rows (rg_pairs: every thread in the
+//                                    product, H a multiple of 4, 2S <= RG_LANES; H = 256), the
+//                                    first round of each row held
+//        gru_backward_v2_streamed    the first RG_HOLD / 2 float4 of Rᵀ's row held, the rest
+//                                    read at every step: any H the pass covers
+//        gru_backward_v2_paired_512  the paired body in threadgroups of 512: at H = 128, 4 lanes
+//                                    a unit, 8 a pair, RG_PAIR_HOLD_512 rounds of each row held
 //   v3 gru_backward_v3 (reset_after only): one dispatch a step, threadgroups of 256 over tiles
 //      of up to 16 rows of one direction × a block of units (p.unit_blocks blocks): first the
 //      carry of the step before, m ⊙ (lhs R) added to the dh ⊙ keep that phase A left in dhn,
@@ -53,58 +55,49 @@
 //      rs_product); then phase A for each (row, unit) of the tile, which leaves dh ⊙ keep in
 //      dhn. T + 1 dispatches, the last one the carry alone.
 //
-// Buffers of gru_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             R     [D,3H,H]
-//   2      device const float*             h0    [N,D·H] (zeros when absent)
-//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
-//   5      device const float*             zs    [T,N,D·Z·H] z_state, output time
-//   6      device const float*             hfwd  [T,N,D·H] output_fwd, output time
-//   7      device float*                   dx    [T,N,D·3H] dA, input time
-//   8      device float*                   lhs   [T,N,D·3H] left factor of dR, input time
-//   9      device float*                   rhs   [T,N,D·B·H] right factor of dR, input time; B = 1 (reset_after) or 3
-//   10     device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
-//   11     device float*                   work  [D·N,H] scratch: g
-//   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
-//   13     device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+// Buffers of gru_backward (count = D·N·H, or D·N·1024: a threadgroup a row)
+//   index  type                        name  layout
+//   0      constant RecurrenceParams&  p     scalars
+//   1      device const float*         R     [D,3H,H]
+//   2      device const float*         h0    [N,D·H] (zeros when absent)
+//   3      device const float*         mask  [N,D·H], or [T,N,D·H] per processing step
+//   4      device const float*         dy    [T,N,D·H] source_gradient, output time
+//   5      device const float*         zs    [T,N,D·Z·H] z_state, output time
+//   6      device const float*         hfwd  [T,N,D·H] output_fwd, output time
+//   7      device float*               dx    [T,N,D·3H] dA, input time
+//   8      device float*               lhs   [T,N,D·3H] left factor of dR, input time
+//   9      device float*               rhs   [T,N,D·B·H] right factor of dR, input time;
+//                                            B = 1 (reset_after) or 3
+//   10     device float*               dhn   [N,D·H] in: state_gradient (or zeros);
+//                                            out: init_state gradient
+//   11     device float*               work  [D·N,H] scratch: g
+//   12     device float*               prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
+//   13     device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of gru_backward_v2 and gru_backward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             Rt    [D,H,3H] recurrent weight transposed: Rt[d,j,q] = R[d,q,j]
-//   2      device const float*             h0    [N,D·H] (zeros when absent)
-//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
-//   5      device const float*             zs    [T,N,D·Z·H] z_state, output time
-//   6      device const float*             hfwd  [T,N,D·H] output_fwd, output time
-//   7      device float*                   dx    [T,N,D·3H] dA, input time
-//   8      device float*                   lhs   [T,N,D·3H] left factor of dR, input time
-//   9      device float*                   rhs   [T,N,D·B·H] right factor of dR, input time; B = 1 (reset_after) or 3
-//   10     device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
-//   11     device float*                   work  [D·N,H] scratch: g
-//   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
-//   13     device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+// Buffers of gru_backward_v2_ahead and gru_backward_v2_paired
+// Buffers of gru_backward_v2_streamed and gru_backward_v2_paired_512
+// Buffers of gru_backward_v3
+// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entry; v3: 256
+// threads per tile of versions.tile_blocks)
+//   index  type                        name  layout
+//   0      constant RecurrenceParams&  p     scalars
+//   1      device const float*         Rt    [D,H,3H] R transposed: Rt[d,j,q] = R[d,q,j]
+//   2      device const float*         h0    [N,D·H] (zeros when absent)
+//   3      device const float*         mask  [N,D·H], or [T,N,D·H] per processing step
+//   4      device const float*         dy    [T,N,D·H] source_gradient, output time
+//   5      device const float*         zs    [T,N,D·Z·H] z_state, output time
+//   6      device const float*         hfwd  [T,N,D·H] output_fwd, output time
+//   7      device float*               dx    [T,N,D·3H] dA, input time
+//   8      device float*               lhs   [T,N,D·3H] left factor of dR, input time
+//   9      device float*               rhs   [T,N,D·B·H] right factor of dR, input time;
+//                                            B = 1 (reset_after) or 3
+//   10     device float*               dhn   [N,D·H] in: state_gradient (or zeros);
+//                                            out: init_state gradient
+//   11     device float*               work  [D·N,H] scratch: g
+//   12     device float*               prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
+//   13     device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of gru_backward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             Rt    [D,H,3H] recurrent weight transposed: Rt[d,j,q] = R[d,q,j]
-//   2      device const float*             h0    [N,D·H] (zeros when absent)
-//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
-//   5      device const float*             zs    [T,N,D·Z·H] z_state, output time
-//   6      device const float*             hfwd  [T,N,D·H] output_fwd, output time
-//   7      device float*                   dx    [T,N,D·3H] dA, input time
-//   8      device float*                   lhs   [T,N,D·3H] left factor of dR, input time
-//   9      device float*                   rhs   [T,N,D·B·H] right factor of dR, input time; B = 1 (reset_after) or 3
-//   10     device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
-//   11     device float*                   work  [D·N,H] scratch: g
-//   12     device float*                   prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
-//   13     device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
-
-// Phase A of both versions for (row, j) at processing step s: the element-wise gate gradients
+// Phase A of v1 and v3 for (row, j) at processing step s: the element-wise gate gradients
 // of unit j. Writes dx (da_z, da_o, and da_r with reset_after), lhs, rhs and, with reset_after,
 // the partial sums of dq (prow); returns (da_z, da_r, da_o, dq), da_r and dq 0 without
 // reset_after (phase B finds da_r).
@@ -170,7 +163,7 @@ inline float4 gru_gate_gradients(constant RecurrenceParams& p, device const floa
 }
 
 // dh ⊙ keep of (row, j) at processing step s, with dh = dy + dh_next and keep = z (1 − z
-// with flip_z): the part of dh_next that passes the update gate, in every version.
+// with flip_z): the part of dh_next that passes the update gate, in v1 and v3.
 inline float gru_kept(constant RecurrenceParams& p, device const float* dy,
                       device const float* zs, device const float* dhn, uint s, uint row,
                       uint j) {
@@ -255,7 +248,7 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
             // runs over q < skip, then q >= resume, in order. 16 loads of the chain in flight at a
             // time: ptxas unrolled the loop (one loop, q tested against the o block) so by itself
             // until the parameter struct was a kernel parameter (metal-cuda), then by 4, and the
-            // backward took twice as long (1000x8 12.2 -> 26.5 ms on an H100, the LSTM's loop).
+            // backward ran much slower (the LSTM's loop: lstm_backward).
             uint skip = p.reset_after != 0 ? GH : qo, resume = p.reset_after != 0 ? GH : qo + H;
             #pragma unroll 16
             for (uint q = 0; q < skip; ++q) {
@@ -297,14 +290,13 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
     }
 }
 
-// gru_backward_v2's one-row body with reset_after (rg_one_pass): thread u < H runs unit u's
-// phase A (gru_gate_gradients' and gru_kept's arithmetic, bitwise their results) and keeps its
-// dh_next and its sum of dq in registers from step to step (dhn and prow are read once and
-// written once), the next step's inputs loaded a step ahead: the chunked body finds every index
-// again with divisions by N and loads z_state and dh twice a step. In phase C thread lid is lane
-// lid mod S of unit lid / S, and the sums meet in threadgroup memory (two barriers a step; with
-// phase A on lane 0 of every unit's lanes instead, one barrier a step and da alternating between
-// two stages, the 1000x8x128x128 backward took 3.37 ms on an H100 against 3.09 ms).
+// The one-row body of the v2 entry points, with reset_after (rg_one_pass): thread u < H runs
+// unit u's phase A (gru_gate_gradients' and gru_kept's arithmetic, bitwise their results) and
+// keeps its dh_next and its sum of dq in registers from step to step (dhn and prow are read
+// once and written once), the next step's inputs loaded a step ahead. In phase C thread lid is
+// lane lid mod S of unit lid / S, and the sums meet in threadgroup memory (two barriers a step;
+// phase A on lane 0 of every unit's lanes instead, with one barrier a step and da alternating
+// between two stages, measured slower at H = 128).
 // Rᵀ's row j (3H long): the first two float4 of the thread's share held in registers, the rest
 // read at every step (rg_row_dot_held); held whole (24 floats a thread at H = 64, or even 16)
 // it left the CUDA translation's 64 registers spilling some ten values a step in the loop
@@ -312,17 +304,15 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
 // AHEAD (7H floats of threadgroup memory more; 3H threads past the product's, an item each):
 // the next step's activations and derivatives (gru_backward_ahead) are found by those threads
 // while the product runs, as the LSTM's backward does (lstm_backward_v2_row), so that phase A
-// is a few multiplications. On an H100 the 50x1x64x64 backward went 0.071 -> 0.052 ms; where
-// the product's threads found them after their product instead (no thread past the product's),
-// 1000x8x128x128 went 2.87 -> 3.09 and 100x32x256x256 1.06 -> 1.08, so there phase A does.
+// is a few multiplications. Where no thread is past the product's, the product's threads
+// finding them after their product measured slower, so there phase A does.
 // PAIR (rg_pairs: no thread past the product's, so not AHEAD): 2S lanes own two units, j and
 // j + H / 2, and read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held),
 // half the threadgroup memory reads for the same weight reads a thread, the sums of both met by
 // one butterfly over the 2S lanes; the first PW rounds of each row held in registers (1 in
-// gru_backward_v2; RG_PAIR_HOLD_512 in gru_backward_v2_512, where at H = 128 the 512 threads
-// pair up: on an H100 the 1000x8x128x128 backward went 2.523 ms (1024 threads, unpaired) ->
-// 1.936 (4 rounds held, 122 registers, no spills), 1.949 (6) and 2.626 (8: spills); at H = 256
-// (100x32x256x256) 0.790 (1024 threads, paired) -> 1.002, so that entry runs at H = 128 only).
+// gru_backward_v2_paired; RG_PAIR_HOLD_512 in gru_backward_v2_paired_512, where at H = 128 the
+// 512 threads pair up, 122 registers a thread and no spills; at H = 256 the 1024-thread paired
+// entry measured faster, so the _512 entry runs at H = 128 only: verification/PERFORMANCE.md).
 template <bool AHEAD, uint PW>
 inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                 device const float* h0, device const float* mask,
@@ -469,8 +459,8 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
 // for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
 // threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
 
-// The one-row body's conditions: reset_after, a row a threadgroup, one pass of the threads over the
-// units, the stage and sums within RG_STAGE; AHEAD: 3H threads idle in the product and the
+// The one-row body's conditions: reset_after, a row a threadgroup, one pass of the threads over
+// the units, the stage and sums within RG_STAGE; AHEAD: 3H threads idle in the product and the
 // activations found ahead within RG_STAGE; PW > 0: 2S lanes own two units (rg_pairs).
 template <bool AHEAD, uint PW>
 inline void gru_backward_v2_run(uint threads,
@@ -494,7 +484,8 @@ inline void gru_backward_v2_run(uint threads,
                                    tgid, tpg);
 }
 
-// gru_backward_v2_ahead: the threads idle in the product find the next step's activations ahead
+// gru_backward_v2_ahead: the threads idle in the product find the next step's activations
+// ahead
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void gru_backward_v2_ahead(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -545,7 +536,8 @@ kernel void gru_backward_v2_streamed(
                                   work, prow, status, staged, lid, tgid, tpg);
 }
 
-// gru_backward_v2_paired_512: the paired body in threadgroups of 512, RG_PAIR_HOLD_512 rounds of each row held
+// gru_backward_v2_paired_512: the paired body in threadgroups of 512, RG_PAIR_HOLD_512 rounds
+// of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void gru_backward_v2_paired_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],

@@ -1,4 +1,4 @@
-// gru_forward.metal: GRU, a range of steps per dispatch (contract 2.2).
+// gru_forward.metal: GRU, a range of steps per dispatch (SEMANTICS.md §2.2).
 //
 //   a_z = x'_z[t] + (h[t−1] ⊙ m) R_zᵀ        z = f_update(a_z)
 //   a_r = x'_r[t] + (h[t−1] ⊙ m) R_rᵀ        r = f_reset(a_r)
@@ -7,90 +7,75 @@
 //   o = f_output(a_o);   h[t] = z ⊙ h[t−1] + (1 − z) ⊙ o   (flip_z: (1 − z) ⊙ h[t−1] + z ⊙ o)
 //   z_state[t] = [a_z, a_r, a_o] in the gate layout (gate0..2 = blocks of z, r, o), then q
 //
-// Kernel versions
+// Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 gru_forward: rows (d, n) of both directions split in contiguous blocks across
 //      threadgroups; each threadgroup loops over the dispatch's processing steps
 //      [p.s_begin, p.s_end) (all T unless the host splits a long sequence). Phase 1: the thread
-//      owning (row, j) computes a_z, a_r (and with reset_after q, a_o and h: the whole step) from dot
-//      products of length H. Phase 2 (without reset_after): a_o needs r of every unit, read back
-//      from z_state after a device-memory barrier. Two barriers per step; z_state doubles as
-//      the staging buffer, so it is always bound, training or not. R comes transposed, so the
-//      lanes of a SIMD-group (consecutive j) read consecutive addresses.
-//   v2 gru_forward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX rows of
-//      one direction; per step and chunk, h[t−1] ⊙ m is staged in threadgroup memory and the
-//      gates' recurrent products are small matrix products (common.metal, rg_dots): a thread
-//      owns unit j of every gate for every row of the chunk and a slice of k, the slices' sums
-//      meet through simd_shuffle_xor, lane b mod S finishes row b. With reset_after one product
-//      of three gates finishes the step; without, a product of z and r, then h[t−1] ⊙ r ⊙ m is
-//      staged beside h[t−1] ⊙ m and a product of o finishes it (a_z goes through z_state, read
-//      back by the thread that wrote it). R comes as it is (k contiguous). Two barriers per
-//      step and chunk, three without reset_after.
-//      Where the threadgroup's rows are one chunk owning every unit (rg_resident: the rule's
-//      grid, a row a threadgroup), the cells leave h[t] ⊙ m of the next step in threadgroup
-//      memory (rg_leave; two buffers alternate): only a dispatch's first step stages from
-//      device memory, and a step has one barrier. Where, besides, one pass of the threads
-//      covers every unit (rg_one_pass), with reset_after a lean body runs (gru_forward_v2_row):
-//      the row's indices computed once, the product's sums met in threadgroup memory and the
-//      cells run by H threads with h[t−1], the biases and the next step's x' in registers
-//      (two barriers a step), R's three rows held where they fit (rg_hold).
-//      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
-//      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
-//      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
-//      Only with reset_after: without it a step's o gate reads r of every unit of the row.
-//      Second entry point gru_forward_v2_512: the same body in threadgroups of at most 512
-//      (RG_THREADS_512), which the host runs at small H (versions.V2_512_H): the three weight
-//      rows then held whole where they fit (RG_HOLD_512), the cell on the product's lanes (z and
-//      r on lanes 0 and 1 side by side, met by simd_shuffle; one barrier a step:
-//      gru_forward_v2_spread, whose rows' last round sits in threadgroup memory instead of
-//      registers, the stage's two buffers beside the sums).
+//      owning (row, j) computes a_z, a_r (and with reset_after q, a_o and h: the whole step)
+//      from dot products of length H. Phase 2 (without reset_after): a_o needs r of every unit,
+//      read back from z_state after a device-memory barrier. Two barriers per step; z_state
+//      doubles as the staging buffer, so it is always bound, training or not. R comes
+//      transposed, so the lanes of a SIMD-group (consecutive j) read consecutive addresses.
+//      Correct for every shape and threadgroup size, with or without reset_after.
+//   v2 gru_forward_v2_<body>[_512], with reset_after only (without it a step's o gate reads r
+//      of every unit of the row): one row a threadgroup, of 1024 threads (512 for a _512
+//      entry), all of the dispatch's steps. Per step, h[t−1] ⊙ m is staged in threadgroup
+//      memory; S lanes a unit (common.metal, rg_slices) each take a slice of k of the three
+//      gates' products and meet their sums through simd_shuffle_xor. R comes as it is (k
+//      contiguous). In the two-barrier body (gru_forward_v2_row) the sums then meet in
+//      threadgroup memory and thread u < H runs unit u's cell with h[t−1], the biases and the
+//      next step's x' in registers; in the spread body (gru_forward_v2_spread) the unit's lanes
+//      run its cell, one barrier a step. Every entry needs reset_after, a threadgroup of the
+//      size the host chose it for, one pass of its threads over the units (S · H <= threads)
+//      and 3H <= RG_NEXT, and declines otherwise (common.metal, rg_declines); the host then
+//      runs v1.
+//        gru_forward_v2_streamed      the three rows of R read at every step (two barriers)
+//        gru_forward_v2_streamed_512  the streamed body in threadgroups of 512
+//        gru_forward_v2_held_512      the three rows held whole in RG_HOLD / 2 float4 a lane
+//                                     (two barriers): H a multiple of 4, H <= 64
+//        gru_forward_v2_spread_512    the spread body, the rows held whole: RG_HOLD_512 − 1
+//                                     float4 of each in registers, the last in threadgroup
+//                                     memory; H a multiple of 4, 4 lanes a unit or more
+//                                     (H <= 128)
 //   v3 gru_forward_v3 (reset_after only): one dispatch a step (the host's spans),
 //      threadgroups of 256 over tiles of up to 16 rows of one direction × a block of units
 //      (p.unit_blocks blocks); the tile's three gate products are one matrix product whose
 //      columns are the block's units × gates z, r, o (and an empty fourth), staged and blocked
 //      as the LSTM's (common.metal, rs_product); then gru_cell_after for each (row, unit).
 //
-// Buffers of gru_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             x     [T,N,D·3H] projected input, input time
-//   2      device const float*             bias  [D·3H] added to x (zeros when the projection added it)
-//   3      device const float*             Rt    [D,H,3H] recurrent weight transposed: Rt[d,k,q] = R[d,q,k]
-//   4      device const float*             h0    [N,D·H] (zeros when absent)
-//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   6      device const float*             b2    [D·H] secondary bias (zeros when absent)
-//   7      device float*                   h     [T,N,D·H] output time
-//   8      device float*                   zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
-//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+// Buffers of gru_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
+//   index  type                        name  layout
+//   0      constant RecurrenceParams&  p     scalars
+//   1      device const float*         x     [T,N,D·3H] projected input, input time
+//   2      device const float*         bias  [D·3H] added to x (zeros if the projection added it)
+//   3      device const float*         Rt    [D,H,3H] R transposed: Rt[d,k,q] = R[d,q,k]
+//   4      device const float*         h0    [N,D·H] (zeros when absent)
+//   5      device const float*         mask  [N,D·H], or [T,N,D·H] per processing step
+//   6      device const float*         b2    [D·H] secondary bias (zeros when absent)
+//   7      device float*               h     [T,N,D·H] output time
+//   8      device float*               zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
+//   9      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of gru_forward_v2 and gru_forward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             x     [T,N,D·3H] projected input, input time
-//   2      device const float*             bias  [D·3H] added to x (zeros when the projection added it)
-//   3      device const float*             R     [D,3H,H] recurrent weight as given
-//   4      device const float*             h0    [N,D·H] (zeros when absent)
-//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   6      device const float*             b2    [D·H] secondary bias (zeros when absent)
-//   7      device float*                   h     [T,N,D·H] output time
-//   8      device float*                   zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
-//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+// Buffers of gru_forward_v2_streamed and gru_forward_v2_streamed_512
+// Buffers of gru_forward_v2_held_512 and gru_forward_v2_spread_512
+// Buffers of gru_forward_v3
+// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entries; v3: 256
+// threads per tile of versions.tile_blocks)
+//   index  type                        name  layout
+//   0      constant RecurrenceParams&  p     scalars
+//   1      device const float*         x     [T,N,D·3H] projected input, input time
+//   2      device const float*         bias  [D·3H] added to x (zeros if the projection added it)
+//   3      device const float*         R     [D,3H,H] recurrent weight as given
+//   4      device const float*         h0    [N,D·H] (zeros when absent)
+//   5      device const float*         mask  [N,D·H], or [T,N,D·H] per processing step
+//   6      device const float*         b2    [D·H] secondary bias (zeros when absent)
+//   7      device float*               h     [T,N,D·H] output time
+//   8      device float*               zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
+//   9      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of gru_forward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             x     [T,N,D·3H] projected input, input time
-//   2      device const float*             bias  [D·3H] added to x (zeros when the projection added it)
-//   3      device const float*             R     [D,3H,H] recurrent weight as given
-//   4      device const float*             h0    [N,D·H] (zeros when absent)
-//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   6      device const float*             b2    [D·H] secondary bias (zeros when absent)
-//   7      device float*                   h     [T,N,D·H] output time
-//   8      device float*                   zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
-//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
-
-// The step of every version with reset_after for (row, j) at processing step s, from the
-// three gates' recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the order z, r, o: writes
-// z_state (a_z, a_r, a_o, then q) and h[t]; returns h[t].
+// The step of v1 and v3 with reset_after (the v2 bodies repeat its arithmetic, bitwise) for
+// (row, j) at processing step s, from the three gates' recurrent products (h[t−1] ⊙ m) R_kᵀ of
+// unit j in the order z, r, o: writes z_state (a_z, a_r, a_o, then q) and h[t]; returns h[t].
 inline float gru_cell_after(constant RecurrenceParams& p, device const float* x,
                            device const float* bias, device const float* h0,
                            device const float* b2, device float* h, device float* zs, uint s,
@@ -238,15 +223,14 @@ inline void gru_forward_v2_dots(thread float* d3, thread const float4 (*held)[W 
     }
 }
 
-// gru_forward_v2's one-row body with reset_after (rg_one_pass): thread lid is lane lid mod S
+// The two-barrier one-row body with reset_after (rg_one_pass): thread lid is lane lid mod S
 // of unit lid / S in the product of the three gates, whose sums meet in threadgroup memory;
 // thread u < H then runs unit u's cell with h[t−1] (its own h[t] of the step before), the
 // biases and the next step's x' in registers. W > 0: the thread's share of R's three rows of
-// unit lid / S stays in registers, W float4 of each (rg_hold<W>, which covers it: W = RG_HOLD / 2,
-// 24 floats at H = 64, S = 8; or, in gru_forward_v2_512, RG_HOLD_512, 96 floats at H = 128,
-// S = 4); W = 0: read from memory at every step. (With the cell on lane 0 of every
-// unit's lanes instead, one barrier a step: 3.36 against 3.29 ms at 1000x8x128x128, 0.081 against
-// 0.072 ms at 50x1x64x64, an H100.)
+// unit lid / S stays in registers, W float4 of each (rg_hold<W>, which covers it: W =
+// RG_HOLD / 2, 24 floats at H = 64, S = 8, in gru_forward_v2_held_512); W = 0: read from
+// memory at every step. (The cell on lane 0 of every unit's lanes instead, with one barrier a
+// step, measured slower at H = 64 and 128.)
 template <uint W>
 inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                device const float* bias, device const float* R,
@@ -339,24 +323,22 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// gru_forward_v2_row with the cell on the product's lanes (S >= 4), one barrier a step: after the
-// lane totals every lane of unit j has its three sums, and lane k < 3 holds gate k's x' and bias;
-// lanes 0 and 1 find z and r side by side, lane 2 a_o and o, and every lane of the unit gets them
-// by simd_shuffle and finds h[t]. The stage alternates between two buffers (stage, other), so that
-// lane 0 writes the next step's while other SIMD-groups may still read this one's. Bitwise
-// gru_forward_v2_row's results. Nsight Compute had put 41% of the 512-thread entry's stall
-// samples at 1000x8x128x128 in barrier waits behind the cell on H / 32 SIMD-groups, its
-// activations one after another; in one H100 call, three rounds, that forward took 2.13 ms with
-// gru_forward_v2_row and 1.98 with this body, so its rows-held-whole path runs it (W = WHOLE).
-// Elsewhere it was slower: 50x1x64x64 0.037 -> 0.048 ms (8 lanes a unit, two of them busy),
-// 100x32x256x256 0.88 -> 0.94 (the weight read from memory): there the two-barrier body runs.
-// Of the W + 1 rounds of each row a lane's share covers, W are held in registers and the last in
-// threadgroup memory (tail: 12 floats a thread, the stage then in two buffers of H at `stage` and
-// `other`), so that the 128 registers a thread of the 512-thread entry has leave room for the
-// step's values: held whole, ptxas spilled the next step's x' as soon as it was loaded (its
-// store waiting on the load: 15% of the stall samples at 1000x8x128x128) and reloaded 24 values
-// a step; now 17, the lane's stores and loads at offsets advanced a step at a time. On an H100
-// the 1000x8 forward went 2.149 -> 1.733 ms (one call, three rounds).
+// The spread body (gru_forward_v2_spread_512): gru_forward_v2_row with the cell on the
+// product's lanes (S >= 4), one barrier a step: after the lane totals every lane of unit j has
+// its three sums, and lane k < 3 holds gate k's x' and bias; lanes 0 and 1 find z and r side by
+// side, lane 2 a_o and o, and every lane of the unit gets them by simd_shuffle and finds h[t].
+// The stage alternates between two buffers (stage, other), so that lane 0 writes the next
+// step's while other SIMD-groups may still read this one's. Bitwise gru_forward_v2_row's
+// results. In the 512-thread entry at H = 128, Nsight Compute put much of the two-barrier
+// body's stalls in barrier waits behind the cell on H / 32 SIMD-groups, its activations one
+// after another; this body measured faster there, and slower at H = 64 (8 lanes a unit, two of
+// them busy) and where the weight is read from memory, so only there does the host pick it
+// (verification/PERFORMANCE.md). Of the W + 1 rounds of each row a lane's share covers, W are
+// held in registers and the last in threadgroup memory (tail: 12 floats a thread, the stage
+// then in two buffers of H at `stage` and `other`), so that the 128 registers a thread of the
+// 512-thread entry has leave room for the step's values: held whole, ptxas spilled the next
+// step's x' as soon as it was loaded (its store waiting on the load) and reloaded 24 values a
+// step; now 17, the lane's stores and loads at offsets advanced a step at a time.
 template <uint W>
 inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const float* x,
                                   device const float* bias, device const float* R,
@@ -454,9 +436,9 @@ inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const flo
 // for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
 // threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
 
-// The one-row bodies' conditions: reset_after (its o gate reads r of its own unit only), a row a
-// threadgroup, one pass of the threads over the units, the three gates' sums within RG_NEXT;
-// W > 0: the thread's share of each of the three rows of R in W float4.
+// The two-barrier body's conditions: reset_after (its o gate reads r of its own unit only), a
+// row a threadgroup, one pass of the threads over the units, the three gates' sums within
+// RG_NEXT; W > 0: the thread's share of each of the three rows of R in W float4.
 template <uint W>
 inline void gru_forward_v2_run(uint threads, constant RecurrenceParams& p,
                                device const float* x, device const float* bias,
@@ -473,8 +455,8 @@ inline void gru_forward_v2_run(uint threads, constant RecurrenceParams& p,
                           (threadgroup float*)nexts, rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
-// The spread body's: those, the rows whole in RG_HOLD_512 float4 a lane, 4 lanes a unit or more,
-// and 12 floats a thread of threadgroup memory for the rows' last round.
+// The spread body's: those, the rows whole in RG_HOLD_512 float4 a lane, 4 lanes a unit or
+// more, and 12 floats a thread of threadgroup memory for the rows' last round.
 inline void gru_forward_v2_spread_run(uint threads, constant RecurrenceParams& p,
                                       device const float* x, device const float* bias,
                                       device const float* R, device const float* h0,
@@ -504,7 +486,7 @@ kernel void gru_forward_v2_streamed(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the three gates' sums
     gru_forward_v2_run<0>(RG_THREADS, p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts,
                           lid, tgid, tpg);
 }
@@ -520,7 +502,7 @@ kernel void gru_forward_v2_streamed_512(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the three gates' sums
     gru_forward_v2_run<0>(RG_THREADS_512, p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts,
                           lid, tgid, tpg);
 }
@@ -536,12 +518,13 @@ kernel void gru_forward_v2_held_512(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the three gates' sums
     gru_forward_v2_run<RG_HOLD / 2>(RG_THREADS_512, p, x, bias, R, h0, mask, b2, h, zs, status,
                                     staged, nexts, lid, tgid, tpg);
 }
 
-// gru_forward_v2_spread_512: the rows held whole (their last round in threadgroup memory), the cell on 4 lanes a unit
+// gru_forward_v2_spread_512: the rows held whole (their last round in threadgroup memory), the
+// cell on the unit's lanes
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void gru_forward_v2_spread_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -551,8 +534,8 @@ kernel void gru_forward_v2_spread_512(
         device float* zs [[buffer(8)]], device uint2* status [[buffer(9)]],
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 staged[RG_STAGE / 4];  // the rows' last round (tail)
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's two buffers
     gru_forward_v2_spread_run(RG_THREADS_512, p, x, bias, R, h0, mask, b2, h, zs, status, staged,
                               nexts, lid, tgid, tpg);
 }

@@ -1,4 +1,4 @@
-// lstm_backward.metal: the recurrence of LSTMGradients (contract 3.3).
+// lstm_backward.metal: the recurrence of LSTMGradients (SEMANTICS.md §3.3).
 //
 //   dc   = dh ⊙ o ⊙ g'(c[t]) + dc_next (+ cell_gradient[t] per step)
 //   da_o = dh ⊙ g(c[t]) ⊙ f_out'(a_o)     da_i = dc ⊙ z ⊙ f_in'(a_i)
@@ -10,34 +10,38 @@
 // peephole gradient's per-row partial sums over time, prow[row, ·] (summed over the batch by
 // strided_gemm afterwards: no float atomics).
 //
-// Kernel versions
+// Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 lstm_backward: rows (d, n) in contiguous blocks per threadgroup, a loop down the
 //      dispatch's processing steps [p.s_begin, p.s_end) (all T unless the host splits a long
 //      sequence); phase A (the element-wise cell chain of unit j: all four da, dc_next, the
 //      peephole partials) and phase B (dh_next[j] = m_j Σ_q dA_q R[q,j], a dot product of length
 //      4H) separated by one device-memory barrier per step. dh_next and dc_next live in the
 //      init-state and init-cell gradient buffers; only the thread owning (row, j) touches them;
-//      they and prow carry over to the next dispatch.
-//   v2 lstm_backward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX rows
-//      of one direction; per step and chunk, phase A stages dA in threadgroup memory as well,
-//      and phase B is a small matrix product dA R (common.metal, rg_dots): a thread owns unit j
-//      for every row of the chunk and a slice of the 4H gate rows, the slices' sums meet
-//      through simd_shuffle_xor, lane b mod S writes row b's dh_next. Rᵀ [D,H,4H] comes
-//      instead of R (the gate index contiguous). Two barriers per step and chunk.
-//      Where a threadgroup owns one row and one pass of its threads covers every unit
-//      (rg_one_pass, the rule's grid), a lean body runs (lstm_backward_v2_row): thread u < H
-//      runs unit u's phase A with dh_next, dc_next and the peephole partials in its registers,
-//      phase B's sums meet in threadgroup memory (two barriers a step), and where 6H threads
-//      can take an item each, the next step's activations are found while the product runs
-//      (lstm_backward_ahead); without a peephole, a body with no registers for it.
-//      Second entry point lstm_backward_v2_512: the same body in threadgroups of at most 512
-//      (RG_THREADS_512), which the host runs at H = 128 (versions.V2_512_BACKWARD_H): 4 lanes a
-//      unit there, so 8 lanes own two units, the stage read once for both (rg_pairs), and
-//      with 128 registers a thread they hold the first RG_PAIR_HOLD_512 rounds of both rows.
-//      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
-//      each own a block of the units, one dispatch per step, phase B moved to the start of the
-//      next dispatch (rg_carry: dA of every unit read back from dx), then phase A of the
-//      block's units; T + 1 dispatches, the last one the carry alone.
+//      they and prow carry over to the next dispatch. Correct for every shape and threadgroup
+//      size.
+//   v2 lstm_backward_v2_<body>[_512]: one row a threadgroup, of 1024 threads (512 for a _512
+//      entry), all of the dispatch's steps (lstm_backward_v2_row). Thread u < H runs unit u's
+//      phase A, stages dA in threadgroup memory and keeps dh_next, dc_next and the peephole
+//      partials in registers; in phase B, dA R, S lanes a unit (common.metal, rg_slices) each
+//      take a slice of the 4H gate rows and meet their sums through simd_shuffle_xor, then in
+//      threadgroup memory (two barriers a step). Rᵀ [D,H,4H] comes instead of R (the gate index
+//      contiguous). Each body comes in two entry points, with and without a peephole (_peephole:
+//      registers for its weights and partial sums; without, none). Every entry needs a
+//      threadgroup of the size the host chose it for, one pass of its threads over the units
+//      (S · H <= threads), 5H floats of RG_STAGE and the peephole it was compiled for, and
+//      declines otherwise (common.metal, rg_declines); the host then runs v1.
+//        lstm_backward_v2_ahead[_peephole]     the threads past the product's (where too few,
+//                                              the product's after it) find the next step's
+//                                              activations, an item each (lstm_backward_ahead):
+//                                              6H <= threads, 16H floats of RG_STAGE (H <= 170)
+//        lstm_backward_v2_streamed[_peephole]  phase A finds them itself; Rᵀ's row read at
+//                                              every step: any H the pass covers
+//        lstm_backward_v2_paired[_peephole]_512  2S lanes own units j and j + H/2 in
+//                                              threadgroups of 512, each float4 of the stage
+//                                              read once for both rows (rg_pairs: every thread
+//                                              in the product, H a multiple of 4, 2S <=
+//                                              RG_LANES; H = 128: 4 lanes a unit, 8 a pair),
+//                                              RG_PAIR_HOLD_512 rounds of each row held
 //   v3 lstm_backward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16
 //      rows of one direction × a block of units (p.unit_blocks blocks): first the carry of the
 //      step before, dh_next = m ⊙ (dA R) for the tile, a matrix product over the 4H gate rows
@@ -46,64 +50,56 @@
 //      then phase A (lstm_cell_gradients) for each (row, unit) of the tile. T + 1 dispatches,
 //      the last one the carry alone.
 //
-// Buffers of lstm_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
-//   index  type                            name      layout
-//   0      constant RecurrenceParams&      p         scalars
-//   1      device const float*             R         [D,4H,H]
-//   2      device const float*             h0        [N,D·H] (zeros when absent)
-//   3      device const float*             c0        [N,D·H] (zeros when absent)
-//   4      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
-//   5      device const float*             peephole  [D,4H] (read when p.has_peephole)
-//   6      device const float*             dy        [T,N,D·H] source_gradient, output time
-//   7      device const float*             zs        [T,N,D·4H] z_state, output time
-//   8      device const float*             cfwd      [T,N,D·H] cell_output_fwd, output time
-//   9      device const float*             cg        [T,N,D·H] per-step cell_gradient (read when p.cell_gradient_per_step)
-//   10     device float*                   dx        [T,N,D·4H] dA, input time
-//   11     device float*                   rhs       [T,N,D·H] h[t−1] ⊙ m, input time
-//   12     device float*                   dhn       [N,D·H] in: state_gradient (or zeros); out: init_state gradient
-//   13     device float*                   dcn       [N,D·H] in: final cell_gradient (or zeros); out: init_cell gradient
-//   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
-//   15     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
+// Buffers of lstm_backward (count = D·N·H, or D·N·1024: a threadgroup a row)
+//   index  type                        name      layout
+//   0      constant RecurrenceParams&  p         scalars
+//   1      device const float*         R         [D,4H,H]
+//   2      device const float*         h0        [N,D·H] (zeros when absent)
+//   3      device const float*         c0        [N,D·H] (zeros when absent)
+//   4      device const float*         mask      [N,D·H], or [T,N,D·H] per processing step
+//   5      device const float*         peephole  [D,4H] (read when p.has_peephole)
+//   6      device const float*         dy        [T,N,D·H] source_gradient, output time
+//   7      device const float*         zs        [T,N,D·4H] z_state, output time
+//   8      device const float*         cfwd      [T,N,D·H] cell_output_fwd, output time
+//   9      device const float*         cg        [T,N,D·H] per-step cell_gradient
+//                                                (read when p.cell_gradient_per_step)
+//   10     device float*               dx        [T,N,D·4H] dA, input time
+//   11     device float*               rhs       [T,N,D·H] h[t−1] ⊙ m, input time
+//   12     device float*               dhn       [N,D·H] in: state_gradient (or zeros);
+//                                                out: init_state gradient
+//   13     device float*               dcn       [N,D·H] in: final cell_gradient (or zeros);
+//                                                out: init_cell gradient
+//   14     device float*               prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
+//   15     device uint2*               status    [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of lstm_backward_v2 and lstm_backward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
-//   index  type                            name      layout
-//   0      constant RecurrenceParams&      p         scalars
-//   1      device const float*             Rt        [D,H,4H] recurrent weight transposed: Rt[d,j,q] = R[d,q,j]
-//   2      device const float*             h0        [N,D·H] (zeros when absent)
-//   3      device const float*             c0        [N,D·H] (zeros when absent)
-//   4      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
-//   5      device const float*             peephole  [D,4H] (read when p.has_peephole)
-//   6      device const float*             dy        [T,N,D·H] source_gradient, output time
-//   7      device const float*             zs        [T,N,D·4H] z_state, output time
-//   8      device const float*             cfwd      [T,N,D·H] cell_output_fwd, output time
-//   9      device const float*             cg        [T,N,D·H] per-step cell_gradient (read when p.cell_gradient_per_step)
-//   10     device float*                   dx        [T,N,D·4H] dA, input time
-//   11     device float*                   rhs       [T,N,D·H] h[t−1] ⊙ m, input time
-//   12     device float*                   dhn       [N,D·H] in: state_gradient (or zeros); out: init_state gradient
-//   13     device float*                   dcn       [N,D·H] in: final cell_gradient (or zeros); out: init_cell gradient
-//   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
-//   15     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
+// Buffers of lstm_backward_v2_ahead and lstm_backward_v2_ahead_peephole
+// Buffers of lstm_backward_v2_streamed and lstm_backward_v2_streamed_peephole
+// Buffers of lstm_backward_v2_paired_512 and lstm_backward_v2_paired_peephole_512
+// Buffers of lstm_backward_v3
+// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entries; v3: 256
+// threads per tile of versions.tile_blocks)
+//   index  type                        name      layout
+//   0      constant RecurrenceParams&  p         scalars
+//   1      device const float*         Rt        [D,H,4H] R transposed: Rt[d,j,q] = R[d,q,j]
+//   2      device const float*         h0        [N,D·H] (zeros when absent)
+//   3      device const float*         c0        [N,D·H] (zeros when absent)
+//   4      device const float*         mask      [N,D·H], or [T,N,D·H] per processing step
+//   5      device const float*         peephole  [D,4H] (read when p.has_peephole)
+//   6      device const float*         dy        [T,N,D·H] source_gradient, output time
+//   7      device const float*         zs        [T,N,D·4H] z_state, output time
+//   8      device const float*         cfwd      [T,N,D·H] cell_output_fwd, output time
+//   9      device const float*         cg        [T,N,D·H] per-step cell_gradient
+//                                                (read when p.cell_gradient_per_step)
+//   10     device float*               dx        [T,N,D·4H] dA, input time
+//   11     device float*               rhs       [T,N,D·H] h[t−1] ⊙ m, input time
+//   12     device float*               dhn       [N,D·H] in: state_gradient (or zeros);
+//                                                out: init_state gradient
+//   13     device float*               dcn       [N,D·H] in: final cell_gradient (or zeros);
+//                                                out: init_cell gradient
+//   14     device float*               prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
+//   15     device uint2*               status    [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of lstm_backward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
-//   index  type                            name      layout
-//   0      constant RecurrenceParams&      p         scalars
-//   1      device const float*             Rt        [D,H,4H] recurrent weight transposed: Rt[d,j,q] = R[d,q,j]
-//   2      device const float*             h0        [N,D·H] (zeros when absent)
-//   3      device const float*             c0        [N,D·H] (zeros when absent)
-//   4      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
-//   5      device const float*             peephole  [D,4H] (read when p.has_peephole)
-//   6      device const float*             dy        [T,N,D·H] source_gradient, output time
-//   7      device const float*             zs        [T,N,D·4H] z_state, output time
-//   8      device const float*             cfwd      [T,N,D·H] cell_output_fwd, output time
-//   9      device const float*             cg        [T,N,D·H] per-step cell_gradient (read when p.cell_gradient_per_step)
-//   10     device float*                   dx        [T,N,D·4H] dA, input time
-//   11     device float*                   rhs       [T,N,D·H] h[t−1] ⊙ m, input time
-//   12     device float*                   dhn       [N,D·H] in: state_gradient (or zeros); out: init_state gradient
-//   13     device float*                   dcn       [N,D·H] in: final cell_gradient (or zeros); out: init_cell gradient
-//   14     device float*                   prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
-//   15     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
-
-// Phase A of both versions for (row, j) at processing step s: the cell chain of unit j. Writes
+// Phase A of v1 and v3 for (row, j) at processing step s: the cell chain of unit j. Writes
 // da of the four gates (dx), dc_next (dcn), the peephole partials (prow) and h[t−1] ⊙ m (rhs);
 // returns da in the cell's order i, f, z, o.
 inline float4 lstm_cell_gradients(constant RecurrenceParams& p, device const float* h0,
@@ -222,7 +218,7 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
             float acc = 0.0f;
             // 16 loads of the chain in flight at a time: ptxas unrolled the loop so by itself until
             // the parameter struct was a kernel parameter (metal-cuda), then by 4, and the backward
-            // took twice as long (1000x8 12.2 -> 26.5 ms on an H100)
+            // ran much slower
             #pragma unroll 16
             for (uint q = 0; q < GH; ++q) {
                 acc += dA[q] * Rd[q * H + j];
@@ -276,30 +272,28 @@ inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
     }
 }
 
-// lstm_backward_v2's one-row body (rg_one_pass): thread u < H runs unit u's phase A and keeps
-// what crosses steps in registers (dh_next, dc_next, the peephole partials: dhn, dcn and prow are
-// read once and written once; c[t−1] is the next step's c[t]); in phase B thread lid is lane
-// lid mod S of unit lid / S over Rᵀ's row (4H long), and the sums meet in threadgroup memory.
-// (Holding that row's share in registers at H = 64, 32 of them, spilled: 0.134 against 0.121 ms
-// for the 50x1x64x64 backward on an H100; so did holding its first two rounds, rg_row_dot_held:
-// 4.59 -> 4.91 ms at 1000x8x128x128.)
+// The one-row body of the v2 entry points (rg_one_pass): thread u < H runs unit u's phase A and
+// keeps what crosses steps in registers (dh_next, dc_next, the peephole partials: dhn, dcn and
+// prow are read once and written once; c[t−1] is the next step's c[t]); in phase B thread lid
+// is lane lid mod S of unit lid / S over Rᵀ's row (4H long), and the sums meet in threadgroup
+// memory. (Holding that row's share in registers at H = 64, 32 of them, spilled and ran
+// slower; so did holding its first two rounds, rg_row_dot_held.)
 // AHEAD (11H floats of threadgroup memory more; 6H <= tpg, an item a thread): the activations
 // of the next step and their derivatives (lstm_backward_ahead) are found by the threads past
 // the product's (or by the product's threads after it) while the product runs, so that phase A,
 // on the step's critical path between the sums and the next product, is its few
-// multiplications. On an H100: 0.107 -> 0.068 ms at 50x1x64x64 (512 threads past the product's
-// find them), 4.68 -> 4.57 ms at 1000x8x128x128; at 100x32x256x256 (6H > tpg: two items for
-// some threads) 1.46 -> 1.52, so there phase A finds them.
+// multiplications. Where 6H > tpg (some threads two items, as at H = 256) that measured slower,
+// so there phase A finds them.
 // PEEP (p.has_peephole): without a peephole, its four weights and four partial sums take no
-// registers. In the CUDA translation's 64 registers a thread, phase A of the AHEAD body
-// reloaded 27 values from local memory at every step with them, 12 without; on an H100, 4.59 ->
-// 4.30 ms at 1000x8x128x128, 0.068 -> 0.063 ms at 50x1x64x64, 1.46 -> 1.43 at 100x32x256x256
-// (a torch.nn.LSTM's op: no peephole).
-// PW > 0 (rg_pairs, in lstm_backward_v2_512; not AHEAD): 2S lanes own units j and j + H / 2 and
-// read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held), the first PW rounds
-// of each held in registers. At 64 registers a thread (lstm_backward_v2) that spilled (17 values
-// reloaded a step at 100x32x256x256, against 5); at 128, at H = 128 (4 lanes a unit, 8 a pair),
-// on an H100 the 1000x8x128x128 backward went 4.095 -> 3.059 ms (one call, three rounds).
+// registers (a torch.nn.LSTM's op has none). In the CUDA translation's 64 registers a thread,
+// phase A of the AHEAD body reloaded 27 values from local memory at every step with them, 12
+// without.
+// PW > 0 (rg_pairs, in the _512 entries; not AHEAD): 2S lanes own units j and j + H / 2 and
+// read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held), the first PW
+// rounds of each held in registers. At 64 registers a thread (the 1024-thread entries) that
+// spilled (17 values reloaded a step at H = 256, against 5); with 128, at H = 128 (4 lanes a
+// unit, 8 a pair), it measured faster than the unpaired 1024-thread body
+// (verification/PERFORMANCE.md).
 template <bool AHEAD, bool PEEP, uint PW>
 inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                  device const float* h0, device const float* c0,
@@ -468,10 +462,10 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
 // for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
 // threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
 
-// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units, the
-// four gates' dA and the sums within RG_STAGE; AHEAD: 6H threads, the activations found ahead
-// within RG_STAGE; PEEP: compiled with the peephole's registers, run only where it is given;
-// PW > 0: 2S lanes own two units (rg_pairs).
+// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units,
+// the four gates' dA and the sums within RG_STAGE; AHEAD: 6H threads, the activations found
+// ahead within RG_STAGE; PEEP: compiled with the peephole's registers, run only where it is
+// given; PW > 0: 2S lanes own two units (rg_pairs).
 template <bool AHEAD, bool PEEP, uint PW>
 inline void lstm_backward_v2_run(uint threads,
                                  constant RecurrenceParams& p, device const float* Rt,
@@ -495,7 +489,8 @@ inline void lstm_backward_v2_run(uint threads,
                                           rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
-// lstm_backward_v2_ahead: the threads idle in the product find the next step's activations ahead
+// lstm_backward_v2_ahead: the threads idle in the product find the next step's activations
+// ahead
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void lstm_backward_v2_ahead(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -570,7 +565,8 @@ kernel void lstm_backward_v2_streamed_peephole(
                                          tpg);
 }
 
-// lstm_backward_v2_paired_512: 2S lanes own units j and j + H/2 (rg_pairs), RG_PAIR_HOLD_512 rounds of each row held
+// lstm_backward_v2_paired_512: 2S lanes own units j and j + H/2 (rg_pairs), RG_PAIR_HOLD_512
+// rounds of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void lstm_backward_v2_paired_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],

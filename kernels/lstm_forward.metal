@@ -1,39 +1,38 @@
-// lstm_forward.metal: LSTM, a range of steps per dispatch (contract 2.2).
+// lstm_forward.metal: LSTM, a range of steps per dispatch (SEMANTICS.md §2.2).
 //
 //   a_k = x'_k[t] + (h[t−1] ⊙ m) R_kᵀ + p_k ⊙ c[t−1]      k in i, f, z, o (gate blocks gate0..3)
 //   c[t] = f ⊙ c[t−1] + i ⊙ z        h[t] = o ⊙ g(c[t])     z_state[t] = [a_i, a_f, a_z, a_o]
 //
-// Kernel versions
+// Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 lstm_forward: rows (d, n) of both directions split in contiguous blocks across
 //      threadgroups; each threadgroup loops over the dispatch's processing steps
 //      [p.s_begin, p.s_end) (all T unless the host splits a long sequence); the thread that
 //      owns (row, j) computes the four gate dot products of length H for unit j (in one pass
-//      over k) and the whole cell update
-//      (c[t−1] of unit j is its own). h[t−1] is read back from the output buffer after a
-//      device-memory threadgroup barrier. R comes transposed, so the lanes of a SIMD-group
-//      (consecutive j) read consecutive addresses. One barrier per step.
-//   v2 lstm_forward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX rows of
-//      one direction; per step and chunk, h[t−1] ⊙ m is staged in threadgroup memory and the
-//      four gates' (h[t−1] ⊙ m) R_kᵀ are a small matrix product: a thread owns unit j of every
-//      gate for every row of the chunk and a slice of k (4 × RG_BMAX partial sums), so each
-//      element of R it loads serves every row (common.metal, rg_dots); the slices' sums meet
-//      through simd_shuffle_xor and lane b mod S finishes row b's cell. R comes as it is (k
-//      contiguous). Two barriers per step and chunk.
-//      Where the threadgroup's rows are one chunk owning every unit (rg_resident: the rule's
-//      grid, a row a threadgroup), the cells leave h[t] ⊙ m of the next step in threadgroup
-//      memory (rg_leave; two buffers alternate): only a dispatch's first step stages from
-//      device memory, and a step has one barrier. Where, besides, one pass of the threads
-//      covers every unit (rg_one_pass), a lean body runs (lstm_forward_v2_row): the row's
-//      indices computed once, lane 0 of a unit's lanes its cell with c[t] in a register (with
-//      4 lanes a unit or more, lane k < 4 gate k's activation, the four met by simd_shuffle), x'
-//      loaded a step ahead; where every thread is a unit's, with no per-step test of which.
-//      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
-//      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
-//      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
-//      Second entry point lstm_forward_v2_512: the same body in threadgroups of at most 512
-//      (RG_THREADS_512), which the host runs at H <= 128 (versions.V2_512_H); where every thread
-//      is a unit's with 4 lanes a unit or more, its threads hold the first RG_LSTM_HOLD_512
-//      float4 of their share of each of the four rows of R in registers across steps.
+//      over k) and the whole cell update (c[t−1] of unit j is its own). h[t−1] is read back
+//      from the output buffer after a device-memory threadgroup barrier. R comes transposed,
+//      so the lanes of a SIMD-group (consecutive j) read consecutive addresses. One barrier per
+//      step. Correct for every shape and threadgroup size.
+//   v2 lstm_forward_v2_<body>[_512]: one row a threadgroup, of 1024 threads (512 for a _512
+//      entry), all of the dispatch's steps (lstm_forward_v2_row). Per step, h[t−1] ⊙ m is
+//      staged in threadgroup memory (two buffers alternate: one barrier a step); S lanes a
+//      unit (common.metal, rg_slices) each take a slice of k of the four gates' products and
+//      meet their sums through simd_shuffle_xor; lane k < 4 of the unit then finishes gate k,
+//      the four activations meet by simd_shuffle, and lane 0 writes c[t], h[t] and the next
+//      step's stage, with c[t] kept in registers and x' loaded a step ahead. R comes as it is
+//      (k contiguous). Every entry needs a threadgroup of the size the host chose it for and
+//      one pass of its threads over the units with 4 lanes a unit or more (S >= 4,
+//      S · H <= threads), and declines otherwise (common.metal, rg_declines); the host then
+//      runs v1.
+//        lstm_forward_v2_spread          R read at every step
+//        lstm_forward_v2_full            the spread body where every thread is a unit's lane
+//                                        (rg_full: S · H = threads, H a multiple of 4), with
+//                                        no per-step test of which
+//        lstm_forward_v2_spread_512      the spread body in threadgroups of 512
+//        lstm_forward_v2_full_whole_512  the full body in threadgroups of 512, the first 2
+//                                        float4 of each row held: the rows whole at H = 64
+//        lstm_forward_v2_full_held_512   the full body in threadgroups of 512, the first
+//                                        RG_LSTM_HOLD_512 float4 of each row held: half of it
+//                                        at H = 128
 //   v3 lstm_forward_v3: one dispatch a step (the host's spans), threadgroups of 256 over tiles
 //      of up to 16 rows of one direction × a block of units (p.unit_blocks blocks); the tile's
 //      four gate products (h[t−1] ⊙ m) R_kᵀ are one matrix product whose columns are the
@@ -41,52 +40,43 @@
 //      threadgroup memory, each thread a 4×4 block of it over a slice of k (common.metal,
 //      rs_product); then the cell update (lstm_cell) for each (row, unit) of the tile.
 //
-// Buffers of lstm_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
-//   index  type                            name      layout
-//   0      constant RecurrenceParams&      p         scalars
-//   1      device const float*             x         [T,N,D·4H] projected input, input time
-//   2      device const float*             bias      [D·4H] added to x (zeros when the projection added it)
-//   3      device const float*             Rt        [D,H,4H] recurrent weight transposed: Rt[d,k,q] = R[d,q,k]
-//   4      device const float*             h0        [N,D·H] (zeros when absent)
-//   5      device const float*             c0        [N,D·H] (zeros when absent)
-//   6      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
-//   7      device const float*             peephole  [D,4H] (read when p.has_peephole)
-//   8      device float*                   h         [T,N,D·H] output time
-//   9      device float*                   c         [T,N,D·H] output time
-//   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
-//   11     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
+// Buffers of lstm_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
+//   index  type                        name      layout
+//   0      constant RecurrenceParams&  p         scalars
+//   1      device const float*         x         [T,N,D·4H] projected input, input time
+//   2      device const float*         bias      [D·4H] added to x
+//                                                (zeros if the projection added it)
+//   3      device const float*         Rt        [D,H,4H] R transposed: Rt[d,k,q] = R[d,q,k]
+//   4      device const float*         h0        [N,D·H] (zeros when absent)
+//   5      device const float*         c0        [N,D·H] (zeros when absent)
+//   6      device const float*         mask      [N,D·H], or [T,N,D·H] per processing step
+//   7      device const float*         peephole  [D,4H] (read when p.has_peephole)
+//   8      device float*               h         [T,N,D·H] output time
+//   9      device float*               c         [T,N,D·H] output time
+//   10     device float*               zs        [T,N,D·4H] output time (written when p.training)
+//   11     device uint2*               status    [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of lstm_forward_v2 and lstm_forward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
-//   index  type                            name      layout
-//   0      constant RecurrenceParams&      p         scalars
-//   1      device const float*             x         [T,N,D·4H] projected input, input time
-//   2      device const float*             bias      [D·4H] added to x (zeros when the projection added it)
-//   3      device const float*             R         [D,4H,H] recurrent weight as given
-//   4      device const float*             h0        [N,D·H] (zeros when absent)
-//   5      device const float*             c0        [N,D·H] (zeros when absent)
-//   6      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
-//   7      device const float*             peephole  [D,4H] (read when p.has_peephole)
-//   8      device float*                   h         [T,N,D·H] output time
-//   9      device float*                   c         [T,N,D·H] output time
-//   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
-//   11     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
+// Buffers of lstm_forward_v2_spread and lstm_forward_v2_full
+// Buffers of lstm_forward_v2_spread_512 and lstm_forward_v2_full_whole_512
+// Buffers of lstm_forward_v2_full_held_512 and lstm_forward_v3
+// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entries; v3: 256
+// threads per tile of versions.tile_blocks)
+//   index  type                        name      layout
+//   0      constant RecurrenceParams&  p         scalars
+//   1      device const float*         x         [T,N,D·4H] projected input, input time
+//   2      device const float*         bias      [D·4H] added to x
+//                                                (zeros if the projection added it)
+//   3      device const float*         R         [D,4H,H] recurrent weight as given
+//   4      device const float*         h0        [N,D·H] (zeros when absent)
+//   5      device const float*         c0        [N,D·H] (zeros when absent)
+//   6      device const float*         mask      [N,D·H], or [T,N,D·H] per processing step
+//   7      device const float*         peephole  [D,4H] (read when p.has_peephole)
+//   8      device float*               h         [T,N,D·H] output time
+//   9      device float*               c         [T,N,D·H] output time
+//   10     device float*               zs        [T,N,D·4H] output time (written when p.training)
+//   11     device uint2*               status    [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of lstm_forward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
-//   index  type                            name      layout
-//   0      constant RecurrenceParams&      p         scalars
-//   1      device const float*             x         [T,N,D·4H] projected input, input time
-//   2      device const float*             bias      [D·4H] added to x (zeros when the projection added it)
-//   3      device const float*             R         [D,4H,H] recurrent weight as given
-//   4      device const float*             h0        [N,D·H] (zeros when absent)
-//   5      device const float*             c0        [N,D·H] (zeros when absent)
-//   6      device const float*             mask      [N,D·H], or [T,N,D·H] per processing step
-//   7      device const float*             peephole  [D,4H] (read when p.has_peephole)
-//   8      device float*                   h         [T,N,D·H] output time
-//   9      device float*                   c         [T,N,D·H] output time
-//   10     device float*                   zs        [T,N,D·4H] output time (written when p.training)
-//   11     device uint2*                   status    [ceil(count/32)] completion marks (common.metal)
-
-// The cell update of both versions for (row, j) at processing step s, from the four gates'
+// The cell update of v1 and v3 for (row, j) at processing step s, from the four gates'
 // recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the cell's order i, f, z, o: writes
 // z_state (when training), c[t] and h[t]; returns h[t].
 inline float lstm_cell(constant RecurrenceParams& p, device const float* x,
@@ -187,33 +177,28 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// lstm_forward_v2's one-row body (rg_one_pass): thread lid is lane lid mod S of unit lid / S,
-// lane 0 runs the unit's cell and keeps c[t] in a register for the next step. Unlike the other
-// one-row bodies, the cell runs on the product's SIMD-groups: a SIMD-group's long cell (four
-// activations) then overlaps the others' products, where met sums and a second barrier would put
-// it after all of them (1000x8x128x128 on an H100: 3.63 ms here, 4.71 with the sums met in
-// threadgroup memory and H threads running the cells). Holding each gate's share of R in
-// registers at H = 64 (32 of them) spilled and took as long (0.102 against 0.103 ms at 50x1).
-// SPREAD (S >= 4): lane k < 4 of the unit finishes gate k (its x' + bias, peephole term and
-// activation, and its z_state) and the four activations meet on every such lane through
-// simd_shuffle, so that the gates' activations run side by side rather than one after another
-// on lane 0; lanes 0 .. 3 then each find c[t] (the same arithmetic on the same values) for the
-// next step's peephole terms, and lane 0 alone h[t]. On an H100, 3.58 -> 3.37 ms at
-// 1000x8x128x128, 0.085 -> 0.075 ms at 50x1x64x64, 1.21 -> 1.17 ms at 100x32x256x256.
+// The one-row body of the v2 entry points (rg_one_pass): thread lid is lane lid mod S of unit
+// lid / S; the unit's lanes run its cell and keep c[t] in registers for the next step. Unlike
+// the other one-row bodies, the cell runs on the product's SIMD-groups: a SIMD-group's long
+// cell (four activations) then overlaps the others' products, where met sums and a second
+// barrier would put it after all of them (that measured slower). Holding each gate's share of
+// R in registers at H = 64 in 1024 threads (32 registers) spilled, and gained nothing.
+// SPREAD (S >= 4; every entry point runs it): lane k < 4 of the unit finishes gate k (its x' +
+// bias, peephole term and activation, and its z_state) and the four activations meet on every
+// such lane through simd_shuffle, so that the gates' activations run side by side rather than
+// one after another on lane 0 (as without SPREAD); lanes 0 .. 3 then each find c[t] (the same
+// arithmetic on the same values) for the next step's peephole terms, and lane 0 alone h[t].
 // FULL (S · H = tpg, H a multiple of 4: every thread a unit's, rg_dots' float4 reads): no test
 // of the unit, of an idle SIMD-group or of H's alignment at any step. The CUDA translation's 64
 // registers a thread left those tests' operands in local memory, reloaded between the barrier
 // and the product's first load at every step (where the weight's stream had evicted them from
-// L1); on an H100, 3.41 -> 3.13 ms at 1000x8x128x128, 0.069 -> 0.065 ms at 50x1x64x64 (the
-// 512-thread entry), 1.16 -> 1.13 ms at 100x32x256x256.
-// HW > 0 (FULL, in the 512-thread entry, whose threads have 128 registers): the first HW rounds
-// of the thread's share of its four rows of R stay in registers from step to step
+// L1).
+// HW > 0 (FULL, in the 512-thread entries, whose threads have 128 registers): the first HW
+// rounds of the thread's share of its four rows of R stay in registers from step to step
 // (rg_held_dots), the rest read at every step after them, in rg_dots' order (the sums bitwise
-// those of HW = 0). At 1000x8x128x128 (S = 4: 8 rounds a row) HW = RG_LSTM_HOLD_512 = 4 halves
-// the weight a core streams through L1 a step: on an H100 the forward 3.12 -> 2.57 ms (the op
-// 6.53 -> 5.95; 2 rounds held: 3.10; 5 or more spill, ptxas reloading 23 or more values a
-// step). Where 2 float4 a lane cover a row (H = 64: S = 8) the entry holds the rows whole in 2:
-// 50x1x64x64 forward 0.064 -> 0.056 ms (0.061 with 4, half of them past the row's end).
+// those of HW = 0). At H = 128 (S = 4: 8 rounds a row) HW = RG_LSTM_HOLD_512 = 4 halves the
+// weight a core streams through L1 a step (5 or more spill, ptxas reloading 23 or more values
+// a step). Where 2 float4 a lane cover a row (H = 64: S = 8) the rows are held whole in 2.
 template <bool SPREAD, bool FULL, uint HW>
 inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                 device const float* bias, device const float* R,
@@ -374,9 +359,10 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
 // for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
 // threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
 
-// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units, the
-// next step's stage within RG_NEXT; SPREAD: 4 lanes a unit or more (lane k < 4 gate k's
-// activation); FULL: every thread a unit's, float4 reads (rg_full); HW: float4 of each row held.
+// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units,
+// the next step's stage within RG_NEXT; SPREAD: 4 lanes a unit or more (lane k < 4 gate k's
+// activation); FULL: every thread a unit's, float4 reads (rg_full); HW: float4 of each row
+// held.
 template <bool SPREAD, bool FULL, uint HW>
 inline void lstm_forward_v2_run(uint threads,
                                 constant RecurrenceParams& p, device const float* x,
@@ -409,12 +395,13 @@ kernel void lstm_forward_v2_spread(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
     lstm_forward_v2_run<true, false, 0>(RG_THREADS, p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
                                         status, staged, nexts, lid, tgid, tpg);
 }
 
-// lstm_forward_v2_full: lstm_forward_v2_spread where every thread is a unit's: no per-step test of which
+// lstm_forward_v2_full: lstm_forward_v2_spread where every thread is a unit's: no per-step
+// test of which
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void lstm_forward_v2_full(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -426,7 +413,7 @@ kernel void lstm_forward_v2_full(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
     lstm_forward_v2_run<true, true, 0>(RG_THREADS, p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
                                        status, staged, nexts, lid, tgid, tpg);
 }
@@ -443,12 +430,13 @@ kernel void lstm_forward_v2_spread_512(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
     lstm_forward_v2_run<true, false, 0>(RG_THREADS_512, p, x, bias, R, h0, c0, mask, peephole, h, c,
                                         zs, status, staged, nexts, lid, tgid, tpg);
 }
 
-// lstm_forward_v2_full_whole_512: lstm_forward_v2_full in threadgroups of 512, the four rows held whole in 2 float4 a lane
+// lstm_forward_v2_full_whole_512: lstm_forward_v2_full in threadgroups of 512, the four rows
+// held whole in 2 float4 a lane (H = 64)
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void lstm_forward_v2_full_whole_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -460,12 +448,13 @@ kernel void lstm_forward_v2_full_whole_512(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
     lstm_forward_v2_run<true, true, 2>(RG_THREADS_512, p, x, bias, R, h0, c0, mask, peephole, h, c,
                                        zs, status, staged, nexts, lid, tgid, tpg);
 }
 
-// lstm_forward_v2_full_held_512: lstm_forward_v2_full in threadgroups of 512, the first RG_LSTM_HOLD_512 float4 of each row held
+// lstm_forward_v2_full_held_512: lstm_forward_v2_full in threadgroups of 512, the first
+// RG_LSTM_HOLD_512 float4 of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void lstm_forward_v2_full_held_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -477,7 +466,7 @@ kernel void lstm_forward_v2_full_held_512(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
     lstm_forward_v2_run<true, true, RG_LSTM_HOLD_512>(RG_THREADS_512, p, x, bias, R, h0, c0, mask,
                                                       peephole, h, c, zs, status, staged, nexts,
                                                       lid, tgid, tpg);

@@ -1,4 +1,4 @@
-// single_gate_backward.metal: the recurrence of singleGateRNNGradients (contract 3.3).
+// single_gate_backward.metal: the recurrence of singleGateRNNGradients (SEMANTICS.md §3.3).
 //
 //   dh = source_gradient[t] + dh_next;   da = dh ⊙ f'(a);   dh_next = (da R) ⊙ m
 //
@@ -7,32 +7,34 @@
 // of every weight gradient) and h[t−1] ⊙ m (the right factor of dR, same rows); strided_gemm
 // reduces them to dR, dW, db after this dispatch.
 //
-// Kernel versions
+// Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 single_gate_backward: rows (d, n) in contiguous blocks per threadgroup, a loop down the
 //      dispatch's processing steps [p.s_begin, p.s_end) (all T unless the host splits a long
 //      sequence); phase A (element-wise da) and phase B (dh_next[j] = m_j Σ_k da_k R[k,j],
 //      a dot product per (row, j)) separated by one device-memory barrier per step. dh_next
 //      lives in the init-state-gradient buffer: the thread that owns (row, j) is the only one
-//      that reads or writes it, in every step, and carries it to the next dispatch.
-//   v2 single_gate_backward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX
-//      rows of one direction; per step and chunk, phase A stages da in threadgroup memory as
-//      well, and phase B is a small matrix product da R (common.metal, rg_dots): a thread owns
-//      unit j for every row of the chunk and a slice of k, the slices' sums meet through
-//      simd_shuffle_xor, lane b mod S writes row b's dh_next. Rᵀ comes instead of R (k
-//      contiguous). Two barriers per step and chunk (dh_next crosses threads: device memory).
-//      Where a threadgroup owns one row and one pass of its threads covers every unit
-//      (rg_one_pass, the rule's grid), a lean body runs (single_gate_backward_v2_row): thread
-//      u < H runs unit u's phase A and keeps its dh_next in a register, phase B's sums meet in
-//      threadgroup memory (two barriers a step), Rᵀ's row held in registers where it fits;
-//      else, where every thread is in the product and 2S lanes fit, each 2S lanes own two
-//      units, the stage read once for both (rg_pairs).
-//      Second entry point single_gate_backward_v2_512: the same body in threadgroups of at most
-//      512 (RG_THREADS_512), which the host runs at H = 128 (versions.V2_512_BACKWARD_H): 4
-//      lanes a unit there, so 8 lanes own two units, both rows held whole (RG_PAIR_HOLD_512).
-//      Its one-step grid (v2-steps, p.unit_blocks = U ≥ 1): the threadgroups of a group of rows
-//      each own a block of the units, one dispatch per step, phase B moved to the start of the
-//      next dispatch (rg_carry: da of every unit read back from dx), then phase A of the
-//      block's units; T + 1 dispatches, the last one the carry alone.
+//      that reads or writes it, in every step, and carries it to the next dispatch. Correct
+//      for every shape and threadgroup size.
+//   v2 single_gate_backward_v2_<body>[_512]: one row a threadgroup, of 1024 threads (512 for a
+//      _512 entry), all of the dispatch's steps (single_gate_backward_v2_row): thread u < H runs
+//      unit u's phase A, stages da in threadgroup memory and keeps its dh_next in a register;
+//      in phase B, da R, S lanes a unit (common.metal, rg_slices) each take a slice of k and
+//      meet their sums through simd_shuffle_xor, then in threadgroup memory (two barriers a
+//      step). Rᵀ comes instead of R (k contiguous). Every entry needs a threadgroup of the size
+//      the host chose it for, one pass of its threads over the units (S · H <= threads) and 2H
+//      floats of RG_STAGE, and declines otherwise (common.metal, rg_declines); the host then
+//      runs v1.
+//        single_gate_backward_v2_held        Rᵀ's row held in registers across steps (rg_hold):
+//                                            H a multiple of 4 and <= 4·RG_HOLD·S (H <= 128)
+//        single_gate_backward_v2_paired      2S lanes own units j and j + H/2, each float4 of
+//                                            the stage read once for both rows (rg_pairs: every
+//                                            thread in the product, H a multiple of 4, 2S <=
+//                                            RG_LANES), the first round of each row held
+//        single_gate_backward_v2_streamed    the first RG_HOLD / 2 float4 of Rᵀ's row held, the
+//                                            rest read at every step: any H the pass covers
+//        single_gate_backward_v2_paired_512  the paired body in threadgroups of 512: at H = 128,
+//                                            4 lanes a unit, 8 a pair, RG_PAIR_HOLD_512 rounds
+//                                            of each row held
 //   v3 single_gate_backward_v3: one dispatch a step, threadgroups of 256 over tiles of up to
 //      16 rows of one direction × a block of units (p.unit_blocks blocks): first the carry of
 //      the step before, dh_next = m ⊙ (da R) for the tile, a matrix product with da (read back
@@ -40,46 +42,39 @@
 //      4×4 block of it over a slice of k (common.metal, rs_product); then phase A for each
 //      (row, unit) of the tile. T + 1 dispatches, the last one the carry alone.
 //
-// Buffers of single_gate_backward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             R     [D,H,H]
-//   2      device const float*             h0    [N,D·H] (zeros when absent)
-//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
-//   5      device const float*             zs    [T,N,D·H] z_state, output time
-//   6      device float*                   dx    [T,N,D·H] da, input time
-//   7      device float*                   rhs   [T,N,D·H] h[t−1] ⊙ m, input time
-//   8      device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
-//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+// Buffers of single_gate_backward (count = D·N·H, or D·N·1024: a threadgroup a row)
+//   index  type                        name  layout
+//   0      constant RecurrenceParams&  p     scalars
+//   1      device const float*         R     [D,H,H]
+//   2      device const float*         h0    [N,D·H] (zeros when absent)
+//   3      device const float*         mask  [N,D·H], or [T,N,D·H] per processing step
+//   4      device const float*         dy    [T,N,D·H] source_gradient, output time
+//   5      device const float*         zs    [T,N,D·H] z_state, output time
+//   6      device float*               dx    [T,N,D·H] da, input time
+//   7      device float*               rhs   [T,N,D·H] h[t−1] ⊙ m, input time
+//   8      device float*               dhn   [N,D·H] in: state_gradient (or zeros);
+//                                            out: init_state gradient
+//   9      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of single_gate_backward_v2 and single_gate_backward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             Rt    [D,H,H] recurrent weight transposed: Rt[d,j,k] = R[d,k,j]
-//   2      device const float*             h0    [N,D·H] (zeros when absent)
-//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
-//   5      device const float*             zs    [T,N,D·H] z_state, output time
-//   6      device float*                   dx    [T,N,D·H] da, input time
-//   7      device float*                   rhs   [T,N,D·H] h[t−1] ⊙ m, input time
-//   8      device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
-//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+// Buffers of single_gate_backward_v2_held and single_gate_backward_v2_paired
+// Buffers of single_gate_backward_v2_streamed and single_gate_backward_v2_paired_512
+// Buffers of single_gate_backward_v3
+// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entry; v3: 256
+// threads per tile of versions.tile_blocks)
+//   index  type                        name  layout
+//   0      constant RecurrenceParams&  p     scalars
+//   1      device const float*         Rt    [D,H,H] R transposed: Rt[d,j,k] = R[d,k,j]
+//   2      device const float*         h0    [N,D·H] (zeros when absent)
+//   3      device const float*         mask  [N,D·H], or [T,N,D·H] per processing step
+//   4      device const float*         dy    [T,N,D·H] source_gradient, output time
+//   5      device const float*         zs    [T,N,D·H] z_state, output time
+//   6      device float*               dx    [T,N,D·H] da, input time
+//   7      device float*               rhs   [T,N,D·H] h[t−1] ⊙ m, input time
+//   8      device float*               dhn   [N,D·H] in: state_gradient (or zeros);
+//                                            out: init_state gradient
+//   9      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of single_gate_backward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             Rt    [D,H,H] recurrent weight transposed: Rt[d,j,k] = R[d,k,j]
-//   2      device const float*             h0    [N,D·H] (zeros when absent)
-//   3      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   4      device const float*             dy    [T,N,D·H] source_gradient, output time
-//   5      device const float*             zs    [T,N,D·H] z_state, output time
-//   6      device float*                   dx    [T,N,D·H] da, input time
-//   7      device float*                   rhs   [T,N,D·H] h[t−1] ⊙ m, input time
-//   8      device float*                   dhn   [N,D·H] in: state_gradient (or zeros); out: init_state gradient
-//   9      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
-
-// Phase A of both versions for (row, j) at processing step s: da = (dy + dh_next) ⊙ f'(a)
+// Phase A of v1 and v3 for (row, j) at processing step s: da = (dy + dh_next) ⊙ f'(a)
 // into dx, and h[t−1] ⊙ m into rhs (the right factor of dR); returns da.
 inline float single_gate_da(constant RecurrenceParams& p, device const float* h0,
                             device const float* mask, device const float* dy,
@@ -146,13 +141,14 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// single_gate_backward_v2's one-row body (rg_one_pass): thread u < H runs unit u's phase A and
+// The one-row body of the v2 entry points (rg_one_pass): thread u < H runs unit u's phase A and
 // keeps its dh_next in a register from step to step (dhn is read once and written once); in
 // phase B thread lid is lane lid mod S of unit lid / S, and the sums meet in threadgroup memory.
 // HOLD: the thread's share of Rᵀ's row stays in registers.
 // PAIR (PW > 0, not HOLD; rg_pairs): 2S lanes own units j and j + H / 2, each float4 of the
 // stage read once for both rows (rg_row_dots2_held), the first PW rounds of each held, as the
-// GRU's backward (gru_backward_v2_row).
+// GRU's backward (gru_backward_v2_row): half the threadgroup memory reads for the same weight
+// reads a thread, which measured faster at H = 256 (verification/PERFORMANCE.md).
 template <bool HOLD, uint PW>
 inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                         device const float* h0, device const float* mask,
@@ -279,7 +275,8 @@ kernel void single_gate_backward_v2_held(
                                          staged, lid, tgid, tpg);
 }
 
-// single_gate_backward_v2_paired: 2S lanes own units j and j + H/2 (rg_pairs), one round of each row held
+// single_gate_backward_v2_paired: 2S lanes own units j and j + H/2 (rg_pairs), one round of
+// each row held
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void single_gate_backward_v2_paired(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -294,7 +291,8 @@ kernel void single_gate_backward_v2_paired(
                                           staged, lid, tgid, tpg);
 }
 
-// single_gate_backward_v2_streamed: Rᵀ's row read at every step, past its first RG_HOLD / 2 float4
+// single_gate_backward_v2_streamed: Rᵀ's row read at every step, past its first RG_HOLD / 2
+// float4
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void single_gate_backward_v2_streamed(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -309,7 +307,8 @@ kernel void single_gate_backward_v2_streamed(
                                           staged, lid, tgid, tpg);
 }
 
-// single_gate_backward_v2_paired_512: the paired body in threadgroups of 512, RG_PAIR_HOLD_512 rounds of each row held
+// single_gate_backward_v2_paired_512: the paired body in threadgroups of 512, RG_PAIR_HOLD_512
+// rounds of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void single_gate_backward_v2_paired_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],

@@ -1,78 +1,66 @@
-// single_gate_forward.metal: singleGateRNN, a range of steps per dispatch (contract 2.2).
+// single_gate_forward.metal: singleGateRNN, a range of steps per dispatch (SEMANTICS.md §2.2).
 //
 //   a[t] = x'[t] + (h[t−1] ⊙ m) Rᵀ        h[t] = f(a[t])        z_state[t] = a[t]
 //
-// Kernel versions
+// Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 single_gate_forward: rows (d, n) of both directions split in contiguous blocks across
 //      threadgroups; each threadgroup loops over the dispatch's processing steps
 //      [p.s_begin, p.s_end) (all T unless the host splits a long sequence), its threads
-//      striding over (row, j) with one dot product of length H each (the activation fused after it);
-//      h[t−1] is read back from the output buffer after a device-memory threadgroup barrier,
-//      so H is not limited by threadgroup memory. R comes transposed, so the lanes of a
-//      SIMD-group (consecutive j) read consecutive addresses. One barrier per step.
-//   v2 single_gate_forward_v2: the same rows per threadgroup, taken in chunks of up to RG_BMAX
-//      rows of one direction; per step and chunk, h[t−1] ⊙ m is staged in threadgroup memory
-//      and (h[t−1] ⊙ m) Rᵀ is a small matrix product: a thread owns unit j for every row of the
-//      chunk and a slice of k, so each element of R it loads serves every row (common.metal,
-//      rg_dots); the slices' sums meet through simd_shuffle_xor. R comes as it is (k
-//      contiguous). Two barriers per step and chunk.
-//      Where the threadgroup's rows are one chunk owning every unit (rg_resident: the rule's
-//      grid, a row a threadgroup), the cells leave h[t] ⊙ m of the next step in threadgroup
-//      memory (rg_leave; two buffers alternate): only a dispatch's first step stages from
-//      device memory, and a step has one barrier. Where, besides, one pass of the threads
-//      covers every unit (rg_one_pass), a lean body runs (single_gate_forward_v2_row): the
-//      row's indices computed once, the product's sums met in threadgroup memory and the
-//      cells run by H threads (two barriers a step), R's row held in registers where it fits
-//      (rg_hold), x' loaded a step ahead.
-//      Its one-step grid (v2-steps, p.unit_blocks = U > 1): the threadgroups of a group of rows
-//      each own a block of ⌈H / U⌉ units (rg_units), and the host dispatches one step at a
-//      time, so h[t−1] of every unit is in device memory before any threadgroup stages it.
-//      Second entry point single_gate_forward_v2_512: the same body in threadgroups of at most 512
-//      (RG_THREADS_512), which the host runs at small H (versions.V2_512_H).
+//      striding over (row, j) with one dot product of length H each (the activation fused
+//      after it); h[t−1] is read back from the output buffer after a device-memory threadgroup
+//      barrier, so H is not limited by threadgroup memory. R comes transposed, so the lanes of
+//      a SIMD-group (consecutive j) read consecutive addresses. One barrier per step. Correct
+//      for every shape and threadgroup size.
+//   v2 single_gate_forward_v2_<body>[_512]: one row a threadgroup, of 1024 threads (512 for a
+//      _512 entry), all of the dispatch's steps (single_gate_forward_v2_row). Per step,
+//      h[t−1] ⊙ m is staged in threadgroup memory; S lanes a unit (common.metal, rg_slices)
+//      each take a slice of k of (h[t−1] ⊙ m) Rᵀ and meet their sums through simd_shuffle_xor,
+//      then in threadgroup memory; thread u < H then runs unit u's activation and stages
+//      h[t] ⊙ m for the next step (two barriers a step), its x' loaded a step ahead. R comes as
+//      it is (k contiguous). Every entry needs a threadgroup of the size the host chose it for
+//      and one pass of its threads over the units (S · H <= threads: H <= 1024), and declines
+//      otherwise (common.metal, rg_declines); the host then runs v1.
+//        single_gate_forward_v2_held       R's row held in registers across steps (rg_hold):
+//                                          H a multiple of 4 and <= 4·RG_HOLD·S (H <= 128)
+//        single_gate_forward_v2_streamed   the first RG_HOLD / 2 float4 of R's row held, the
+//                                          rest read at every step: any H the pass covers
+//        single_gate_forward_v2_held_512   the held body in threadgroups of 512 (H <= 64)
 //   v3 single_gate_forward_v3: one dispatch a step (the host's spans), threadgroups of 256 over
 //      tiles of up to 16 rows of one direction × a block of units (p.unit_blocks blocks); the
 //      tile's (h[t−1] ⊙ m) Rᵀ is a matrix product with h[t−1] ⊙ m and the block's rows of R
 //      staged through threadgroup memory, each thread a 4×4 block of it over a slice of k
 //      (common.metal, rs_product), then the activation for each (row, unit) of the tile.
 //
-// Buffers of single_gate_forward (count = D·N·H, or D·N·1024: one threadgroup a row, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             x     [T,N,D·H] projected input, input time
-//   2      device const float*             bias  [D·H] added to x (zeros when the projection added it)
-//   3      device const float*             Rt    [D,H,H] recurrent weight transposed: Rt[d,k,j] = R[d,j,k]
-//   4      device const float*             h0    [N,D·H] (zeros when absent)
-//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   6      device float*                   h     [T,N,D·H] output time
-//   7      device float*                   zs    [T,N,D·H] output time (written when p.training)
-//   8      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+// Buffers of single_gate_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
+//   index  type                        name  layout
+//   0      constant RecurrenceParams&  p     scalars
+//   1      device const float*         x     [T,N,D·H] projected input, input time
+//   2      device const float*         bias  [D·H] added to x (zeros if the projection added it)
+//   3      device const float*         Rt    [D,H,H] R transposed: Rt[d,k,j] = R[d,j,k]
+//   4      device const float*         h0    [N,D·H] (zeros when absent)
+//   5      device const float*         mask  [N,D·H], or [T,N,D·H] per processing step
+//   6      device float*               h     [T,N,D·H] output time
+//   7      device float*               zs    [T,N,D·H] output time (written when p.training)
+//   8      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of single_gate_forward_v2 and single_gate_forward_v2_512 (count = one threadgroup of 1024, or of 512, per chunk of rows, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             x     [T,N,D·H] projected input, input time
-//   2      device const float*             bias  [D·H] added to x (zeros when the projection added it)
-//   3      device const float*             R     [D,H,H] recurrent weight as given
-//   4      device const float*             h0    [N,D·H] (zeros when absent)
-//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   6      device float*                   h     [T,N,D·H] output time
-//   7      device float*                   zs    [T,N,D·H] output time (written when p.training)
-//   8      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
+// Buffers of single_gate_forward_v2_held and single_gate_forward_v2_streamed
+// Buffers of single_gate_forward_v2_held_512 and single_gate_forward_v3
+// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entry; v3: 256
+// threads per tile of versions.tile_blocks)
+//   index  type                        name  layout
+//   0      constant RecurrenceParams&  p     scalars
+//   1      device const float*         x     [T,N,D·H] projected input, input time
+//   2      device const float*         bias  [D·H] added to x (zeros if the projection added it)
+//   3      device const float*         R     [D,H,H] recurrent weight as given
+//   4      device const float*         h0    [N,D·H] (zeros when absent)
+//   5      device const float*         mask  [N,D·H], or [T,N,D·H] per processing step
+//   6      device float*               h     [T,N,D·H] output time
+//   7      device float*               zs    [T,N,D·H] output time (written when p.training)
+//   8      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
-// Buffers of single_gate_forward_v3 (count = 256 threads per tile of versions.tile_blocks, rnngrad/backends/metal/versions.py)
-//   index  type                            name  layout
-//   0      constant RecurrenceParams&      p     scalars
-//   1      device const float*             x     [T,N,D·H] projected input, input time
-//   2      device const float*             bias  [D·H] added to x (zeros when the projection added it)
-//   3      device const float*             R     [D,H,H] recurrent weight as given
-//   4      device const float*             h0    [N,D·H] (zeros when absent)
-//   5      device const float*             mask  [N,D·H], or [T,N,D·H] per processing step
-//   6      device float*                   h     [T,N,D·H] output time
-//   7      device float*                   zs    [T,N,D·H] output time (written when p.training)
-//   8      device uint2*                   status  [ceil(count/32)] completion marks (common.metal)
-
-// The step of every version for (row, j) at processing step s, from the recurrent product
-// (h[t−1] ⊙ m) Rᵀ of unit j: writes z_state (when training) and h[t]; returns h[t].
+// The step of v1 and v3 for (row, j) at processing step s, from the recurrent product
+// (h[t−1] ⊙ m) Rᵀ of unit j: writes z_state (when training) and h[t]; returns h[t]. (The v2
+// body repeats its arithmetic with its indices found once.)
 inline float single_gate_cell(constant RecurrenceParams& p, device const float* x,
                              device const float* bias, device float* h, device float* zs,
                              uint s, uint row, uint j, float dot) {
@@ -130,9 +118,9 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// single_gate_forward_v2's one-row body (rg_one_pass): thread lid is lane lid mod S of unit lid / S
-// in the product, whose sums meet in threadgroup memory; thread u < H then runs unit u's cell.
-// HOLD: the thread's share of R's row stays in registers.
+// The one-row body of the v2 entry points (rg_one_pass): thread lid is lane lid mod S of unit
+// lid / S in the product, whose sums meet in threadgroup memory; thread u < H then runs unit
+// u's cell. HOLD: the thread's share of R's row stays in registers.
 template <bool HOLD>
 inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                        device const float* bias, device const float* R,
@@ -230,7 +218,7 @@ kernel void single_gate_forward_v2_held(
         device uint2* status [[buffer(8)]], uint lid [[thread_position_in_threadgroup]],
         uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the product's sums
     single_gate_forward_v2_run<true>(RG_THREADS, p, x, bias, R, h0, mask, h, zs, status, staged,
                                      nexts, lid, tgid, tpg);
 }
@@ -245,7 +233,7 @@ kernel void single_gate_forward_v2_streamed(
         device uint2* status [[buffer(8)]], uint lid [[thread_position_in_threadgroup]],
         uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the product's sums
     single_gate_forward_v2_run<false>(RG_THREADS, p, x, bias, R, h0, mask, h, zs, status, staged,
                                       nexts, lid, tgid, tpg);
 }
@@ -260,7 +248,7 @@ kernel void single_gate_forward_v2_held_512(
         device uint2* status [[buffer(8)]], uint lid [[thread_position_in_threadgroup]],
         uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage of the next step
+    threadgroup float4 nexts[RG_NEXT / 4];  // the product's sums
     single_gate_forward_v2_run<true>(RG_THREADS_512, p, x, bias, R, h0, mask, h, zs, status, staged,
                                      nexts, lid, tgid, tpg);
 }
