@@ -81,10 +81,10 @@ recurrent dot product, where fewer than one full threadgroup of threads, or fewe
 multiply-adds, take no less time per step. A dispatch gets ``max(1, budget // units)`` steps, so
 an op makes ``ceil(T / max(1, budget // units))`` recurrence dispatches: one while
 ``T · units <= budget``, then one more for every further ``budget // units`` steps (linear in T).
-The default budget, :data:`DISPATCH_BUDGET` = 2**34 units, is about 0.4 s of v1 at an assumed
-4·10**10 multiply-adds per second on one GPU core (an estimate, not a measurement: a quarter of an
-M1 core's peak, since v1 makes three loads per multiply-add; more cores only shorten it), where
-public reports put the watchdog at a few seconds. Every default ``rnngrad bench`` shape stays in
+The default budget, :data:`DISPATCH_BUDGET` = 2**34 units, keeps one dispatch of v1 an order of
+magnitude inside the GPU watchdog that public reports describe, at an assumed 4·10**10
+multiply-adds per second on one GPU core (an estimate, not a measurement: a quarter of an M1
+core's peak, since v1 makes three loads per multiply-add; more cores only shorten it). Every default ``rnngrad bench`` shape stays in
 one dispatch (the largest, LSTM 200x64x512x512, is 1.3·10**10 units; bidirectional, two).
 Override it with the environment variable ``RNNGRAD_METAL_DISPATCH_BUDGET`` (read at every op)
 or the host's ``dispatch_budget`` attribute (``HOST.dispatch_budget = 2**30``; ``None`` restores
@@ -1028,7 +1028,7 @@ class MetalHost:
 
     @staticmethod
     def _trivial_gradients(problem):
-        """T = 0 or N = 0: nothing flows through the recurrence (contract section 4)."""
+        """T = 0 or N = 0: nothing flows through the recurrence (SEMANTICS.md §4)."""
         N, H, D, G = problem.N, problem.H, problem.D, problem.G
         DH, DGH = D * H, D * G * H
         zeros = lambda *shape: np.zeros(shape, F32)  # noqa: E731
@@ -1137,9 +1137,9 @@ def metal_suits(problem):
     """``backend=None``'s size rule for the Apple GPU: None (run on "metal") when the op has at
     least ``$RNNGRAD_METAL_MIN_WORK`` (default :data:`METAL_MIN_WORK` = 2**24, about 1.7·10**7)
     multiply-adds, else why numba is expected to be faster. Each op makes 2 to 8 dispatches,
-    each its own command buffer in metalcompute, about 0.1–0.3 ms apiece on an M-series Mac by
-    public reports: a millisecond or two that numba (which runs an op of 2**24 multiply-adds in
-    about that time on one core) does not pay. The threshold is that estimate, not a measurement
+    each its own command buffer in metalcompute, a fixed cost a dispatch that public reports
+    describe and that numba (which runs an op of 2**24 multiply-adds in about as long on one
+    core) does not pay. The threshold is that estimate, not a measurement
     on a Mac: ``rnngrad bench --backends metal numba`` there measures the crossover, and
     ``RNNGRAD_METAL_MIN_WORK`` moves it (0 sends every op to the GPU)."""
     value = os.environ.get(MIN_WORK_ENV, "").strip()
