@@ -457,7 +457,8 @@ inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
 // row W = RG_HOLD (4 · W · S >= H: H <= 128 at S = 8), each of the GRU forward's three
 // W = RG_HOLD / 2 (H <= 64): 16 or 24 registers. (The LSTM's four rows, 32 registers, and the
 // backwards' rows of 3H or 4H spilled in the CUDA translation's 64 registers a thread; the
-// 512-thread entries, with 128, hold more: RG_HOLD_512, RG_LSTM_HOLD_512, RG_PAIR_HOLD_512.)
+// 512-thread entries, with 128, hold more: RG_HOLD_512, RG_LSTM_HOLD_512, RG_PAIR_HOLD_512,
+// RG_PAIR_WHOLE_512.)
 #define RG_HOLD 4
 // float4 of each of the GRU forward's three weight rows a lane's share covers in
 // gru_forward_v2_spread_512 (the whole share at H <= 128, S = 4): RG_HOLD_512 − 1 of them in
@@ -466,9 +467,12 @@ inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
 // float4 of each of the LSTM forward's four weight rows a thread of lstm_forward_v2_full_held_512
 // holds: half its share at H = 128 (S = 4), 64 registers; with 5, ptxas spills.
 #define RG_LSTM_HOLD_512 4
-// float4 of each of its two rows of Rᵀ a thread of a backward's paired_512 entry holds: 32
-// registers, 122 a thread in all at H = 128 (with 8, ptxas spills)
+// float4 of each of its two rows of Rᵀ a thread of the single gate's paired_512 entry holds (32
+// registers); the GRU's and the LSTM's hold their whole share at H = 128 (S = 4: 8 float4 a row),
+// which each entry compiled alone has the registers for. Each the faster in an A/B of 4, 6 and
+// 8 (verification/PERFORMANCE.md).
 #define RG_PAIR_HOLD_512 4
+#define RG_PAIR_WHOLE_512 8
 
 // One row of a recurrence, its indices computed once: the row's C columns in an [N, D·C] array
 // start at `at`; in a [T, N, D·C] array those of processing step s start at x0 + s·xs (input

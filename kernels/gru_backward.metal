@@ -47,7 +47,7 @@
 //        gru_backward_v2_streamed    the first RG_HOLD / 2 float4 of Rᵀ's row held, the rest
 //                                    read at every step: any H the pass covers
 //        gru_backward_v2_paired_512  the paired body in threadgroups of 512: at H = 128, 4 lanes
-//                                    a unit, 8 a pair, RG_PAIR_HOLD_512 rounds of each row held
+//                                    a unit, 8 a pair, RG_PAIR_WHOLE_512 rounds of each row held
 //   v3 gru_backward_v3 (reset_after only): one dispatch a step, threadgroups of 256 over tiles
 //      of up to 16 rows of one direction × a block of units (p.unit_blocks blocks): first the
 //      carry of the step before, m ⊙ (lhs R) added to the dh ⊙ keep that phase A left in dhn,
@@ -310,7 +310,7 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
 // j + H / 2, and read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held),
 // half the threadgroup memory reads for the same weight reads a thread, the sums of both met by
 // one butterfly over the 2S lanes; the first PW rounds of each row held in registers (1 in
-// gru_backward_v2_paired; RG_PAIR_HOLD_512 in gru_backward_v2_paired_512, where at H = 128 the
+// gru_backward_v2_paired; RG_PAIR_WHOLE_512 in gru_backward_v2_paired_512, where at H = 128 the
 // 512 threads pair up, 122 registers a thread and no spills; at H = 256 the 1024-thread paired
 // entry measured faster, so the _512 entry runs at H = 128 only: verification/PERFORMANCE.md).
 template <bool AHEAD, uint PW>
@@ -536,7 +536,7 @@ kernel void gru_backward_v2_streamed(
                                   work, prow, status, staged, lid, tgid, tpg);
 }
 
-// gru_backward_v2_paired_512: the paired body in threadgroups of 512, RG_PAIR_HOLD_512 rounds
+// gru_backward_v2_paired_512: the paired body in threadgroups of 512, RG_PAIR_WHOLE_512 rounds
 // of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void gru_backward_v2_paired_512(
@@ -550,7 +550,7 @@ kernel void gru_backward_v2_paired_512(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    gru_backward_v2_run<false, RG_PAIR_HOLD_512>(RG_THREADS_512, p, Rt, h0, mask, dy, zs, hfwd, dx,
+    gru_backward_v2_run<false, RG_PAIR_WHOLE_512>(RG_THREADS_512, p, Rt, h0, mask, dy, zs, hfwd, dx,
                                                  lhs, rhs, dhn, work, prow, status, staged, lid,
                                                  tgid, tpg);
 }

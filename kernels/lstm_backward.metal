@@ -41,7 +41,7 @@
 //                                              read once for both rows (rg_pairs: every thread
 //                                              in the product, H a multiple of 4, 2S <=
 //                                              RG_LANES; H = 128: 4 lanes a unit, 8 a pair),
-//                                              RG_PAIR_HOLD_512 rounds of each row held
+//                                              RG_PAIR_WHOLE_512 rounds of each row held
 //   v3 lstm_backward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16
 //      rows of one direction × a block of units (p.unit_blocks blocks): first the carry of the
 //      step before, dh_next = m ⊙ (dA R) for the tile, a matrix product over the 4H gate rows
@@ -565,7 +565,7 @@ kernel void lstm_backward_v2_streamed_peephole(
                                          tpg);
 }
 
-// lstm_backward_v2_paired_512: 2S lanes own units j and j + H/2 (rg_pairs), RG_PAIR_HOLD_512
+// lstm_backward_v2_paired_512: 2S lanes own units j and j + H/2 (rg_pairs), RG_PAIR_WHOLE_512
 // rounds of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void lstm_backward_v2_paired_512(
@@ -580,7 +580,7 @@ kernel void lstm_backward_v2_paired_512(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    lstm_backward_v2_run<false, false, RG_PAIR_HOLD_512>(RG_THREADS_512, p, Rt, h0, c0, mask,
+    lstm_backward_v2_run<false, false, RG_PAIR_WHOLE_512>(RG_THREADS_512, p, Rt, h0, c0, mask,
                                                          peephole, dy, zs, cfwd, cg, dx, rhs, dhn,
                                                          dcn, prow, status, staged, lid, tgid, tpg);
 }
@@ -599,7 +599,7 @@ kernel void lstm_backward_v2_paired_peephole_512(
         uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
         uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    lstm_backward_v2_run<false, true, RG_PAIR_HOLD_512>(RG_THREADS_512, p, Rt, h0, c0, mask,
+    lstm_backward_v2_run<false, true, RG_PAIR_WHOLE_512>(RG_THREADS_512, p, Rt, h0, c0, mask,
                                                         peephole, dy, zs, cfwd, cg, dx, rhs, dhn,
                                                         dcn, prow, status, staged, lid, tgid, tpg);
 }

@@ -141,7 +141,7 @@ V2_ENTRIES = {
     ("gru", "backward"): {"ahead": "idle threads find the next step's activations ahead",
                           "paired": "2S lanes own two units, a round of each row held",
                           "streamed": "the rows of Rᵀ read at every step",
-                          "paired_512": "2S lanes own two units, 4 rounds of each held"},
+                          "paired_512": "2S lanes own two units, both rows held whole"},
     ("lstm", "forward"): {"spread": "gate k's activation on lane k of a unit",
                           "full": "every thread a unit's, gate k's activation on lane k",
                           "spread_512": "gate k's activation on lane k of a unit",
@@ -151,7 +151,7 @@ V2_ENTRIES = {
                            "ahead_peephole": "the ahead body, with a peephole",
                            "streamed": "the rows of Rᵀ read at every step",
                            "streamed_peephole": "the streamed body, with a peephole",
-                           "paired_512": "2S lanes own two units, 4 rounds of each held",
+                           "paired_512": "2S lanes own two units, both rows held whole",
                            "paired_peephole_512": "the paired body, with a peephole"},
 }
 
