@@ -1,10 +1,8 @@
 // common.metal: the shared header of rnngrad's Metal kernels.
 //
 // metalcompute compiles one source string and local #include does not work, so the host
-// (rnngrad/backends/metal/library.py) concatenates this file in front of every kernel file. It
-// holds no kernel: the parameter structs, the five MPSGraph activations and their derivatives,
-// the index helpers every recurrence kernel shares, and the helpers of the v2 and v3 bodies.
-// kernels/README.md lists every entry point, its grid and when the host picks it.
+// (rnngrad/backends/metal/library.py) prepends this file to every kernel file: the parameter
+// structs, the MPSGraph activations, the index helpers and the helpers of the v2 and v3 bodies.
 //
 // Notation: T steps, N batch, H hidden units, G gates, D directions, Z blocks of H per direction
 // in z_state (G, or 4 for GRU with reset_after). A "row" of a recurrence is one (direction,
@@ -24,14 +22,12 @@
 //
 // Completion marks. metalcompute never checks a command buffer's status, so a dispatch that
 // faults or that the GPU watchdog stops leaves its outputs partly written and says nothing. Every
-// kernel therefore takes a status buffer as its last binding, one uint2 per threadgroup of the
-// grid (the host zeroes ceil(count / 32) of them, enough for any threadgroup size metalcompute
-// picks), and thread 0 of each threadgroup writes {RG_DONE | steps, threads per threadgroup}
-// after a threadgroup_barrier that every thread of the threadgroup reaches only once its own
-// work is done. The host checks that each of the ceil(count / threads per threadgroup)
-// threadgroups left that mark, with the step count it asked for (rnngrad/backends/metal/host.py).
-// One 8-byte store per threadgroup, no atomics. A threadgroup that owns no row marks before
-// its (uniform) early return: it has nothing to do in any step.
+// kernel takes a status buffer as its last binding, one uint2 per threadgroup (the host zeroes
+// ceil(count / 32), enough for any threadgroup size), and thread 0 of each threadgroup writes
+// {rg_done(steps), threads per threadgroup} (rg_mark) after a threadgroup_barrier that every
+// thread reaches only once its own work is done. The host checks that each threadgroup left that
+// mark with the step count it asked for (rnngrad/backends/metal/host.py). A threadgroup that owns
+// no row marks before its (uniform) early return.
 
 #include <metal_stdlib>
 using namespace metal;
@@ -127,9 +123,8 @@ inline float rg_activate(uint kind, float x) {
     return rg_isnan(x) ? x : y;
 }
 
-// f'(x) from the pre-activation x and y = rg_activate(kind, x): tanh's and the sigmoid's from y
-// (1 − y², y(1 − y)), so that a caller holding f(x) does not evaluate f again (a precise exp or
-// tanh and a division each); NaN where x is NaN (so a NaN is never multiplied away).
+// f'(x) from x and y = rg_activate(kind, x): tanh's and the sigmoid's from y, so that a caller
+// holding f(x) does not evaluate f again; NaN where x is NaN (never multiplied away).
 inline float rg_derivative_at(uint kind, float x, float y) {
     float d = 1.0f;
     if (kind == ACT_RELU) {
@@ -149,11 +144,9 @@ inline float rg_derivative(uint kind, float x) {
     return rg_derivative_at(kind, x, rg_activate(kind, x));
 }
 
-// The block of rows [x, y) that threadgroup tgid owns. The host never knows the threadgroup
-// size, so only the kernel can split the rows among the threadgroups. The split is over the
-// ceil(count / tpg) threadgroups of metalcompute's grid, computed from count rather than read
-// from [[threadgroups_per_grid]], so that it is the same split the completion check expects
-// (a threadgroup beyond it owns no row).
+// The block of rows [x, y) that threadgroup tgid owns. Only the kernel knows the threadgroup
+// size, so it splits the rows over the ceil(count / tpg) threadgroups, found from count (not
+// [[threadgroups_per_grid]]) so that the split is the one the completion check expects.
 inline uint2 rg_rows(uint rows, uint count, uint tpg, uint tgid) {
     uint groups = (count + tpg - 1) / tpg;
     uint per = (rows + groups - 1) / groups;
@@ -203,11 +196,10 @@ inline void rg_mark(device uint2* status, uint tgid, uint lid, uint tpg, uint st
 // The first word of a declined mark (rg_declines; rnngrad.backends.metal.library.DECLINED).
 #define RG_DECLINED 0x40000000u
 
-// Whether a v2 entry point declines threadgroup tgid: its body's conditions do not hold, or the
-// device gave the pipeline another threadgroup size than the `threads` the host chose the entry
-// for (a Mac may, where a pipeline needs more registers). Thread 0 then marks the threadgroup
-// declined, and the host runs the op's dispatches of that kernel with v1 instead. The
-// conditions are uniform, so every thread of the threadgroup returns.
+// Whether a v2 entry point declines threadgroup tgid: its body's conditions fail, or the device
+// gave the pipeline another threadgroup size than the `threads` the host chose it for (a Mac
+// may, where a pipeline needs more registers). Thread 0 marks the threadgroup declined and the
+// host runs v1 instead. The conditions are uniform: the whole threadgroup returns.
 inline bool rg_declines(bool fits, uint threads, device uint2* status, uint lid, uint tgid,
                         uint tpg) {
     bool declines = !fits || tpg != threads;
@@ -220,56 +212,47 @@ inline bool rg_declines(bool fits, uint threads, device uint2* status, uint lid,
 // ---------------------------------------------------------------------------------------------
 // Helpers of the v2 recurrence kernels (<cell>_<direction>_v2_<body>[_512]).
 //
-// v1 gives every (row, unit) its own thread and dot product, so each thread's step is a long
-// dependent chain of loads of h (or dA) and of the recurrent weight. v2 gives each row (a
-// direction and a batch index) a threadgroup of its own and splits each step's recurrent product
-// over the threadgroup: the left factor (h[t−1] ⊙ m forward, dA backward) is staged in threadgroup
-// memory, and the S lanes of a unit (consecutive lanes of one SIMD-group, rg_slices) each take
-// a slice of the reduction index and add their partial sums with a butterfly of
-// simd_shuffle_xor (rg_lane_totals). The weight is read along its contiguous index by
-// consecutive lanes (R forward, Rᵀ backward), and a thread may keep its share of it in
-// registers from step to step (rg_hold). Each body is its own entry point: the host picks one
-// by name for the threadgroup size it asks for (rnngrad/backends/metal/versions.py, v2_entry),
-// and the entry point checks its body's conditions on the threadgroup it gets (rg_declines).
+// v2 gives each row a threadgroup of its own for all of a dispatch's steps and splits each
+// step's recurrent product over it: the left factor (h[t−1] ⊙ m forward, dA backward) is staged
+// in threadgroup memory, and the S lanes of a unit (consecutive lanes of one SIMD-group,
+// rg_slices) each take a slice of the reduction index and meet their sums with a butterfly of
+// simd_shuffle_xor (rg_lane_totals). Consecutive lanes read the weight along its contiguous
+// index (R forward, Rᵀ backward); a thread may keep its share in registers (rg_hold). The
+// sums meet in threadgroup memory and thread u < H alone runs unit u's element-wise work,
+// keeping what crosses steps in registers (the LSTM's forward and the GRU's spread body run the
+// cell on the product's lanes: their files say why). Each body is its own entry point: the
+// host picks one by name for the threadgroup size it asks for (versions.py, v2_entry), and the
+// entry checks its body's conditions on the threadgroup it gets (rg_declines).
 
 // The most rows (RgAcc's B) the product helpers are meant for; every v2 body passes one.
-// Every loop over gates, rows or the four k of a step of rg_dots is unrolled (#pragma unroll),
-// so that the partial sums are indexed by constants and stay in registers.
+// The loops over gates, rows and k are unrolled so that the partial sums stay in registers.
 #define RG_BMAX 8
-// Threads of a v2 threadgroup (its entry points' max_total_threads_per_threadgroup; the host
-// asks for versions.V2_THREADS a threadgroup).
+// Threads of a v2 threadgroup (versions.V2_THREADS).
 #define RG_THREADS 1024
-// Threads of the _512 entry points (the host asks for versions.V2_THREADS_512 where
-// versions.V2_512_H and V2_512_BACKWARD_H say). A kernel's threadgroup limit is what its
-// compiler allots registers by: at 1024 threads the CUDA translation gets 64 a thread, at 512
-// it gets 128, room to hold more of the weight rows (RG_HOLD_512, RG_LSTM_HOLD_512,
-// RG_PAIR_HOLD_512). At H = 64 a threadgroup of 1024 leaves half its SIMD-groups idle (8 lanes
-// a unit at most), so 512 threads lose no lanes there. Measured faster only for the forwards at
-// small H and the backwards at H = 128 (verification/PERFORMANCE.md), so only there.
+// Threads of the _512 entry points (versions.V2_THREADS_512). A kernel's threadgroup limit is
+// what its compiler allots registers by: the CUDA translation gets 64 a thread at 1024 threads,
+// 128 at 512, room to hold more of the weight rows (RG_HOLD_512, RG_LSTM_HOLD_512,
+// RG_PAIR_HOLD_512); at H = 64, 512 threads lose no lanes (8 a unit at most).
 #define RG_THREADS_512 512
 
 // One thread's partial sums: v[g][b] for gate g < G (in the order the kernel passes the
-// weights) and row b < B (every v2 body passes B = 1: registers the step neither zeroes nor
-// carries for rows it does not have).
+// weights) and row b < B.
 template <uint G, uint B>
 struct RgAcc {
     float v[G][B];
 };
 // Floats of a v2 body's first threadgroup array (24 KB of Apple's 32 KB): the staged left factor
 // and, in the backwards, the product's sums and the activations found ahead; an entry point
-// declines an H whose floats do not fit (the host's rule keeps to the H that fit).
+// declines an H whose floats do not fit.
 #define RG_STAGE 6144
 
-// Lanes per unit at most. More lanes make a unit's chain of multiply-adds shorter, but every
-// SIMD-group that holds a unit runs the step's own work too (index arithmetic, the butterfly,
-// the cell's lanes): at H = 64 in a threadgroup of 1024, 8 lanes a unit (half the SIMD-groups
-// idle) measured faster than 16 for the LSTM and the GRU (verification/PERFORMANCE.md). At
-// H = 128 and 256 a threadgroup of 1024 gives 8 and 4 lanes either way.
+// Lanes per unit at most: more shorten a unit's chain of multiply-adds, but every SIMD-group
+// that holds a unit also runs the step's own work; 8 ran faster than 16
+// (verification/PERFORMANCE.md).
 #define RG_LANES 8
 
-// Lanes per unit: the largest power of two S <= RG_LANES with S · units <= tpg (at least 1),
-// so that one pass of the threadgroup covers min(units, tpg / S) units; SIMD-groups left
-// without a unit skip the pass (rg_simd_idle).
+// Lanes per unit: the largest power of two S <= RG_LANES with S · units <= tpg (at least 1);
+// SIMD-groups left without a unit skip the pass (rg_simd_idle).
 inline uint rg_slices(uint units, uint tpg) {
     uint S = 1;
     while (S < RG_LANES && 2 * S * units <= tpg) {
@@ -319,11 +302,9 @@ inline void rg_rounds(thread RgAcc<G, B>& acc, uint ng, uint nb, threadgroup con
 }
 
 // rg_dots' float4 reads (K, ldv and every offset multiples of 4) from this lane's block at k on:
-// the rounds at k, k + 4S, ... below K, in order.
-// A thread holding one row's sums (G · B <= 4) takes two rounds a loop where there are at least
-// eight (K >= 32 S: the backward's products over the gates, the forward's at H = 256), so that
-// the 2 · ng weight loads of both are in flight together. With four rounds or fewer (the
-// forward at H = 64 and 128) two a loop measured slower, so those take one.
+// the rounds at k, k + 4S, ... below K, in order. With one row's sums (G · B <= 4) and at least
+// eight rounds, two a loop, so that the weight loads of both are in flight together (with four
+// or fewer, two a loop measured slower).
 template <uint G, uint B>
 inline void rg_dots_float4(thread RgAcc<G, B>& acc, uint ng, uint nb, threadgroup const float* v,
                            uint ldv, device const float* w, thread const uint* off, uint k, uint K,
@@ -339,13 +320,11 @@ inline void rg_dots_float4(thread RgAcc<G, B>& acc, uint ng, uint nb, threadgrou
 }
 
 // This lane's share of acc[g][b] += Σ_k v[b·ldv + k] · w[o_g + k] for g < ng, b < nb, k < K
-// (v in threadgroup memory, w in device memory, both contiguous in k).
-// Where K, ldv and every o_g are multiples of 4 (then v lies a multiple of 4 floats into a
-// 16-byte aligned stage, and w into a buffer, at every caller), the lane takes blocks of 4 k,
-// k = 4·lane + 4S·i, read as float4: the S lanes of a unit read one contiguous span of a weight
-// row (S = 8: a 128-byte line) and of the stage per load. Else it takes k ≡ lane (mod S), four
-// k at a time. Either way the 4·ng weight loads of a round are issued together, so that a thread
-// keeps several loads in flight (a loop of one load and its uses leaves it waiting on each).
+// (v in threadgroup memory, w in device memory, both contiguous in k). Where K, ldv and every
+// o_g are multiples of 4 (v and w then 16-byte aligned at every caller), the lane takes blocks
+// of 4 k, k = 4·lane + 4S·i, as float4: a unit's lanes read one contiguous span per load. Else
+// k ≡ lane (mod S), four k at a time. A round's weight loads are issued together, so that a
+// thread keeps several in flight.
 template <uint G, uint B>
 inline void rg_dots(thread RgAcc<G, B>& acc, uint ng, uint nb,
                     threadgroup const float* v, uint ldv, device const float* w,
@@ -400,8 +379,7 @@ inline void rg_dots(thread RgAcc<G, B>& acc, uint ng, uint nb,
     }
 }
 
-// The rows [x, y) of threadgroup tgid of a v2 dispatch: one row, where the host asked for a
-// threadgroup a row and got it (rg_one_pass).
+// The rows [x, y) of threadgroup tgid of a v2 dispatch (one, where rg_one_pass holds).
 inline uint2 rg_group_rows(constant RecurrenceParams& p, uint tpg, uint tgid) {
     return rg_rows(p.D * p.N, p.count, tpg, tgid);
 }
@@ -418,15 +396,13 @@ inline void rg_clear(thread RgAcc<G, B>& acc) {
     }
 }
 
-// Floats of a v2 forward's second threadgroup array (8 KB: with RG_STAGE, Apple's 32 KB): the
-// product's sums (the single gate's H, the GRU's 3H), or the stage's second buffer (the LSTM's
-// and the GRU spread body's stages alternate between two, so that h[t] ⊙ m of the next step is
-// written while other SIMD-groups still read this one's).
+// Floats of a v2 forward's second threadgroup array (8 KB; with RG_STAGE, Apple's 32 KB): the
+// product's sums, or the stage's second buffer where the next step's h[t] ⊙ m is written while
+// other SIMD-groups still read this one's (the LSTM, the GRU's spread body).
 #define RG_NEXT 2048
 
 // Stage (h[t−1] ⊙ m) of rows r0 .. r0 + nb − 1 (one direction) at processing step s into
-// stage[b·H + k], all threads of the threadgroup striding over the elements. h[t−1] is h0 at
-// s = 0, else the output h of the previous processing step.
+// stage[b·H + k], all threads striding over the elements; h[t−1] is h0 at s = 0.
 inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
                         device const float* h0, device const float* h, device const float* mask,
                         uint r0, uint nb, uint s, uint lid, uint tpg) {
@@ -440,45 +416,27 @@ inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The one-row bodies that every v2 entry point runs: its threadgroup owns one row and one pass
-// of its threads covers every unit (rg_one_pass: S · H fits the threadgroup). The row's indices
-// are computed once (RgRow), not with divisions by N at every step. The product runs on every
-// SIMD-group (S lanes a unit), its sums meet in threadgroup memory, and then thread u < H alone
-// runs unit u's element-wise work: the cell's code then runs on H / 32 SIMD-groups rather than
-// on all of them, for a second barrier a step, and what crosses steps (the backwards' dh_next)
-// stays in that thread's registers (the LSTM's forward and the GRU's spread body keep the cell
-// on the product's lanes instead: their files say why). The weights a thread reads stay in its
-// registers from step to step where they fit (rg_hold), and the next step's inputs are loaded
-// before the product. The cell on H threads measured faster than on lane 0 of every unit's
-// lanes for the single gate's forward and backward (verification/PERFORMANCE.md).
-
 // float4 of a weight row a thread of the one-row body holds at most (rg_hold): a single gate's
-// row W = RG_HOLD (4 · W · S >= H: H <= 128 at S = 8), each of the GRU forward's three
-// W = RG_HOLD / 2 (H <= 64): 16 or 24 registers. (The LSTM's four rows, 32 registers, and the
-// backwards' rows of 3H or 4H spilled in the CUDA translation's 64 registers a thread; the
-// 512-thread entries, with 128, hold more: RG_HOLD_512, RG_LSTM_HOLD_512, RG_PAIR_HOLD_512,
-// RG_PAIR_WHOLE_512.)
+// row RG_HOLD (H <= 128 at S = 8), each of the GRU forward's three RG_HOLD / 2 (H <= 64). More
+// spilled in the CUDA translation's 64 registers a thread; the 512-thread entries, with 128,
+// hold more:
 #define RG_HOLD 4
-// float4 of each of the GRU forward's three weight rows a lane's share covers in
-// gru_forward_v2_spread_512 (the whole share at H <= 128, S = 4): RG_HOLD_512 − 1 of them in
-// registers, the last in threadgroup memory (gru_forward.metal says why).
+// each of the GRU forward's three rows in gru_forward_v2_spread_512 (its whole share at
+// H <= 128, S = 4): RG_HOLD_512 − 1 float4 in registers, the last in threadgroup memory;
 #define RG_HOLD_512 8
-// float4 of each of the LSTM forward's four weight rows a thread of lstm_forward_v2_full_held_512
-// holds: half its share at H = 128 (S = 4), 64 registers; with 5, ptxas spills.
+// each of the LSTM forward's four rows in lstm_forward_v2_full_held_512 (half its share at
+// H = 128; with 5, ptxas spills);
 #define RG_LSTM_HOLD_512 4
-// float4 of each of its two rows of Rᵀ a thread of the single gate's paired_512 entry holds (32
-// registers); the GRU's and the LSTM's hold their whole share at H = 128 (S = 4: 8 float4 a row),
-// which each entry compiled alone has the registers for. Each the faster in an A/B of 4, 6 and
-// 8 (verification/PERFORMANCE.md).
+// each of the two rows of Rᵀ in the single gate's paired_512 entry; the GRU's and the LSTM's
+// hold their whole share at H = 128 (8 float4 a row), the faster of 4, 6 and 8 for each
+// (verification/PERFORMANCE.md).
 #define RG_PAIR_HOLD_512 4
 #define RG_PAIR_WHOLE_512 8
 
-// One row of a recurrence, its indices computed once: the row's C columns in an [N, D·C] array
-// start at `at`; in a [T, N, D·C] array those of processing step s start at x0 + s·xs (input
-// time) and o0 + s·os (output time), and the mask's at s·ms + at; uint arithmetic wraps, so the
-// backward direction's negative strides are their two's complements. rg_row: C = H (h, c, the
-// mask); rg_row_of(p, row, G·H): x', z_state and dA.
+// One row of a recurrence, its indices found once: the row's C columns in an [N, D·C] array
+// start at `at`; in a [T, N, D·C] array those of step s start at x0 + s·xs (input time) and
+// o0 + s·os (output time), the mask's at s·ms + at (negative strides wrap, as uint does).
+// rg_row: C = H (h, c, the mask); rg_row_of(p, row, G·H): x', z_state and dA.
 struct RgRow {
     uint d, at, x0, xs, o0, os, ms;
 };
@@ -500,8 +458,8 @@ inline RgRow rg_row(constant RecurrenceParams& p, uint row) {
     return rg_row_of(p, row, p.H);
 }
 
-// Whether threadgroup tgid of a v2 dispatch can run a one-row body: no unit blocks (v3's), one
-// row, and S · units <= tpg, so that a thread owns one unit for the whole dispatch.
+// Whether threadgroup tgid can run a one-row body: no unit blocks (v3's), one row, and
+// S · H <= tpg, so that a thread owns one unit for the whole dispatch.
 inline bool rg_one_pass(constant RecurrenceParams& p, uint tpg, uint tgid) {
     uint2 rows = rg_group_rows(p, tpg, tgid);
     return p.unit_blocks == 0 && rows.y == rows.x + 1 && rg_slices(p.H, tpg) * p.H <= tpg;
@@ -544,8 +502,7 @@ inline float rg_held_dot(thread const float4* held, threadgroup const float* v, 
 }
 
 // rg_held_dot<W> of G rows at once (held[g] the share of row g), each float4 of v read once for
-// all G: the same sums in the same order (bitwise rg_held_dot's), a third of the threadgroup
-// memory reads for the GRU's three rows, each round's multiply-adds of the G rows independent.
+// all G: bitwise rg_held_dot's sums.
 template <uint G, uint W>
 inline void rg_held_dots(thread float* acc, thread const float4 (*held)[W],
                          threadgroup const float* v, uint K, uint lane, uint S) {
@@ -609,11 +566,8 @@ inline float rg_row_dot(threadgroup const float* v, device const float* w, uint 
     return acc.v[0][0];
 }
 
-// rg_row_dot with the first W rounds of this lane's share of w held in registers (rg_hold<W>,
-// where K is a multiple of 4; else held is not read): the rounds after them are read as rg_dots
-// reads them, in its order. Each step then streams W rounds less of the weight from memory (the
-// LSTM's backward, at 64 registers a thread already, spilled more and ran slower: it reads its
-// row at every step).
+// rg_row_dot with the first W rounds of this lane's share of w held in registers (rg_hold<W>;
+// not read unless K is a multiple of 4), the rest read as rg_dots reads them, in its order.
 template <uint W>
 inline float rg_row_dot_held(thread const float4* held, threadgroup const float* v,
                              device const float* w, uint K, uint lane, uint S) {
@@ -628,23 +582,20 @@ inline float rg_row_dot_held(thread const float4* held, threadgroup const float*
 }
 
 // Whether every thread of a one-row body is in the product, reading float4 (S · H = tpg, H a
-// multiple of 4): the lean bodies then test neither which unit a thread has nor H's alignment.
+// multiple of 4): a body then need not test a thread's unit or H's alignment.
 inline bool rg_full(uint H, uint S, uint tpg) {
     return S * H == tpg && (H & 3u) == 0;
 }
 
-// Whether a backward's one-row body gives 2S lanes two units (PAIR, rg_pair_sums): rg_full, and
-// 2S lanes within RG_LANES. With 2S = 16 (H = 128 in 1024 threads) the GRU's sums met over 16
-// lanes and spilled more, and it ran slower than unpaired (verification/PERFORMANCE.md).
+// Whether a backward's one-row body can give 2S lanes two units (rg_pair_sums): rg_full, and
+// 2S within RG_LANES (16 lanes spilled more and ran slower).
 inline bool rg_pairs(uint H, uint S, uint tpg) {
     return rg_full(H, S, tpg) && 2 * S <= RG_LANES;
 }
 
-// rg_row_dot_held<W> of two rows of w, at w and w + o1 (K long, K a multiple of 4), the first W
-// rounds of row g held in held[g] (rg_hold_pair<W>): each float4 of v read once for both rows
-// (rg_held_dots, then rg_dots' float4 reads), each row's sum in rg_row_dot_held's order. A body
-// whose 2S lanes own two units halves its threadgroup memory reads with it, for the same weight
-// reads a thread.
+// rg_row_dot_held<W> of two rows of w, at w and w + o1 (K a multiple of 4), the first W rounds of
+// row g in held[g] (rg_hold_pair<W>): each float4 of v read once for both rows, each row's sum
+// in rg_row_dot_held's order; half the threadgroup memory reads for the same weight reads.
 template <uint W>
 inline float2 rg_row_dots2_held(thread const float4 (*held)[W], threadgroup const float* v,
                                 device const float* w, uint o1, uint K, uint lane, uint S) {
@@ -659,8 +610,7 @@ inline float2 rg_row_dots2_held(thread const float4 (*held)[W], threadgroup cons
 }
 
 // The first thread of a one-row body's work ahead (lstm_backward_ahead, gru_backward_ahead): the
-// first past the product's S · H where there is one, else thread 0; item e of n goes to thread
-// (first + e) mod tpg (rg_ahead_item: a thread's first item, then every tpg-th).
+// first past the product's S · H, else 0; item e goes to thread (first + e) mod tpg.
 inline uint rg_ahead_first(uint S, uint H, uint tpg) {
     return S * H < tpg ? S * H : 0u;
 }
@@ -675,9 +625,8 @@ inline void rg_hold_some(thread float4* held, device const float* w, uint K, uin
     rg_hold<W>(held, w, (K & 3u) == 0 ? K : 0u, lane, S);
 }
 
-// The butterfly of rg_lane_sum for G sums, unrolled (S is a power of two <= RG_LANES): every
-// lane of the unit ends with the totals. A level's G shuffles are issued together, so that
-// their latencies overlap. Every lane of the SIMD-group calls it.
+// The butterfly of G sums over a unit's S lanes (a power of two <= RG_LANES): every lane ends
+// with the totals; a level's G shuffles issued together. Every lane of the SIMD-group calls it.
 template <uint G>
 inline void rg_lane_totals(thread float* v, uint S) {
     #pragma unroll
@@ -735,23 +684,19 @@ inline void rg_unit_sum(threadgroup float* sums, float dot, uint j, uint lane, u
 
 // ---------------------------------------------------------------------------------------------
 // Helpers of the v3 recurrence kernels (<cell>_{forward,backward}_v3): one step a dispatch,
-// each threadgroup a tile of the step's recurrent product, a register-blocked matrix product
-// with both factors staged through threadgroup memory, then the cell's element-wise work for
-// the tile as its epilogue.
+// each threadgroup a tile of the step's recurrent product (both factors staged through
+// threadgroup memory), then the cell's element-wise work for the tile.
 //
 // A tile is rows n0 .. n0 + rows − 1 of one direction d (4·WR rows, WR = min(4, ⌈N / 4⌉)) ×
 // a block of units u0 .. u0 + units − 1 (p.unit_blocks = U blocks of ⌈H / U⌉). Its product is
 // C[r, c] = Σ_k A[r, k] · B[c, k] over k < K, where a unit has cpu columns c (the forward of
 // the LSTM and GRU: one per gate, so that the epilogue finds a unit's gates together; else 1).
-// Workers: w = wc + WC · wr owns the 4×4 block of C at rows 4wr.., columns 4wc.. (WC = ⌈cpu ·
-// ⌈H / U⌉ / 4⌉, so at most RS_COLS / 4). A chunk is staged k-major ([k][row], [k][column]):
-// a worker reads its 4 rows and its 4 columns at one k as two float4, consecutive lanes take
-// consecutive wc, so a SIMD-group's loads of A are broadcasts and of B consecutive (no bank
-// conflicts). The threads split each staged chunk of g.KCH k (rs_chunk) into KS slices (the
-// largest power of two ≤ RS_KS with KS · W ≤ tpg); the slices' partial blocks meet in
-// threadgroup memory (rs_sum). With fewer threads than workers (a threadgroup below 64) the
-// workers run in rounds, each walking K again. Tiles are numbered
-// t = (d · ⌈N / (4 WR)⌉ + row tile) · U + unit block.
+// Worker w = wc + WC · wr owns the 4×4 block of C at rows 4wr.., columns 4wc.. (WC = ⌈cpu ·
+// ⌈H / U⌉ / 4⌉ <= RS_COLS / 4) and reads its rows and columns at one k of the k-major stage as
+// two float4 (consecutive lanes take consecutive wc: no bank conflicts). The threads split each
+// chunk into KS slices (the largest power of two ≤ RS_KS with KS · W ≤ tpg), whose partial
+// blocks meet in threadgroup memory (rs_sum); below W threads the workers run in rounds, each
+// walking K again. Tiles are numbered t = (d · ⌈N / (4 WR)⌉ + row tile) · U + unit block.
 
 #define RS_ROWS 16            // rows of a tile at most (4 · WR)
 #define RS_COLS 64            // columns of a tile at most (4 · WC)
@@ -790,9 +735,8 @@ inline uint rs_stage_width(uint WC) {
 }
 
 // k per staged chunk: as many multiples of 32 as RS_STAGE holds for the tile's A (RS_ROWS a
-// k) and B (rs_stage_width a k), at most RS_KMAX: 32 for the forward's widest tiles (16 + 64
-// floats a k), 96 for 16 columns (the backward's tiles at 200×64×512×512), so that a long K
-// (4H backward) takes a third of the chunks and their barriers.
+// k) and B (rs_stage_width a k), at most RS_KMAX, so that the backward's narrow tiles take a
+// third of the chunks (and barriers) over a long K.
 inline uint rs_chunk(uint WC) {
     return min((uint)RS_KMAX, RS_STAGE / (RS_ROWS + rs_stage_width(WC)) / RS_K * RS_K);
 }
@@ -833,12 +777,9 @@ inline bool rs_fits(constant RecurrenceParams& p, uint cpu) {
 // Staged float4 items of a chunk a thread keeps in registers (rs_product's held path).
 #define RS_ITEMS 3
 
-// Item f of a staged chunk: four consecutive k (a k-quad) of one row of A (f < 4·WR · KCH / 4)
-// or of one column of B (the rest). Items go in blocks of 32: 4 consecutive rows (or columns)
-// × 8 consecutive k-quads, so that a SIMD-group reads four runs of 128 contiguous bytes and
-// its stores to the k-major stage spread over the banks (rs_quad). Where it is read from (off,
-// from a's or w's start), whether it is read at all (ok: a row or column of the tile) and
-// stored (in: f within the chunk's items).
+// Item f of a staged chunk: a k-quad of one row of A (f < 4·WR · KCH / 4) or of one column of
+// B. Items go in blocks of 32, 4 rows (or columns) × 8 k-quads, so that a SIMD-group reads four
+// runs of 128 contiguous bytes and its stores spread over the banks (rs_quad).
 struct RsItem {
     uint off, k, pos;         // source offset, first k within the chunk, row or column
     bool a, ok, in;           // of A; read (else zeros); stored
@@ -899,17 +840,14 @@ inline void rs_fetch_item(RsItem it, uint k0, uint kn, device const float* a,
 }
 
 // The float4 of the k-major stage that holds rows (of A: RS_ROWS floats a k) or columns (of B:
-// width floats a k) 4q .. 4q + 3 at chunk k: the quads of a k are permuted by an XOR with
-// ⌊k / 4⌋ (mod the quads of a k, at most 8), so that the k-quads of one row or column, stored
-// by consecutive threads, spread over the banks, while a worker still reads its 4 rows or
-// columns as one float4.
+// width floats a k) 4q .. 4q + 3 at chunk k: the quads of a k permuted by an XOR with ⌊k / 4⌋
+// (mod at most 8), so that consecutive threads' stores spread over the banks.
 inline uint rs_quad(uint k, uint q, uint width) {
     uint quads = width / 4;
     return k * quads + (q ^ ((k / 4) % (quads < 8 ? quads : 8u)));
 }
 
-// Store an item's four values in the k-major stage (rs_quad): A's at As, B's at Bs (bw floats
-// a k).
+// Store an item's four values in the k-major stage: A's at As, B's at Bs (bw floats a k).
 inline void rs_put(threadgroup float* As, threadgroup float* Bs, uint bw, RsItem it, float4 v) {
     if (!it.in) {
         return;
@@ -927,12 +865,10 @@ inline void rs_put(threadgroup float* As, threadgroup float* Bs, uint bw, RsItem
 //   A[r, k] = a[r · lda + k] (· am[r · lda + k] when masked) for r < g.rows, else 0;
 //   B[c, k] = w[(o + g.u0 + c / cpu) · K + k], o = goff's entry c mod cpu, for
 //             c / cpu < g.units and c mod cpu < ng, else 0.
-// K is walked in chunks of g.KCH k staged in stage (RS_STAGE floats: A's chunk k-major, then
-// B's). Staging: each thread issues the loads of up to RS_ITEMS items (float4 each where K and
-// lda are multiples of 4) before it stores any, so that their round trips to memory overlap.
-// Where a chunk has at most RS_ITEMS items a thread (held: the rule's tiles at 256 threads),
-// the next chunk's loads are issued before this chunk's product and stored after it.
-// Every thread of the threadgroup calls it (g uniform); it ends with a barrier.
+// K is walked in chunks of g.KCH k staged in stage (A's chunk k-major, then B's); each thread
+// issues the loads of up to RS_ITEMS items before it stores any. Where a chunk has at most
+// RS_ITEMS items a thread (held), the next chunk's loads are issued before this chunk's product
+// and stored after it. Every thread calls it (g uniform); it ends with a barrier.
 inline void rs_product(threadgroup float4* stage, threadgroup float* red, RsTile g, uint K,
                        device const float* a, device const float* am, bool masked, uint lda,
                        device const float* w, uint cpu, uint4 goff, uint ng, uint lid,

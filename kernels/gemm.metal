@@ -12,52 +12,36 @@
 // The reductions run after the recurrence as separate passes: MSL 2.3 has no float atomics.
 //
 // Kernel versions (the host picks one per product: rnngrad/backends/metal/versions.py, gemm;
-// kernels/README.md). Their numbers are the values of RNNGRAD_METAL_GEMM that force them.
-//   v1 strided_gemm: one thread per element of C, a sequential loop over K summed in chunks
-//      of 64 (a partial sum per chunk, then the chunk totals), no threadgroup memory. One
-//      barrier, at the very end, before the completion mark (common.metal): padded threads
-//      (gid >= count) skip the work but not the barrier. Correct for any shape and any
-//      threadgroup size; not tiled.
+// kernels/README.md). Their numbers are the values of RNNGRAD_METAL_GEMM that force them. Every
+// version sums K in chunks (64 k, or 128 in the tiled ones) whose totals join a running sum,
+// which keeps a long reduction over T·N rows accurate in float32. The tiled versions split the
+// host's tiles over the threadgroups they get (rg_rows); with fewer threads than a tile's
+// blocks they run the blocks in rounds, each walking K again; their tiles never straddle a
+// block of p.block rows when p.b_block != 0.
+//   v1 strided_gemm: one thread per element of C, a sequential loop over K, no threadgroup
+//      memory. Correct for any shape and any threadgroup size; not tiled.
 //   v3 strided_gemm_blocked: one threadgroup per 64×64 tile of C (at most 256 threads, each
-//      a 4×4 block of C held in registers: rows ty + 16·x, columns tx + 16·y of the tile, so
-//      that 16 neighbouring threads read and store 16 consecutive floats; no simdgroup_matrix).
-//      K walked in chunks of 32, the A chunk staged transposed [k][i] and the B chunk [k][j] in
-//      threadgroup memory (zero past the edges; consecutive threads load consecutive addresses
-//      of whichever index is unit stride), two barriers per chunk, 32 multiply-adds of 4×4 per
-//      thread between them. Every 4 chunks (128 k) the partial sums join running totals, in
-//      registers, as v1's chunks of 64 do. The tile is stored from registers, with the bias.
-//      With fewer than 256 threads the 4×4 blocks are done in rounds, each walking K again;
-//      threads past 256 only stage. Tiles never straddle a block of p.block rows when
-//      p.b_block != 0.
-//      16,640 bytes of threadgroup memory; 2·ceil(K/32) barriers per tile with 256 threads.
-//      Correct for any shape and any threadgroup size of whole SIMD-groups up to 1024; the
-//      host sizes the grid at 256 threads per tile and the kernel splits the tiles over the
-//      threadgroups it gets (rg_rows).
+//      a 4×4 block of C in registers: rows ty + 16·x, columns tx + 16·y of the tile, so that 16
+//      neighbouring threads read and store 16 consecutive floats). K walked in chunks of 32,
+//      A's staged [k][i] and B's [k][j] (zero past the edges; consecutive threads load along
+//      whichever index is unit stride), two barriers per chunk; threads past 256 only stage.
+//      Any threadgroup of whole SIMD-groups up to 1024; the host gives 256 threads a tile.
 //   v4 strided_gemm_split: for few elements of C over a long K (the reductions to one row): a
 //      threadgroup per row of C and 32 columns (one a lane), K split into tpg / 32 contiguous
-//      slices, one SIMD-group each, summed in chunks of 64 as v1 does; the slices' sums meet in
-//      threadgroup memory, added in slice order by the first SIMD-group, which stores the 32
-//      elements with the bias. Two barriers per 32 elements. Correct for any shape and any
-//      threadgroup size of whole SIMD-groups up to 1024; the host sizes the grid at 1024
-//      threads (32 slices of K) per 32 elements of a row and the kernel splits them over the
-//      threadgroups it gets.
+//      slices, one SIMD-group each; the first SIMD-group adds the slices' sums in slice order
+//      and stores the 32 elements with the bias. Any threadgroup of whole SIMD-groups up to
+//      1024; the host gives 1024 threads (32 slices) per 32 elements of a row.
 //   v5 strided_gemm_wide: one threadgroup per 128×128 tile of C and slice of K (at most 256
 //      threads, each an 8×8 block of C in registers: rows 4·ty + i and 64 + 4·ty + i, columns
-//      4·tx + j and 64 + 4·tx + j, i, j < 4, so that each k of a staged chunk is four float4
-//      reads of threadgroup memory for 64 multiply-adds). K walked in chunks of 8 through two
-//      threadgroup buffers: while a chunk is multiplied, each thread holds its share of the
-//      next in registers (loaded before, stored after), one barrier per chunk. Every 16 chunks
-//      (128 k) the partial sums join running totals, as v3 does. Where the threadgroup has 256
-//      threads and the strides allow (multiples of 4 floats, a unit stride along k or along the
-//      tile), each thread stages one float4 of each operand a chunk (gw_load4), else four
-//      elements of each (gw_a, gw_b). With p.k_split != 0 the K
-//      range splits into slices of p.k_split k, each its own threadgroups, and slice s is
-//      stored at C + s·batch·M·P without the bias: the host adds the slices in order (v1 over
-//      them) where a product has too few tiles for the cores. With fewer than 256 threads the
-//      8×8 blocks are done in rounds, each walking K again. Tiles never straddle a block of
-//      p.block rows when p.b_block != 0. 16,896 bytes of threadgroup memory. Correct for any
-//      shape and any threadgroup size of whole SIMD-groups up to 256; the host sizes the grid
-//      at 256 threads per tile and slice.
+//      4·tx + j and 64 + 4·tx + j, i, j < 4, so that each k of a chunk is four float4 reads for
+//      64 multiply-adds). K walked in chunks of 8 through two threadgroup buffers: each thread
+//      holds its share of the next chunk in registers while this one is multiplied, one barrier
+//      per chunk. A thread stages one float4 of each operand a chunk (gw_load4) where the
+//      threadgroup has 256 threads and the strides allow, else four elements (gw_a, gw_b). With
+//      p.k_split != 0, slice s of K (p.k_split k, its own threadgroups) is stored at
+//      C + s·batch·M·P without the bias, and the host adds the slices in order (v1 over them).
+//      Any threadgroup of whole SIMD-groups up to 256; the host gives 256 threads a tile and
+//      slice.
 //
 // Buffers of strided_gemm (count = batch·M·P, a thread an element of C)
 //   index  type                        name    layout
@@ -85,12 +69,9 @@ kernel void strided_gemm(constant GemmParams& p [[buffer(0)]],
         uint b = rest / p.M;
         device const float* a = A + b * p.a_batch + i * p.a_row;
         device const float* bb = B + b * p.b_batch + j * p.b_col + (i / p.block) * p.b_block;
-        // Chunked summation keeps a T·N-row reduction accurate in float32.
         float total = 0.0f;
         float chunk = 0.0f;
-        // 16 loads of each factor in flight: a small product's loop is a chain of loads (ptxas
-        // had unrolled it 4-fold, and small products measured slower that way). The order of
-        // the sums is the loop's.
+        // 16 loads of each factor in flight (ptxas unrolled by 4, and small products ran slower)
         #pragma unroll 16
         for (uint k = 0; k < p.K; ++k) {
             chunk += a[k * p.a_k] * bb[k * p.b_k];
@@ -105,8 +86,7 @@ kernel void strided_gemm(constant GemmParams& p [[buffer(0)]],
         }
         C[gid] = total;
     }
-    // Every thread of the threadgroup has stored its element (or had none to store).
-    threadgroup_barrier(mem_flags::mem_device);
+    threadgroup_barrier(mem_flags::mem_device);  // padded threads (gid >= count) reach it too
     rg_mark(status, tgid, lid, tpg, p.K);
 }
 
@@ -152,11 +132,9 @@ kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
     uint tiles = p.batch * blocks * tiles_m * tiles_n;
     uint2 mine = rg_rows(tiles, p.count, tpg, tgid);
 
-    // Threads past GB_THREADS only stage; with fewer, the micro-tiles are done in rounds, each
-    // walking K again (the same number of rounds, so of barriers, for every thread).
+    // the same number of rounds, so of barriers, for every thread
     uint rounds = (GB_THREADS + tpg - 1) / tpg;
     uint chunks = (p.K + GB_K - 1) / GB_K;
-    // Consecutive threads stage consecutive addresses of whichever index is unit stride.
     bool a_by_k = p.a_k == 1;
     bool b_by_j = p.b_col == 1 || p.b_k != 1;
 
@@ -180,10 +158,7 @@ kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
         device float* out = C + (b * p.M + row0) * p.P + col0;
 
         for (uint turn = 0; turn < rounds; ++turn) {
-            // Micro-tile m owns rows ty + 16·x and columns tx + 16·y of the tile: for each
-            // (x, y) the 16 threads of a row of micro-tiles read 16 consecutive floats of the
-            // staged chunks and store 16 consecutive floats of C.
-            uint m = lid + turn * tpg;
+            uint m = lid + turn * tpg;  // micro-tile m: rows ty + 16·x, columns tx + 16·y
             bool active = m < GB_THREADS;
             uint tx = m % GB_SIDE;
             uint ty = (m / GB_SIDE) % GB_SIDE;
@@ -198,8 +173,6 @@ kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
             for (uint c = 0; c < chunks; ++c) {
                 uint k0 = c * GB_K;
                 uint kn = min(p.K - k0, (uint)GB_K);
-                // Stage A[rows, k0 + 0..31] as [k][i] and B[k0 + 0..31, cols] as [k][j], zero
-                // past the edges.
                 for (uint e = lid; e < GB_K * GB_TILE; e += tpg) {
                     uint r = a_by_k ? e / GB_K : e % GB_TILE;
                     uint k = a_by_k ? e % GB_K : e / GB_TILE;
@@ -225,8 +198,6 @@ kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
                             }
                         }
                     }
-                    // The sum of GB_GROUP chunks joins the running total, which keeps a long
-                    // reduction over T·N rows accurate in float32.
                     if (c % GB_GROUP == GB_GROUP - 1) {
                         for (uint x = 0; x < GB_MICRO; ++x) {
                             for (uint y = 0; y < GB_MICRO; ++y) {
@@ -253,7 +224,6 @@ kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
             }
         }
     }
-    // Every thread of the threadgroup has stored its elements (or had none to store).
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.K);
 }
@@ -324,7 +294,6 @@ kernel void strided_gemm_split(constant GemmParams& p [[buffer(0)]],
         // The sums are read before the next block's are stored.
         threadgroup_barrier(mem_flags::mem_threadgroup);
     }
-    // Every thread of the threadgroup has stored its elements (or had none to store).
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.K);
 }
@@ -459,11 +428,9 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
     uint per = (GW_STAGE + tpg - 1) / tpg;  // elements of each operand a thread stages
     bool a_by_k = p.a_k == 1;
     bool b_by_k = !(p.b_col == 1 || p.b_k != 1);
-    // Each thread stages one float4 of each operand a chunk (gw_load4) where the threadgroup has
-    // GW_THREADS threads and every offset the kernel forms is a multiple of 4 floats: along k
-    // (by_k) the row stride, else a unit stride along the tile and a k stride of 4·n, and the
-    // batch and block strides (A and B start 16-byte aligned, as Metal's buffers and the host's
-    // bound arrays do); else element by element (gw_stage).
+    // float4 staging where every offset the kernel forms is a multiple of 4 floats (A and B
+    // start 16-byte aligned): along k (by_k) the row stride, else a unit stride along the tile
+    // and a k stride of 4·n, and the batch and block strides.
     bool a_vec = (p.batch <= 1 || p.a_batch % 4 == 0) && (p.b_block == 0 || span % 4 == 0)
                  && (a_by_k ? p.a_row % 4 == 0 : (p.a_row == 1 && p.a_k % 4 == 0));
     bool b_vec = (p.batch <= 1 || p.b_batch % 4 == 0) && p.b_block % 4 == 0
@@ -524,8 +491,7 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
                 bool more = c + 1 < chunks;  // the same for every thread
                 uint k1 = (c + 1) * GW_K;
                 uint kn1 = more ? min(kn_all - k1, (uint)GW_K) : 0u;
-                // This thread's first GW_PRE elements of the next chunk, loaded now and stored
-                // after the multiply-adds, so that their loads are in flight meanwhile.
+                // this thread's first GW_PRE elements of the next chunk, in flight meanwhile
                 float pa[GW_PRE];
                 float pb[GW_PRE];
                 uint at_a[GW_PRE];
@@ -566,8 +532,6 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
                             }
                         }
                     }
-                    // The sum of GW_GROUP chunks joins the running total (as v3 does every
-                    // 128 k), which keeps a long reduction over T·N rows accurate in float32.
                     if (c % GW_GROUP == GW_GROUP - 1) {
                         #pragma unroll
                         for (uint x = 0; x < 8; ++x) {
@@ -617,7 +581,6 @@ kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
             }
         }
     }
-    // Every thread of the threadgroup has stored its elements (or had none to store).
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.K);
 }

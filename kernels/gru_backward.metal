@@ -18,24 +18,20 @@
 //
 // Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 gru_backward: rows (d, n) in contiguous blocks per threadgroup, a loop down the
-//      dispatch's processing steps [p.s_begin, p.s_end) (all T unless the host splits a long
-//      sequence), three phases per step separated by two device-memory barriers: A (element-wise
-//      da_z, da_o, and with reset_after da_r, dq), B (without reset_after: g[j] = Σ_k da_o,k
-//      R_o[k,j] and da_r), C (dh_next[j], a dot product of length 3H over lhs). dh_next lives in
-//      the init-state gradient buffer and g in a scratch buffer; only the thread owning
-//      (row, j) touches either. dh_next and prow carry over to the next dispatch. Correct for
-//      every shape and threadgroup size, with or without reset_after.
+//      dispatch's processing steps [p.s_begin, p.s_end), three phases per step separated by two
+//      device-memory barriers: A (element-wise da_z, da_o, and with reset_after da_r, dq), B
+//      (without reset_after: g[j] = Σ_k da_o,k R_o[k,j] and da_r), C (dh_next[j], a dot product
+//      of length 3H over lhs). dh_next lives in the init-state gradient buffer and g in a
+//      scratch buffer; only the thread owning (row, j) touches either. dh_next and prow carry
+//      over to the next dispatch. Correct for every shape and threadgroup size.
 //   v2 gru_backward_v2_<body>[_512], with reset_after only (without it, phase B's da_r reads
-//      da_o of every unit): one row a threadgroup, of 1024 threads (512 for a _512 entry), all
+//      da_o of every unit): one row a threadgroup of 1024 threads (512 for a _512 entry), all
 //      of the dispatch's steps (gru_backward_v2_row). Thread u < H runs unit u's phase A, stages
-//      lhs (da_z, da_r, dq) in threadgroup memory and keeps dh_next and Σ dq in registers, the
-//      next step's inputs loaded a step ahead; in phase C, lhs·R, S lanes a unit (common.metal,
-//      rg_slices) each take a slice of the 3H gate rows and meet their sums through
-//      simd_shuffle_xor, then in threadgroup memory (two barriers a step). Rᵀ [D,H,3H] comes
-//      instead of R (the gate index contiguous). Every entry needs reset_after, a threadgroup
-//      of the size the host chose it for, one pass of its threads over the units
-//      (S · H <= threads) and 4H floats of RG_STAGE, and declines otherwise (common.metal,
-//      rg_declines); the host then runs v1.
+//      lhs (da_z, da_r, dq) and keeps dh_next and Σ dq in registers; in phase C, lhs·R, S lanes
+//      a unit split the 3H gate rows and their sums meet in threadgroup memory (two barriers a
+//      step). Rᵀ [D,H,3H] comes instead of R (the gate index contiguous). Every entry needs
+//      reset_after, S · H <= threads and 4H floats of RG_STAGE, and declines otherwise
+//      (rg_declines).
 //        gru_backward_v2_ahead       the 3H threads past the product's find the next step's
 //                                    activations while it runs (gru_backward_ahead): 3H <=
 //                                    threads − S·H and 11H floats of RG_STAGE (H <= 93, or
@@ -49,11 +45,10 @@
 //        gru_backward_v2_paired_512  the paired body in threadgroups of 512: at H = 128, 4 lanes
 //                                    a unit, 8 a pair, RG_PAIR_WHOLE_512 rounds of each row held
 //   v3 gru_backward_v3 (reset_after only): one dispatch a step, threadgroups of 256 over tiles
-//      of up to 16 rows of one direction × a block of units (p.unit_blocks blocks): first the
-//      carry of the step before, m ⊙ (lhs R) added to the dh ⊙ keep that phase A left in dhn,
-//      a matrix product over the 3H gate rows staged and blocked as the LSTM's (common.metal,
-//      rs_product); then phase A for each (row, unit) of the tile, which leaves dh ⊙ keep in
-//      dhn. T + 1 dispatches, the last one the carry alone.
+//      of up to 16 rows of one direction × a block of units: first the carry of the step
+//      before, m ⊙ (lhs R) over the 3H gate rows (common.metal, rs_product) added to the
+//      dh ⊙ keep that phase A left in dhn; then phase A for each (row, unit) of the tile.
+//      T + 1 dispatches, the last one the carry alone.
 //
 // Buffers of gru_backward (count = D·N·H, or D·N·1024: a threadgroup a row)
 //   index  type                        name  layout
@@ -77,8 +72,7 @@
 // Buffers of gru_backward_v2_ahead and gru_backward_v2_paired
 // Buffers of gru_backward_v2_streamed and gru_backward_v2_paired_512
 // Buffers of gru_backward_v3
-// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entry; v3: 256
-// threads per tile of versions.tile_blocks)
+// (count = v2: D·N·1024, D·N·512 for _512; v3: 256 per tile of versions.tile_blocks)
 //   index  type                        name  layout
 //   0      constant RecurrenceParams&  p     scalars
 //   1      device const float*         Rt    [D,H,3H] R transposed: Rt[d,j,q] = R[d,q,j]
@@ -123,13 +117,10 @@ inline float4 gru_gate_gradients(constant RecurrenceParams& p, device const floa
     float hp = s == 0 ? h0[own] : hfwd[(rg_out_time(p, d, s - 1) * N + n) * DH + col];
     float m = mask[rg_mask_step(p, s) + own];
     float dh = dy[(rg_out_time(p, d, s) * N + n) * DH + col] + dhn[own];
-    // Every load before the first store (a store may alias any buffer for the compiler, so a
-    // load after it would wait for it).
+    // Every load, and p's flags, before the first store: a store may alias any buffer (and p,
+    // where metal-cuda binds it as a device pointer) for all the compiler knows.
     float q = p.reset_after != 0 ? zs[zrow + 3 * H + j] : 0.0f;
     float dq_before = p.reset_after != 0 ? prow[row * H + j] : 0.0f;
-    // f'(a) from f(a), which z, r and o hold; p's flags read before the first store (where the
-    // compiler cannot tell that a store leaves p alone, as when metal-cuda bound p as a device
-    // pointer, a read after one loads it again)
     bool after = p.reset_after != 0;
     float da_o, da_z;
     if (p.flip_z != 0) {
@@ -204,7 +195,6 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
     uint qr = p.gate1 * H, qo = p.gate2 * H;
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
-        // Phase A: element-wise gate gradients.
         for (uint e = lid; e < elems; e += tpg) {
             gru_gate_gradients(p, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, s,
                                rows.x + e / H, e % H);
@@ -245,10 +235,7 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
             device const float* Rd = R + d * GH * H;
             float acc = 0.0f;
             // Without reset_after the o block [qo, qo + H) enters through g ⊙ r instead: the sum
-            // runs over q < skip, then q >= resume, in order. 16 loads of the chain in flight at a
-            // time: ptxas unrolled the loop (one loop, q tested against the o block) so by itself
-            // until the parameter struct was a kernel parameter (metal-cuda), then by 4, and the
-            // backward ran much slower (the LSTM's loop: lstm_backward).
+            // runs over q < skip, then q >= resume, in order, 16 loads in flight.
             uint skip = p.reset_after != 0 ? GH : qo, resume = p.reset_after != 0 ? GH : qo + H;
             #pragma unroll 16
             for (uint q = 0; q < skip; ++q) {
@@ -266,16 +253,14 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
             dhn[own] = next + acc * m;
         }
     }
-    // Every thread of the threadgroup has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
 // The activations of step t that gru_backward_v2_row<true>'s phase A reads, and their
-// derivatives (none depends on dh_next), unit u's together at pre[GRU_PRE·u]: slot k = f_k(a_k)
-// and slot 3 + k = f_k'(a_k) for gate k < 3 (z, r, o: z_state's a_z, a_r, a_o), the arithmetic
-// of gru_gate_gradients. The 3H items go to the threads from `first` on. Unit-major (as
-// lstm_backward_ahead's), the pitch odd for no bank conflicts: slot 6 unused.
+// derivatives (none depends on dh_next), unit u's at pre[GRU_PRE·u]: slot k = f_k(a_k) and slot
+// 3 + k = f_k'(a_k) for gate k < 3 (z, r, o), gru_gate_gradients' arithmetic. The 3H items go
+// to the threads from `first` on. Unit-major, the pitch odd for no bank conflicts.
 #define GRU_PRE 7
 inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device const float* zs,
                                threadgroup float* pre, uint first, uint lid, uint tpg) {
@@ -290,29 +275,16 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
     }
 }
 
-// The one-row body of the v2 entry points, with reset_after (rg_one_pass): thread u < H runs
-// unit u's phase A (gru_gate_gradients' and gru_kept's arithmetic, bitwise their results) and
-// keeps its dh_next and its sum of dq in registers from step to step (dhn and prow are read
-// once and written once), the next step's inputs loaded a step ahead. In phase C thread lid is
-// lane lid mod S of unit lid / S, and the sums meet in threadgroup memory (two barriers a step;
-// phase A on lane 0 of every unit's lanes instead, with one barrier a step and da alternating
-// between two stages, measured slower at H = 128).
-// Rᵀ's row j (3H long): the first two float4 of the thread's share held in registers, the rest
-// read at every step (rg_row_dot_held); held whole (24 floats a thread at H = 64, or even 16)
-// it left the CUDA translation's 64 registers spilling some ten values a step in the loop
-// (verification/kernel_resources.py).
-// AHEAD (7H floats of threadgroup memory more; 3H threads past the product's, an item each):
-// the next step's activations and derivatives (gru_backward_ahead) are found by those threads
-// while the product runs, as the LSTM's backward does (lstm_backward_v2_row), so that phase A
-// is a few multiplications. Where no thread is past the product's, the product's threads
-// finding them after their product measured slower, so there phase A does.
-// PAIR (rg_pairs: no thread past the product's, so not AHEAD): 2S lanes own two units, j and
-// j + H / 2, and read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held),
-// half the threadgroup memory reads for the same weight reads a thread, the sums of both met by
-// one butterfly over the 2S lanes; the first PW rounds of each row held in registers (1 in
-// gru_backward_v2_paired; RG_PAIR_WHOLE_512 in gru_backward_v2_paired_512, where at H = 128 the
-// 512 threads pair up, 122 registers a thread and no spills; at H = 256 the 1024-thread paired
-// entry measured faster, so the _512 entry runs at H = 128 only: verification/PERFORMANCE.md).
+// The one-row body of the v2 entry points (reset_after): thread u < H runs unit u's phase A
+// (gru_gate_gradients' and gru_kept's arithmetic, bitwise their results) and keeps its dh_next
+// and its sum of dq in registers (dhn and prow read once and written once), the next step's
+// inputs loaded a step ahead. In phase C thread lid is lane lid mod S of unit lid / S over Rᵀ's
+// row j (3H long), the first two float4 of its share held (held whole, it spilled).
+// AHEAD (7H floats of threadgroup memory more): the 3H threads past the product's find the next
+// step's activations and derivatives (gru_backward_ahead) while the product runs, so that
+// phase A is a few multiplications.
+// PW > 0 (rg_pairs; not AHEAD): 2S lanes own units j and j + H / 2 (rg_pair_sums), the first PW
+// rounds of each row held.
 template <bool AHEAD, uint PW>
 inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                 device const float* h0, device const float* mask,
@@ -325,7 +297,6 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     uint H = p.H, GH = 3 * p.H;
     RgRow r = rg_row(p, row);
     const bool PAIR = PW > 0;
-    // L lanes own U units (PAIR: unit j and j + U, U = H / 2)
     uint S = rg_slices(H, tpg), L = PAIR ? 2 * S : S, U = PAIR ? H / 2 : H;
     uint lane = lid % L, j = min(lid / L, U - 1);
     bool unit = lid / L < U, idle = rg_simd_idle(0, lid, L, U), cell = lid < H;
@@ -334,7 +305,6 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     // ([T,N,D·Z·H]) at z3 + s·z3s: RgRow's offsets times 3 and Z (rhs is [T,N,D·H]: RgRow's).
     uint x3 = 3 * r.x0, x3s = 3 * r.xs, z3 = p.Z * r.o0, z3s = p.Z * r.os;
     device const float* Rj = Rt + (r.d * H + j) * GH;
-    // the first rounds of the thread's share of Rᵀ's row (PAIR: of each of its two rows, PW)
     const uint HW = PAIR ? PW : RG_HOLD / 2;
     float4 held[2][HW];
     if (PAIR) {
@@ -342,8 +312,6 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
     } else {
         rg_hold_some<RG_HOLD / 2>(held[0], Rj, unit ? GH : 0u, lane, S);
     }
-    // Unit lid's carries (dh_next, Σ dq) and mask, and the inputs of the dispatch's first
-    // step: dy, z_state's a_z, a_r, a_o (only where phase A finds the activations), q, h[t−1].
     float dh = 0.0f, pq = 0.0f, mj = 0.0f;
     float g = 0.0f, a_z = 0.0f, a_r = 0.0f, a_o = 0.0f, q = 0.0f, hp = 0.0f;
     if (cell) {
@@ -449,19 +417,12 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
         dhn[r.at + lid] = dh;
         prow[row * H + lid] = pq;
     }
-    // Every thread has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
 // ---------------------------------------------------------------------------------------------
-// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
-// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
-// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
-
-// The one-row body's conditions: reset_after, a row a threadgroup, one pass of the threads over
-// the units, the stage and sums within RG_STAGE; AHEAD: 3H threads idle in the product and the
-// activations found ahead within RG_STAGE; PW > 0: 2S lanes own two units (rg_pairs).
+// The v2 entry points: the one-row body where its conditions hold (rg_declines).
 template <bool AHEAD, uint PW>
 inline void gru_backward_v2_run(uint threads,
                                 constant RecurrenceParams& p, device const float* Rt,
@@ -484,8 +445,6 @@ inline void gru_backward_v2_run(uint threads,
                                    tgid, tpg);
 }
 
-// gru_backward_v2_ahead: the threads idle in the product find the next step's activations
-// ahead
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void gru_backward_v2_ahead(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -502,7 +461,6 @@ kernel void gru_backward_v2_ahead(
                                  prow, status, staged, lid, tgid, tpg);
 }
 
-// gru_backward_v2_paired: 2S lanes own units j and j + H/2 (rg_pairs), one round of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void gru_backward_v2_paired(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -519,7 +477,6 @@ kernel void gru_backward_v2_paired(
                                   work, prow, status, staged, lid, tgid, tpg);
 }
 
-// gru_backward_v2_streamed: the rows of Rᵀ read at every step
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void gru_backward_v2_streamed(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -536,8 +493,6 @@ kernel void gru_backward_v2_streamed(
                                   work, prow, status, staged, lid, tgid, tpg);
 }
 
-// gru_backward_v2_paired_512: the paired body in threadgroups of 512, RG_PAIR_WHOLE_512 rounds
-// of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void gru_backward_v2_paired_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -606,7 +561,6 @@ kernel void gru_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
             }
         }
     }
-    // Every thread has written its part of the step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

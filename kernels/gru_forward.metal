@@ -10,25 +10,20 @@
 // Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 gru_forward: rows (d, n) of both directions split in contiguous blocks across
 //      threadgroups; each threadgroup loops over the dispatch's processing steps
-//      [p.s_begin, p.s_end) (all T unless the host splits a long sequence). Phase 1: the thread
-//      owning (row, j) computes a_z, a_r (and with reset_after q, a_o and h: the whole step)
-//      from dot products of length H. Phase 2 (without reset_after): a_o needs r of every unit,
-//      read back from z_state after a device-memory barrier. Two barriers per step; z_state
-//      doubles as the staging buffer, so it is always bound, training or not. R comes
-//      transposed, so the lanes of a SIMD-group (consecutive j) read consecutive addresses.
+//      [p.s_begin, p.s_end). Phase 1: the thread owning (row, j) computes a_z, a_r (and with
+//      reset_after q, a_o and h: the whole step) from dot products of length H. Phase 2
+//      (without reset_after): a_o needs r of every unit, read back from z_state after a
+//      device-memory barrier; z_state doubles as the staging buffer, so it is always bound.
+//      Two barriers per step. R comes transposed (consecutive j read consecutive addresses).
 //      Correct for every shape and threadgroup size, with or without reset_after.
 //   v2 gru_forward_v2_<body>[_512], with reset_after only (without it a step's o gate reads r
-//      of every unit of the row): one row a threadgroup, of 1024 threads (512 for a _512
-//      entry), all of the dispatch's steps. Per step, h[t−1] ⊙ m is staged in threadgroup
-//      memory; S lanes a unit (common.metal, rg_slices) each take a slice of k of the three
-//      gates' products and meet their sums through simd_shuffle_xor. R comes as it is (k
-//      contiguous). In the two-barrier body (gru_forward_v2_row) the sums then meet in
-//      threadgroup memory and thread u < H runs unit u's cell with h[t−1], the biases and the
-//      next step's x' in registers; in the spread body (gru_forward_v2_spread) the unit's lanes
-//      run its cell, one barrier a step. Every entry needs reset_after, a threadgroup of the
-//      size the host chose it for, one pass of its threads over the units (S · H <= threads)
-//      and 3H <= RG_NEXT, and declines otherwise (common.metal, rg_declines); the host then
-//      runs v1.
+//      of every unit of the row): one row a threadgroup of 1024 threads (512 for a _512 entry),
+//      all of the dispatch's steps. Per step, S lanes a unit split the three gates' products
+//      over k. R comes as it is (k contiguous). In the two-barrier body (gru_forward_v2_row)
+//      the sums meet in threadgroup memory and thread u < H runs unit u's cell; in the spread
+//      body (gru_forward_v2_spread) the unit's lanes run its cell, one barrier a step. Every
+//      entry needs reset_after, S · H <= threads and 3H <= RG_NEXT, and declines otherwise
+//      (rg_declines).
 //        gru_forward_v2_streamed      the three rows of R read at every step (two barriers)
 //        gru_forward_v2_streamed_512  the streamed body in threadgroups of 512
 //        gru_forward_v2_held_512      the three rows held whole in RG_HOLD / 2 float4 a lane
@@ -37,11 +32,10 @@
 //                                     float4 of each in registers, the last in threadgroup
 //                                     memory; H a multiple of 4, 4 lanes a unit or more
 //                                     (H <= 128)
-//   v3 gru_forward_v3 (reset_after only): one dispatch a step (the host's spans),
-//      threadgroups of 256 over tiles of up to 16 rows of one direction × a block of units
-//      (p.unit_blocks blocks); the tile's three gate products are one matrix product whose
-//      columns are the block's units × gates z, r, o (and an empty fourth), staged and blocked
-//      as the LSTM's (common.metal, rs_product); then gru_cell_after for each (row, unit).
+//   v3 gru_forward_v3 (reset_after only): one dispatch a step, threadgroups of 256 over tiles
+//      of up to 16 rows of one direction × a block of units; the three gate products are one
+//      product whose columns are the units × gates z, r, o (and an empty fourth)
+//      (common.metal, rs_product); then gru_cell_after for each (row, unit).
 //
 // Buffers of gru_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
 //   index  type                        name  layout
@@ -59,8 +53,7 @@
 // Buffers of gru_forward_v2_streamed and gru_forward_v2_streamed_512
 // Buffers of gru_forward_v2_held_512 and gru_forward_v2_spread_512
 // Buffers of gru_forward_v3
-// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entries; v3: 256
-// threads per tile of versions.tile_blocks)
+// (count = v2: D·N·1024, D·N·512 for _512; v3: 256 per tile of versions.tile_blocks)
 //   index  type                        name  layout
 //   0      constant RecurrenceParams&  p     scalars
 //   1      device const float*         x     [T,N,D·3H] projected input, input time
@@ -87,16 +80,13 @@ inline float gru_cell_after(constant RecurrenceParams& p, device const float* x,
     uint col = d * H;
     uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
     uint zrow = (rg_out_time(p, d, s) * N + n) * DZH + d * ZH;
-    // Every load before the first store: zs may alias x for all the compiler knows, so a load
-    // after a store would wait for it.
+    // Every load, and the whole update, before the first store: zs may alias x (and, where
+    // metal-cuda binds p as a device pointer, p) for all the compiler knows.
     float xb_z = x[xrow + qz + j] + bias[d * GH + qz + j];
     float xb_r = x[xrow + qr + j] + bias[d * GH + qr + j];
     float xb_o = x[xrow + qo + j] + bias[d * GH + qo + j];
     float hp = s == 0 ? h0[n * DH + col + j] : h[(rg_out_time(p, d, s - 1) * N + n) * DH + col + j];
     float q = dots.z + b2[col + j];
-    // The whole update before the stores: where the compiler cannot tell that a store leaves p
-    // alone (metal-cuda bound p as a device pointer), a field of p read between stores is loaded
-    // again.
     float a_z = xb_z + dots.x;
     float a_r = xb_r + dots.y;
     float a_o = xb_o + q * rg_activate(p.act1, a_r);
@@ -135,7 +125,6 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
     uint work = (rows.y - rows.x) * H;
     uint qz = p.gate0 * H, qr = p.gate1 * H, qo = p.gate2 * H;
     for (uint s = p.s_begin; s < p.s_end; ++s) {
-        // Phase 1: a_z, a_r (and with reset_after the whole step).
         for (uint e = lid; e < work; e += tpg) {
             uint row = rows.x + e / H, j = e % H;
             uint d = row / N, n = row % N;
@@ -192,8 +181,7 @@ kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The one-row bodies' weights: with W > 0, the thread's share of R's three rows of unit j (at
-// offsets oz, orr, oo of Rd) in registers, W float4 of each (rg_hold<W>).
+// With W > 0, the thread's share of R's three rows of unit j (at oz, orr, oo of Rd), W float4 each.
 template <uint W>
 inline void gru_forward_v2_hold(thread float4 (*held)[W > 0 ? W : 1], device const float* Rd,
                                 uint oz, uint orr, uint oo, bool unit, uint H, uint lane, uint S) {
@@ -204,9 +192,8 @@ inline void gru_forward_v2_hold(thread float4 (*held)[W > 0 ? W : 1], device con
     }
 }
 
-// The one-row bodies' product: this lane's shares of the three gates' sums over the stage v,
-// from the weights held (W > 0: rg_held_dots) or read from device memory (W = 0: rg_dots, the
-// three gates' loads in flight together).
+// This lane's shares of the three gates' sums over the stage v, from the weights held (W > 0)
+// or read from device memory (W = 0).
 template <uint W>
 inline void gru_forward_v2_dots(thread float* d3, thread const float4 (*held)[W > 0 ? W : 1],
                                 threadgroup const float* v, device const float* Rd, uint oz,
@@ -223,14 +210,10 @@ inline void gru_forward_v2_dots(thread float* d3, thread const float4 (*held)[W 
     }
 }
 
-// The two-barrier one-row body with reset_after (rg_one_pass): thread lid is lane lid mod S
-// of unit lid / S in the product of the three gates, whose sums meet in threadgroup memory;
-// thread u < H then runs unit u's cell with h[t−1] (its own h[t] of the step before), the
-// biases and the next step's x' in registers. W > 0: the thread's share of R's three rows of
-// unit lid / S stays in registers, W float4 of each (rg_hold<W>, which covers it: W =
-// RG_HOLD / 2, 24 floats at H = 64, S = 8, in gru_forward_v2_held_512); W = 0: read from
-// memory at every step. (The cell on lane 0 of every unit's lanes instead, with one barrier a
-// step, measured slower at H = 64 and 128.)
+// The two-barrier one-row body (reset_after): thread lid is lane lid mod S of unit lid / S in
+// the three gates' product; thread u < H runs unit u's cell with h[t−1] (its own h[t] of the
+// step before), the biases and the next step's x' in registers. W > 0: the thread's share of
+// R's three rows, W float4 of each, held in registers; W = 0: read at every step.
 template <uint W>
 inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                device const float* bias, device const float* R,
@@ -249,8 +232,6 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
     uint oz = (qz + j) * H, orr = (qr + j) * H, oo = (qo + j) * H;
     float4 held[3][W > 0 ? W : 1];  // (one unread float4 where W = 0)
     gru_forward_v2_hold<W>(held, Rd, oz, orr, oo, unit, H, lane, S);
-    // Unit lid's inputs that no step changes, and those of the dispatch's first step: x' + bias
-    // of the gates and h[t−1].
     uint u = min(lid, H - 1);
     float bz = 0.0f, br = 0.0f, bo = 0.0f, bq = 0.0f, mj = 0.0f;
     float x_z = 0.0f, x_r = 0.0f, x_o = 0.0f, hp = 0.0f;
@@ -318,7 +299,6 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
             h[r.o0 + s * r.os + lid] = ht;
         }
     }
-    // Every thread has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
@@ -329,16 +309,10 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
 // side, lane 2 a_o and o, and every lane of the unit gets them by simd_shuffle and finds h[t].
 // The stage alternates between two buffers (stage, other), so that lane 0 writes the next
 // step's while other SIMD-groups may still read this one's. Bitwise gru_forward_v2_row's
-// results. In the 512-thread entry at H = 128, Nsight Compute put much of the two-barrier
-// body's stalls in barrier waits behind the cell on H / 32 SIMD-groups, its activations one
-// after another; this body measured faster there, and slower at H = 64 (8 lanes a unit, two of
-// them busy) and where the weight is read from memory, so only there does the host pick it
-// (verification/PERFORMANCE.md). Of the W + 1 rounds of each row a lane's share covers, W are
-// held in registers and the last in threadgroup memory (tail: 12 floats a thread, the stage
-// then in two buffers of H at `stage` and `other`), so that the 128 registers a thread of the
-// 512-thread entry has leave room for the step's values: held whole, ptxas spilled the next
-// step's x' as soon as it was loaded (its store waiting on the load) and reloaded 24 values a
-// step; now 17, the lane's stores and loads at offsets advanced a step at a time.
+// results. At H = 128 in 512 threads the two-barrier body waited at its barriers behind the
+// cell on H / 32 SIMD-groups (verification/PERFORMANCE.md). Of the W + 1 rounds of each row a
+// lane's share covers, W are held in registers and the last in threadgroup memory (tail: 12
+// floats a thread), which leaves registers for the step's values (held whole, ptxas spilled).
 template <uint W>
 inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const float* x,
                                   device const float* bias, device const float* R,
@@ -426,19 +400,12 @@ inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const flo
         xo += xr.xs;
         mo += r.ms;
     }
-    // Every thread has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
 // ---------------------------------------------------------------------------------------------
-// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
-// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
-// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
-
-// The two-barrier body's conditions: reset_after (its o gate reads r of its own unit only), a
-// row a threadgroup, one pass of the threads over the units, the three gates' sums within
-// RG_NEXT; W > 0: the thread's share of each of the three rows of R in W float4.
+// The v2 entry points: a one-row body where its conditions hold (rg_declines).
 template <uint W>
 inline void gru_forward_v2_run(uint threads, constant RecurrenceParams& p,
                                device const float* x, device const float* bias,
@@ -455,8 +422,8 @@ inline void gru_forward_v2_run(uint threads, constant RecurrenceParams& p,
                           (threadgroup float*)nexts, rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
-// The spread body's: those, the rows whole in RG_HOLD_512 float4 a lane, 4 lanes a unit or
-// more, and 12 floats a thread of threadgroup memory for the rows' last round.
+// The spread body's conditions: the two-barrier body's, the rows whole in RG_HOLD_512 float4 a
+// lane, S >= 4, and 12 floats a thread of threadgroup memory for the rows' last round.
 inline void gru_forward_v2_spread_run(uint threads, constant RecurrenceParams& p,
                                       device const float* x, device const float* bias,
                                       device const float* R, device const float* h0,
@@ -475,7 +442,6 @@ inline void gru_forward_v2_spread_run(uint threads, constant RecurrenceParams& p
                                            staged, rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
-// gru_forward_v2_streamed: the three rows of R read at every step
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void gru_forward_v2_streamed(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -491,7 +457,6 @@ kernel void gru_forward_v2_streamed(
                           lid, tgid, tpg);
 }
 
-// gru_forward_v2_streamed_512: gru_forward_v2_streamed in threadgroups of 512
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void gru_forward_v2_streamed_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -507,7 +472,6 @@ kernel void gru_forward_v2_streamed_512(
                           lid, tgid, tpg);
 }
 
-// gru_forward_v2_held_512: the three rows held whole in RG_HOLD / 2 float4 a lane
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void gru_forward_v2_held_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -523,8 +487,6 @@ kernel void gru_forward_v2_held_512(
                                     staged, nexts, lid, tgid, tpg);
 }
 
-// gru_forward_v2_spread_512: the rows held whole (their last round in threadgroup memory), the
-// cell on the unit's lanes
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void gru_forward_v2_spread_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -582,7 +544,6 @@ kernel void gru_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
                                   rs_sum(red, g, r, 4 * u + 2)));
         }
     }
-    // Every thread has written its part of the step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

@@ -12,24 +12,20 @@
 //
 // Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 lstm_backward: rows (d, n) in contiguous blocks per threadgroup, a loop down the
-//      dispatch's processing steps [p.s_begin, p.s_end) (all T unless the host splits a long
-//      sequence); phase A (the element-wise cell chain of unit j: all four da, dc_next, the
-//      peephole partials) and phase B (dh_next[j] = m_j Σ_q dA_q R[q,j], a dot product of length
-//      4H) separated by one device-memory barrier per step. dh_next and dc_next live in the
-//      init-state and init-cell gradient buffers; only the thread owning (row, j) touches them;
-//      they and prow carry over to the next dispatch. Correct for every shape and threadgroup
-//      size.
-//   v2 lstm_backward_v2_<body>[_512]: one row a threadgroup, of 1024 threads (512 for a _512
+//      dispatch's processing steps [p.s_begin, p.s_end); phase A (the element-wise cell chain
+//      of unit j: all four da, dc_next, the peephole partials) and phase B (dh_next[j] =
+//      m_j Σ_q dA_q R[q,j], a dot product of length 4H) separated by one device-memory barrier
+//      per step. dh_next and dc_next live in the init-state and init-cell gradient buffers;
+//      only the thread owning (row, j) touches them; they and prow carry over to the next
+//      dispatch. Correct for every shape and threadgroup size.
+//   v2 lstm_backward_v2_<body>[_512]: one row a threadgroup of 1024 threads (512 for a _512
 //      entry), all of the dispatch's steps (lstm_backward_v2_row). Thread u < H runs unit u's
-//      phase A, stages dA in threadgroup memory and keeps dh_next, dc_next and the peephole
-//      partials in registers; in phase B, dA R, S lanes a unit (common.metal, rg_slices) each
-//      take a slice of the 4H gate rows and meet their sums through simd_shuffle_xor, then in
+//      phase A, stages dA and keeps dh_next, dc_next and the peephole partials in registers;
+//      in phase B, dA R, S lanes a unit split the 4H gate rows and their sums meet in
 //      threadgroup memory (two barriers a step). Rᵀ [D,H,4H] comes instead of R (the gate index
-//      contiguous). Each body comes in two entry points, with and without a peephole (_peephole:
-//      registers for its weights and partial sums; without, none). Every entry needs a
-//      threadgroup of the size the host chose it for, one pass of its threads over the units
-//      (S · H <= threads), 5H floats of RG_STAGE and the peephole it was compiled for, and
-//      declines otherwise (common.metal, rg_declines); the host then runs v1.
+//      contiguous). Each body comes with and without a peephole (_peephole: registers for its
+//      weights and partial sums). Every entry needs S · H <= threads, 5H floats of RG_STAGE and
+//      the peephole it was compiled for, and declines otherwise (rg_declines).
 //        lstm_backward_v2_ahead[_peephole]     the threads past the product's (where too few,
 //                                              the product's after it) find the next step's
 //                                              activations, an item each (lstm_backward_ahead):
@@ -43,12 +39,10 @@
 //                                              RG_LANES; H = 128: 4 lanes a unit, 8 a pair),
 //                                              RG_PAIR_WHOLE_512 rounds of each row held
 //   v3 lstm_backward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16
-//      rows of one direction × a block of units (p.unit_blocks blocks): first the carry of the
-//      step before, dh_next = m ⊙ (dA R) for the tile, a matrix product over the 4H gate rows
-//      with dA (read back from dx) and the block's rows of Rᵀ staged through threadgroup
-//      memory, each thread a 4×4 block of it over a slice of k (common.metal, rs_product);
-//      then phase A (lstm_cell_gradients) for each (row, unit) of the tile. T + 1 dispatches,
-//      the last one the carry alone.
+//      rows of one direction × a block of units: first the carry of the step before,
+//      dh_next = m ⊙ (dA R) over the 4H gate rows, dA read back from dx (common.metal,
+//      rs_product); then phase A (lstm_cell_gradients) for each (row, unit) of the tile.
+//      T + 1 dispatches, the last one the carry alone.
 //
 // Buffers of lstm_backward (count = D·N·H, or D·N·1024: a threadgroup a row)
 //   index  type                        name      layout
@@ -76,8 +70,7 @@
 // Buffers of lstm_backward_v2_streamed and lstm_backward_v2_streamed_peephole
 // Buffers of lstm_backward_v2_paired_512 and lstm_backward_v2_paired_peephole_512
 // Buffers of lstm_backward_v3
-// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entries; v3: 256
-// threads per tile of versions.tile_blocks)
+// (count = v2: D·N·1024, D·N·512 for _512; v3: 256 per tile of versions.tile_blocks)
 //   index  type                        name      layout
 //   0      constant RecurrenceParams&  p         scalars
 //   1      device const float*         Rt        [D,H,4H] R transposed: Rt[d,j,q] = R[d,q,j]
@@ -147,11 +140,8 @@ inline float4 lstm_cell_gradients(constant RecurrenceParams& p, device const flo
     da[1] = dc * cp * rg_derivative_at(p.act1, a[1], g[1]);
     da[2] = dc * g[0] * rg_derivative_at(p.act2, a[2], g[2]);
     float dc_next = dc * g[1];
-    // The peephole's and its partial sums' loads before the first store (a store may alias any
-    // buffer for the compiler, so a load after it would wait for it).
-    // The same for the parameters read after a store: where the compiler cannot tell that a
-    // store leaves p alone (metal-cuda bound p as a device pointer), each read of p.has_peephole
-    // between stores loads it again.
+    // Every load, and p.has_peephole, before the first store: a store may alias any buffer (and
+    // p, where metal-cuda binds it as a device pointer) for all the compiler knows.
     bool peephole_on = p.has_peephole != 0;
     uint q[4];
     float pw[4], pr[4];
@@ -202,7 +192,6 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
     uint work = (rows.y - rows.x) * H;
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
-        // Phase A: the cell chain of every owned (row, j).
         for (uint e = lid; e < work; e += tpg) {
             lstm_cell_gradients(p, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,
                                 prow, s, rows.x + e / H, e % H);
@@ -216,9 +205,7 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
             device const float* dA = dx + (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
             device const float* Rd = R + d * GH * H;
             float acc = 0.0f;
-            // 16 loads of the chain in flight at a time: ptxas unrolled the loop so by itself until
-            // the parameter struct was a kernel parameter (metal-cuda), then by 4, and the backward
-            // ran much slower
+            // 16 loads of the chain in flight: ptxas unrolled by 4, and the backward ran slower
             #pragma unroll 16
             for (uint q = 0; q < GH; ++q) {
                 acc += dA[q] * Rd[q * H + j];
@@ -227,19 +214,16 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
             dhn[own] = acc * mask[rg_mask_step(p, s) + own];
         }
     }
-    // Every thread of the threadgroup has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
 // The activations of step t that lstm_backward_v2_row<true>'s phase A reads, and their
-// derivatives (none depends on dh_next), unit u's LSTM_PRE values together at pre[LSTM_PRE·u]:
-// slot k = f_k(a_k) and slot 4 + k = f_k'(a_k) for gate k < 4, slot 8 = g(c[t]), slot 9 =
-// g'(c[t]), slot 10 = h[t−1] (h0 at t = 0, else f_o(a_o[t−1]) · g(c[t−1])), the arithmetic of
-// lstm_cell_gradients. The 6H items go to the threads from `first` on (the threads past the
-// product's first). Unit-major, so that phase A reads its 11 values at constant offsets from
-// one address (an odd pitch: no bank conflicts); with them H apart, the CUDA translation kept
-// 11 addresses, spilled and reloaded from local memory at every step.
+// derivatives (none depends on dh_next), unit u's at pre[LSTM_PRE·u]: slot k = f_k(a_k) and
+// slot 4 + k = f_k'(a_k) for gate k < 4, slot 8 = g(c[t]), slot 9 = g'(c[t]), slot 10 = h[t−1],
+// lstm_cell_gradients' arithmetic. The 6H items go to the threads from `first` on. Unit-major,
+// so that phase A reads them at constant offsets from one address (an odd pitch: no bank
+// conflicts).
 #define LSTM_PRE 11
 inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
                                 device const float* h0, device const float* c0,
@@ -272,28 +256,17 @@ inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
     }
 }
 
-// The one-row body of the v2 entry points (rg_one_pass): thread u < H runs unit u's phase A and
-// keeps what crosses steps in registers (dh_next, dc_next, the peephole partials: dhn, dcn and
-// prow are read once and written once; c[t−1] is the next step's c[t]); in phase B thread lid
-// is lane lid mod S of unit lid / S over Rᵀ's row (4H long), and the sums meet in threadgroup
-// memory. (Holding that row's share in registers at H = 64, 32 of them, spilled and ran
-// slower; so did holding its first two rounds, rg_row_dot_held.)
-// AHEAD (11H floats of threadgroup memory more; 6H <= tpg, an item a thread): the activations
-// of the next step and their derivatives (lstm_backward_ahead) are found by the threads past
-// the product's (or by the product's threads after it) while the product runs, so that phase A,
-// on the step's critical path between the sums and the next product, is its few
-// multiplications. Where 6H > tpg (some threads two items, as at H = 256) that measured slower,
-// so there phase A finds them.
-// PEEP (p.has_peephole): without a peephole, its four weights and four partial sums take no
-// registers (a torch.nn.LSTM's op has none). In the CUDA translation's 64 registers a thread,
-// phase A of the AHEAD body reloaded 27 values from local memory at every step with them, 12
-// without.
-// PW > 0 (rg_pairs, in the _512 entries; not AHEAD): 2S lanes own units j and j + H / 2 and
-// read each float4 of the stage once for both rows of Rᵀ (rg_row_dots2_held), the first PW
-// rounds of each held in registers. At 64 registers a thread (the 1024-thread entries) that
-// spilled (17 values reloaded a step at H = 256, against 5); with 128, at H = 128 (4 lanes a
-// unit, 8 a pair), it measured faster than the unpaired 1024-thread body
-// (verification/PERFORMANCE.md).
+// The one-row body of the v2 entry points: thread u < H runs unit u's phase A and keeps what
+// crosses steps in registers (dh_next, dc_next, the peephole partials: dhn, dcn and prow read
+// once and written once; c[t−1] is the next step's c[t]); in phase B thread lid is lane lid
+// mod S of unit lid / S over Rᵀ's row (4H long; holding any of it in registers spilled).
+// AHEAD (11H floats of threadgroup memory more; 6H <= tpg): the threads past the product's (or
+// the product's, after it) find the next step's activations and derivatives
+// (lstm_backward_ahead) while the product runs, so that phase A, on the step's critical path,
+// is a few multiplications.
+// PEEP (p.has_peephole): without a peephole, its weights and partial sums take no registers.
+// PW > 0 (rg_pairs, in the _512 entries; not AHEAD): 2S lanes own units j and j + H / 2
+// (rg_pair_sums), the first PW rounds of each row held (at 64 registers a thread it spilled).
 template <bool AHEAD, bool PEEP, uint PW>
 inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                  device const float* h0, device const float* c0,
@@ -309,7 +282,6 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     RgRow r = rg_row(p, row);
     RgRow z = rg_row_of(p, row, GH);  // z_state and dA: [T, N, D·4H]
     const bool PAIR = PW > 0;
-    // L lanes own U units (PAIR: unit j and j + U, U = H / 2)
     uint S = rg_slices(H, tpg), L = PAIR ? 2 * S : S, U = PAIR ? H / 2 : H;
     uint lane = lid % L, j = min(lid / L, U - 1);
     bool unit = lid / L < U, idle = rg_simd_idle(0, lid, L, U), cell = lid < H;
@@ -323,9 +295,6 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
     uint q[4] = {p.gate0 * H + u, p.gate1 * H + u, p.gate2 * H + u, p.gate3 * H + u};
     bool peep = PEEP, per_step = p.cell_gradient_per_step != 0;  // PEEP: p.has_peephole
     uint first = rg_ahead_first(S, H, tpg);
-    // Unit lid's carries (dh_next, dc_next, the peephole partials), peephole and mask, and the
-    // inputs of the dispatch's first step: c[t−1], dy, and (only where phase A finds the
-    // activations) z_state at t and t − 1 and c[t].
     float dh = 0.0f, dcc = 0.0f, mj = 0.0f, pw[4], pr[4], a[4];
     float ct = 0.0f, cp = 0.0f, zo = 0.0f, g = 0.0f, gcell = 0.0f;
     #pragma unroll
@@ -452,20 +421,12 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
             }
         }
     }
-    // Every thread has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
 // ---------------------------------------------------------------------------------------------
-// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
-// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
-// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
-
-// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units,
-// the four gates' dA and the sums within RG_STAGE; AHEAD: 6H threads, the activations found
-// ahead within RG_STAGE; PEEP: compiled with the peephole's registers, run only where it is
-// given; PW > 0: 2S lanes own two units (rg_pairs).
+// The v2 entry points: the one-row body where its conditions hold (rg_declines).
 template <bool AHEAD, bool PEEP, uint PW>
 inline void lstm_backward_v2_run(uint threads,
                                  constant RecurrenceParams& p, device const float* Rt,
@@ -489,8 +450,6 @@ inline void lstm_backward_v2_run(uint threads,
                                           rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
-// lstm_backward_v2_ahead: the threads idle in the product find the next step's activations
-// ahead
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void lstm_backward_v2_ahead(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -509,7 +468,6 @@ kernel void lstm_backward_v2_ahead(
                                          tpg);
 }
 
-// lstm_backward_v2_ahead_peephole: lstm_backward_v2_ahead with a peephole
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void lstm_backward_v2_ahead_peephole(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -527,7 +485,6 @@ kernel void lstm_backward_v2_ahead_peephole(
                                         dx, rhs, dhn, dcn, prow, status, staged, lid, tgid, tpg);
 }
 
-// lstm_backward_v2_streamed: the rows of Rᵀ read at every step
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void lstm_backward_v2_streamed(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -546,7 +503,6 @@ kernel void lstm_backward_v2_streamed(
                                           tpg);
 }
 
-// lstm_backward_v2_streamed_peephole: lstm_backward_v2_streamed with a peephole
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void lstm_backward_v2_streamed_peephole(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -565,8 +521,6 @@ kernel void lstm_backward_v2_streamed_peephole(
                                          tpg);
 }
 
-// lstm_backward_v2_paired_512: 2S lanes own units j and j + H/2 (rg_pairs), RG_PAIR_WHOLE_512
-// rounds of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void lstm_backward_v2_paired_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -585,7 +539,6 @@ kernel void lstm_backward_v2_paired_512(
                                                          dcn, prow, status, staged, lid, tgid, tpg);
 }
 
-// lstm_backward_v2_paired_peephole_512: lstm_backward_v2_paired_512 with a peephole
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void lstm_backward_v2_paired_peephole_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -654,7 +607,6 @@ kernel void lstm_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
             }
         }
     }
-    // Every thread has written its part of the step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

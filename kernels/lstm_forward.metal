@@ -6,23 +6,17 @@
 // Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 lstm_forward: rows (d, n) of both directions split in contiguous blocks across
 //      threadgroups; each threadgroup loops over the dispatch's processing steps
-//      [p.s_begin, p.s_end) (all T unless the host splits a long sequence); the thread that
-//      owns (row, j) computes the four gate dot products of length H for unit j (in one pass
-//      over k) and the whole cell update (c[t−1] of unit j is its own). h[t−1] is read back
-//      from the output buffer after a device-memory threadgroup barrier. R comes transposed,
-//      so the lanes of a SIMD-group (consecutive j) read consecutive addresses. One barrier per
-//      step. Correct for every shape and threadgroup size.
-//   v2 lstm_forward_v2_<body>[_512]: one row a threadgroup, of 1024 threads (512 for a _512
-//      entry), all of the dispatch's steps (lstm_forward_v2_row). Per step, h[t−1] ⊙ m is
-//      staged in threadgroup memory (two buffers alternate: one barrier a step); S lanes a
-//      unit (common.metal, rg_slices) each take a slice of k of the four gates' products and
-//      meet their sums through simd_shuffle_xor; lane k < 4 of the unit then finishes gate k,
-//      the four activations meet by simd_shuffle, and lane 0 writes c[t], h[t] and the next
-//      step's stage, with c[t] kept in registers and x' loaded a step ahead. R comes as it is
-//      (k contiguous). Every entry needs a threadgroup of the size the host chose it for and
-//      one pass of its threads over the units with 4 lanes a unit or more (S >= 4,
-//      S · H <= threads), and declines otherwise (common.metal, rg_declines); the host then
-//      runs v1.
+//      [p.s_begin, p.s_end); the thread that owns (row, j) computes the four gate dot products
+//      of length H for unit j (in one pass over k) and the whole cell update. h[t−1] is read
+//      back from the output buffer after a device-memory barrier. R comes transposed
+//      (consecutive j read consecutive addresses). One barrier per step. Correct for every
+//      shape and threadgroup size.
+//   v2 lstm_forward_v2_<body>[_512]: one row a threadgroup of 1024 threads (512 for a _512
+//      entry), all of the dispatch's steps (lstm_forward_v2_row). Per step, S lanes a unit
+//      split the four gates' products over k; lane k < 4 of the unit then finishes gate k, the
+//      four activations meet by simd_shuffle, and lane 0 writes c[t], h[t] and the next step's
+//      stage (two buffers alternate: one barrier a step). R comes as it is (k contiguous). Every
+//      entry needs S >= 4 and S · H <= threads, and declines otherwise (rg_declines).
 //        lstm_forward_v2_spread          R read at every step
 //        lstm_forward_v2_full            the spread body where every thread is a unit's lane
 //                                        (rg_full: S · H = threads, H a multiple of 4), with
@@ -33,12 +27,10 @@
 //        lstm_forward_v2_full_held_512   the full body in threadgroups of 512, the first
 //                                        RG_LSTM_HOLD_512 float4 of each row held: half of it
 //                                        at H = 128
-//   v3 lstm_forward_v3: one dispatch a step (the host's spans), threadgroups of 256 over tiles
-//      of up to 16 rows of one direction × a block of units (p.unit_blocks blocks); the tile's
-//      four gate products (h[t−1] ⊙ m) R_kᵀ are one matrix product whose columns are the
-//      block's units × gates i, f, z, o, with h[t−1] ⊙ m and those rows of R staged through
-//      threadgroup memory, each thread a 4×4 block of it over a slice of k (common.metal,
-//      rs_product); then the cell update (lstm_cell) for each (row, unit) of the tile.
+//   v3 lstm_forward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16 rows
+//      of one direction × a block of units; the four gate products are one product whose
+//      columns are the units × gates i, f, z, o (common.metal, rs_product); then lstm_cell for
+//      each (row, unit) of the tile.
 //
 // Buffers of lstm_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
 //   index  type                        name      layout
@@ -59,8 +51,7 @@
 // Buffers of lstm_forward_v2_spread and lstm_forward_v2_full
 // Buffers of lstm_forward_v2_spread_512 and lstm_forward_v2_full_whole_512
 // Buffers of lstm_forward_v2_full_held_512 and lstm_forward_v3
-// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entries; v3: 256
-// threads per tile of versions.tile_blocks)
+// (count = v2: D·N·1024, D·N·512 for _512; v3: 256 per tile of versions.tile_blocks)
 //   index  type                        name      layout
 //   0      constant RecurrenceParams&  p         scalars
 //   1      device const float*         x         [T,N,D·4H] projected input, input time
@@ -89,8 +80,8 @@ inline float lstm_cell(constant RecurrenceParams& p, device const float* x,
     uint prev = s == 0 ? 0u : (rg_out_time(p, d, s - 1) * N + n) * DH + col;
     uint xrow = (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
     uint zrow = (rg_out_time(p, d, s) * N + n) * DGH + d * GH;
-    // Every load before the first store: zs may alias x for all the compiler knows, so a load
-    // after a store would wait for it (one round trip to memory a gate).
+    // Every load, and the whole update, before the first store: zs may alias x (and, where
+    // metal-cuda binds p as a device pointer, p) for all the compiler knows.
     float cp = s == 0 ? c0[n * DH + col + j] : c[prev + j];
     uint q[4];
     float xb[4], pw[4];
@@ -100,9 +91,6 @@ inline float lstm_cell(constant RecurrenceParams& p, device const float* x,
         xb[k] = x[xrow + q[k]] + bias[d * GH + q[k]];
         pw[k] = p.has_peephole != 0 ? peephole[d * GH + q[k]] : 0.0f;
     }
-    // The same for p's fields where the compiler cannot tell that a store leaves p alone
-    // (metal-cuda bound p as a device pointer): a field read between stores is loaded again. So
-    // the whole update first, then the stores.
     float a[4], act[4];
     #pragma unroll
     for (uint k = 0; k < 4; ++k) {
@@ -177,28 +165,19 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The one-row body of the v2 entry points (rg_one_pass): thread lid is lane lid mod S of unit
-// lid / S; the unit's lanes run its cell and keep c[t] in registers for the next step. Unlike
-// the other one-row bodies, the cell runs on the product's SIMD-groups: a SIMD-group's long
-// cell (four activations) then overlaps the others' products, where met sums and a second
-// barrier would put it after all of them (that measured slower). Holding each gate's share of
-// R in registers at H = 64 in 1024 threads (32 registers) spilled, and gained nothing.
-// SPREAD (S >= 4; every entry point runs it): lane k < 4 of the unit finishes gate k (its x' +
-// bias, peephole term and activation, and its z_state) and the four activations meet on every
-// such lane through simd_shuffle, so that the gates' activations run side by side rather than
-// one after another on lane 0 (as without SPREAD); lanes 0 .. 3 then each find c[t] (the same
-// arithmetic on the same values) for the next step's peephole terms, and lane 0 alone h[t].
-// FULL (S · H = tpg, H a multiple of 4: every thread a unit's, rg_dots' float4 reads): no test
-// of the unit, of an idle SIMD-group or of H's alignment at any step. The CUDA translation's 64
-// registers a thread left those tests' operands in local memory, reloaded between the barrier
-// and the product's first load at every step (where the weight's stream had evicted them from
-// L1).
-// HW > 0 (FULL, in the 512-thread entries, whose threads have 128 registers): the first HW
-// rounds of the thread's share of its four rows of R stay in registers from step to step
-// (rg_held_dots), the rest read at every step after them, in rg_dots' order (the sums bitwise
-// those of HW = 0). At H = 128 (S = 4: 8 rounds a row) HW = RG_LSTM_HOLD_512 = 4 halves the
-// weight a core streams through L1 a step (5 or more spill, ptxas reloading 23 or more values
-// a step). Where 2 float4 a lane cover a row (H = 64: S = 8) the rows are held whole in 2.
+// The one-row body of the v2 entry points: thread lid is lane lid mod S of unit lid / S; the
+// unit's lanes run its cell and keep c[t] in registers. Unlike the other one-row bodies, the
+// cell runs on the product's SIMD-groups, so that a SIMD-group's long cell (four activations)
+// overlaps the others' products rather than following all of them after a second barrier.
+// SPREAD (S >= 4; every entry point runs it): lane k < 4 of the unit finishes gate k (x' + bias,
+// peephole term, activation, z_state) and the four activations meet on every such lane through
+// simd_shuffle; lanes 0 .. 3 each find c[t] (the same arithmetic on the same values) for the
+// next step's peephole terms, and lane 0 alone h[t].
+// FULL (rg_full: every thread a unit's, float4 reads): no per-step test of the unit, of an idle
+// SIMD-group or of H's alignment, whose operands ptxas otherwise kept in local memory.
+// HW > 0 (FULL, in the 512-thread entries): the first HW rounds of the thread's share of its
+// four rows of R stay in registers, the rest read at every step after them, in rg_dots' order
+// (the sums bitwise those of HW = 0): the rows whole at H = 64 (HW = 2), half at H = 128.
 template <bool SPREAD, bool FULL, uint HW>
 inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                 device const float* bias, device const float* R,
@@ -213,10 +192,9 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
     uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
     bool unit = FULL || j < H, idle = !FULL && rg_simd_idle(0, lid, S, H);
     uint ju = min(j, H - 1);
-    // Unit j of gate k (the cell's order i, f, z, o) within the direction's 4H, and its row of R.
+    // unit j of gate k (the cell's order i, f, z, o) within the direction's 4H
     uint q[4] = {p.gate0 * H + ju, p.gate1 * H + ju, p.gate2 * H + ju, p.gate3 * H + ju};
     device const float* Rd = R + r.d * GH * H;
-    // HW > 0 (FULL): the first HW rounds of the thread's share of its four rows of R, held
     float4 held[4][HW > 0 ? HW : 1];
     if (FULL && HW > 0) {
         #pragma unroll
@@ -225,8 +203,7 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
         }
     }
     RgRow z = rg_row_of(p, row, GH);  // x' and z_state: [T, N, D·4H]
-    // The gate lanes' inputs that no step changes, c[t−1] and x' + bias of the dispatch's first
-    // step: gate k's on lane 0 (SPREAD: on lane k, in slot 0).
+    // the gate lanes' inputs: gate k's on lane 0 (SPREAD: on lane k, in slot 0)
     uint gk = SPREAD ? min(lane, 3u) : 0u;  // SPREAD: the lane's gate
     uint qk = p.gate0 * H + ju;
     if (SPREAD) {
@@ -355,14 +332,7 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
 }
 
 // ---------------------------------------------------------------------------------------------
-// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
-// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
-// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
-
-// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units,
-// the next step's stage within RG_NEXT; SPREAD: 4 lanes a unit or more (lane k < 4 gate k's
-// activation); FULL: every thread a unit's, float4 reads (rg_full); HW: float4 of each row
-// held.
+// The v2 entry points: the one-row body where its conditions hold (rg_declines).
 template <bool SPREAD, bool FULL, uint HW>
 inline void lstm_forward_v2_run(uint threads,
                                 constant RecurrenceParams& p, device const float* x,
@@ -383,7 +353,6 @@ inline void lstm_forward_v2_run(uint threads,
                                           rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
-// lstm_forward_v2_spread: lane k < 4 of a unit gate k's activation, R read at every step
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void lstm_forward_v2_spread(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -400,8 +369,6 @@ kernel void lstm_forward_v2_spread(
                                         status, staged, nexts, lid, tgid, tpg);
 }
 
-// lstm_forward_v2_full: lstm_forward_v2_spread where every thread is a unit's: no per-step
-// test of which
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void lstm_forward_v2_full(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -418,7 +385,6 @@ kernel void lstm_forward_v2_full(
                                        status, staged, nexts, lid, tgid, tpg);
 }
 
-// lstm_forward_v2_spread_512: lstm_forward_v2_spread in threadgroups of 512
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void lstm_forward_v2_spread_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -435,8 +401,6 @@ kernel void lstm_forward_v2_spread_512(
                                         zs, status, staged, nexts, lid, tgid, tpg);
 }
 
-// lstm_forward_v2_full_whole_512: lstm_forward_v2_full in threadgroups of 512, the four rows
-// held whole in 2 float4 a lane (H = 64)
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void lstm_forward_v2_full_whole_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -453,8 +417,6 @@ kernel void lstm_forward_v2_full_whole_512(
                                        zs, status, staged, nexts, lid, tgid, tpg);
 }
 
-// lstm_forward_v2_full_held_512: lstm_forward_v2_full in threadgroups of 512, the first
-// RG_LSTM_HOLD_512 float4 of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void lstm_forward_v2_full_held_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -513,7 +475,6 @@ kernel void lstm_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
                              rs_sum(red, g, r, 4 * u + 2), rs_sum(red, g, r, 4 * u + 3)));
         }
     }
-    // Every thread has written its part of the step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

@@ -9,21 +9,17 @@
 //
 // Kernel versions (kernels/README.md: each entry point's grid, and when the host picks it)
 //   v1 single_gate_backward: rows (d, n) in contiguous blocks per threadgroup, a loop down the
-//      dispatch's processing steps [p.s_begin, p.s_end) (all T unless the host splits a long
-//      sequence); phase A (element-wise da) and phase B (dh_next[j] = m_j Σ_k da_k R[k,j],
-//      a dot product per (row, j)) separated by one device-memory barrier per step. dh_next
-//      lives in the init-state-gradient buffer: the thread that owns (row, j) is the only one
-//      that reads or writes it, in every step, and carries it to the next dispatch. Correct
-//      for every shape and threadgroup size.
-//   v2 single_gate_backward_v2_<body>[_512]: one row a threadgroup, of 1024 threads (512 for a
-//      _512 entry), all of the dispatch's steps (single_gate_backward_v2_row): thread u < H runs
-//      unit u's phase A, stages da in threadgroup memory and keeps its dh_next in a register;
-//      in phase B, da R, S lanes a unit (common.metal, rg_slices) each take a slice of k and
-//      meet their sums through simd_shuffle_xor, then in threadgroup memory (two barriers a
-//      step). Rᵀ comes instead of R (k contiguous). Every entry needs a threadgroup of the size
-//      the host chose it for, one pass of its threads over the units (S · H <= threads) and 2H
-//      floats of RG_STAGE, and declines otherwise (common.metal, rg_declines); the host then
-//      runs v1.
+//      dispatch's processing steps [p.s_begin, p.s_end); phase A (element-wise da) and phase B
+//      (dh_next[j] = m_j Σ_k da_k R[k,j], a dot product per (row, j)) separated by one
+//      device-memory barrier per step. dh_next lives in the init-state-gradient buffer: only
+//      the thread that owns (row, j) reads or writes it, and it carries over to the next
+//      dispatch. Correct for every shape and threadgroup size.
+//   v2 single_gate_backward_v2_<body>[_512]: one row a threadgroup of 1024 threads (512 for a
+//      _512 entry), all of the dispatch's steps: thread u < H runs unit u's phase A, stages da
+//      and keeps its dh_next in a register; in phase B, da R, S lanes a unit split k and their
+//      sums meet in threadgroup memory (two barriers a step). Rᵀ comes instead of R (k
+//      contiguous). Every entry needs S · H <= threads and 2H floats of RG_STAGE, and declines
+//      otherwise (rg_declines).
 //        single_gate_backward_v2_held        Rᵀ's row held in registers across steps (rg_hold):
 //                                            H a multiple of 4 and <= 4·RG_HOLD·S (H <= 128)
 //        single_gate_backward_v2_paired      2S lanes own units j and j + H/2, each float4 of
@@ -36,11 +32,9 @@
 //                                            4 lanes a unit, 8 a pair, RG_PAIR_HOLD_512 rounds
 //                                            of each row held
 //   v3 single_gate_backward_v3: one dispatch a step, threadgroups of 256 over tiles of up to
-//      16 rows of one direction × a block of units (p.unit_blocks blocks): first the carry of
-//      the step before, dh_next = m ⊙ (da R) for the tile, a matrix product with da (read back
-//      from dx) and the block's rows of Rᵀ staged through threadgroup memory, each thread a
-//      4×4 block of it over a slice of k (common.metal, rs_product); then phase A for each
-//      (row, unit) of the tile. T + 1 dispatches, the last one the carry alone.
+//      16 rows of one direction × a block of units: first the carry of the step before,
+//      dh_next = m ⊙ (da R) for the tile, da read back from dx (common.metal, rs_product); then
+//      phase A for each (row, unit) of the tile. T + 1 dispatches, the last one the carry alone.
 //
 // Buffers of single_gate_backward (count = D·N·H, or D·N·1024: a threadgroup a row)
 //   index  type                        name  layout
@@ -59,8 +53,7 @@
 // Buffers of single_gate_backward_v2_held and single_gate_backward_v2_paired
 // Buffers of single_gate_backward_v2_streamed and single_gate_backward_v2_paired_512
 // Buffers of single_gate_backward_v3
-// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entry; v3: 256
-// threads per tile of versions.tile_blocks)
+// (count = v2: D·N·1024, D·N·512 for _512; v3: 256 per tile of versions.tile_blocks)
 //   index  type                        name  layout
 //   0      constant RecurrenceParams&  p     scalars
 //   1      device const float*         Rt    [D,H,H] R transposed: Rt[d,j,k] = R[d,k,j]
@@ -117,7 +110,6 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
     uint work = (rows.y - rows.x) * H;
     for (uint step = p.s_end; step > p.s_begin; --step) {
         uint s = step - 1;
-        // Phase A: da for every owned (row, j).
         for (uint e = lid; e < work; e += tpg) {
             single_gate_da(p, h0, mask, dy, zs, dx, rhs, dhn, s, rows.x + e / H, e % H);
         }
@@ -136,19 +128,15 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
             dhn[n * DH + d * H + j] = acc * mask[rg_mask_step(p, s) + n * DH + d * H + j];
         }
     }
-    // Every thread of the threadgroup has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The one-row body of the v2 entry points (rg_one_pass): thread u < H runs unit u's phase A and
-// keeps its dh_next in a register from step to step (dhn is read once and written once); in
-// phase B thread lid is lane lid mod S of unit lid / S, and the sums meet in threadgroup memory.
-// HOLD: the thread's share of Rᵀ's row stays in registers.
-// PAIR (PW > 0, not HOLD; rg_pairs): 2S lanes own units j and j + H / 2, each float4 of the
-// stage read once for both rows (rg_row_dots2_held), the first PW rounds of each held, as the
-// GRU's backward (gru_backward_v2_row): half the threadgroup memory reads for the same weight
-// reads a thread, which measured faster at H = 256 (verification/PERFORMANCE.md).
+// The one-row body of the v2 entry points: thread u < H runs unit u's phase A and keeps its
+// dh_next in a register (dhn read once and written once); in phase B thread lid is lane lid
+// mod S of unit lid / S. HOLD: the thread's share of Rᵀ's row in registers. PW > 0 (not HOLD;
+// rg_pairs): 2S lanes own units j and j + H / 2 (rg_pair_sums), the first PW rounds of each
+// row held.
 template <bool HOLD, uint PW>
 inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
                                         device const float* h0, device const float* mask,
@@ -160,13 +148,10 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
     uint H = p.H;
     RgRow r = rg_row(p, row);
     const bool PAIR = PW > 0;
-    // L lanes own U units (PAIR: unit j and j + U, U = H / 2)
     uint S = rg_slices(H, tpg), L = PAIR ? 2 * S : S, U = PAIR ? H / 2 : H;
     uint lane = lid % L, j = lid / L;
     bool unit = j < U, idle = rg_simd_idle(0, lid, L, U), cell = lid < H;
     device const float* Rj = Rt + (r.d * H + min(j, U - 1)) * H;
-    // HOLD: the share in held[0]; PAIR: the first PW rounds of each row's share in held[0] and
-    // held[1]; else the first rounds of the share in held[0], the rest read at every step
     const uint HW = HOLD ? RG_HOLD : (PAIR ? PW : RG_HOLD / 2);
     float4 held[2][HW];
     if (HOLD) {
@@ -176,8 +161,6 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
     } else {
         rg_hold_some<RG_HOLD / 2>(held[0], Rj, unit ? H : 0u, lane, S);
     }
-    // Unit lid's carry and mask, and the output-time inputs of the dispatch's first step: dy,
-    // z_state and the z_state of the step before (h[t−1] = f of it).
     float dh = 0.0f, mj = 0.0f, g = 0.0f, a = 0.0f, ap = 0.0f;
     if (cell) {
         dh = dhn[r.at + lid];
@@ -228,19 +211,12 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
     if (cell) {
         dhn[r.at + lid] = dh;
     }
-    // Every thread has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
 // ---------------------------------------------------------------------------------------------
-// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
-// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
-// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
-
-// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units,
-// the stage and the sums within RG_STAGE; HOLD: the share of Rᵀ's row in RG_HOLD float4; PW > 0:
-// 2S lanes own two units (rg_pairs), holding the first PW rounds of both rows.
+// The v2 entry points: the one-row body where its conditions hold (rg_declines).
 template <bool HOLD, uint PW>
 inline void single_gate_backward_v2_run(uint threads,
                                         constant RecurrenceParams& p, device const float* Rt,
@@ -260,7 +236,6 @@ inline void single_gate_backward_v2_run(uint threads,
                                           stage + p.H, rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
-// single_gate_backward_v2_held: Rᵀ's row held in registers (4·RG_HOLD·S >= H)
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void single_gate_backward_v2_held(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -275,8 +250,6 @@ kernel void single_gate_backward_v2_held(
                                          staged, lid, tgid, tpg);
 }
 
-// single_gate_backward_v2_paired: 2S lanes own units j and j + H/2 (rg_pairs), one round of
-// each row held
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void single_gate_backward_v2_paired(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -291,8 +264,6 @@ kernel void single_gate_backward_v2_paired(
                                           staged, lid, tgid, tpg);
 }
 
-// single_gate_backward_v2_streamed: Rᵀ's row read at every step, past its first RG_HOLD / 2
-// float4
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void single_gate_backward_v2_streamed(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -307,8 +278,6 @@ kernel void single_gate_backward_v2_streamed(
                                           staged, lid, tgid, tpg);
 }
 
-// single_gate_backward_v2_paired_512: the paired body in threadgroups of 512, RG_PAIR_HOLD_512
-// rounds of each row held
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void single_gate_backward_v2_paired_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
@@ -367,7 +336,6 @@ kernel void single_gate_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
             }
         }
     }
-    // Every thread has written its part of the step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }

@@ -6,30 +6,25 @@
 //   v1 single_gate_forward: rows (d, n) of both directions split in contiguous blocks across
 //      threadgroups; each threadgroup loops over the dispatch's processing steps
 //      [p.s_begin, p.s_end) (all T unless the host splits a long sequence), its threads
-//      striding over (row, j) with one dot product of length H each (the activation fused
-//      after it); h[t−1] is read back from the output buffer after a device-memory threadgroup
-//      barrier, so H is not limited by threadgroup memory. R comes transposed, so the lanes of
-//      a SIMD-group (consecutive j) read consecutive addresses. One barrier per step. Correct
-//      for every shape and threadgroup size.
-//   v2 single_gate_forward_v2_<body>[_512]: one row a threadgroup, of 1024 threads (512 for a
-//      _512 entry), all of the dispatch's steps (single_gate_forward_v2_row). Per step,
-//      h[t−1] ⊙ m is staged in threadgroup memory; S lanes a unit (common.metal, rg_slices)
-//      each take a slice of k of (h[t−1] ⊙ m) Rᵀ and meet their sums through simd_shuffle_xor,
-//      then in threadgroup memory; thread u < H then runs unit u's activation and stages
-//      h[t] ⊙ m for the next step (two barriers a step), its x' loaded a step ahead. R comes as
-//      it is (k contiguous). Every entry needs a threadgroup of the size the host chose it for
-//      and one pass of its threads over the units (S · H <= threads: H <= 1024), and declines
-//      otherwise (common.metal, rg_declines); the host then runs v1.
+//      striding over (row, j) with one dot product of length H each; h[t−1] is read back from
+//      the output buffer after a device-memory barrier, so H is not limited by threadgroup
+//      memory. R comes transposed, so consecutive j read consecutive addresses. One barrier per
+//      step. Correct for every shape and threadgroup size.
+//   v2 single_gate_forward_v2_<body>[_512]: one row a threadgroup of 1024 threads (512 for a
+//      _512 entry), all of the dispatch's steps (common.metal's v2 helpers). Per step, S lanes
+//      a unit split (h[t−1] ⊙ m) Rᵀ over k, their sums meet in threadgroup memory, and thread
+//      u < H runs unit u's activation and stages h[t] ⊙ m for the next step (two barriers a
+//      step). R comes as it is (k contiguous). Every entry needs S · H <= threads and declines
+//      otherwise (rg_declines).
 //        single_gate_forward_v2_held       R's row held in registers across steps (rg_hold):
 //                                          H a multiple of 4 and <= 4·RG_HOLD·S (H <= 128)
 //        single_gate_forward_v2_streamed   the first RG_HOLD / 2 float4 of R's row held, the
 //                                          rest read at every step: any H the pass covers
 //        single_gate_forward_v2_held_512   the held body in threadgroups of 512 (H <= 64)
-//   v3 single_gate_forward_v3: one dispatch a step (the host's spans), threadgroups of 256 over
-//      tiles of up to 16 rows of one direction × a block of units (p.unit_blocks blocks); the
-//      tile's (h[t−1] ⊙ m) Rᵀ is a matrix product with h[t−1] ⊙ m and the block's rows of R
-//      staged through threadgroup memory, each thread a 4×4 block of it over a slice of k
-//      (common.metal, rs_product), then the activation for each (row, unit) of the tile.
+//   v3 single_gate_forward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16
+//      rows of one direction × a block of units (p.unit_blocks blocks): the tile's
+//      (h[t−1] ⊙ m) Rᵀ as a staged, register-blocked product (common.metal, rs_product), then
+//      the activation for each (row, unit) of the tile.
 //
 // Buffers of single_gate_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
 //   index  type                        name  layout
@@ -45,8 +40,7 @@
 
 // Buffers of single_gate_forward_v2_held and single_gate_forward_v2_streamed
 // Buffers of single_gate_forward_v2_held_512 and single_gate_forward_v3
-// (count = v2: D·N·1024, a threadgroup a row, D·N·512 for the _512 entry; v3: 256
-// threads per tile of versions.tile_blocks)
+// (count = v2: D·N·1024, D·N·512 for _512; v3: 256 per tile of versions.tile_blocks)
 //   index  type                        name  layout
 //   0      constant RecurrenceParams&  p     scalars
 //   1      device const float*         x     [T,N,D·H] projected input, input time
@@ -118,9 +112,8 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The one-row body of the v2 entry points (rg_one_pass): thread lid is lane lid mod S of unit
-// lid / S in the product, whose sums meet in threadgroup memory; thread u < H then runs unit
-// u's cell. HOLD: the thread's share of R's row stays in registers.
+// The one-row body of the v2 entry points: thread lid is lane lid mod S of unit lid / S in the
+// product; thread u < H runs unit u's cell. HOLD: the thread's share of R's row in registers.
 template <bool HOLD>
 inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device const float* x,
                                        device const float* bias, device const float* R,
@@ -136,10 +129,9 @@ inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device cons
     float4 held[RG_HOLD];
     if (HOLD) {
         rg_hold<RG_HOLD>(held, Rj, unit ? H : 0u, lane, S);
-    } else {  // the first rounds of the thread's share, the rest read at every step
+    } else {
         rg_hold_some<RG_HOLD / 2>(held, Rj, unit ? H : 0u, lane, S);
     }
-    // The inputs of unit lid's cell that no step changes, and x' of the dispatch's first step.
     float bj = 0.0f, mj = 0.0f, xa = 0.0f;
     if (cell) {
         bj = bias[r.d * H + lid];
@@ -178,18 +170,12 @@ inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device cons
             h[out] = ht;
         }
     }
-    // Every thread has finished its last step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
 // ---------------------------------------------------------------------------------------------
-// v2 entry points, one body each: the host picks one by name for the threadgroup size it asks
-// for (rnngrad/backends/metal/versions.py, v2_entry); each checks its body's conditions on the
-// threadgroup it gets and declines where they fail (rg_declines), and the host then runs v1.
-
-// The one-row body's conditions: a row a threadgroup, one pass of the threads over the units,
-// the next step's stage within RG_NEXT; HOLD: the thread's share of R's row in RG_HOLD float4.
+// The v2 entry points: the one-row body where its conditions hold (rg_declines).
 template <bool HOLD>
 inline void single_gate_forward_v2_run(uint threads,
                                        constant RecurrenceParams& p, device const float* x,
@@ -208,7 +194,6 @@ inline void single_gate_forward_v2_run(uint threads,
                                      rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
 }
 
-// single_gate_forward_v2_held: R's row held in registers (4·RG_HOLD·S >= H)
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void single_gate_forward_v2_held(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -223,7 +208,6 @@ kernel void single_gate_forward_v2_held(
                                      nexts, lid, tgid, tpg);
 }
 
-// single_gate_forward_v2_streamed: R's row read at every step, past its first RG_HOLD / 2 float4
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
 kernel void single_gate_forward_v2_streamed(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -238,7 +222,6 @@ kernel void single_gate_forward_v2_streamed(
                                       nexts, lid, tgid, tpg);
 }
 
-// single_gate_forward_v2_held_512: single_gate_forward_v2_held in threadgroups of 512
 [[max_total_threads_per_threadgroup(RG_THREADS_512)]]
 kernel void single_gate_forward_v2_held_512(
         constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
@@ -289,7 +272,6 @@ kernel void single_gate_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
             single_gate_cell(p, x, bias, h, zs, s, d * N + g.n0 + r, g.u0 + u, rs_sum(red, g, r, u));
         }
     }
-    // Every thread has written its part of the step.
     threadgroup_barrier(mem_flags::mem_device);
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
