@@ -1,6 +1,7 @@
 """Hypothesis draws of complete problems for the tests (every option and optional input)."""
 
 import dataclasses
+import os
 
 import numpy as np
 from hypothesis import strategies as st
@@ -73,9 +74,22 @@ def cases(draw, cells=("single_gate", "gru", "lstm"), max_size=6, dtype=np.float
                        cell_gradient_form=draw(st.sampled_from(["per_step", "final"])), **sizes, **fixed)
 
 
-def recurrence_kernel(cell, direction):
-    """The recurrence kernel the Metal host runs for ``cell`` and ``direction`` ("forward",
-    "backward") under the current ``$RNNGRAD_METAL_RECURRENCE`` (any size v2 fits)."""
+def recurrence_kernel(case, direction):
+    """The recurrence entry point the Metal host runs for ``case`` and ``direction``
+    ("forward", "backward") under the current ``$RNNGRAD_METAL_RECURRENCE``, at the threadgroup
+    size it asks for."""
     from rnngrad.backends.metal import versions
 
-    return versions.recurrence(cell=cell, direction=direction, D=1, N=1, H=1).kernel
+    return versions.recurrence(
+        cell=case.cell, direction=direction, D=case.D, N=case.inputs["source"].shape[1],
+        H=case.H, device="metal-emulated", peephole="peephole" in case.inputs,
+        reset_after=bool(getattr(case.descriptor, "reset_after", True))).kernel
+
+
+def threadgroups_of(size: int) -> dict:
+    """Harness settings for threadgroups of at most ``size`` threads where the recurrences run
+    v1; none under v2, whose entry points run only in the threadgroup size the rule chose them
+    for (another size is declined, and v1 runs)."""
+    if os.environ.get("RNNGRAD_METAL_RECURRENCE") == "v2":
+        return {}
+    return dict(max_threads_per_threadgroup=size)

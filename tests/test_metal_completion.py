@@ -18,7 +18,7 @@ from rnngrad.backends.metal import host as metal_host
 from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
-from draws import ALL_OPTIONAL, recurrence_kernel
+from draws import ALL_OPTIONAL, recurrence_kernel, threadgroups_of
 
 pytestmark = [pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                  reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}"),
@@ -34,14 +34,20 @@ def recurrence_version(request, monkeypatch):
     return request.param
 
 BACKEND = "metal-emulated"
-SMALL_GROUPS = dict(max_threads_per_threadgroup=32)
+SMALL_GROUPS = dict(max_threads_per_threadgroup=32)  # the products' and v1's
+
+
+def small_groups() -> dict:
+    """Threadgroups of 32 for v1 (two for _case's 36 threads); the v2 entries' own sizes."""
+    return threadgroups_of(32)
 
 
 def _case(cell, bidirectional=True, T=3):
     """D·N·H = 2·3·6 = 36 recurrence threads under v1: two threadgroups of 32, three rows each;
-    one v2 chunk, 1024 threads: six threadgroups of 32 with a row each (the others none)."""
+    under v2 six threadgroups, a row each."""
     rng = np.random.default_rng(len(cell) + 10 * bidirectional)
-    desc = random_descriptor(rng, cell, bidirectional=bidirectional, training=True)
+    fixed = dict(reset_after=True) if cell == "gru" else {}  # so that v2 runs under v2
+    desc = random_descriptor(rng, cell, bidirectional=bidirectional, training=True, **fixed)
     return random_case(rng, cell, descriptor=desc, T=T, N=3, H=6, I=4, dtype=np.float32,
                        optional=ALL_OPTIONAL, cell_gradient_form="per_step")
 
@@ -49,7 +55,7 @@ def _case(cell, bidirectional=True, T=3):
 def _dispatches(case):
     """[(kernel, op, threadgroups)] of the gradients call (a training forward, then the gradient
     op), fault-free."""
-    with emulated_device(**SMALL_GROUPS) as dev:
+    with emulated_device(**small_groups()) as dev:
         case.training_forward(backend=BACKEND)
         forward = len(dev.trace)
         dev.trace.clear()
@@ -73,15 +79,15 @@ FAILURES = {
 def test_every_dispatch_of_every_op_raises_on_an_injected_failure(cell, failure):
     case = _case(cell)
     dispatches = _dispatches(case)
-    assert {k for k, _, _ in dispatches} == {"strided_gemm", recurrence_kernel(cell, "forward"),
-                                             recurrence_kernel(cell, "backward")}
+    assert {k for k, _, _ in dispatches} == {"strided_gemm", recurrence_kernel(case, "forward"),
+                                             recurrence_kernel(case, "backward")}
     assert all(groups >= 2 for k, _, groups in dispatches if k != "strided_gemm"), dispatches
     size = "T=3, N=3, I=4, H=6, D=2"
     first = {}  # op -> index of its first dispatch
     for i, (_, op, _) in enumerate(dispatches):
         first.setdefault(op, i)
     for i, (kernel, op, groups) in enumerate(dispatches):
-        with emulated_device(**SMALL_GROUPS, **FAILURES[failure](i, groups)) as dev:
+        with emulated_device(**small_groups(), **FAILURES[failure](i, groups)) as dev:
             with pytest.raises(IncompleteDispatch) as info:
                 case.gradients(backend=BACKEND)
         err, message = info.value, str(info.value)
@@ -116,11 +122,11 @@ def test_fault_free_runs_and_injections_elsewhere_change_nothing(cell):
     """A failure injected past the op's last dispatch, or a stop that keeps every threadgroup,
     leaves the results bitwise as they are without injection."""
     case = _case(cell)
-    with emulated_device(**SMALL_GROUPS):
+    with emulated_device(**small_groups()):
         want = case.gradients(backend=BACKEND)
     n = len(_dispatches(case)) + 10
     for options in (dict(stop=(n, 0), timeout=n), dict(stop=(2, 10 ** 6))):
-        with emulated_device(**SMALL_GROUPS, **options):
+        with emulated_device(**small_groups(), **options):
             got = case.gradients(backend=BACKEND)
         assert got.names == want.names
         assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
@@ -130,14 +136,14 @@ def test_a_failed_chunk_of_a_split_sequence_is_named_by_its_steps(monkeypatch):
     """T = 7 in dispatches of 3 steps: [0, 3), [3, 6), [6, 7) forward, the reverse backward."""
     case = _case("lstm", T=7)
     monkeypatch.setattr(EMULATED_HOST, "dispatch_budget", 3 * 1024 * 32)  # units: 1024·max(24, 32)
-    with emulated_device(**SMALL_GROUPS) as dev:
+    with emulated_device(**small_groups()) as dev:
         case.gradients(backend=BACKEND)
     kernels = [d.kernel for d in dev.trace]
-    forward = [i for i, k in enumerate(kernels) if k == recurrence_kernel("lstm", "forward")]
-    backward = [i for i, k in enumerate(kernels) if k == recurrence_kernel("lstm", "backward")]
+    forward = [i for i, k in enumerate(kernels) if k == recurrence_kernel(case, "forward")]
+    backward = [i for i, k in enumerate(kernels) if k == recurrence_kernel(case, "backward")]
     assert len(forward) == len(backward) == 3
     for index, steps in ((forward[1], (3, 6)), (backward[0], (6, 7)), (backward[2], (0, 3))):
-        with emulated_device(**SMALL_GROUPS, stop=(index, 1)):
+        with emulated_device(**small_groups(), stop=(index, 1)):
             with pytest.raises(IncompleteDispatch) as info:
                 case.gradients(backend=BACKEND)
         assert info.value.steps == steps
@@ -160,16 +166,16 @@ def test_a_device_with_finish_gets_the_op_back_to_back_and_the_first_failure_nam
     dispatches = _dispatches(case)
     forward = sum(op.endswith("_forward") for _, op, _ in dispatches)
     for i, (kernel, op, groups) in enumerate(dispatches):
-        device = _FinishingDevice(**SMALL_GROUPS, stop=(i, groups // 2))
+        device = _FinishingDevice(**small_groups(), stop=(i, groups // 2))
         with metal_host._running_on(EMULATED_HOST, device), pytest.raises(IncompleteDispatch) as info:
             case.gradients(backend=BACKEND)
         assert (info.value.kernel, info.value.op) == (kernel, op)
         # The op that failed ran to its last dispatch; the gradient op never started after a
         # failed forward.
         assert len(device.trace) == (forward if i < forward else len(dispatches))
-    with metal_host._running_on(EMULATED_HOST, _FinishingDevice(**SMALL_GROUPS)) as device:
+    with metal_host._running_on(EMULATED_HOST, _FinishingDevice(**small_groups())) as device:
         got = case.gradients(backend=BACKEND)
-    with emulated_device(**SMALL_GROUPS):
+    with emulated_device(**small_groups()):
         want = case.gradients(backend=BACKEND)
     assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
 

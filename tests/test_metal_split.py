@@ -19,7 +19,7 @@ from rnngrad.backends.metal.host import (BUDGET_ENV, DISPATCH_BUDGET, EMULATED_B
                                          EMULATED_HOST, emulated_device, step_ranges, step_units)
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
-from draws import ALL_OPTIONAL, recurrence_kernel
+from draws import ALL_OPTIONAL, recurrence_kernel, threadgroups_of
 
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
@@ -38,8 +38,7 @@ BACKEND = "metal-emulated"
 NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
 OPTIONAL = {"all": ALL_OPTIONAL, "none": NO_OPTIONAL,
             "mask-per-step": dict(ALL_OPTIONAL, mask_per_step=True)}
-DEVICES = {"lanes": dict(), "harsh": dict(schedule="adversarial", seed=3,
-                                          max_threads_per_threadgroup=32)}
+DEVICES = {"lanes": dict(), "harsh": dict(schedule="adversarial", seed=3)}  # + threadgroups of 32
 T = 7
 
 
@@ -54,15 +53,16 @@ def _run(case, budget, device):
     """(forward outputs, gradient outputs, recurrence dispatches per op) at ``budget``."""
     EMULATED_HOST.dispatch_budget = budget
     try:
-        with emulated_device(**device) as dev:
+        caps = threadgroups_of(32) if device and "max_threads_per_threadgroup" not in device else {}
+        with emulated_device(**device, **caps) as dev:
             desc = dataclasses.replace(case.descriptor, training=False)
             forward = case.forward(backend=BACKEND, descriptor=desc)
             gradients = case.gradients(backend=BACKEND)
     finally:
         EMULATED_HOST.dispatch_budget = None
     kernels = [d.kernel for d in dev.trace]
-    per_op = kernels.count(recurrence_kernel(case.cell, "backward"))
-    assert kernels.count(recurrence_kernel(case.cell, "forward")) == 2 * per_op  # forward, training forward
+    per_op = kernels.count(recurrence_kernel(case, "backward"))
+    assert kernels.count(recurrence_kernel(case, "forward")) == 2 * per_op  # forward, training forward
     return list(zip(forward.names, forward)) + list(zip(gradients.names, gradients)), per_op
 
 
@@ -99,20 +99,19 @@ def test_split_equals_one_dispatch_bitwise(cell, bidirectional, reverse, optiona
                     f"worst |diff| {np.nanmax(np.abs(g.astype(np.float64) - w)):.3g}\n{case!r}")
 
 
-@both_versions
 @pytest.mark.parametrize("cell", CELLS)
 def test_split_with_several_threadgroups_per_dispatch(cell):
-    """D·N·H = 2·17·5 = 170 threads in threadgroups of 32 (and of 64, released in an adversarial
-    order): rows split over several threadgroups, every one carrying its own rows' state across
-    dispatches."""
+    """D·N·H = 2·17·5 = 170 threads of v1 in threadgroups of 32 (and of 64, released in an
+    adversarial order): rows split over several threadgroups, every one carrying its own rows'
+    state across dispatches. (v2 gives each row a threadgroup of its own.)"""
     rng = np.random.default_rng(9)
     desc = random_descriptor(rng, cell, bidirectional=True)
     case = random_case(rng, cell, descriptor=desc, T=5, N=17, H=5, I=2, dtype=np.float32,
                        optional=ALL_OPTIONAL, cell_gradient_form="per_step")
-    for device in (dict(max_threads_per_threadgroup=32),
-                   dict(schedule="adversarial", seed=5, max_threads_per_threadgroup=64)):
-        want, _ = _run(case, None, device)
-        got, dispatches = _run(case, 2 * _units(case), device)
+    for device in (dict(), dict(schedule="adversarial", seed=5)):
+        caps = dict(max_threads_per_threadgroup=32 if not device else 64)
+        want, _ = _run(case, None, {**device, **caps})
+        got, dispatches = _run(case, 2 * _units(case), {**device, **caps})
         assert dispatches == 3
         assert all(g.tobytes() == w.tobytes() for (_, g), (_, w) in zip(got, want))
 
@@ -156,10 +155,9 @@ def test_budget_overrides(monkeypatch):
         host.budget()
 
 
-@both_versions
 def test_dispatch_count_grows_with_T_only_past_the_budget(monkeypatch):
     """At a budget of 250 steps' units: one recurrence dispatch per op up to T = 250, then one
-    more per 250 further steps."""
+    more per 250 further steps (v1; the budget is the same for every version)."""
     rng = np.random.default_rng(0)
     desc = random_descriptor(rng, "gru", bidirectional=True)
     counts = {}
@@ -169,5 +167,5 @@ def test_dispatch_count_grows_with_T_only_past_the_budget(monkeypatch):
         monkeypatch.setenv(BUDGET_ENV, str(250 * _units(case)))
         with emulated_device(max_threads_per_threadgroup=32) as dev:
             case.gradients(backend=BACKEND)
-        counts[steps] = [d.kernel for d in dev.trace].count(recurrence_kernel("gru", "backward"))
+        counts[steps] = [d.kernel for d in dev.trace].count(recurrence_kernel(case, "backward"))
     assert counts == {1: 1, 250: 1, 251: 2, 1000: 4}
