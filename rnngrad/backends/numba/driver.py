@@ -1,4 +1,4 @@
-"""The numba backend's wrapper (contract 2.1 and the end of 3.3), shared by the three cells.
+"""The numba backend's wrapper (SEMANTICS.md §2.1 and the end of §3.3), shared by the three cells.
 
 What runs where:
 
