@@ -4,10 +4,8 @@ Why MKL: a recurrence multiplies by the same recurrent weight at every step, and
 a matrix into its GEMM kernel's panel layout once (``cblas_?gemm_pack``) and multiply by the
 packed matrix at every step (``cblas_?gemm_compute``). OpenBLAS re-packs both operands on every
 call; for a step's product of a [N,H] state by a [H,G·H] weight that re-packing is a third of
-the call. Measured single-threaded on the development machine (AVX-512, float32):
-
-    [32,256]·[256,1024]:  OpenBLAS 50 GFLOP/s, MKL 72, MKL packed 89
-    [64,512]·[512,2048]:  OpenBLAS 55 GFLOP/s, MKL 38, MKL packed 88
+the call, so the packed product is the fastest of the three at the recurrences' shapes
+(verification/PERFORMANCE.md, the numba BLAS entry, has the rates measured).
 
 MKL is loaded through its single dynamic library (``libmkl_rt``) with the sequential threading
 layer: every call runs on the calling thread (one of numba's), so no MKL thread pool competes
