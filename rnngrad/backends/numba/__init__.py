@@ -177,9 +177,9 @@ def _lock_kernel_caches():
 def _prefer_openmp():
     """Numba picks TBB over OpenMP for its thread pool when both are installed (MKL's wheel
     brings TBB along). The kernels meet their parts once per step, and OpenMP's spinning
-    workers answer that in about 2 µs where TBB's sleeping ones took up to a step's whole GEMM:
-    LSTM 100×32×256×256 ran 121 ms with OpenMP against 154 ms with TBB. Unless the user chose
-    a layer (``NUMBA_THREADING_LAYER``), OpenMP goes first."""
+    workers answer at once where TBB's sleeping ones took up to a step's whole GEMM
+    (verification/PERFORMANCE.md, "numba's thresholds"). Unless the user chose a layer
+    (``NUMBA_THREADING_LAYER``), OpenMP goes first."""
     if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
         numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
