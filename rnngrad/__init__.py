@@ -3,8 +3,8 @@
     import rnngrad as rg
     h, z = rg.lstm(x, R, W, b, descriptor=rg.LSTMDescriptor(training=True, produce_cell=False))
 
-The normative semantics are in the contract (README, "Semantics"); ``backend="reference"`` is
-the NumPy oracle that defines them.
+What every backend computes is stated in ``rnngrad/backends/reference/SEMANTICS.md``;
+``backend="reference"`` is the NumPy oracle that implements it literally.
 """
 
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """The public functions: check the inputs, pick a backend, run it, order the results.
 
-Signatures and names follow MPSGraph's (contract section 6). Every function accepts array-likes
+Signatures and names follow MPSGraph's (SEMANTICS.md §6). Every function accepts array-likes
 and returns NumPy arrays of the inputs' dtype.
 """
 
@@ -66,7 +66,7 @@ def add_to_final(seq, value, D):
     return seq
 
 
-# MPSGraph's gradient orders (contract 3.2); MPSGraph's forward order is h, c, z_state.
+# MPSGraph's gradient orders (SEMANTICS.md §3.2); MPSGraph's forward order is h, c, z_state.
 _GRADIENT_ORDER = {
     "single_gate": ("source", "recurrent_weight", "input_weight", "bias", "init_state"),
     "gru": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "secondary_bias"),

@@ -130,7 +130,7 @@ class LSTMDescriptor:
 @dataclasses.dataclass(frozen=True)
 class GRUDescriptor:
     """MPSGraphGRUDescriptor. Gate layout ``[z, r, o]``, or ``[r, z, o]`` with
-    ``reset_gate_first``; ``reset_after`` and ``flip_z`` as in the contract."""
+    ``reset_gate_first``; ``reset_after`` and ``flip_z`` as in SEMANTICS.md §2.2."""
 
     reverse: bool = False
     bidirectional: bool = False

@@ -1,4 +1,4 @@
-"""Input checking for the public functions (contract section 5).
+"""Input checking for the public functions (SEMANTICS.md §5).
 
 Every wrong input raises before any work is done: ``ValueError`` for shapes and descriptor
 values, ``TypeError`` for dtypes, a missing required array or a descriptor of the wrong class.

@@ -189,7 +189,7 @@ def test_unknown_backend_lists_the_available_ones():
         rg.gru(**case.inputs, descriptor=case.descriptor, backend="cuda")
 
 
-# -- edge cases (contract section 4) --------------------------------------------------------------
+# -- edge cases (SEMANTICS.md §4) -----------------------------------------------------------------
 
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("T,N", [(0, 3), (4, 0), (0, 0)])
@@ -264,7 +264,7 @@ def test_derivative_from_the_output_equals_derivative_from_the_input(kind):
 @pytest.mark.parametrize("cell", CELLS)
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_nonfinite_inputs_propagate_without_warnings(cell, value):
-    """NaN and Inf propagate by definition (contract section 4): the reference says nothing."""
+    """NaN and Inf propagate by definition (SEMANTICS.md §4): the reference says nothing."""
     import warnings
 
     case = random_case(3, cell, T=3, N=2, I=2, H=3, optional=dict(ALL, cell_gradient=True))

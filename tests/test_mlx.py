@@ -1,6 +1,6 @@
 """rnngrad.mlx: the custom functions' vjps equal finite differences in float64 for every cell and
 a spread of options; layers converted from mlx.nn give MLX's outputs and parameter gradients
-within the tolerance table; MLX's initialisation; each MPSGraph option is the contract op."""
+within the tolerance table; MLX's initialisation; each MPSGraph option is rnngrad's op."""
 
 import numpy as np
 import pytest

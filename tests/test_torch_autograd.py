@@ -118,7 +118,7 @@ def _numpy(given):
 
 @pytest.mark.parametrize("cell", list(G))
 def test_backward_equals_the_gradient_op(cell):
-    """Each output's gradient reaches the op as the contract says: h's as source_gradient, the
+    """Each output's gradient reaches the op as SEMANTICS.md §3.1 says: h's as source_gradient, the
     final state's as state_gradient, c's as the per-step and the final cell's as the final-cell
     cell_gradient (added at each direction's last step); every input gets its entry."""
     desc = DESCRIPTORS[cell](bidirectional=True)

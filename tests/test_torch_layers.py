@@ -1,6 +1,6 @@
 """rnngrad.torch.RNN / GRU / LSTM: converted from torch.nn they give PyTorch's outputs and
 gradients (uni- and bidirectional, batch-first, with and without initial states, stacked);
-with every MPSGraph option they compute the contract's op on the converters' parameter mapping
+with every MPSGraph option they compute rnngrad's op on the converters' parameter mapping
 and pass gradcheck; PyTorch's conventions (initialisation, state dicts, dropout, unbatched
 input) hold; wrong input is refused by name."""
 

@@ -1,4 +1,4 @@
-"""Wrong input raises before any work, naming the argument (contract section 5); any memory
+"""Wrong input raises before any work, naming the argument (SEMANTICS.md §5); any memory
 layout gives bitwise the same results; inputs are never modified."""
 
 import dataclasses

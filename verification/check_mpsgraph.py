@@ -9,11 +9,11 @@ float32 and compares with the float64 reference on the same float32-rounded inpu
 - random problems of every cell, forward (h, c) and gradients (a training forward feeding the
   gradient op in one graph, so MPSGraph's own z_state is used; z_state itself is opaque and not
   compared);
-- every contract decision marked [decision], each reported as **confirmed** (MPSGraph equals the
-  reference), **REFUTED** (MPSGraph equals the named alternative reading instead) or
-  **neither**: GRU flip_z default, hard sigmoid constants and derivative, the per-step and
-  every-step mask forms, the final-cell, [1,N,H] and per-step cell-gradient forms, the
-  processing-order outputs of a unidirectional reverse op;
+- every decision marked [decision] in ``rnngrad/backends/reference/SEMANTICS.md``, each
+  reported as **confirmed** (MPSGraph equals the reference), **REFUTED** (MPSGraph equals the
+  named alternative reading instead) or **neither**: GRU flip_z default, hard sigmoid constants
+  and derivative, the per-step and every-step mask forms, the final-cell, [1,N,H] and per-step
+  cell-gradient forms, the processing-order outputs of a unidirectional reverse op;
 - when PyTorch with the MPS device is installed, ``nn.LSTM`` on ``"mps"`` (which PyTorch runs
   with MPSGraph's LSTM and LSTMGradients) against the reference, with check_torch's code.
 
@@ -43,7 +43,7 @@ from verification.common import (CONFIRMED, NEITHER, REFUTED, Comparison, Row, T
 
 AGAINST = "MPSGraph (GPU), float32"
 
-# MPSGraph's gradient orders (contract 3.2)
+# MPSGraph's gradient orders (SEMANTICS.md §3.2)
 _GRADIENT_ORDER = {
     "single_gate": ("source", "recurrent_weight", "input_weight", "bias", "init_state"),
     "gru": ("source", "recurrent_weight", "input_weight", "bias", "init_state", "secondary_bias"),
@@ -231,7 +231,7 @@ class _MPSGraph:
 
 # -- random problems ------------------------------------------------------------------------------
 
-#: MPSGraph behaviours the contract deliberately does not follow (evidence §5, items 5 and 6);
+#: MPSGraph behaviours rnngrad deliberately does not follow (SEMANTICS.md §3.4);
 #: the random draw avoids them so the rows measure agreement, not the known deviations.
 def _avoid_known_deviations(case: Case) -> Case:
     desc = case.descriptor
@@ -288,9 +288,9 @@ def random_rows(candidate, count=12, seed=31):
 
 @dataclasses.dataclass
 class Decision:
-    """A contract decision: the case that tells the readings apart, whether it is judged on the
-    forward or the gradients, and ``alternative(case)`` → {quantity: float64 array} that the
-    other reading would give."""
+    """A [decision] of SEMANTICS.md: the case that tells the readings apart, whether it is
+    judged on the forward or the gradients, and ``alternative(case)`` → {quantity: float64
+    array} that the other reading would give."""
 
     name: str
     statement: str

@@ -21,8 +21,8 @@ from rnngrad.testing.gradcheck import TOLERANCE as FINITE_DIFFERENCE_TOLERANCE  
 from rnngrad.testing import compare_array, tolerance
 
 PASS, FAIL, SKIP = "pass", "FAIL", "skipped"
-#: verdicts on a contract [decision] (check_mpsgraph): the real op equals the reference, equals
-#: the alternative reading instead, or equals neither
+#: verdicts on a [decision] of SEMANTICS.md (check_mpsgraph): the real op equals the reference,
+#: equals the alternative reading instead, or equals neither
 CONFIRMED, REFUTED, NEITHER = "confirmed", "REFUTED", "neither"
 PASSING = (PASS, CONFIRMED)
 

@@ -1,4 +1,5 @@
-"""rnngrad's backends, one package each, all computing the contract (``shared/spec``):
+"""rnngrad's backends, one package each, all computing what
+``rnngrad/backends/reference/SEMANTICS.md`` states:
 
 - :mod:`rnngrad.backends.reference`: the NumPy oracle that defines the semantics (float64 and
   every dtype);

@@ -14,7 +14,7 @@ alive and lets them take turns within a fraction of a second of each other.
 Request fields: impl ("numba", "reference", "metal-cuda", "torch" or "gemm"), cell, T, N, I, H,
 dtype, threads, device ("cpu", default, or "cuda"). An rnngrad implementation times the
 training forward plus the gradient op through the public functions; "torch" times nn.RNN /
-nn.GRU / nn.LSTM forward + backward with PyTorch's semantics mapped onto the contract (LSTM gates
+nn.GRU / nn.LSTM forward + backward with PyTorch's semantics mapped onto rnngrad's ops (LSTM gates
 [i,f,g,o] = [i,f,z,o]; GRU reset_gate_first, reset_after with secondary_bias = b_hn; RNN tanh);
 "gemm" measures the GEMM rate on a [T·N, H] × [H, 4H] product (NumPy's, or cuBLAS's through CuPy
 on "cuda"). On "cuda" the inputs are already in GPU memory, PyTorch runs cuDNN with TF32 off,

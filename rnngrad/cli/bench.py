@@ -33,8 +33,8 @@ DEFAULT_SHAPES = ("100x32x256x256", "50x1x64x64", "200x64x512x512", "1000x8x128x
 CELL_NAMES = {"single_gate": "RNN", "gru": "GRU", "lstm": "LSTM"}
 GATES = {"single_gate": 1, "gru": 3, "lstm": 4}
 #: seconds between one worker's window and the next's, for the threads of the one that just
-#: ran to stop spinning and sleep: OpenBLAS's spin for about 0.1 s after a call (with 0.05 s,
-#: the window after the GEMM rate's ran its first 75–110 ms at half speed)
+#: ran to stop spinning and sleep: OpenBLAS's spin for a while after a call, and a window
+#: started sooner ran its first part at half speed (verification/PERFORMANCE.md, 2026-11-24)
 GAP = 0.2
 #: timed runs of each GEMM-rate window
 GEMM_REPEATS = 5

@@ -7,7 +7,7 @@
     loss, grads = nn.value_and_grad(layer, loss_fn)(x)   # rnngrad's gradient ops
 
 - :mod:`rnngrad.mlx.functions`: ``single_gate_rnn``, ``gru``, ``lstm`` on ``mx.array``\\ s in
-  the contract's layouts;
+  rnngrad's layouts (SEMANTICS.md §2);
 - :mod:`rnngrad.mlx.layers`: ``RNN``, ``GRU``, ``LSTM`` with MLX's conventions plus MPSGraph's
   options; ``from_mlx(module)``.
 

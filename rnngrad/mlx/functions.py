@@ -1,8 +1,8 @@
 """rnngrad's ops as MLX functions with custom gradients: ``mx.custom_function`` runs the forward
 op, its ``vjp`` the gradient op, on any rnngrad backend.
 
-Arguments, layouts and results are those of ``rnngrad.torch.functions`` (the contract's: time-
-major, MPSGraph's packed gate layouts): each function returns a named tuple ``(state,
+Arguments, layouts and results are those of ``rnngrad.torch.functions`` (rnngrad's: time-major,
+MPSGraph's packed gate layouts; SEMANTICS.md §2): each function returns a named tuple ``(state,
 final_state)``, or for the LSTM ``(state, cell, final_state, final_cell)``, of ``mx.array``\\ s.
 The gradient of ``final_state`` enters the gradient op as ``state_gradient``, that of
 ``final_cell`` as the final-cell ``cell_gradient``, that of ``cell`` as the per-step one.

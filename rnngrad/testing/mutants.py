@@ -235,7 +235,7 @@ FAULT_LIST = (
             ("        if desc.flip_z:\n", "        if not desc.flip_z:\n")]),
     _f("reverse_outputs_realigned", "reverse outputs re-aligned", "gru",
        "reverse outputs flipped back to input time",
-       directions=[("        return outs[0]  # processing order, not flipped back (contract 2.1 step 3)",
+       directions=[("        return outs[0]  # processing order, not flipped back (SEMANTICS.md §2.1, step 3)",
                     "        return tuple(None if a is None else (a[::-1] if problem.descriptor.reverse else a)"
                     " for a in outs[0])")]),
     _f("reverse_gradients_realigned", "reverse outputs re-aligned", "single_gate",

@@ -6,7 +6,7 @@
     output.sum().backward()                                            # rnngrad's gradient ops
 
 - :mod:`rnngrad.torch.functions`: ``single_gate_rnn``, ``gru``, ``lstm`` on tensors in the
-  contract's layouts, differentiable (``SingleGateRNNFunction``, ``GRUFunction``,
+  rnngrad's layouts, differentiable (``SingleGateRNNFunction``, ``GRUFunction``,
   ``LSTMFunction``: the forward op forward, the gradient op backward);
 - :mod:`rnngrad.torch.layers`: ``RNN``, ``GRU``, ``LSTM`` with PyTorch's constructor, call
   conventions and parameters, plus MPSGraph's options; ``from_torch(module)`` and

@@ -1,8 +1,8 @@
 """rnngrad's ops as PyTorch autograd functions: the forward op runs in the forward, the gradient
 op in the backward, on any rnngrad backend.
 
-Arguments and layouts are the contract's (time-major, MPSGraph's packed gate layouts; see
-``rnngrad.gru`` and the others):
+Arguments and layouts are rnngrad's (SEMANTICS.md §2; time-major, MPSGraph's packed gate
+layouts; see ``rnngrad.gru`` and the others):
 
 ====================  ============================================================
 source                [T,N,I], or [T,N,D·G·H] without input_weight
@@ -17,7 +17,7 @@ secondary_bias        [D·H] or None                    (GRU)
 ====================  ============================================================
 
 Each function returns a named tuple: ``state`` h [T,N,D·H] (processing order for a
-unidirectional ``reverse`` op, aligned with input time when bidirectional, as the contract
+unidirectional ``reverse`` op, aligned with input time when bidirectional, as SEMANTICS.md §2.1
 says), for the LSTM ``cell`` c [T,N,D·H], and ``final_state`` (``final_cell``) [N,D·H]: each
 direction's state after its last processing step (the initial state, or zeros, when T = 0).
 The gradient of ``final_state`` enters the gradient op as ``state_gradient``, the gradient of
@@ -83,8 +83,8 @@ class LSTMOutput(NamedTuple):
 
 
 def _final(seq, initial, D: int, device):
-    """Each direction's last state [N,D·H] of ``seq`` [T,N,D·H] (the backend's array; contract
-    2.1: processing order unidirectional, aligned bidirectional) as a tensor of its own; the
+    """Each direction's last state [N,D·H] of ``seq`` [T,N,D·H] (the backend's array; SEMANTICS.md
+    §2.1: processing order unidirectional, aligned bidirectional) as a tensor of its own; the
     initial state (a tensor or None: zeros) when T = 0."""
     T, N, DH = seq.shape
     if T == 0:
@@ -117,7 +117,7 @@ def _descriptor(cell, descriptor):
 @functools.lru_cache(maxsize=256)
 def _with_outputs(descriptor, training: bool):
     """``descriptor`` asking for z_state (``training``) and, for the LSTM, the cell (cached:
-    a descriptor checks every field when made, 20 µs)."""
+    a descriptor checks every field when made, which costs more than the lookup)."""
     extra = {"produce_cell": True} if isinstance(descriptor, rnngrad.LSTMDescriptor) else {}
     return dataclasses.replace(descriptor, training=training, **extra)
 
@@ -153,9 +153,10 @@ def _first_order_only(backward):
 
 
 def _cell_gradient(gc, gcn, D: int, T: int):
-    """The contract's cell_gradient from the gradients of the per-step cell ``gc`` [T,N,D·H]
-    and of the final cell ``gcn`` [N,D·H] (either may be None): per step, with the final cell's
-    added at each direction's last processing step; or the final-cell form alone."""
+    """The op's cell_gradient (SEMANTICS.md §3.1) from the gradients of the per-step cell
+    ``gc`` [T,N,D·H] and of the final cell ``gcn`` [N,D·H] (either may be None): per step, with
+    the final cell's added at each direction's last processing step; or the final-cell form
+    alone."""
     if gc is None or T == 0:
         return gcn
     if gcn is None:
@@ -230,7 +231,7 @@ def _make_function(cell: str, class_name: str):
 
     doc = (f"rnngrad's {cell} forward op in the forward, its gradient op in the backward. "
            f"``{class_name}.apply(descriptor, backend, {', '.join(names)})`` with the "
-           "contract's layouts (module docstring); returns (h, final h) or, for the LSTM, "
+           "layouts of rnngrad's ops (module docstring); returns (h, final h) or, for the LSTM, "
            "(h, c, final h, final c).")
     return type(class_name, (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward),

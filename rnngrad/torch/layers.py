@@ -15,7 +15,7 @@ PyTorch's conventions, as ``torch.nn.RNN`` / ``GRU`` / ``LSTM``:
   the same weights as the ``torch.nn`` module, and state dicts are interchangeable;
 - dropout on the output of every layer but the last, in training mode.
 
-The op of each layer and direction (contract, with ``rnngrad.convert.torch``'s mapping):
+The op of each layer and direction (SEMANTICS.md, with ``rnngrad.convert.torch``'s mapping):
 ``input_weight`` = the directions' ``weight_ih`` concatenated, ``recurrent_weight`` = their
 ``weight_hh`` (stacked when bidirectional), ``bias`` = ``bias_ih + bias_hh``, except the GRU's
 candidate block with a secondary bias: ``bias_ih``'s alone, and ``bias_hh``'s candidate block
@@ -27,7 +27,7 @@ MPSGraph's options (keyword-only), defaults giving PyTorch's cells:
   and ``h_n`` is the state after the last processing step, ``output[-1]``), ``backend``
   (an rnngrad backend name, None: the fastest here), and ``mask=`` at call time (broadcastable
   to [N,D·H], or per step [T,N,D·H] ([N,T,D·H] with ``batch_first``); it multiplies h[t−1] where
-  it enters the recurrent products of every layer; the contract, section 2.2);
+  it enters the recurrent products of every layer; SEMANTICS.md §2.2);
 - ``RNN``: ``nonlinearity`` also ``"sigmoid"``, ``"hard_sigmoid"``, ``"none"``;
 - ``GRU``: ``reset_gate_first`` (True: PyTorch's gate order r, z, n; False: MPSGraph's
   z, r, n), ``reset_after`` (True: PyTorch's n = f(W_n x + b_in + r ⊙ (R_n h + b_hn))),
@@ -174,7 +174,7 @@ class _RNNBase(nn.Module):
 
     # -- the op's arguments -------------------------------------------------------------------
     def op_parameters(self, k: int) -> dict:
-        """The op's parameter arguments of layer ``k`` (contract layouts), made from the
+        """The op's parameter arguments of layer ``k`` (rnngrad's layouts), made from the
         module's parameters by differentiable tensor operations (autograd takes each gradient
         back to its parameter): input_weight, recurrent_weight, bias, secondary_bias (GRU),
         peephole (LSTM)."""

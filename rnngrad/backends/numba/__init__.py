@@ -1,4 +1,4 @@
-"""The numba CPU backend: every op of the contract, float32 and float64, computed in the
+"""The numba CPU backend: every op of SEMANTICS.md, float32 and float64, computed in the
 inputs' dtype.
 
 Design (details in ``driver.py``, ``common.py`` and the kernel modules): the input projection
@@ -7,10 +7,10 @@ direction's recurrence is one compiled kernel running the whole time loop, with 
 units split into parts that run in parallel, each computing its units' columns of the
 recurrent product (one BLAS GEMM per step over the whole batch) and their gate math in
 vectorised loops. Everything runs on numba's thread pool. z_state is written in exactly the
-contract's layout, so a numba forward feeds any backend's gradients and the reverse.
+layout of SEMANTICS.md §2.3, so a numba forward feeds any backend's gradients and the reverse.
 
 Kernels are compiled with ``cache=True``; ``fastmath`` is off (it would let NaN become a
-number, contract section 4). The cache is kept in rnngrad's per-user cache folder
+number, SEMANTICS.md §4). The cache is kept in rnngrad's per-user cache folder
 (:func:`rnngrad._cache.user_cache_dir`), one folder per installation and state of the sources,
 never inside the package: numba's cache checks only the source file of each cached function, not
 the helpers it inlines from other files, so any edit of a file with compiled code gives a fresh
@@ -177,9 +177,9 @@ def _lock_kernel_caches():
 def _prefer_openmp():
     """Numba picks TBB over OpenMP for its thread pool when both are installed (MKL's wheel
     brings TBB along). The kernels meet their parts once per step, and OpenMP's spinning
-    workers answer that in about 2 µs where TBB's sleeping ones took up to a step's whole GEMM:
-    LSTM 100×32×256×256 ran 121 ms with OpenMP against 154 ms with TBB. Unless the user chose
-    a layer (``NUMBA_THREADING_LAYER``), OpenMP goes first."""
+    workers answer at once where TBB's sleeping ones took up to a step's whole GEMM
+    (verification/PERFORMANCE.md, "numba's thresholds"). Unless the user chose a layer
+    (``NUMBA_THREADING_LAYER``), OpenMP goes first."""
     if "NUMBA_THREADING_LAYER" not in os.environ and "NUMBA_THREADING_LAYER_PRIORITY" not in os.environ:
         numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 

@@ -4,10 +4,8 @@ Why MKL: a recurrence multiplies by the same recurrent weight at every step, and
 a matrix into its GEMM kernel's panel layout once (``cblas_?gemm_pack``) and multiply by the
 packed matrix at every step (``cblas_?gemm_compute``). OpenBLAS re-packs both operands on every
 call; for a step's product of a [N,H] state by a [H,G·H] weight that re-packing is a third of
-the call. Measured single-threaded on the development machine (AVX-512, float32):
-
-    [32,256]·[256,1024]:  OpenBLAS 50 GFLOP/s, MKL 72, MKL packed 89
-    [64,512]·[512,2048]:  OpenBLAS 55 GFLOP/s, MKL 38, MKL packed 88
+the call, so the packed product is the fastest of the three at the recurrences' shapes
+(verification/PERFORMANCE.md, the numba BLAS entry, has the rates measured).
 
 MKL is loaded through its single dynamic library (``libmkl_rt``) with the sequential threading
 layer: every call runs on the calling thread (one of numba's), so no MKL thread pool competes
@@ -130,8 +128,8 @@ def _load_mkl():
 
 #: without MKL, a step's product of at most this many multiply-adds (M·K·N) is a compiled loop
 #: rather than an OpenBLAS call, whose checks, set-up and operand copies cost more than a
-#: [1,64]·[64,256] product takes. (MKL's GEMM is faster than the loop at every size: 1.4 µs,
-#: packed 1.1, against 2.1 for [1,64]·[64,256] in float32.)
+#: [1,64]·[64,256] product takes (MKL's GEMM is faster than the loop at every size, so this
+#: applies without MKL only; verification/PERFORMANCE.md, "numba's thresholds")
 SMALL_PRODUCT = 1 << 16
 
 
@@ -257,11 +255,11 @@ def _pack_into(b, rows, dest):
 
 
 def worth_packing(K, N, rows, steps):
-    """Whether packing B [K,N] pays for itself over ``steps`` products with ``rows`` rows.
-    Packing costs about 20 µs of calls plus 1 ns per element of B; the packed product saves
-    4–20 ps per multiply-add over MKL's plain GEMM (measured, float32: 0.34 µs a step at
-    [1,64]·[64,256], 45 µs at [32,256]·[256,1024]); taking the low end, pack when
-    steps · rows · K · N · 4 ps > 20 µs + K · N · 1 ns."""
+    """Whether packing B [K,N] pays for itself over ``steps`` products with ``rows`` rows:
+    packing has a fixed cost of calls plus a cost per element of B, and the packed product saves
+    a little on every multiply-add, so pack when the saving over all steps, at its measured low
+    end, exceeds both costs (the constants: verification/PERFORMANCE.md, "numba's
+    thresholds")."""
     return steps * rows * K * N > 5_000_000 + 250 * K * N
 
 
@@ -312,9 +310,8 @@ def _row_major(b: np.ndarray) -> np.ndarray:
 
 @numba.njit(**JIT)
 def transpose(a, out):
-    """out = aᵀ for C-contiguous a [M,K] and out [K,M], in 8×8 tiles. (NumPy's strided copy
-    of a [256,64] float32 array's transpose took 19 µs, this 9 µs; [2048,512], 5.3 ms and
-    1.0 ms.)"""
+    """out = aᵀ for C-contiguous a [M,K] and out [K,M], in 8×8 tiles: faster than NumPy's
+    strided copy of the transpose (verification/PERFORMANCE.md, "numba's thresholds")."""
     M, K = a.shape
     Mt, Kt = M - M % 8, K - K % 8
     for i0 in range(0, Mt, 8):

@@ -6,7 +6,7 @@ Conventions of every kernel (one direction of one op, the whole time loop compil
   ``dX`` are indexed by input time ``ti = T−1−s`` when ``x_rev`` (reverse, or the backward
   direction), else ``s``. Outputs (h, c, z_state) and the gradient op's per-step inputs are
   indexed by output time ``to = T−1−s`` when ``out_rev`` (the backward direction of a
-  bidirectional op), else ``s``. The mask is indexed by ``s`` (contract 2.2).
+  bidirectional op), else ``s``. The mask is indexed by ``s`` (SEMANTICS.md §2.2).
 - A call runs the steps ``s0 … s1−1`` of the loop (the forward upward, the gradients
   downward); the state carried from step to step lives in the driver's scratch arrays, so the
   loop may run in pieces, one call each (``overlap.py``), or whole (``s0, s1 = 0, T``).

@@ -1,4 +1,4 @@
-"""The numba backend's wrapper (contract 2.1 and the end of 3.3), shared by the three cells.
+"""The numba backend's wrapper (SEMANTICS.md §2.1 and the end of §3.3), shared by the three cells.
 
 What runs where:
 
@@ -43,28 +43,18 @@ from .gemm import add_transposed_times, product, rows_times
 from .common import MASK_NONE, MASK_PER_STEP, MASK_SHARED, through_first_product
 
 #: below this many floating-point operations in one step's recurrent product (2·N·H·G·H) a
-#: kernel runs on one thread: a parallel region per step costs a few µs.
+#: kernel runs on one thread: a parallel region per step costs more than the split saves.
 PARALLEL_MIN_FLOPS = 4_000_000
 #: fewest hidden units per part: narrower parts make GEMMs too thin to gain from the split
-#: (measured, 2 threads, float32: LSTM 1000×8×128×128 ran 9% and GRU 15% faster on one
-#: thread; LSTM 200×8×256×256 10% faster on two)
+#: (verification/PERFORMANCE.md, "numba's thresholds")
 MIN_PART_UNITS = 128
 #: a gradient recurrence runs on one thread beside its weight-gradient products when those
-#: take at least this many times its own FLOPs (:func:`gradient_schedule`). Measured, float32,
-#: 2 threads, gradients on one thread beside dR and dW against the parts in parallel, paired
-#: runs, with an input weight (I = H, share 2): single-gate RNN 100×32×256×256 0.94×, GRU
-#: 0.84×, LSTM 0.93×, LSTM 200×64×512×512 0.92×; without one (share 1): GRU 0.85×, single-gate
-#: RNN 1.00×, LSTM 0.99× and 1.05×. (A forward on one thread beside its projection ran
-#: 1.03–1.07× as long as in parallel, and 1.2–1.6× without the projection to overlap: the
-#: forward keeps :func:`schedule`.)
+#: take at least this many times its own FLOPs (:func:`gradient_schedule`); a forward gains
+#: nothing from it and keeps :func:`schedule` (verification/PERFORMANCE.md, "numba's
+#: thresholds")
 SERIAL_GRADIENTS_SHARE = 1.5
 #: … and when a step's recurrent product (2·N·G·H·H) takes at least this many FLOPs: below it,
-#: splitting the batch rows was faster (measured, float32, 2 threads, gradients only, paired
-#: runs, rows against one thread beside dR and dW, with W, I = H: single-gate RNN
-#: 100×32×256×256 (4.2 MFLOP a step) 0.83× and 0.86×, GRU 100×16×256×256 (6.3) 0.90×, LSTM
-#: 100×16×256×256 (8.4) 0.92×, single-gate RNN 100×64×256×256 (8.4) 0.99×; above it, GRU
-#: 100×32×256×256 (12.6) 1.04×, LSTM (16.8) 0.97×, LSTM 200×64×512×512 0.92× and 1.03×, GRU
-#: 1.19×, single-gate RNN 1.00× and 1.08×)
+#: splitting the batch rows was faster (verification/PERFORMANCE.md, "numba's thresholds")
 SERIAL_GRADIENTS_MIN_STEP_FLOPS = 10_000_000
 #: a forward splits the batch rows between the threads (:func:`forward_schedule`) when each
 #: gets at least this many rows …
@@ -88,11 +78,8 @@ def forward_schedule(T: int, N: int, H: int, G: int) -> tuple[int, int]:
     (``ROW_PARTS_MIN_FLOPS``) the rows are split: each thread runs its rows through every step
     with all of R, and the threads never meet inside the loop (no wait at each step for the
     slower one, one parallel region in all). Otherwise :func:`schedule` splits the units, or
-    not. Measured, float32, 2 threads, forward op, paired runs: against split units,
-    100×32×256×256 LSTM 0.84×, GRU 0.81×, single-gate RNN 0.78×, LSTM 200×64×512×512 0.93×,
-    LSTM 100×16×256×256 0.88×; against one thread, LSTM 100×32×64×64 0.66×, 50×32×32×32 0.70×,
-    200×64×128×128 0.90×, GRU 0.95×, single-gate RNN 0.67×; single-gate RNN 50×32×32×32
-    (3.3 MFLOP) 1.03×."""
+    not. Rows beat split units and one thread wherever both thresholds hold
+    (verification/PERFORMANCE.md, "numba's thresholds")."""
     if N >= 2 * MIN_PART_ROWS and 2.0 * T * N * G * H * H >= ROW_PARTS_MIN_FLOPS:
         rows = min(numba.get_num_threads(), N // MIN_PART_ROWS)
         if rows >= 2:
@@ -108,10 +95,7 @@ def gradient_schedule(P) -> tuple[int, int]:
     (``overlap.bounds``): the recurrence then runs on one thread, with no per-step meeting,
     while the other core works through dR and dW. Otherwise the batch rows, or the units, are
     split as in :func:`forward_schedule` (rows never depend on each other in the gradients
-    either). Measured, float32, 2 threads, gradients only, paired runs: rows against split
-    units without an input weight, 100×32×256×256, LSTM 0.87×, GRU 0.86×, single-gate RNN
-    0.81×; rows against one thread, LSTM 100×32×64×64 (with W) 0.79×, 200×64×128×128 (without)
-    0.84×, GRU 0.86× and 0.86×, single-gate RNN 0.96× and 0.75×."""
+    either; verification/PERFORMANCE.md, "numba's thresholds", has the measurements)."""
     parts, row_parts = forward_schedule(P.T, P.N, P.H, P.G)
     if parts * row_parts == 1:
         return 1, 1
@@ -130,9 +114,8 @@ def in_one_call(P, parts: int, flops: float) -> bool:
     schedule's parts of units times parts of rows, is 1), with R unpacked (``blas.packs``),
     and nothing beside it (``overlap.bounds`` of the ``flops`` that would run there). These
     are the small problems, where the Python between the kernels and the products is a
-    visible share of the op. Measured, float32, forward + gradients in one call against the
-    kernels and products called one by one, paired runs: 50×1×64×64 LSTM 0.83–0.85×, GRU
-    0.79×, single-gate RNN 0.77×; 20×4×32×32 0.82×, 0.72×, 0.71×."""
+    visible share of the op (verification/PERFORMANCE.md, "numba: warm-up, one-call ops,
+    splits")."""
     return parts == 1 and not blas.packs(P.H, P.G * P.H, P.N, P.T) \
         and overlap.bounds(P.T, P.N, 1, flops) is None
 

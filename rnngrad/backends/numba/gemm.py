@@ -19,7 +19,7 @@ from .activations import JIT
 from .blas import gemm, gemm_add
 
 #: below this many floating-point operations a product runs on one thread, outside any
-#: parallel region (entering one costs about 10 µs, waking idle threads more)
+#: parallel region (entering one, and waking idle threads, costs more than such a product)
 PARALLEL_MIN_FLOPS = 2_000_000
 
 
@@ -87,8 +87,8 @@ def rows_times(a, b):
 
 def add_transposed_times(x, b, out):
     """out += xᵀ @ b for x [K,M], b [K,N] (any strides) and out [M,N] with unit stride along
-    its rows, split by rows of out (by columns of x: 6% faster than splitting K and summing
-    partial products, measured on 3200×1024×256 in float32)."""
+    its rows, split by rows of out (by columns of x), which measured faster than splitting K
+    and summing partial products (verification/PERFORMANCE.md, "numba's thresholds")."""
     K, M = x.shape
     N = b.shape[1]
     if M == 0 or N == 0 or K == 0:

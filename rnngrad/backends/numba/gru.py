@@ -1,6 +1,7 @@
 """GRU forward and gradient kernels, one direction, whole time loop compiled.
 
-Equations: contract 2.2 and 3.3 (``rnngrad/backends/reference/gru.py`` is the readable version).
+Equations: SEMANTICS.md §2.2 and §3.3 (``rnngrad/backends/reference/gru.py`` is the readable
+version).
 Conventions (parts of the hidden units, double buffers, row views): ``common.py``. ``bz``/``br``
 are the block indices of the z and r gates (0 or 1: they are the first two blocks in both
 layouts); the o block is 2 and, with reset_after, q is block 3 of z_state. ``acts`` [3] holds

@@ -1,6 +1,7 @@
 """LSTM forward and gradient kernels, one direction, whole time loop compiled.
 
-Equations: contract 2.2 and 3.3 (``rnngrad/backends/reference/lstm.py`` is the readable version).
+Equations: SEMANTICS.md §2.2 and §3.3 (``rnngrad/backends/reference/lstm.py`` is the readable
+version).
 ``gi`` [4] holds the block index of the gates i, f, z, o in the packed layout; ``acts`` [5] the
 activation codes of i, f, z, o and of the cell activation g. Conventions (parts of the hidden
 units, double buffers, row views): ``common.py``.

@@ -31,10 +31,8 @@ import numpy as np
 from .gemm import accumulate
 
 #: overlap when the products moved to the helper take at least this many floating-point
-#: operations: each chunk's hand-over and kernel call cost tens of µs, which smaller problems
-#: do not win back (measured, float32, 2 cores, forward + gradients against no overlap, paired
-#: runs: LSTM 1000×8×128×128, 1 and 2 GFLOP moved, 0.86×; GRU, 0.8 and 1.6 GFLOP, 0.91×;
-#: single-gate RNN, 0.26 and 0.52 GFLOP, 1.10×)
+#: operations: each chunk's hand-over and kernel call has a fixed cost, which smaller problems
+#: do not win back (verification/PERFORMANCE.md, "numba's thresholds")
 MIN_FLOPS = 600_000_000
 #: the loop is cut into about this many chunks: the first chunk's projection and the last
 #: chunk's weight products cannot overlap the recurrence …

@@ -1,6 +1,7 @@
 """singleGateRNN forward and gradient kernels, one direction, whole time loop compiled.
 
-Equations: contract 2.2 and 3.3 (``rnngrad/backends/reference/single_gate.py`` is the readable version).
+Equations: SEMANTICS.md §2.2 and §3.3 (``rnngrad/backends/reference/single_gate.py`` is the
+readable version).
 Conventions (parts of the hidden units, double buffers, row views): ``common.py``.
 Per step and part (forward): ``rec = hm @ Rtₚ`` (BLAS, [N,H]·[H,hc]), then per row
 a = rec + x' + b (to z_state), h = f(a), and the next step's ``hm = h ⊙ m``.

@@ -1,7 +1,7 @@
 """Compiling the kernels before first use, one process per cell and dtype, side by side.
 
 numba compiles each kernel on its first call, on the calling thread: from an empty cache the
-three cells take about 3 minutes per dtype, one core busy. :func:`compile_kernels` runs that
+three cells take minutes per dtype, one core busy. :func:`compile_kernels` runs that
 compilation in worker processes instead, one task per cell and dtype, as many at once as there
 are cores, each task calling the ops on problems that take every path of the driver (one call,
 units split, rows split, products beside the recurrence). Every worker saves what it compiled

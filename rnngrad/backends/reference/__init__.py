@@ -4,6 +4,8 @@ It computes in float64 whatever the input dtype and returns the inputs' dtype. E
 (``single_gate``, ``gru``, ``lstm``) holds the core op of one direction in processing order and
 opens with its Notation, Equations, Layouts and Deviations and decisions; ``directions`` is
 the wrapper shared by all three (projection, reverse, bidirectional, source/weight gradients).
+The statement they implement, with every decision taken where MPSGraph is silent, is
+``SEMANTICS.md`` in this folder.
 """
 
 import numpy as np
@@ -19,7 +21,7 @@ def _cast(a, dtype):
     return None if a is None else np.asarray(a, dtype=dtype)
 
 
-# A NaN or Inf in the inputs propagates by definition (contract section 4): NumPy's "invalid
+# A NaN or Inf in the inputs propagates by definition (SEMANTICS.md §4): NumPy's "invalid
 # value" warnings (inf − inf, 0 · inf, in products and matmuls) report exactly that, so they are
 # silenced; the values are unchanged.
 _NONFINITE_IS_DEFINED = dict(invalid="ignore", over="ignore")

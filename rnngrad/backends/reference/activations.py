@@ -1,10 +1,24 @@
 """The five MPSGraphRNNActivation functions and their derivatives, in float64 NumPy.
 
-Derivatives are taken from the pre-activation ``x`` (contract section 1). NaN propagates through
-every function and every derivative: a NaN pre-activation gives a NaN derivative, never 0, so a
-NaN is never turned into a number on the way back (contract section 4).
-"""
+Notation
+    x is a pre-activation, s = sigmoid(x).
 
+Equations (SEMANTICS.md §1)
+    none: x, derivative 1;  relu: max(x, 0), derivative 1 where x > 0 else 0
+    tanh: tanh(x), derivative 1 − tanh²(x);  sigmoid: 1/(1 + e^(−x)), derivative s(1 − s)
+    hard_sigmoid: clamp(0.2·x + 0.5, 0, 1), derivative 0.2 where |x| ≤ 2.5 else 0
+
+Layouts
+    Element-wise: every function returns an array of x's shape.
+
+Deviations and decisions
+    - hard_sigmoid's slope 0.2 and offset 0.5 (ONNX's HardSigmoid defaults; Apple does not
+      document them) [decision].
+    - Derivatives are taken from the pre-activation x, not from the activation's output.
+    - NaN propagates through every function and every derivative: a NaN pre-activation gives a
+      NaN derivative, never 0, so a NaN is never turned into a number on the way back
+      (SEMANTICS.md §4).
+"""
 import numpy as np
 
 from ...descriptors import Activation

@@ -1,4 +1,4 @@
-"""The wrapper shared by the three cells (contract sections 2.1 and the end of 3.3).
+"""The wrapper shared by the three cells (SEMANTICS.md §2.1 and the end of §3.3).
 
 MPSGraph builds its public ops from ordinary graph ops around a unidirectional core op that
 runs forward in time. This module is that wrapper: the input projection ``x' = source Wᵀ + b``,
@@ -7,10 +7,37 @@ input, the reassembly of the outputs, and after the core gradient op the product
 source, input-weight and bias gradients. The cells (``single_gate``, ``gru``, ``lstm``) only
 supply the core op of one direction, in processing order.
 
-Notation: ``T, N, I, H, G, D`` as in the contract; ``Z`` blocks of H in z_state per direction.
-Everything here is float64.
-"""
+Notation
+    T steps, N batch, I input features, H hidden units, G gates of a direction (1, 3, 4), D
+    directions (2 when bidirectional); Z blocks of H in z_state per direction (G, or 4 for a
+    GRU with reset_after). ``rev(a)`` reverses the time axis. Everything here is float64.
 
+Equations
+    forward:   x' = source Wᵀ (x' = source without input_weight);  x' = x' + b with a bias
+      D = 1:   h, c, z = core(x')            or core(rev(x')) with reverse; not flipped back
+      D = 2:   h_f, c_f, z_f = core(x'[..., 0:GH]),  h_b, c_b, z_b = core(rev(x'[..., GH:2GH]))
+               h = [h_f, rev(h_b)] on the last axis, the same for c and z_state
+    gradients: each direction's core gradient op gives dA [T,N,GH] in processing order
+               dA = [dA_f, rev(dA_b)] (rev(dA) for a unidirectional reverse)
+               d_source = dA W (dA without input_weight);  d_W = flat(dA)ᵀ flat(source)
+               d_bias = Σ_(t,n) dA, kept dimensions;  d_R = [dR_f, dR_b] stacked
+
+Layouts
+    x', W, b: [T,N,D·G·H], [D·G·H,I], [D·G·H], the forward direction's G·H first. R [D,GH,H];
+    init_state, init_cell, mask, secondary_bias split on the last axis into [0:H] and [H:2H];
+    peephole [D,4H] on the first. h, c [T,N,D·H] and z_state [T,N,D·Z·H] are aligned with input
+    time when bidirectional, in processing order when unidirectional; a bidirectional op's
+    source_gradient, z_state, output_fwd, cell_output_fwd and per-step cell_gradient are read
+    the same way (their backward halves flipped into processing order here). state_gradient
+    enters at each direction's last processing step.
+
+Deviations and decisions
+    - A unidirectional reverse op's outputs stay in processing order, as MPSGraph returns them.
+    - The mask is never time-reversed; a per-step mask [T,N,H] is indexed by processing step
+      [decision].
+    - With T = 0 the state gradient is the initial state's gradient (SEMANTICS.md §4).
+    - The bias gradient keeps its dimensions: [1,1,D·G·H], as MPSGraph returns it.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -98,7 +125,7 @@ def _directions(problem, x_proj):
         if problem.gradients:
             direction.dh_in = _in_processing_order(_halves(sg, H, d), flip_aligned)
             # The state gradient enters at the final processing step; with T = 0 it is the
-            # init_state gradient itself (contract section 4).
+            # init_state gradient itself (SEMANTICS.md §4).
             direction.dh_final = _halves(state_g, H, d)
             direction.zs = _in_processing_order(None if zs is None else zs[..., d * Z * H:(d + 1) * Z * H], flip_aligned)
             direction.h_fwd = _in_processing_order(_halves(h_fwd, H, d), flip_aligned)
@@ -127,7 +154,7 @@ def forward(problem, core_forward):
     dirs = _directions(problem, project(problem))
     outs = [core_forward(d, problem.descriptor) for d in dirs]
     if problem.D == 1:
-        return outs[0]  # processing order, not flipped back (contract 2.1 step 3)
+        return outs[0]  # processing order, not flipped back (SEMANTICS.md §2.1, step 3)
     (hf, cf, zf), (hb, cb, zb) = outs
     h = np.concatenate([hf, hb[::-1]], axis=-1)  # [T,N,2H]
     c = None if cf is None else np.concatenate([cf, cb[::-1]], axis=-1)  # [T,N,2H]

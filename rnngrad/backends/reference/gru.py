@@ -5,7 +5,7 @@ Notation
     direction in processing order (``directions.py`` applies W, b, reverse and bidirectional).
     ``m`` is the mask (ones if None), ``b2`` the secondary bias (zeros if None).
 
-Equations (contract 2.2 and 3.3), for t = 0 … T−1, ``h[−1] = init_state``:
+Equations (SEMANTICS.md §2.2 and §3.3), for t = 0 … T−1, ``h[−1] = init_state``:
     a_z = x'_z[t] + (h[t−1] ⊙ m) R_zᵀ        z = f_update(a_z)
     a_r = x'_r[t] + (h[t−1] ⊙ m) R_rᵀ        r = f_reset(a_r)
     reset_after = False:  c = (h[t−1] ⊙ r ⊙ m) R_oᵀ
@@ -13,7 +13,19 @@ Equations (contract 2.2 and 3.3), for t = 0 … T−1, ``h[−1] = init_state``:
     a_o = x'_o[t] + c                         o = f_output(a_o)
     flip_z = False:  h[t] = z ⊙ h[t−1] + (1 − z) ⊙ o
     flip_z = True:   h[t] = (1 − z) ⊙ h[t−1] + z ⊙ o
-    backward: see contract 3.3; ``keep`` is z (or 1 − z with flip_z).
+    backward, t = T−1 … 0, dh = source_gradient'[t] + dh_next, hp = h[t−1]:
+    flip_z = False:  da_o = dh ⊙ (1 − z) ⊙ f_output'(a_o)   da_z = dh ⊙ (hp − o) ⊙ f_update'(a_z)
+                     keep = z
+    flip_z = True:   da_o = dh ⊙ z ⊙ f_output'(a_o)         da_z = dh ⊙ (o − hp) ⊙ f_update'(a_z)
+                     keep = 1 − z
+    reset_after = False:
+        e = da_o R_o;   da_r = e ⊙ hp ⊙ m ⊙ f_reset'(a_r);   dR_o += da_oᵀ (hp ⊙ r ⊙ m)
+        dh_next = dh ⊙ keep + e ⊙ r ⊙ m + (da_z R_z + da_r R_r) ⊙ m
+    reset_after = True:
+        da_r = da_o ⊙ q ⊙ f_reset'(a_r);   dq = da_o ⊙ r
+        dR_o += dqᵀ (hp ⊙ m);   db2 += Σ_n dq
+        dh_next = dh ⊙ keep + (dq R_o + da_z R_z + da_r R_r) ⊙ m
+    both: dR_z += da_zᵀ (hp ⊙ m);   dR_r += da_rᵀ (hp ⊙ m)
 
 Layouts
     Gate blocks ``[z, r, o]``, or ``[r, z, o]`` with reset_gate_first, in x', W, b and R

@@ -6,7 +6,8 @@ Notation
     ``m`` is the mask (ones if None), ``p`` the peephole (zeros if None), ``g`` the descriptor's
     ``activation`` applied to the cell.
 
-Equations (contract 2.2 and 3.3), for t = 0 … T−1, ``h[−1] = init_state``, ``c[−1] = init_cell``:
+Equations (SEMANTICS.md §2.2 and §3.3), for t = 0 … T−1, ``h[−1] = init_state``,
+``c[−1] = init_cell``:
     a_k = x'_k[t] + (h[t−1] ⊙ m) R_kᵀ + p_k ⊙ c[t−1]          k in i, f, z, o
     i = f_in(a_i)   f = f_forget(a_f)   z = f_cell(a_z)   o = f_out(a_o)
     c[t] = f ⊙ c[t−1] + i ⊙ z

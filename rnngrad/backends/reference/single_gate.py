@@ -5,7 +5,7 @@ Notation
     in processing order (the wrapper in ``directions.py`` applies W, b, reverse and
     bidirectional). ``m`` is the mask (ones if None), ``f`` the descriptor's activation.
 
-Equations (contract 2.2 and 3.3), for t = 0 … T−1, ``h[−1] = init_state``:
+Equations (SEMANTICS.md §2.2 and §3.3), for t = 0 … T−1, ``h[−1] = init_state``:
     a[t] = x'[t] + (h[t−1] ⊙ m) Rᵀ
     h[t] = f(a[t])
     backward, t = T−1 … 0, dh = source_gradient'[t] + dh_next:
