@@ -440,9 +440,9 @@ inline void gru_backward_v2_run(uint threads,
         return;
     }
     threadgroup float* stage = (threadgroup float*)staged;
-    gru_backward_v2_row<AHEAD, PW>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, status, stage,
-                                   stage + 3 * p.H, stage + 4 * p.H, rg_group_rows(p, tpg, tgid).x, lid,
-                                   tgid, tpg);
+    gru_backward_v2_row<AHEAD, PW>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, status,
+                                   stage, stage + 3 * p.H, stage + 4 * p.H, rg_group_rows(p, tpg,
+                                   tgid).x, lid, tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(RG_THREADS)]]

@@ -438,8 +438,9 @@ inline void gru_forward_v2_spread_run(uint threads, constant RecurrenceParams& p
         return;
     }
     threadgroup float* sums = (threadgroup float*)nexts;  // the stage's two buffers
-    gru_forward_v2_spread<RG_HOLD_512 - 1>(p, x, bias, R, h0, mask, b2, h, zs, status, sums, sums + p.H,
-                                           staged, rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
+    gru_forward_v2_spread<RG_HOLD_512 - 1>(p, x, bias, R, h0, mask, b2, h, zs, status, sums,
+                                           sums + p.H, staged, rg_group_rows(p, tpg, tgid).x, lid,
+                                           tgid, tpg);
 }
 
 [[max_total_threads_per_threadgroup(RG_THREADS)]]

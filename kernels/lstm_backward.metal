@@ -445,9 +445,10 @@ inline void lstm_backward_v2_run(uint threads,
         return;
     }
     threadgroup float* stage = (threadgroup float*)staged;
-    lstm_backward_v2_row<AHEAD, PEEP, PW>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn, prow, status, stage,
-                                          stage + 4 * p.H, stage + 5 * p.H,
-                                          rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
+    lstm_backward_v2_row<AHEAD, PEEP, PW>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs,
+                                          dhn, dcn, prow, status, stage, stage + 4 * p.H,
+                                          stage + 5 * p.H, rg_group_rows(p, tpg, tgid).x, lid, tgid,
+                                          tpg);
 }
 
 [[max_total_threads_per_threadgroup(RG_THREADS)]]

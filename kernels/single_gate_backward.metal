@@ -233,7 +233,8 @@ inline void single_gate_backward_v2_run(uint threads,
     }
     threadgroup float* stage = (threadgroup float*)staged;
     single_gate_backward_v2_row<HOLD, PW>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, stage,
-                                          stage + p.H, rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
+                                          stage + p.H, rg_group_rows(p, tpg, tgid).x, lid, tgid,
+                                          tpg);
 }
 
 [[max_total_threads_per_threadgroup(RG_THREADS)]]
