@@ -214,15 +214,16 @@ def _import_source(fn, name):
     return f"import {module}\n{name} = {module}.{qualname}\n"
 
 
-def _callable_source(fn, name, op):
-    """Python that defines ``name``: ``fn`` imported, else a stub that says what it stands for."""
+def _callable_source(fn, name, role):
+    """Python that defines ``name``: ``fn`` imported, else a stub that says what it stands for
+    (``role``: what it must be, e.g. "the signature of rnngrad.lstm")."""
     source = _import_source(fn, name)
     if source is not None:
         return source
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     what = f"{module}.{qualname}" if module and qualname else repr(fn)
     return (f"def {name}(*args, **kwargs):  # stands for {what}\n"
-            f"    raise NotImplementedError({f'replace this stub with {what} (the signature of rnngrad.{op})'!r})\n")
+            f"    raise NotImplementedError({f'replace this stub with {what} ({role})'!r})\n")
 
 
 def reproduction(case, op, candidate=None, *, forward=None, z_state=None) -> str:
@@ -234,12 +235,13 @@ def reproduction(case, op, candidate=None, *, forward=None, z_state=None) -> str
         target = repr(candidate)
     else:
         target = "candidate"
-        setup += _callable_source(candidate, "candidate", op)
+        setup += _callable_source(candidate, "candidate", f"the signature of rnngrad.{op}")
     extra = ""
     if isinstance(forward, str):
         extra = f", forward={forward!r}"
     elif forward is not None:
-        setup += _callable_source(forward, "forward", op_name(op_info(op)[0], False))
+        setup += _callable_source(forward, "forward",
+                                  f"the signature of rnngrad.{op_name(op_info(op)[0], False)}")
         extra = ", forward=forward"
     if z_state is not None and z_state != isinstance(candidate, str):
         extra += f", z_state={bool(z_state)!r}"
