@@ -263,8 +263,7 @@ def _build(factory, problem, device, values):
 def _tensor(a, problem, device):
     import torch
 
-    t = torch.as_tensor(np.ascontiguousarray(a), dtype=getattr(torch, problem.dtype))
-    return t.to(device)
+    return torch.as_tensor(np.ascontiguousarray(a), dtype=getattr(torch, problem.dtype)).to(device)
 
 
 def _in_layout(a, problem):
@@ -434,8 +433,8 @@ def _difference_check(module, problem, values, device, got):
             direction = direction * (np.arange(problem.T)[:, None] < np.asarray(problem.lengths))[..., None]
         ad = float(np.sum(grad * direction))
         scale = float(np.linalg.norm(grad) * np.linalg.norm(direction) / np.sqrt(max(direction.size, 1)))
-        # a second, smaller step when the first disagrees: a step across a relu's kink (or a
-        # gate's steep part) in float32 is not a wrong gradient
+        # a second, smaller step when the first disagrees: a step across a relu's kink is not
+        # a wrong gradient
         for h in (eps, eps / 4):
             plus_loss = _loss_only(module, problem, values, device, seed, {name: direction * h})
             minus_loss = _loss_only(module, problem, values, device, seed, {name: -direction * h})
@@ -452,7 +451,7 @@ def _difference_check(module, problem, values, device, got):
 
 # -- one problem ------------------------------------------------------------------------------
 
-def check_problem(factory, problem: Problem, *, device="cpu", fresh=None):
+def check_problem(factory, problem: Problem, *, device="cpu"):
     """Check one problem; raise :class:`ModuleMismatch` on a difference, :class:`Unsupported`
     when the factory or layer declines it."""
     values = problem_values(problem)
@@ -563,11 +562,16 @@ def problems(cell, *, dtype="float32", max_layers=3, max_size=4, boundary=True):
         if form == "packed":
             lengths = tuple(draw(st.lists(st.integers(1, T), min_size=N, max_size=N)))
         mode = draw(st.sampled_from(MODES))
+        nonlinearity = draw(st.sampled_from(("tanh", "relu"))) if cell == "rnn" else "tanh"
+        dropout = draw(st.sampled_from((0.0, 0.5))) if L > 1 else 0.0
+        bias = draw(st.sampled_from((True, False)))
+        if nonlinearity == "relu" and mode == "train" and dropout:
+            # without a bias, a dropped input row and zero states put a relu exactly on its kink,
+            # where central differences do not give the derivative
+            bias = True
         return Problem(
             cell=cell, num_layers=L, bidirectional=draw(st.booleans()),
-            batch_first=draw(st.booleans()), bias=draw(st.sampled_from((True, False))),
-            nonlinearity=draw(st.sampled_from(("tanh", "relu"))) if cell == "rnn" else "tanh",
-            dropout=draw(st.sampled_from((0.0, 0.5))) if L > 1 and mode != "eval" else 0.0,
+            batch_first=draw(st.booleans()), bias=bias, nonlinearity=nonlinearity, dropout=dropout,
             T=T, N=N, I=size(1, (31, 32, 33)), H=size(1, (31, 32, 33)), form=form,
             lengths=lengths, states=draw(st.sampled_from(STATES)), loss=draw(st.sampled_from(LOSSES)),
             mode=mode, dtype=dtype, seed=draw(st.integers(0, 2**32 - 1)))
@@ -596,7 +600,7 @@ class ModuleReport:
         return text
 
 
-def check_module(factory, cell, *, device="cpu", max_examples=30, seed=None, dtype="float32",
+def check_module(factory, cell, *, device="cpu", max_examples=60, seed=None, dtype="float32",
                  scenarios_first=True, max_layers=3, max_size=4, boundary=True,
                  progress=None) -> ModuleReport:
     """Fuzz a framework RNN layer against rnngrad's float64 reference, composed layer by layer.
