@@ -217,7 +217,8 @@ def reference(problem: Problem, values: dict) -> dict:
     ``h_n``, ``c_n`` [L·D,N,H], gradients ``input`` [T,N,I], ``h_0``, ``c_0`` and ``params``."""
     v = values
     if not problem.lengths:
-        return _reference_batch(problem, v["params"], v["x"], v["h0"], v["c0"], v["gy"], v["ghn"], v["gcn"])
+        return _reference_batch(problem, v["params"], v["x"], v["h0"], v["c0"], v["gy"], v["ghn"],
+                                v["gcn"])
     T, N = problem.T, problem.N
     parts = []
     for n, length in enumerate(problem.lengths):
@@ -230,7 +231,10 @@ def reference(problem: Problem, values: dict) -> dict:
         for n, (length, part) in enumerate(zip(problem.lengths, parts)):
             out[:length, n] = part[key][:, 0]
         return out
-    joined = lambda key: None if parts[0][key] is None else np.concatenate([p[key] for p in parts], axis=1)  # noqa: E731
+
+    def joined(key):
+        return None if parts[0][key] is None else np.concatenate([p[key] for p in parts], axis=1)
+
     return {"output": padded("output", problem.D * problem.H), "input": padded("input", problem.I),
             "h_n": joined("h_n"), "c_n": joined("c_n"), "h_0": joined("h_0"), "c_0": joined("c_0"),
             "params": {name: sum(p["params"][name] for p in parts) for name in parts[0]["params"]}}
@@ -336,12 +340,19 @@ def _run(module, problem, values, device, seed=None):
         p.grad = None
     loss.backward()
     numpy = lambda t: None if t is None else t.detach().to("cpu", torch.float64).numpy()  # noqa: E731
-    stacked = lambda t: None if t is None else (numpy(t)[:, None] if problem.form == "unbatched" else numpy(t))  # noqa: E731
+
+    def stacked(t):  # [L·D,N,H]: unbatched states gain their batch axis
+        if t is None:
+            return None
+        return numpy(t)[:, None] if problem.form == "unbatched" else numpy(t)
+
     got = {"output": _from_layout(numpy(out), problem), "h_n": stacked(hn), "c_n": stacked(cn),
            "loss": float(loss.detach().to("cpu", torch.float64))}
     for name, leaf in leaves.items():
         g = leaf.grad
-        got[name] = None if g is None else (stacked(g) if name != "input" else _from_layout(numpy(g), problem))
+        if g is not None:
+            g = stacked(g) if name != "input" else _from_layout(numpy(g), problem)
+        got[name] = g
     got["params"] = {name: numpy(p.grad) for name, p in params.items()}
     return got
 
@@ -513,8 +524,9 @@ def module_reproduction(factory, problem, device="cpu") -> str:
     the factory is imported, or a stub says what to put there)."""
     from .check import _callable_source
 
+    role = "a factory with torch.nn.RNN/GRU/LSTM constructor keywords"
     return ("from rnngrad.testing.module import Problem, check_problem\n"
-            f"{_callable_source(factory, 'factory', 'a factory with torch.nn.RNN/GRU/LSTM constructor keywords')}\n"
+            f"{_callable_source(factory, 'factory', role)}\n"
             f"problem = {problem!r}\n"
             f"check_problem(factory, problem, device={device!r})\n")
 
@@ -538,7 +550,8 @@ def scenarios(cell, dtype="float32") -> list:
         ("train_eval_train", P(num_layers=2, dropout=0.5, mode="sequence", T=3, N=4, I=3, H=4, seed=10)),
         ("dropout_gradients", P(num_layers=3, dropout=0.5, mode="train", T=3, N=4, I=3, H=4, seed=11)),
         ("over_2_16_elements", P(num_layers=2, bidirectional=True, T=16, N=33, I=128, H=8, seed=1)),
-    ] + ([("relu", P(nonlinearity="relu", num_layers=2, T=3, N=2, I=2, H=3, seed=12))] if cell == "rnn" else [])
+    ] + ([("relu", P(nonlinearity="relu", num_layers=2, T=3, N=2, I=2, H=3, seed=12))]
+         if cell == "rnn" else [])
 
 
 def problems(cell, *, dtype="float32", max_layers=3, max_size=4, boundary=True):
