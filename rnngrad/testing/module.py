@@ -613,8 +613,8 @@ class ModuleReport:
         return text
 
 
-def check_module(factory, cell, *, device="cpu", max_examples=60, seed=None, dtype="float32",
-                 scenarios_first=True, max_layers=3, max_size=4, boundary=True,
+def check_module(factory, cell, *, device="cpu", max_examples=150, seed=None, dtype="float32",
+                 scenarios_first=True, max_layers=3, max_size=4, boundary=True, threads=1,
                  progress=None) -> ModuleReport:
     """Fuzz a framework RNN layer against rnngrad's float64 reference, composed layer by layer.
 
@@ -634,6 +634,8 @@ def check_module(factory, cell, *, device="cpu", max_examples=60, seed=None, dty
         among them).
     max_layers, max_size, boundary: the draws' bounds (sizes 1..max_size, and now and then
         31, 32 or 33 for N, I and H when ``boundary``).
+    threads: torch's intra-op threads while the check runs (restored afterwards); None leaves
+        torch's setting. The problems are small, where more threads only add synchronisation.
     progress: called with the number of problems checked so far.
 
     Returns a :class:`ModuleReport`; raises :class:`ModuleMismatch` (an AssertionError) naming
@@ -645,6 +647,22 @@ def check_module(factory, cell, *, device="cpu", max_examples=60, seed=None, dty
     if np.dtype(dtype).name not in ("float16", "float32", "float64"):
         raise ValueError(f"dtype: expected float16, float32 or float64, got {dtype!r}")
     dtype = np.dtype(dtype).name
+    if threads is None:
+        return _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first,
+                             max_layers, max_size, boundary, progress)
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first,
+                             max_layers, max_size, boundary, progress)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first, max_layers,
+                  max_size, boundary, progress):
     start = time.perf_counter()
     checked, unsupported = 0, {}
 
