@@ -15,8 +15,13 @@ of an rnngrad function) against the float64 reference:
 - :mod:`rnngrad.testing.vectors`: golden vectors (``rnngrad export-vectors``), read and checked
   without hypothesis (:func:`load_vectors`, :func:`check_vectors`);
 - :mod:`rnngrad.testing.gradcheck`: central finite differences of a case's loss, in float64;
-- :mod:`rnngrad.testing.mutants`: copies of the reference with one planted fault each, to show
-  that a check can fail.
+- :mod:`rnngrad.testing.module`: :func:`check_module` fuzzes a whole framework layer
+  (``torch.nn.RNN`` / ``GRU`` / ``LSTM`` or a look-alike) against the reference composed layer by
+  layer (torch imported only when it runs);
+- :mod:`rnngrad.testing.mlx_adapter`: ``mlx.nn.RNN`` / ``GRU`` / ``LSTM`` behind torch.nn's
+  conventions, for :func:`check_module`;
+- :mod:`rnngrad.testing.mutants`: copies of the reference with one planted fault each, and a
+  torch.nn-style layer with one planted fault in its glue, to show that a check can fail.
 
 Dependencies run one way: compare ← cases ← check ← vectors; strategies ← check (only inside
 :func:`check_backend`, which needs hypothesis) and ← vectors.
@@ -27,6 +32,7 @@ from .check import (ReferenceMismatch, assert_matches_reference, case_source, ch
                     check_case, input_sensitivity, reference_result, reproduction,
                     run_candidate)
 from .compare import KINDS, TOLERANCES, Mismatch, compare_array, compare_results, tolerance
+from .module import ModuleMismatch, ModuleReport, check_module
 from .vectors import check_vectors, load_vectors
 
 __all__ = ["TOLERANCES", "KINDS", "tolerance", "Mismatch", "compare_array", "compare_results",
@@ -34,4 +40,4 @@ __all__ = ["TOLERANCES", "KINDS", "tolerance", "Mismatch", "compare_array", "com
            "check_case", "input_sensitivity", "run_candidate", "reference_result", "reproduction",
            "case_source",
            "ReferenceMismatch", "assert_matches_reference", "check_backend", "load_vectors",
-           "check_vectors"]
+           "check_vectors", "check_module", "ModuleMismatch", "ModuleReport"]

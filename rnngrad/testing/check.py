@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 
 import numpy as np
 
@@ -128,10 +129,14 @@ def input_sensitivity(case, gradients: bool, *, seed: int = 0) -> float:
     return compare_results(reference_result(nudged, op), want, case.dtype)[0]
 
 
-def check_case(case, backend, gradients: bool, *, forward_backend=None, forward=None):
+def check_case(case, backend, gradients: bool, *, forward_backend=None, forward=None,
+               z_state=True):
     """Run one :class:`~rnngrad.testing.cases.Case` through ``backend`` (a backend name, or a callable
     with the signature of the rnngrad function) and through the float64 reference on the same
     dtype-rounded inputs. Returns (worst ratio to the allowed error, [Mismatch]).
+
+    ``z_state``: compare the training forward's z_state with the reference's (rnngrad's own
+    layout; False compares only h and c, the outputs MPSGraph defines).
 
     For gradients, the candidate's own training forward feeds its gradient op when ``backend``
     is a name; ``forward_backend`` (a name) or ``forward`` (a callable with the forward op's
@@ -145,13 +150,21 @@ def check_case(case, backend, gradients: bool, *, forward_backend=None, forward=
     want = reference_result(case, op)
     named = _named(got, want, op)
     if named is None:
-        return np.inf, [Mismatch("entries", (), np.nan, np.nan, 0.0, 0.0, 0.0,
-                                 f"{len(list(got))} entries, reference has {want.names}")]
+        return np.inf, [Mismatch("entries", (), np.nan, np.nan, 0.0, 0.0, 0.0, "entries",
+                                 f"got {len(list(got))} entries, reference has {len(want.names)}: "
+                                 f"{tuple(want.names)}")]
     for name, entry in zip(named.names, named):
         if np.asarray(entry).dtype != dtype:
-            return np.inf, [Mismatch(name, (), np.nan, np.nan, 0.0, 0.0, 0.0,
-                                     f"dtype {np.asarray(entry).dtype}, expected {dtype}")]
+            return np.inf, [Mismatch(name, (), np.nan, np.nan, 0.0, 0.0, 0.0, "dtype",
+                                     f"got dtype {np.asarray(entry).dtype}, expected {dtype}")]
+    if not z_state and not gradients:
+        named, want = _without_z_state(named), _without_z_state(want)
     return compare_results(named, want, dtype)
+
+
+def _without_z_state(result):
+    return ForwardResult([(name, value) for name, value in zip(result.names, result)
+                          if name != "z_state"])
 
 
 # -- assertions and reproductions ---------------------------------------------------------------
@@ -182,20 +195,59 @@ def _case_repr(case):
     return case_source(case)
 
 
-def reproduction(case, op, candidate=None, *, forward=None) -> str:
-    """A Python script that rebuilds ``case`` and repeats the check of ``op``."""
+def _import_source(fn, name):
+    """Python that binds ``name`` to ``fn`` by importing it, or None when ``fn`` cannot be
+    imported by its module and qualified name (a lambda, a nested function, a bound method)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
+        return None
+    try:
+        found = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:  # not importable as named: the stub below says what to put there
+        return None
+    if found is not fn:
+        return None
+    if "." not in qualname:
+        return f"from {module} import {qualname} as {name}\n"
+    return f"import {module}\n{name} = {module}.{qualname}\n"
+
+
+def _callable_source(fn, name, role):
+    """Python that defines ``name``: ``fn`` imported, else a stub that says what it stands for
+    (``role``: what it must be, e.g. "the signature of rnngrad.lstm")."""
+    source = _import_source(fn, name)
+    if source is not None:
+        return source
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    what = f"{module}.{qualname}" if module and qualname else repr(fn)
+    return (f"def {name}(*args, **kwargs):  # stands for {what}\n"
+            f"    raise NotImplementedError({f'replace this stub with {what} ({role})'!r})\n")
+
+
+def reproduction(case, op, candidate=None, *, forward=None, z_state=None) -> str:
+    """A Python script that rebuilds ``case`` and repeats the check of ``op``. It runs as
+    printed: a callable ``candidate`` or ``forward`` is imported when its module and name find
+    it, else defined as a stub that raises NotImplementedError naming what to put there."""
+    setup = ""
     if isinstance(candidate, str):
         target = repr(candidate)
-        setup = ""
     else:
-        where = getattr(candidate, "__module__", None), getattr(candidate, "__qualname__", None)
-        hint = f"{where[0]}.{where[1]}" if all(where) else "your function"
         target = "candidate"
-        setup = f"candidate = ...  # {hint}, with the signature of rnngrad.{op}\n"
-    extra = f", forward={forward!r}" if isinstance(forward, str) else (", forward=...  # your forward" if forward else "")
+        setup += _callable_source(candidate, "candidate", f"the signature of rnngrad.{op}")
+    extra = ""
+    if isinstance(forward, str):
+        extra = f", forward={forward!r}"
+    elif forward is not None:
+        setup += _callable_source(forward, "forward",
+                                  f"the signature of rnngrad.{op_name(op_info(op)[0], False)}")
+        extra = ", forward=forward"
+    if z_state is not None and z_state != isinstance(candidate, str):
+        extra += f", z_state={bool(z_state)!r}"
     return ("import numpy as np\nimport rnngrad as rg\nfrom numpy import nan, inf\n"
-            "from rnngrad.testing import Case, assert_matches_reference\n\n"
-            f"{setup}case = {_case_repr(case)}\n"
+            "from rnngrad.testing import Case, assert_matches_reference\n"
+            f"{setup}\ncase = {_case_repr(case)}\n"
             f"assert_matches_reference({target}, case, {op!r}{extra})\n")
 
 
@@ -204,40 +256,100 @@ def _summary(case):
     return f"{case.dtype}, T={case.T} N={N} H={case.H}, {type(case.descriptor).__name__}"
 
 
-def assert_matches_reference(candidate, case, op=None, *, forward=None, label=None):
+def _compares_z_state(candidate, z_state):
+    """The ``z_state`` knob resolved: None compares z_state for a backend name (rnngrad's own
+    backends write its layout) and not for a callable (an implementation of its own)."""
+    return isinstance(candidate, str) if z_state is None else bool(z_state)
+
+
+def _require_forward(op, candidate, forward, z_state):
+    """A callable gradient op with a z_state layout of its own must be fed by its own forward."""
+    if op_info(op)[1] and forward is None and not isinstance(candidate, str) and not z_state:
+        forward_op = op_name(op_info(op)[0], False)
+        raise ValueError(f"forward: expected the forward of the implementation whose {op} is "
+                         f"checked (a callable with the signature of rnngrad.{forward_op}, whose "
+                         f"training z_state feeds the gradient op), got None; pass z_state=True "
+                         f"instead if the gradient op reads rnngrad's z_state layout")
+
+
+def assert_matches_reference(candidate, case, op=None, *, forward=None, label=None, z_state=None):
     """Check one problem; raise :class:`ReferenceMismatch` (an AssertionError) on a mismatch.
 
     candidate: a backend name or a callable with the signature of ``rnngrad.<op>``, returning a
         result in MPSGraph's order (a sequence of arrays, or an rnngrad result object).
     case: a :class:`rnngrad.testing.cases.Case` (from :mod:`rnngrad.testing.strategies` or ``random_case``).
     op: the op name, e.g. ``"lstm_gradients"``; default the case's forward op.
-    forward: for gradient ops, what makes z_state (see :func:`run_candidate`).
+    forward: for gradient ops, what makes z_state (see :func:`run_candidate`); needed for a
+        callable gradient op unless ``z_state`` is true.
     label: a name for the problem in the message (the regression's name).
+    z_state: compare the forward's z_state with the reference's, i.e. the candidate writes and
+        reads rnngrad's z_state layout (then a callable gradient op without ``forward`` is fed
+        by the reference forward). None: True for a backend name, False for a callable; when
+        False, the forward is checked on h and c only and the gradient op is fed by the
+        candidate's own forward.
     """
     op, gradients = _op_of(case, op)
+    compares = _compares_z_state(candidate, z_state)
+    _require_forward(op, candidate, forward, compares)
     where = f" [regression {label!r}]" if label else ""
+    repro = functools.partial(reproduction, case, op, candidate, forward=forward, z_state=compares)
     try:
-        worst, mismatches = check_case(case, candidate, gradients, forward=forward)
+        worst, mismatches = check_case(case, candidate, gradients, forward=forward, z_state=compares)
     except Exception as exc:  # a crash on valid input is a failure like any other
         message = (f"{op}{where} raised {type(exc).__name__}: {exc}\n  on {_summary(case)}\n"
-                   f"Reproduce with:\n{reproduction(case, op, candidate, forward=forward)}")
+                   f"Reproduce with:\n{repro()}")
         raise ReferenceMismatch(message, op=op, case=case, label=label, candidate=candidate) from exc
     if not mismatches:
         return worst
     lines = [f"{op}{where} differs from the float64 reference on {_summary(case)} "
              f"({len(mismatches)} quantit{'y' if len(mismatches) == 1 else 'ies'}):"]
     lines += [f"  {m}" for m in mismatches]
-    lines.append(f"Reproduce with:\n{reproduction(case, op, candidate, forward=forward)}")
+    lines.append(f"Reproduce with:\n{repro()}")
     raise ReferenceMismatch("\n".join(lines), op=op, case=case, label=label,
                             mismatches=mismatches, candidate=candidate)
 
 
 # -- fuzzing ------------------------------------------------------------------------------------
 
+def _present(case, name):
+    """Whether the optional input (or upstream gradient) ``name`` is part of ``case``."""
+    if name == "mask_per_step":
+        return "mask" in case.inputs and np.ndim(case.inputs["mask"]) == 3
+    if name in ("state_gradient", "cell_gradient"):
+        return getattr(case, name) is not None
+    return name in case.inputs
+
+
+def _within(case, descriptor, optional):
+    """A regression problem fitted to check_backend's ``descriptor`` (a dict of options or a
+    descriptor; strategies fix nothing) and ``optional`` knobs: None when a fixed descriptor
+    option or a required optional input contradicts it; optional inputs fixed absent removed."""
+    if isinstance(descriptor, dict):
+        fixed = descriptor
+    elif dataclasses.is_dataclass(descriptor):
+        fixed = {f.name: getattr(descriptor, f.name) for f in dataclasses.fields(descriptor)}
+    else:
+        fixed = {}
+    for name, value in fixed.items():
+        if not hasattr(value, "example") and getattr(case.descriptor, name, value) != value:
+            return None
+    inputs, upstream = dict(case.inputs), {}
+    for name, value in (optional or {}).items():
+        if not isinstance(value, bool) or _present(case, name) == value:
+            continue
+        if value or name == "mask_per_step":
+            return None
+        if name in ("state_gradient", "cell_gradient"):
+            upstream[name] = None
+        else:
+            inputs.pop(name, None)
+    return dataclasses.replace(case, inputs=inputs, **upstream)
+
+
 def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
                   dtypes=("float32",), values="contractive", regressions=True, max_size=4,
                   boundary=True, max_elements=6000, descriptor=None, optional=None,
-                  progress=None) -> int:
+                  progress=None, z_state=None) -> int:
     """Fuzz ``candidate`` against the float64 reference on ``op``; return the number of
     problems checked, or raise :class:`ReferenceMismatch` with a minimal reproduction.
 
@@ -246,10 +358,20 @@ def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
     max_examples: random problems drawn by hypothesis after the regression set.
     seed: makes the draws reproducible (None: a fresh random seed).
     forward: for gradient ops, what makes z_state / output_fwd / cell_output_fwd: a backend name
-        or a callable with the forward op's signature; default as :func:`run_candidate`.
+        or a callable with the forward op's signature (the candidate's own forward); default as
+        :func:`run_candidate`. Required for a callable gradient op unless ``z_state`` is true.
+    z_state: whether the candidate writes and reads rnngrad's z_state layout, as rnngrad's own
+        backends do. True: the forward's z_state is compared with the reference's, and a
+        callable gradient op may be fed by the reference forward. False: z_state is the
+        candidate's own business (MPSGraph's is opaque): the forward is compared on h and c
+        only, and the gradient op is fed by ``forward``, so a wrong z_state shows up as wrong
+        gradients. None (default): True for a backend name, False for a callable.
     dtypes, values, max_size, boundary, max_elements, descriptor, optional: passed to
         :func:`rnngrad.testing.strategies.cases`.
-    regressions: check the named regression set (:data:`rnngrad.testing.strategies.REGRESSIONS`) first.
+    regressions: check the named regression set (:data:`rnngrad.testing.strategies.REGRESSIONS`)
+        first; a regression problem whose descriptor options or optional inputs contradict
+        fixed values of ``descriptor`` (a dict or a descriptor) or ``optional`` is skipped, so
+        an implementation of part of the options is checked on that part.
     progress: called with the number of problems checked so far, after each one.
 
     The regression problems fail fast without shrinking; a random problem that fails is shrunk by
@@ -260,6 +382,8 @@ def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
     from . import strategies
 
     op_info(op)
+    compares = _compares_z_state(candidate, z_state)
+    _require_forward(op, candidate, forward, compares)
     count = 0
 
     def tick():
@@ -271,9 +395,13 @@ def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
     if regressions:
         for dtype in dtypes:
             for label, case in strategies.regression_cases(op, dtype=dtype):
+                case = _within(case, descriptor, optional)
+                if case is None:
+                    continue
                 tick()
                 try:
-                    assert_matches_reference(candidate, case, op, forward=forward, label=label)
+                    assert_matches_reference(candidate, case, op, forward=forward, label=label,
+                                             z_state=compares)
                 except ReferenceMismatch as exc:
                     exc.examples = count
                     raise
@@ -294,7 +422,7 @@ def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
         if not first:
             tick()
         try:
-            assert_matches_reference(candidate, case, op, forward=forward)
+            assert_matches_reference(candidate, case, op, forward=forward, z_state=compares)
         except ReferenceMismatch:
             if not first:
                 first.append(count)

@@ -57,8 +57,13 @@ class Mismatch:
     atol: float
     rtol: float
     kind: str
+    #: set for a mismatch that has no worst element (a shape, a dtype, the list of entries):
+    #: what was expected and what was got, said in words
+    message: str = None
 
     def __str__(self):
+        if self.message is not None:
+            return f"{self.quantity}: {self.message}"
         return (f"{self.quantity}{list(self.index)}: got {self.got!r}, reference {self.want!r}, "
                 f"|difference| {abs(self.got - self.want):.3g} > allowed {self.allowed:.3g} "
                 f"({self.kind} tolerance: atol={self.atol:g}, rtol={self.rtol:g})")
@@ -70,7 +75,8 @@ def compare_array(quantity, got, want, dtype):
     got = np.asarray(got, np.float64)
     want = np.asarray(want, np.float64)
     if got.shape != want.shape:
-        return np.inf, Mismatch(quantity, (), np.nan, np.nan, 0.0, atol, rtol, f"shape {got.shape} vs {want.shape}")
+        return np.inf, Mismatch(quantity, (), np.nan, np.nan, 0.0, atol, rtol, "shape",
+                                f"got shape {got.shape}, reference shape {want.shape}")
     if want.size == 0:
         return 0.0, None
     nan_g, nan_w = np.isnan(got), np.isnan(want)
@@ -99,8 +105,8 @@ def compare_results(got, want, dtype):
     """Compare two results of the same op (ForwardResult or GradientResult).
     Returns (worst ratio, [Mismatch]); names and order must agree too."""
     if tuple(got.names) != tuple(want.names):
-        return np.inf, [Mismatch("entries", (), np.nan, np.nan, 0.0, 0.0, 0.0,
-                                 f"entries {got.names} vs reference {want.names}")]
+        return np.inf, [Mismatch("entries", (), np.nan, np.nan, 0.0, 0.0, 0.0, "entries",
+                                 f"got {tuple(got.names)}, reference {tuple(want.names)}")]
     worst, mismatches = 0.0, []
     for name in want.names:
         ratio, mismatch = compare_array(name, getattr(got, name), getattr(want, name), dtype)

@@ -259,3 +259,268 @@ FAULT_LIST = (
 FAULTS = {fault.name: fault for fault in FAULT_LIST}
 
 __all__ = ["Fault", "FAULTS", "FAULT_LIST"]
+
+
+# -- layer faults -------------------------------------------------------------------------------
+#
+# A torch.nn-style layer built as PyTorch's MPS layers are: the recurrent op of each layer is
+# one call (here rnngrad's reference, standing for MPSGraph's op, through an autograd Function),
+# and the layer adds the rest: the batch_first transposes, the per-layer slices of h_0 / c_0,
+# the two biases, dropout between layers, the packing of variable-length batches and a cache of
+# "graphs" keyed by configuration. Each LayerFault plants one fault of the classes PyTorch's MPS
+# layers have shipped in that glue; :func:`layer_factory` gives a factory for
+# :func:`rnngrad.testing.module.check_module`.
+
+@dataclasses.dataclass(frozen=True)
+class LayerFault:
+    """One planted bug in a layer's glue: ``name``, ``bug_class``, ``description``."""
+
+    name: str
+    bug_class: str
+    description: str
+
+    def factory(self, cell):
+        """A factory of layers of ``cell`` ("rnn", "gru", "lstm") with this fault."""
+        return layer_factory(cell, self.name)
+
+
+LAYER_FAULT_LIST = (
+    LayerFault("batch_first_backward_untransposed", "batch_first transposes missing in backward",
+               "the input gradient of a batch_first layer is reshaped to [N,T,I], not transposed"),
+    LayerFault("initial_state_slices", "multi-layer h_0 / c_0 slices wrong",
+               "layer k reads h_0[k:k+D] (and c_0) instead of h_0[k·D:(k+1)·D]"),
+    LayerFault("no_bias_gradient", "no bias gradient",
+               "the op's backward returns no gradient for bias_ih / bias_hh"),
+    LayerFault("bidirectional_biases_mixed", "bidirectional parameters mixed",
+               "the reverse direction reads the forward direction's biases"),
+    LayerFault("final_states_only_no_gradient", "backward wrong when the loss uses only (h_n, c_n)",
+               "the op's backward returns nothing when the output's gradient is absent"),
+    LayerFault("packed_lengths_sorted", "PackedSequence wrong at batch > 1",
+               "a packed batch's lengths taken in sorted order while its rows are in the original order"),
+    LayerFault("eval_reuses_train_dropout", "eval reusing the train dropout",
+               "the graph cache's key lacks the training flag, so eval after train drops out"),
+    LayerFault("dropout_mask_ignored_in_backward", "backward ignoring the inter-layer dropout mask",
+               "the dropout between layers passes its gradient through unmasked and unscaled"),
+    LayerFault("gradient_above_32k_elements", "wrong gradients above 32K elements",
+               "the input gradient beyond its first 32768 elements is left at zero"),
+)
+
+#: name -> LayerFault
+LAYER_FAULTS = {fault.name: fault for fault in LAYER_FAULT_LIST}
+
+_CELL_MODES = {"gru": "GRU", "lstm": "LSTM"}
+
+
+def layer_factory(cell, fault=None):
+    """A factory ``factory(**config)`` (torch.nn.RNN / GRU / LSTM's constructor keywords) of
+    torch.nn-style layers of ``cell`` composed from rnngrad's reference op, with the planted
+    ``fault`` (a name of :data:`LAYER_FAULTS`) or none. Needs torch."""
+    if fault is not None and fault not in LAYER_FAULTS:
+        raise ValueError(f"fault: expected one of {sorted(LAYER_FAULTS)}, got {fault!r}")
+    layer = _layer_class()
+
+    def factory(**config):
+        return layer(cell, fault, **config)
+
+    factory.__name__ = factory.__qualname__ = f"{cell}_layer_with_{fault or 'no_fault'}"
+    factory.__module__ = __name__
+    return factory
+
+
+_LAYER = []
+
+
+def _layer_class():
+    """The layer class, made on first use (torch is imported only then)."""
+    if _LAYER:
+        return _LAYER[0]
+    import math
+
+    import torch
+    from torch import nn
+
+    from ..convert.torch import from_state_dict
+
+    def numpy(t):
+        return None if t is None else t.detach().cpu().numpy()
+
+    class Op(torch.autograd.Function):
+        """One layer's recurrent op (both directions): forward and gradients by rnngrad's
+        reference. Inputs: x [T,N,I], h0 / c0 [D,N,H] or None, then the layer's parameters."""
+
+        @staticmethod
+        def forward(ctx, layer, x, h0, c0, *params):
+            ctx.layer, ctx.hx = layer, (h0, c0)
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(x, *params)
+            rnn = layer.converted(params)
+            hx = None if h0 is None else ((numpy(h0), numpy(c0)) if layer.cell == "lstm" else numpy(h0))
+            out, hn = rnn.forward(numpy(x), hx, backend="reference")
+            hn, cn = hn if layer.cell == "lstm" else (hn, None)
+            like = lambda a: None if a is None else torch.as_tensor(a, dtype=x.dtype, device=x.device)  # noqa: E731
+            return like(out), like(hn), like(cn)
+
+        @staticmethod
+        def backward(ctx, g_out, g_hn, g_cn):
+            layer = ctx.layer
+            x, *params = ctx.saved_tensors
+            fault = layer.fault
+            if g_out is None and fault == "final_states_only_no_gradient":
+                return (None,) * (4 + len(params))
+            h0, c0 = ctx.hx
+            rnn = layer.converted(params)
+            hx = None if h0 is None else ((numpy(h0), numpy(c0)) if layer.cell == "lstm" else numpy(h0))
+            T, N = x.shape[:2]
+            grads = rnn.gradients(numpy(x), hx, grad_output=numpy(g_out), grad_h_n=numpy(g_hn),
+                                  grad_c_n=numpy(g_cn) if layer.cell == "lstm" else None,
+                                  backend="reference")
+            like = lambda a: None if a is None else torch.as_tensor(np.ascontiguousarray(a), dtype=x.dtype, device=x.device)  # noqa: E731
+            dx = like(grads.input)
+            if fault == "gradient_above_32k_elements" and dx.numel() > 2**15:
+                dx.view(-1)[2**15:] = 0
+            by_name = dict(grads.parameters)
+            out = []
+            for name in layer.op_names:
+                if fault == "no_bias_gradient" and name.startswith("bias"):
+                    out.append(None)
+                else:
+                    out.append(like(by_name[name]))
+            return (None, dx, like(grads.h_0) if h0 is not None else None,
+                    like(grads.c_0) if c0 is not None else None, *out)
+
+    class ToTimeMajor(torch.autograd.Function):
+        """[N,T,I] → [T,N,I]."""
+
+        @staticmethod
+        def forward(ctx, x, fault):
+            ctx.fault, ctx.shape = fault, x.shape
+            return x.transpose(0, 1).contiguous()
+
+        @staticmethod
+        def backward(ctx, g):
+            if ctx.fault == "batch_first_backward_untransposed":
+                return g.contiguous().reshape(ctx.shape), None
+            return g.transpose(0, 1), None
+
+    class Dropout(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, p, fault):
+            mask = (torch.rand_like(x) >= p).to(x.dtype) / (1 - p)
+            ctx.save_for_backward(mask)
+            ctx.fault = fault
+            return x * mask
+
+        @staticmethod
+        def backward(ctx, g):
+            (mask,) = ctx.saved_tensors
+            return (g if ctx.fault == "dropout_mask_ignored_in_backward" else g * mask), None, None
+
+    class OneLayer:
+        """What one layer's op needs: its cell, fault and parameter names (as layer 0)."""
+
+        def __init__(self, cell, fault, names, mode):
+            self.cell, self.fault, self.mode = cell, fault, mode
+            self.names = names  # the layer's own names
+            self.op_names = [n.replace(n[n.index("_l"):], "_l0" + ("_reverse" if n.endswith("_reverse") else ""))
+                             for n in names]
+
+        def converted(self, params):
+            own = {n: numpy(p) for n, p in zip(self.op_names, params)}
+            return from_state_dict(self.mode, own)
+
+    class Layer(nn.Module):
+        """A torch.nn.RNN / GRU / LSTM look-alike composed from one op call per layer."""
+
+        def __init__(self, cell, fault, input_size, hidden_size, num_layers=1, bias=True,
+                     batch_first=False, dropout=0.0, bidirectional=False, nonlinearity="tanh"):
+            super().__init__()
+            if cell == "rnn" and nonlinearity not in ("tanh", "relu"):
+                raise ValueError(f"nonlinearity: expected 'tanh' or 'relu', got {nonlinearity!r}")
+            self.cell, self.fault = cell, fault
+            self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+            self.bias, self.batch_first, self.dropout = bias, batch_first, float(dropout)
+            self.bidirectional = bidirectional
+            mode = ("RNN_RELU" if nonlinearity == "relu" else "RNN_TANH") if cell == "rnn" else _CELL_MODES[cell]
+            G, D, H = {"rnn": 1, "gru": 3, "lstm": 4}[cell], 2 if bidirectional else 1, hidden_size
+            self.layers = []
+            std = 1.0 / math.sqrt(H)
+            for k in range(num_layers):
+                names = []
+                for sfx in (f"_l{k}", f"_l{k}_reverse")[:D]:
+                    shapes = [(f"weight_ih{sfx}", (G * H, input_size if k == 0 else D * H)),
+                              (f"weight_hh{sfx}", (G * H, H))]
+                    if bias:
+                        shapes += [(f"bias_ih{sfx}", (G * H,)), (f"bias_hh{sfx}", (G * H,))]
+                    for name, shape in shapes:
+                        self.register_parameter(name, nn.Parameter(torch.empty(shape).uniform_(-std, std)))
+                        names.append(name)
+                self.layers.append(OneLayer(cell, fault, names, mode))
+            self._graphs = {}
+
+        def _params(self, layer):
+            out = []
+            for name in layer.names:
+                if self.fault == "bidirectional_biases_mixed" and name.startswith("bias") \
+                        and name.endswith("_reverse"):
+                    name = name[:-len("_reverse")]
+                out.append(getattr(self, name))
+            return out
+
+        def _graph(self, shape):
+            key = shape if self.fault == "eval_reuses_train_dropout" else (shape, self.training)
+            return self._graphs.setdefault(key, {"dropout": self.training and self.dropout > 0})
+
+        def _stack(self, x, h0, c0):
+            """The layers over a time-major batch x [T,N,I]: (output, h_n, c_n)."""
+            D = 2 if self.bidirectional else 1
+            graph = self._graph(tuple(x.shape))
+            hs, cs = [], []
+            for k, layer in enumerate(self.layers):
+                lo, hi = (k, k + D) if self.fault == "initial_state_slices" else (k * D, (k + 1) * D)
+                hk = None if h0 is None else h0[lo:hi]
+                ck = None if c0 is None else c0[lo:hi]
+                x, hn, cn = Op.apply(layer, x, hk, ck, *self._params(layer))
+                hs.append(hn)
+                cs.append(cn)
+                if k < self.num_layers - 1 and graph["dropout"]:
+                    x = Dropout.apply(x, self.dropout, self.fault)
+            return x, torch.cat(hs), (torch.cat(cs) if self.cell == "lstm" else None)
+
+        def forward(self, input, hx=None):
+            h0, c0 = (hx if hx is not None else (None, None)) if self.cell == "lstm" else (hx, None)
+            if isinstance(input, nn.utils.rnn.PackedSequence):
+                padded, lengths = nn.utils.rnn.pad_packed_sequence(input)  # [T,N,I], original order
+                lengths = lengths.tolist()
+                if self.fault == "packed_lengths_sorted":
+                    lengths = sorted(lengths, reverse=True)
+                rows = []
+                for n, length in enumerate(lengths):
+                    pick = lambda s: None if s is None else s[:, n:n + 1]  # noqa: E731
+                    rows.append(self._stack(padded[:length, n:n + 1], pick(h0), pick(c0)))
+                T = padded.shape[0]
+                pad = lambda o: torch.cat([o, o.new_zeros((T - o.shape[0],) + o.shape[1:])])  # noqa: E731
+                out = torch.cat([pad(r[0]) for r in rows], dim=1)
+                hn = torch.cat([r[1] for r in rows], dim=1)
+                cn = torch.cat([r[2] for r in rows], dim=1) if self.cell == "lstm" else None
+                out = nn.utils.rnn.pack_padded_sequence(out, lengths, enforce_sorted=False)
+            else:
+                unbatched = input.dim() == 2
+                if unbatched:
+                    x = input.unsqueeze(1)
+                    h0 = None if h0 is None else h0.unsqueeze(1)
+                    c0 = None if c0 is None else c0.unsqueeze(1)
+                else:
+                    x = ToTimeMajor.apply(input, self.fault) if self.batch_first else input
+                out, hn, cn = self._stack(x, h0, c0)
+                if unbatched:
+                    out, hn = out.squeeze(1), hn.squeeze(1)
+                    cn = None if cn is None else cn.squeeze(1)
+                elif self.batch_first:
+                    out = out.transpose(0, 1)
+            return (out, (hn, cn)) if self.cell == "lstm" else (out, hn)
+
+    _LAYER.append(Layer)
+    return Layer
+
+
+__all__ += ["LayerFault", "LAYER_FAULTS", "LAYER_FAULT_LIST", "layer_factory"]

@@ -1,0 +1,734 @@
+"""Fuzzing whole framework RNN layers (``torch.nn.RNN`` / ``GRU`` / ``LSTM`` and anything built
+like them) against rnngrad's float64 reference, composed layer by layer.
+
+The bugs users of framework RNNs hit are mostly in the layer around the recurrent op: the
+``batch_first`` transposes, the per-layer slices of ``h_0`` / ``c_0``, the two biases summed,
+dropout between layers, the packing of variable-length batches, a cache keyed by configuration.
+:func:`check_module` builds layers through a ``factory`` with ``torch.nn``'s constructor
+keywords, sets their parameters to drawn values, runs forward and backward on a device and
+compares every quantity with the reference:
+
+- the output, ``h_n`` and ``c_n``; the gradients of the input, ``h_0``, ``c_0`` and of every
+  parameter by its ``torch.nn`` name (``weight_hh_l1_reverse``), for a loss on the output only,
+  on the final states only, or on both (``Σ g ⊙ output + Σ g_h ⊙ h_n + Σ g_c ⊙ c_n``);
+- the reference of layer ``k`` is the rnngrad op of ``torch.nn``'s cell
+  (:mod:`rnngrad.convert.torch`) fed by layer ``k − 1``'s output and the ``k``-th slices
+  ``h_0[k·D:(k+1)·D]``; a packed batch is the reference run on each sequence alone, over its
+  own length (padding zero in the output and in the input gradient);
+- dropout: in eval mode, none (the reference); in train mode, the layer's gradients against
+  central differences of its own loss, with the random generator reseeded before every
+  evaluation so that the masks stay fixed; and the sequence train → eval → train, whose eval
+  must give a fresh layer's results and whose second train run the first's.
+
+Problems are :class:`Problem`\\ s: a configuration, the input form (batched, unbatched,
+non-contiguous, ``PackedSequence`` with unsorted lengths), the initial states (absent, zero,
+random), the loss, the mode, the dtype and a seed for the values. A fixed set
+(:data:`SCENARIOS`: one per fault class framework layers have shipped, and one problem whose
+input holds more than 2¹⁶ elements) runs first, then hypothesis draws, shrinking a failure to
+the smallest problem that still fails. Values are contractive (weights of norm about 0.5), so
+every gradient is informative in float32.
+
+torch is imported only when a check runs, so ``rnngrad.testing`` imports without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional
+
+import numpy as np
+
+from .compare import TOLERANCES, compare_array
+
+CELLS = ("rnn", "gru", "lstm")
+FORMS = ("batched", "unbatched", "noncontiguous", "packed")
+STATES = ("random", "none", "zero")
+LOSSES = ("both", "output", "final")
+MODES = ("eval", "train", "sequence")
+_MODES = {"gru": "GRU", "lstm": "LSTM"}
+_GATES = {"rnn": 1, "gru": 3, "lstm": 4}
+# a quantity's tolerance kind (rnngrad.testing.compare) by a stand-in name compare_array knows
+_PROXY = {"output": "state", "state": "source", "parameter": "recurrent_weight"}
+
+
+class ModuleMismatch(AssertionError):
+    """A layer differs from the reference (or raised). ``problem``: the (shrunk) :class:`Problem`;
+    ``mismatches``: [:class:`rnngrad.testing.compare.Mismatch`] with the layer's quantity names;
+    ``examples``: problems checked when the first failing one was met."""
+
+    def __init__(self, message, *, problem, mismatches=()):
+        super().__init__(message)
+        self.problem, self.mismatches, self.examples = problem, list(mismatches), None
+
+
+class Unsupported(Exception):
+    """The factory (or the layer, with NotImplementedError) declined a configuration."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One layer configuration, its inputs and how it is checked. ``repr`` is Python that
+    rebuilds it; the values come from ``seed`` (:func:`problem_values`)."""
+
+    cell: str
+    num_layers: int = 1
+    bidirectional: bool = False
+    batch_first: bool = False
+    bias: bool = True
+    nonlinearity: str = "tanh"
+    dropout: float = 0.0
+    T: int = 2
+    N: int = 1
+    I: int = 1
+    H: int = 1
+    form: str = "batched"
+    lengths: Optional[tuple] = None
+    states: str = "random"
+    loss: str = "both"
+    mode: str = "eval"
+    dtype: str = "float32"
+    seed: int = 0
+
+    @property
+    def D(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    def config(self) -> dict:
+        """The factory's keywords (``torch.nn.RNN`` / ``GRU`` / ``LSTM``'s constructor)."""
+        out = dict(input_size=self.I, hidden_size=self.H, num_layers=self.num_layers,
+                   bias=self.bias, batch_first=self.batch_first, dropout=self.dropout,
+                   bidirectional=self.bidirectional)
+        if self.cell == "rnn":
+            out["nonlinearity"] = self.nonlinearity
+        return out
+
+    def parameter_names(self) -> list:
+        """``torch.nn``'s parameter names, in its order."""
+        names = []
+        for k in range(self.num_layers):
+            for sfx in (f"_l{k}", f"_l{k}_reverse")[:self.D]:
+                names += [f"weight_ih{sfx}", f"weight_hh{sfx}"]
+                if self.bias:
+                    names += [f"bias_ih{sfx}", f"bias_hh{sfx}"]
+        return names
+
+    def summary(self) -> str:
+        c = self.config()
+        keys = ", ".join(f"{k}={v!r}" for k, v in c.items())
+        extra = f", lengths={list(self.lengths)}" if self.lengths else ""
+        return (f"{self.cell} ({keys}); T={self.T} N={self.N}, {self.form} input{extra}, "
+                f"initial states {self.states}, loss on {_LOSS_WORDS[self.loss]}, "
+                f"{self.mode} mode, {self.dtype}")
+
+
+_LOSS_WORDS = {"both": "output and final states", "output": "output only",
+               "final": "final states only"}
+
+
+def problem_values(problem: Problem) -> dict:
+    """The problem's arrays in float64, rounded to its dtype: ``params`` by name, ``x``
+    [T,N,I] time-major, ``h0`` / ``c0`` [L·D,N,H] or None, ``gy`` [T,N,D·H] or None,
+    ``ghn`` / ``gcn`` [L·D,N,H] or None (None: not in the loss)."""
+    rng = np.random.default_rng(problem.seed)
+    D, G, H, L, N, T = problem.D, _GATES[problem.cell], problem.H, problem.num_layers, problem.N, problem.T
+    round_ = lambda a: np.asarray(np.asarray(a, problem.dtype), np.float64)  # noqa: E731
+    params = {}
+    for name in problem.parameter_names():
+        k = int(name.split("_l")[1].split("_")[0])
+        fan = problem.I if k == 0 else D * H
+        if name.startswith("weight_ih"):
+            value = rng.standard_normal((G * H, fan)) * (0.5 / np.sqrt(fan))
+        elif name.startswith("weight_hh"):
+            value = rng.standard_normal((G * H, H)) * (0.5 / np.sqrt(H))
+        else:
+            value = rng.standard_normal(G * H) * 0.3
+        params[name] = round_(value)
+    out = {"params": params, "x": round_(rng.standard_normal((T, N, problem.I)))}
+    for name in ("h0", "c0"):
+        if problem.states == "none" or (name == "c0" and problem.cell != "lstm"):
+            out[name] = None
+        else:
+            out[name] = round_(rng.standard_normal((L * D, N, H)) * 0.5 if problem.states == "random"
+                               else np.zeros((L * D, N, H)))
+    out["gy"] = round_(rng.standard_normal((T, N, D * H))) if problem.loss != "final" else None
+    for name in ("ghn", "gcn"):
+        wanted = problem.loss != "output" and (name == "ghn" or problem.cell == "lstm")
+        out[name] = round_(rng.standard_normal((L * D, N, H))) if wanted else None
+    if problem.lengths:
+        mask = np.arange(T)[:, None] < np.asarray(problem.lengths)[None, :]  # [T,N]
+        out["x"] = out["x"] * mask[..., None]
+        if out["gy"] is not None:
+            out["gy"] = out["gy"] * mask[..., None]
+    return out
+
+
+# -- the reference, composed layer by layer -----------------------------------------------------
+
+def _mode(problem):
+    if problem.cell == "rnn":
+        return "RNN_RELU" if problem.nonlinearity == "relu" else "RNN_TANH"
+    return _MODES[problem.cell]
+
+
+def _reference_batch(problem, params, x, h0, c0, gy, ghn, gcn):
+    """Outputs and gradients of the stacked layers on one time-major batch, in float64."""
+    from ..convert.torch import from_state_dict
+
+    L, D = problem.num_layers, problem.D
+    lstm = problem.cell == "lstm"
+    sl = lambda a, k: None if a is None else a[k * D:(k + 1) * D]  # noqa: E731
+    layers, inputs, hs, cs = [], [], [], []
+    layer_in = x
+    for k in range(L):
+        own = {n.replace(f"_l{k}", "_l0"): v for n, v in params.items()
+               if n.split("_l")[1].split("_")[0] == str(k)}
+        layer = from_state_dict(_mode(problem), own)
+        hx = None if h0 is None else ((sl(h0, k), sl(c0, k)) if lstm else sl(h0, k))
+        out, hn = layer.forward(layer_in, hx, backend="reference")
+        if lstm:
+            hn, cn = hn
+            cs.append(cn)
+        layers.append((layer, hx))
+        inputs.append(layer_in)
+        hs.append(hn)
+        layer_in = out
+    result = {"output": layer_in, "h_n": np.concatenate(hs), "c_n": np.concatenate(cs) if lstm else None}
+    grads, dh0, dc0 = {}, [], []
+    upstream = gy
+    for k in range(L - 1, -1, -1):
+        layer, hx = layers[k]
+        g = layer.gradients(inputs[k], hx, grad_output=upstream, grad_h_n=sl(ghn, k),
+                            grad_c_n=sl(gcn, k) if lstm else None, backend="reference")
+        for name, value in g.parameters.items():
+            grads[name.replace("_l0", f"_l{k}")] = value
+        dh0.insert(0, g.h_0)
+        dc0.insert(0, g.c_0)
+        upstream = g.input
+    result["input"] = upstream
+    result["h_0"] = None if h0 is None else np.concatenate(dh0)
+    result["c_0"] = None if c0 is None else np.concatenate(dc0)
+    result["params"] = grads
+    return result
+
+
+def reference(problem: Problem, values: dict) -> dict:
+    """The float64 reference: ``output`` [T,N,D·H] (zero past each packed sequence's length),
+    ``h_n``, ``c_n`` [L·D,N,H], gradients ``input`` [T,N,I], ``h_0``, ``c_0`` and ``params``."""
+    v = values
+    if not problem.lengths:
+        return _reference_batch(problem, v["params"], v["x"], v["h0"], v["c0"], v["gy"], v["ghn"],
+                                v["gcn"])
+    T, N = problem.T, problem.N
+    parts = []
+    for n, length in enumerate(problem.lengths):
+        pick = lambda a, t=None: None if a is None else (a[:t, n:n + 1] if t else a[:, n:n + 1])  # noqa: E731
+        parts.append(_reference_batch(problem, v["params"], pick(v["x"], length), pick(v["h0"]),
+                                      pick(v["c0"]), pick(v["gy"], length), pick(v["ghn"]),
+                                      pick(v["gcn"])))
+    def padded(key, width):
+        out = np.zeros((T, N, width))
+        for n, (length, part) in enumerate(zip(problem.lengths, parts)):
+            out[:length, n] = part[key][:, 0]
+        return out
+
+    def joined(key):
+        return None if parts[0][key] is None else np.concatenate([p[key] for p in parts], axis=1)
+
+    return {"output": padded("output", problem.D * problem.H), "input": padded("input", problem.I),
+            "h_n": joined("h_n"), "c_n": joined("c_n"), "h_0": joined("h_0"), "c_0": joined("c_0"),
+            "params": {name: sum(p["params"][name] for p in parts) for name in parts[0]["params"]}}
+
+
+# -- the layer under test ---------------------------------------------------------------------
+
+def _build(factory, problem, device, values):
+    """The factory's layer on ``device`` in the problem's dtype, its parameters set."""
+    import torch
+
+    try:
+        module = factory(**problem.config())
+    except (ValueError, NotImplementedError) as exc:
+        raise Unsupported(f"factory raised {type(exc).__name__}: {exc}") from exc
+    module = module.to(device=device, dtype=getattr(torch, problem.dtype))
+    names = [n for n, _ in module.named_parameters()]
+    if sorted(names) != sorted(values["params"]):
+        raise AssertionError(f"parameters: expected torch.nn's names {sorted(values['params'])}, "
+                             f"got {sorted(names)}")
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            want = values["params"][name]
+            if tuple(p.shape) != want.shape:
+                raise AssertionError(f"{name}: expected shape {want.shape}, got {tuple(p.shape)}")
+            p.copy_(torch.as_tensor(want, dtype=p.dtype))
+    return module
+
+
+def _tensor(a, problem, device):
+    import torch
+
+    return torch.as_tensor(np.ascontiguousarray(a), dtype=getattr(torch, problem.dtype)).to(device)
+
+
+def _in_layout(a, problem):
+    """A time-major [T,N,·] array in the layer's layout: [N,T,·] batch-first, [T,·] unbatched."""
+    if problem.form == "unbatched":
+        return a[:, 0]
+    return a.transpose(1, 0, 2) if problem.batch_first else a
+
+
+def _from_layout(a, problem):
+    if problem.form == "unbatched":
+        return a[:, None]
+    return a.transpose(1, 0, 2) if problem.batch_first else a
+
+
+def _states_layout(a, problem):
+    return a[:, 0] if problem.form == "unbatched" else a
+
+
+def _run(module, problem, values, device, seed=None):
+    """Forward and backward of the layer: {quantity: float64 array, time-major} or raises."""
+    import torch
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    v = values
+    x_np = _in_layout(v["x"], problem)
+    if problem.form == "noncontiguous":  # every other element of a wider buffer
+        wide = torch.zeros(x_np.shape[:-1] + (2 * x_np.shape[-1],), dtype=getattr(torch, problem.dtype),
+                           device=device)
+        x = wide[..., ::2].detach()
+        with torch.no_grad():
+            x.copy_(_tensor(x_np, problem, device))
+    else:
+        x = _tensor(x_np, problem, device)
+    x.requires_grad_(True)
+    leaves = {"input": x}
+    hx = None
+    if v["h0"] is not None:
+        leaves["h_0"] = _tensor(_states_layout(v["h0"], problem), problem, device).requires_grad_(True)
+        hx = leaves["h_0"]
+        if v["c0"] is not None:
+            leaves["c_0"] = _tensor(_states_layout(v["c0"], problem), problem, device).requires_grad_(True)
+            hx = (leaves["h_0"], leaves["c_0"])
+    inp = x
+    if problem.form == "packed":
+        inp = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor(problem.lengths),
+                                                      batch_first=problem.batch_first,
+                                                      enforce_sorted=False)
+    try:
+        out, hn = module(inp, hx)
+    except NotImplementedError as exc:
+        raise Unsupported(f"the layer raised NotImplementedError: {exc}") from exc
+    if problem.form == "packed":
+        out, _ = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=problem.batch_first,
+                                                        total_length=problem.T)
+    cn = None
+    if problem.cell == "lstm":
+        hn, cn = hn
+    terms = []  # only what the loss names: a loss on the final states never touches output
+    if v["gy"] is not None:
+        terms.append((out * _tensor(_in_layout(v["gy"], problem), problem, device)).sum())
+    if v["ghn"] is not None:
+        terms.append((hn * _tensor(_states_layout(v["ghn"], problem), problem, device)).sum())
+    if v["gcn"] is not None:
+        terms.append((cn * _tensor(_states_layout(v["gcn"], problem), problem, device)).sum())
+    loss = sum(terms[1:], terms[0])
+    params = dict(module.named_parameters())
+    for p in params.values():
+        p.grad = None
+    loss.backward()
+    numpy = lambda t: None if t is None else t.detach().to("cpu", torch.float64).numpy()  # noqa: E731
+
+    def stacked(t):  # [L·D,N,H]: unbatched states gain their batch axis
+        if t is None:
+            return None
+        return numpy(t)[:, None] if problem.form == "unbatched" else numpy(t)
+
+    got = {"output": _from_layout(numpy(out), problem), "h_n": stacked(hn), "c_n": stacked(cn),
+           "loss": float(loss.detach().to("cpu", torch.float64))}
+    for name, leaf in leaves.items():
+        g = leaf.grad
+        if g is not None:
+            g = stacked(g) if name != "input" else _from_layout(numpy(g), problem)
+        got[name] = g
+    got["params"] = {name: numpy(p.grad) for name, p in params.items()}
+    return got
+
+
+def _loss_only(module, problem, values, device, seed, shifts):
+    """The layer's loss at parameters + shifts (and input + shift), the generator reseeded."""
+    import torch
+
+    with torch.no_grad():
+        saved = {n: p.detach().clone() for n, p in module.named_parameters()}
+        for n, p in module.named_parameters():
+            if n in shifts:
+                p.add_(torch.as_tensor(shifts[n], dtype=p.dtype, device=p.device))
+    try:
+        shifted = dict(values)
+        for key, name in (("x", "input"), ("h0", "h_0"), ("c0", "c_0")):
+            if name in shifts:
+                shifted[key] = values[key] + shifts[name]
+        with torch.enable_grad():
+            return _run(module, problem, shifted, device, seed=seed)["loss"]
+    finally:
+        with torch.no_grad():
+            for n, p in module.named_parameters():
+                p.copy_(saved[n])
+
+
+# -- comparison -------------------------------------------------------------------------------
+
+def _label(name):
+    return {"output": "output", "h_n": "h_n", "c_n": "c_n", "input": "input gradient",
+            "h_0": "h_0 gradient", "c_0": "c_0 gradient"}.get(name, f"`{name}` gradient")
+
+
+def _kind(name):
+    if name in ("output", "h_n", "c_n"):
+        return "output"
+    return "state" if name in ("input", "h_0", "c_0") else "parameter"
+
+
+def compare_runs(got, want, dtype, *, against="reference") -> list:
+    """[Mismatch] between a layer's run and the reference (or another run), each quantity under
+    rnngrad's tolerance for its kind; a missing gradient is a mismatch."""
+    from .compare import Mismatch
+
+    mismatches = []
+    pairs = [(k, got.get(k), want.get(k)) for k in ("output", "h_n", "c_n", "input", "h_0", "c_0")]
+    pairs += [(k, got["params"].get(k), want["params"][k]) for k in want["params"]]
+    for name, g, w in pairs:
+        label = _label(name)
+        if w is None:
+            continue
+        if g is None:
+            mismatches.append(Mismatch(label, (), np.nan, np.nan, 0.0, 0.0, 0.0, "missing",
+                                       f"none computed, {against} has one of shape {w.shape}"))
+            continue
+        _, m = compare_array(_PROXY[_kind(name)], g, w, dtype)
+        if m is not None:
+            if m.message is not None and m.kind == "shape":
+                m.message = f"got shape {np.shape(g)}, {against} shape {np.shape(w)}"
+            m.quantity = label
+            mismatches.append(m)
+    return mismatches
+
+
+#: tolerances of the directional derivatives of train mode: (atol, rtol) by dtype
+DIFFERENCE_TOLERANCES = {"float64": (1e-8, 1e-5), "float32": (2e-3, 3e-2), "float16": (3e-2, 1e-1)}
+_STEPS = {"float64": 1e-5, "float32": 3e-3, "float16": 3e-2}
+
+
+def _difference_check(module, problem, values, device, got):
+    """[Mismatch] between the layer's gradients and central differences of its own loss along
+    one random direction per quantity (the generator reseeded before every evaluation)."""
+    from .compare import Mismatch
+
+    rng = np.random.default_rng(problem.seed + 7)
+    eps, (atol, rtol) = _STEPS[problem.dtype], DIFFERENCE_TOLERANCES[problem.dtype]
+    seed = problem.seed % (2**31)
+    quantities = [("input", values["x"], got["input"])]
+    quantities += [(n, values[k], got[n]) for n, k in (("h_0", "h0"), ("c_0", "c0")) if values[k] is not None]
+    quantities += [(n, values["params"][n], got["params"].get(n)) for n in values["params"]]
+    mismatches = []
+    for name, value, grad in quantities:
+        if grad is None:
+            mismatches.append(Mismatch(_label(name), (), np.nan, np.nan, 0.0, 0.0, 0.0, "missing",
+                                       "none computed in train mode"))
+            continue
+        direction = rng.standard_normal(value.shape)
+        if name == "input" and problem.lengths:
+            direction = direction * (np.arange(problem.T)[:, None] < np.asarray(problem.lengths))[..., None]
+        ad = float(np.sum(grad * direction))
+        scale = float(np.linalg.norm(grad) * np.linalg.norm(direction) / np.sqrt(max(direction.size, 1)))
+        # a second, smaller step when the first disagrees: a step across a relu's kink is not
+        # a wrong gradient
+        for h in (eps, eps / 4):
+            plus_loss = _loss_only(module, problem, values, device, seed, {name: direction * h})
+            minus_loss = _loss_only(module, problem, values, device, seed, {name: -direction * h})
+            fd = (plus_loss - minus_loss) / (2 * h)
+            allowed = atol + rtol * max(abs(ad), abs(fd), scale)
+            if abs(fd - ad) <= allowed:
+                break
+        else:
+            mismatches.append(Mismatch(_label(name) + " along a random direction (reference: central "
+                                       "differences of the layer's loss)", (), ad, fd, allowed,
+                                       atol, rtol, "central-difference"))
+    return mismatches
+
+
+# -- one problem ------------------------------------------------------------------------------
+
+def check_problem(factory, problem: Problem, *, device="cpu"):
+    """Check one problem; raise :class:`ModuleMismatch` on a difference, :class:`Unsupported`
+    when the factory or layer declines it."""
+    values = problem_values(problem)
+    module = _build(factory, problem, device, values)
+    dtype = np.dtype(problem.dtype)
+    seed = problem.seed % (2**31)
+    failures = []
+    if problem.mode == "eval":
+        module.eval()
+        failures = compare_runs(_run(module, problem, values, device), reference(problem, values), dtype)
+    elif problem.mode == "train":
+        if problem.dropout and problem.num_layers > 1:
+            # central differences of float32 losses are too coarse for relu's kinks and steep
+            # gates: the layer is checked in float64 where the device has it
+            if problem.dtype != "float64" and not str(device).startswith("mps"):
+                problem = dataclasses.replace(problem, dtype="float64")
+                module = _build(factory, problem, device, values)
+            module.train()
+            got = _run(module, problem, values, device, seed=seed)
+            failures = _difference_check(module, problem, values, device, got)
+        else:
+            module.train()
+            got = _run(module, problem, values, device, seed=seed)
+            failures = compare_runs(got, reference(problem, values), dtype)
+    else:  # train → eval → train on the same shapes
+        module.train()
+        first = _run(module, problem, values, device, seed=seed)
+        module.eval()
+        evaluated = _run(module, problem, values, device)
+        new = _build(factory, problem, device, values)
+        new.eval()
+        failures = [_tag(m, "eval after train vs a fresh layer's eval")
+                    for m in compare_runs(evaluated, _run(new, problem, values, device), dtype,
+                                          against="the fresh layer")]
+        failures += [_tag(m, "eval after train")
+                     for m in compare_runs(evaluated, reference(problem, values), dtype)]
+        module.train()
+        again = _run(module, problem, values, device, seed=seed)
+        failures += [_tag(m, "train after eval vs the first train run (same seed)")
+                     for m in compare_runs(again, first, dtype, against="the first run")]
+    if failures:
+        raise ModuleMismatch(_message(problem, failures), problem=problem, mismatches=failures)
+
+
+def _tag(m, what):
+    m.quantity = f"{m.quantity} ({what})"
+    return m
+
+
+def _message(problem, failures):
+    lines = [f"the layer differs on {problem.summary()} ({len(failures)} quantit"
+             f"{'y' if len(failures) == 1 else 'ies'}):"]
+    lines += [f"  {m}" for m in failures]
+    return "\n".join(lines)
+
+
+def module_reproduction(factory, problem, device="cpu") -> str:
+    """A Python script that rebuilds the problem and checks it again (it runs as printed:
+    the factory is imported, or a stub says what to put there)."""
+    from .check import _callable_source
+
+    role = "a factory with torch.nn.RNN/GRU/LSTM constructor keywords"
+    return ("from rnngrad.testing.module import Problem, check_problem\n"
+            f"{_callable_source(factory, 'factory', role)}\n"
+            f"problem = {problem!r}\n"
+            f"check_problem(factory, problem, device={device!r})\n")
+
+
+# -- the fixed scenarios ----------------------------------------------------------------------
+
+def scenarios(cell, dtype="float32") -> list:
+    """[(name, Problem)]: one problem per fault class framework layers have shipped, and one
+    whose input holds more than 2¹⁶ elements (33·16·128), bidirectional, two layers."""
+    P = lambda **kw: Problem(cell=cell, dtype=dtype, **kw)  # noqa: E731
+    return [
+        ("batch_first_backward", P(batch_first=True, num_layers=2, T=3, N=2, I=3, H=3, seed=2)),
+        ("initial_states_per_layer", P(num_layers=3, T=3, N=2, I=2, H=3, seed=3)),
+        ("no_bias_given", P(bias=False, num_layers=2, T=3, N=2, I=2, H=2, seed=4)),
+        ("bidirectional", P(bidirectional=True, num_layers=2, T=4, N=2, I=3, H=2, seed=5)),
+        ("final_states_only", P(num_layers=2, bidirectional=True, loss="final", T=3, N=2, I=2, H=2, seed=6)),
+        ("packed_unsorted", P(form="packed", lengths=(2, 4, 1), bidirectional=True, num_layers=2,
+                              batch_first=True, T=4, N=3, I=2, H=2, seed=7)),
+        ("unbatched", P(form="unbatched", num_layers=2, T=3, N=1, I=2, H=3, seed=8)),
+        ("noncontiguous", P(form="noncontiguous", num_layers=2, T=3, N=2, I=3, H=2, seed=9)),
+        ("train_eval_train", P(num_layers=2, dropout=0.5, mode="sequence", T=3, N=4, I=3, H=4, seed=10)),
+        ("dropout_gradients", P(num_layers=3, dropout=0.5, mode="train", T=3, N=4, I=3, H=4, seed=11)),
+        ("over_2_16_elements", P(num_layers=2, bidirectional=True, T=16, N=33, I=128, H=8, seed=1)),
+    ] + ([("relu", P(nonlinearity="relu", num_layers=2, T=3, N=2, I=2, H=3, seed=12))]
+         if cell == "rnn" else [])
+
+
+def problems(cell, *, dtype="float32", max_layers=3, max_size=4, boundary=True):
+    """A hypothesis strategy of :class:`Problem`\\ s of ``cell`` (shrinking to one layer, the
+    default options, batched input, random states, both losses, eval mode, small sizes)."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def draw(draw):
+        def size(lo, special):
+            pick = draw(st.integers(0, 11))
+            if boundary and special and pick == 11:
+                return draw(st.sampled_from(special))
+            return draw(st.integers(lo, max_size))
+
+        L = draw(st.integers(1, max_layers))
+        form = draw(st.sampled_from(FORMS))
+        T = size(1, ())
+        N = 1 if form == "unbatched" else size(1, (31, 32, 33))
+        lengths = None
+        if form == "packed":
+            lengths = tuple(draw(st.lists(st.integers(1, T), min_size=N, max_size=N)))
+        mode = draw(st.sampled_from(MODES))
+        nonlinearity = draw(st.sampled_from(("tanh", "relu"))) if cell == "rnn" else "tanh"
+        dropout = draw(st.sampled_from((0.0, 0.5))) if L > 1 else 0.0
+        bias = draw(st.sampled_from((True, False)))
+        if nonlinearity == "relu" and mode == "train" and dropout:
+            # without a bias, a dropped input row and zero states put a relu exactly on its kink,
+            # where central differences do not give the derivative
+            bias = True
+        return Problem(
+            cell=cell, num_layers=L, bidirectional=draw(st.booleans()),
+            batch_first=draw(st.booleans()), bias=bias, nonlinearity=nonlinearity, dropout=dropout,
+            T=T, N=N, I=size(1, (31, 32, 33)), H=size(1, (31, 32, 33)), form=form,
+            lengths=lengths, states=draw(st.sampled_from(STATES)), loss=draw(st.sampled_from(LOSSES)),
+            mode=mode, dtype=dtype, seed=draw(st.integers(0, 2**32 - 1)))
+
+    return draw()
+
+
+@dataclasses.dataclass
+class ModuleReport:
+    """What :func:`check_module` did: ``checked`` problems compared, ``unsupported``
+    {reason: count} of problems the factory or layer declined, ``seconds``."""
+
+    cell: str
+    dtype: str
+    device: str
+    checked: int
+    unsupported: dict
+    seconds: float
+
+    def __str__(self):
+        skipped = sum(self.unsupported.values())
+        text = (f"{self.cell} on {self.device} in {self.dtype}: {self.checked} problems passed"
+                f"{f', {skipped} unsupported' if skipped else ''} in {self.seconds:.1f}s")
+        for reason, count in sorted(self.unsupported.items(), key=lambda kv: -kv[1]):
+            text += f"\n  {count} × {reason}"
+        return text
+
+
+def check_module(factory, cell, *, device="cpu", max_examples=150, seed=None, dtype="float32",
+                 scenarios_first=True, max_layers=3, max_size=4, boundary=True, threads=1,
+                 progress=None) -> ModuleReport:
+    """Fuzz a framework RNN layer against rnngrad's float64 reference, composed layer by layer.
+
+    factory: ``factory(**config)`` builds a layer from ``torch.nn.RNN`` / ``GRU`` / ``LSTM``'s
+        constructor keywords (input_size, hidden_size, num_layers, bias, batch_first, dropout,
+        bidirectional, and nonlinearity for ``"rnn"``; no device or dtype: the checker moves the
+        layer with ``.to(device, dtype)``), with ``torch.nn``'s call convention and parameter
+        names (``torch.nn.LSTM`` itself is one). It may raise ValueError or NotImplementedError
+        for a configuration it does not support, and the layer NotImplementedError for an
+        input form: counted in the report, not failed.
+    cell: ``"rnn"``, ``"gru"`` or ``"lstm"``.
+    device: where the layer runs (``"cpu"``, ``"mps"``, ``"cuda"``).
+    max_examples: problems drawn by hypothesis after the fixed scenarios (:func:`scenarios`).
+    seed: makes the draws reproducible (None: a fresh random seed).
+    dtype: ``"float32"`` or ``"float64"`` (the reference is float64 on the rounded values).
+    scenarios_first: check the fixed scenarios first (one problem over 2¹⁶ input elements
+        among them).
+    max_layers, max_size, boundary: the draws' bounds (sizes 1..max_size, and now and then
+        31, 32 or 33 for N, I and H when ``boundary``).
+    threads: torch's intra-op threads while the check runs (restored afterwards); None leaves
+        torch's setting. The problems are small, where more threads only add synchronisation.
+    progress: called with the number of problems checked so far.
+
+    Returns a :class:`ModuleReport`; raises :class:`ModuleMismatch` (an AssertionError) naming
+    the configuration, the quantity, the index, both values and the tolerance, with a
+    runnable reproduction, for the first failing problem, shrunk.
+    """
+    if cell not in CELLS:
+        raise ValueError(f"cell: expected one of {CELLS}, got {cell!r}")
+    if np.dtype(dtype).name not in ("float16", "float32", "float64"):
+        raise ValueError(f"dtype: expected float16, float32 or float64, got {dtype!r}")
+    dtype = np.dtype(dtype).name
+    if threads is None:
+        return _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first,
+                             max_layers, max_size, boundary, progress)
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first,
+                             max_layers, max_size, boundary, progress)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first, max_layers,
+                  max_size, boundary, progress):
+    start = time.perf_counter()
+    checked, unsupported = 0, {}
+
+    def one(problem, label=None):
+        nonlocal checked
+        try:
+            check_problem(factory, problem, device=device)
+        except Unsupported as exc:
+            unsupported[str(exc)] = unsupported.get(str(exc), 0) + 1
+            return
+        except ModuleMismatch as exc:
+            where = f" [scenario {label!r}]" if label else ""
+            raise ModuleMismatch(f"{cell}{where}: {exc}\nReproduce with:\n"
+                                 f"{module_reproduction(factory, problem, device)}",
+                                 problem=problem, mismatches=exc.mismatches) from None
+        except Exception as exc:  # a crash on a valid configuration is a failure
+            where = f" [scenario {label!r}]" if label else ""
+            raise ModuleMismatch(f"{cell}{where}: the layer raised {type(exc).__name__}: {exc}\n"
+                                 f"  on {problem.summary()}\nReproduce with:\n"
+                                 f"{module_reproduction(factory, problem, device)}",
+                                 problem=problem) from exc
+        checked += 1
+        if progress is not None:
+            progress(checked)
+
+    count = 0
+    if scenarios_first:
+        for label, problem in scenarios(cell, dtype):
+            count += 1
+            try:
+                one(problem, label)
+            except ModuleMismatch as exc:
+                exc.examples = count
+                raise
+    if max_examples > 0:
+        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import seed as hypothesis_seed
+
+        first = []
+
+        @settings(max_examples=max_examples, deadline=None, database=None,
+                  report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
+                  phases=(Phase.explicit, Phase.generate, Phase.shrink))
+        @given(problems(cell, dtype=dtype, max_layers=max_layers, max_size=max_size, boundary=boundary))
+        def fuzz(problem):
+            nonlocal count
+            if not first:
+                count += 1
+            try:
+                one(problem)
+            except ModuleMismatch:
+                if not first:
+                    first.append(count)
+                raise
+
+        if seed is not None:
+            fuzz = hypothesis_seed(seed)(fuzz)
+        try:
+            fuzz()
+        except ModuleMismatch as exc:
+            exc.examples = first[0] if first else count
+            raise
+    return ModuleReport(cell, dtype, str(device), checked, unsupported, time.perf_counter() - start)
+
+
+__all__ = ["check_module", "check_problem", "Problem", "ModuleMismatch", "ModuleReport",
+           "Unsupported", "problem_values", "reference", "scenarios", "problems",
+           "module_reproduction", "compare_runs", "CELLS", "FORMS", "STATES", "LOSSES", "MODES",
+           "DIFFERENCE_TOLERANCES"]
