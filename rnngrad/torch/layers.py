@@ -122,6 +122,18 @@ class _RNNBase(nn.Module):
 
     _descriptor_class = rnngrad.SingleGateRNNDescriptor
 
+    @property
+    def descriptor(self):
+        """The op's descriptor (an rnngrad descriptor of this layer's cell)."""
+        return self._descriptor
+
+    @descriptor.setter
+    def descriptor(self, value):
+        # the operators take the descriptor as a string, made here once and not at each call
+        # (torch.compile sees a constant)
+        self._code = functions.descriptor_code(functions._descriptor(self.cell, value))
+        self._descriptor = value
+
     def _has_peephole(self) -> bool:
         return False
 
@@ -274,7 +286,7 @@ class _RNNBase(nn.Module):
                 given["init_state"] = _sided(h0[k * D:(k + 1) * D])
             if c0 is not None:
                 given["init_cell"] = _sided(c0[k * D:(k + 1) * D])
-            out = functions.run(self.cell, given, self.descriptor, self.backend)
+            out = functions.run(self.cell, given, self._code, self.backend)
             x = out.state  # [T,N,DH]
             if self.dropout and self.training and k < self.num_layers - 1:
                 x = F.dropout(x, self.dropout, training=True)
