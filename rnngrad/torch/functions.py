@@ -448,15 +448,16 @@ def apply(cell: str, given: dict, descriptor, backend):
     return run(cell, given, descriptor_code(descriptor), backend)
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
 def _autocast(given: dict) -> dict:
     """``given`` with its float32 tensors in autocast's dtype, when autocast is on for their
     device (see the module docstring)."""
     source = given["source"]
-    kind = source.device.type
-    if source.dtype != torch.float32 and source.dtype not in _device.AUTOCAST_DTYPES \
-            or not torch.is_autocast_enabled(kind):
+    if source.dtype != torch.float32 and source.dtype not in _device.AUTOCAST_DTYPES:
         return given
-    low = torch.get_autocast_dtype(kind)
+    low = torch.get_autocast_dtype(source.device.type)
     return {k: t.to(low) if t is not None and t.dtype == torch.float32 else t
             for k, t in given.items()}
 
@@ -464,10 +465,10 @@ def _autocast(given: dict) -> dict:
 def run(cell: str, given: dict, code: str, backend):
     """:func:`apply` without its checks, for callers that made them (the layers); ``code`` is
     :func:`descriptor_code` of the descriptor."""
-    tensors = tuple(given.values())
-    if torch.is_autocast_enabled():
+    kind = given["source"].device.type
+    if kind in _AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
         given = _autocast(given)
-        tensors = tuple(given.values())
+    tensors = tuple(given.values())
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in tensors)
     out = _APPLY[cell](*tensors, code, backend, training)

@@ -267,7 +267,7 @@ class _RNNBase(nn.Module):
         in it (as ``torch.nn``'s layers on CUDA; see ``rnngrad.torch.functions``)."""
         weight = self._parameters["weight_ih_l0"]
         kind = input.device.type
-        if torch.is_autocast_enabled(kind):
+        if kind in functions._AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
             low = torch.get_autocast_dtype(kind)
             if input.dtype in (torch.float32, low) and weight.dtype in (torch.float32, low):
                 return low
