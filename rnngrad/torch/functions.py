@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from typing import NamedTuple
 
 import torch
@@ -68,6 +69,7 @@ import rnngrad
 from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS, add_to_final
 from rnngrad.descriptors import DESCRIPTORS, Activation, z_width
 from rnngrad.torch import _device
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 __all__ = ["single_gate_rnn", "gru", "lstm", "SingleGateRNNFunction", "GRUFunction",
            "LSTMFunction", "RNNOutput", "LSTMOutput", "descriptor_code", "OPS"]
@@ -211,7 +213,9 @@ def _cell_gradient(gc, gcn, D: int, T: int):
 
 
 def _backward_impl(cell: str, tensors, h, c, z_state, gh, gc, ghn, gcn, code: str, backend,
-                   needs):
+                   needs, empty=True):
+    """One gradient per input of ``tensors``: where not needed, an empty tensor (``empty``, as
+    the operator's schema has it) or None."""
     names = INPUTS[cell]
     descriptor = _decode(cell, code)
     if z_state.dim() != 3:
@@ -259,13 +263,13 @@ def _backward_impl(cell: str, tensors, h, c, z_state, gh, gc, ghn, gcn, code: st
         t = saved[name]
         g = out.get(name) if need and t is not None else None
         if g is None:
-            grads.append(torch.empty(0, dtype=dtype if t is None else t.dtype, device=device))
+            grads.append(torch.empty(0, dtype=dtype if t is None else t.dtype, device=device)
+                         if empty else None)
             continue
         if tuple(g.shape) != tuple(t.shape):
             g = g.reshape(tuple(t.shape))  # bias [1,1,DGH] → [DGH], before wrapping
         g = _device.to_tensor(g, device, t.dtype)
-        if g._base is not None or any(g.data_ptr() == u.data_ptr() for u in given.values()
-                                      if isinstance(u, torch.Tensor) and u.numel()):
+        if h.shape[0] == 0:  # T = 0: the op may hand back a state gradient as it was given
             g = g.clone()  # an operator's outputs alias neither its inputs nor each other
         grads.append(g)
     return tuple(grads)
@@ -327,7 +331,8 @@ def _backward_schema(cell: str) -> str:
 
 def _define(cell: str):
     """The forward and backward operators of ``cell``, with fake implementations and the
-    forward's autograd formula."""
+    forward's autograd formula; the autograd.Functions that call them."""
+    ctx_eager = threading.local()  # set while an eager backward runs: call the kernel
     names = INPUTS[cell]
     n = len(names)
     lstm = cell == "lstm"
@@ -340,14 +345,15 @@ def _define(cell: str):
         return _fake_forward(cell, args[:n], args[n], args[n + 2])
 
     if lstm:
-        def backward_kernel(*args):
+        def backward_kernel(*args, empty=True):
             h, c, z, gh, gc, ghn, gcn, code, backend, needs = args[n:]
-            return _backward_impl(cell, args[:n], h, c, z, gh, gc, ghn, gcn, code, backend, needs)
+            return _backward_impl(cell, args[:n], h, c, z, gh, gc, ghn, gcn, code, backend, needs,
+                                  empty)
     else:
-        def backward_kernel(*args):
+        def backward_kernel(*args, empty=True):
             h, z, gh, ghn, code, backend, needs = args[n:]
             return _backward_impl(cell, args[:n], h, None, z, gh, None, ghn, None, code,
-                                  backend, needs)
+                                  backend, needs, empty)
 
     def backward_fake(*args):
         return _fake_backward(cell, args[:n], args[n], args[-1])
@@ -355,7 +361,8 @@ def _define(cell: str):
     forward_op = torch.library.custom_op(f"{NAMESPACE}::{op}", forward_kernel, mutates_args=(),
                                          schema=_forward_schema(cell))
     forward_op.register_fake(forward_fake)
-    backward_op = torch.library.custom_op(f"{NAMESPACE}::{op}_backward", backward_kernel,
+    backward_op = torch.library.custom_op(f"{NAMESPACE}::{op}_backward",
+                                          lambda *args: backward_kernel(*args),
                                           mutates_args=(), schema=_backward_schema(cell))
     backward_op.register_fake(backward_fake)
 
@@ -369,6 +376,8 @@ def _define(cell: str):
     def call_backward(*args):
         if torch.compiler.is_compiling():  # traced once: nothing to differentiate further
             return backward_overload(*args)
+        if getattr(ctx_eager, "on", False) and not torch.is_grad_enabled():
+            return backward_kernel(*args, empty=False)
         return gradient.apply(*args)
 
     def backward(ctx, *grads):
@@ -382,7 +391,7 @@ def _define(cell: str):
         else:
             gh, ghn, _ = grads
             out = call_backward(*tensors, h, z, gh, ghn, ctx.code, ctx.backend, needs)
-        return tuple(g if need else None for g, need in zip(out, needs)) + (None, None, None)
+        return (*(g if need else None for g, need in zip(out, needs)), None, None, None)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
 
@@ -416,13 +425,51 @@ def _define(cell: str):
     forward_function = function(
         f"{op}_function", forward_op._opoverload, setup_context, backward,
         f"``torch.ops.{NAMESPACE}.{op}`` with its gradient operator in the backward.")
-    return forward_op, backward_op, forward_function
+
+    def eager_forward(ctx, *args):
+        out = forward_kernel(*args)
+        setup_context(ctx, args, out)
+        ctx.eager = True
+        return out
+
+    def eager_backward(ctx, *grads):
+        ctx_eager.on = True
+        try:
+            return backward(ctx, *grads)
+        finally:
+            ctx_eager.on = False
+
+    # plain eager calls: the operators' kernels, without the dispatcher's Python custom-op
+    # layers (see the module docstring)
+    eager_function = type(f"{op}_eager_function", (torch.autograd.Function,), {
+        "forward": staticmethod(eager_forward), "backward": staticmethod(eager_backward),
+        "__module__": __name__,
+        "__doc__": f"``torch.ops.{NAMESPACE}.{op}``'s kernels, called directly in eager mode."})
+    return forward_op, backward_op, forward_function, eager_function, forward_kernel
 
 
 _DEFINED = {cell: _define(cell) for cell in INPUTS}
 #: cell → (forward operator, backward operator), as registered
 OPS = {cell: ops[:2] for cell, ops in _DEFINED.items()}
 _APPLY = {cell: ops[2].apply for cell, ops in _DEFINED.items()}
+_EAGER = {cell: ops[3].apply for cell, ops in _DEFINED.items()}
+_KERNEL = {cell: ops[4] for cell, ops in _DEFINED.items()}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_EAGER_DEVICES = ("cpu", "cuda")
+
+
+def _plain_eager(tensors) -> bool:
+    """Whether a call is plain eager PyTorch: nothing traces or transforms it (torch.compile,
+    torch.export, torch.func, dispatch and function modes, tensor subclasses such as fake
+    tensors) and its tensors are on a device a backend serves."""
+    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None \
+            or _get_current_dispatch_mode() is not None \
+            or torch._C._is_torch_function_mode_enabled():
+        return False
+    for t in tensors:
+        if t is not None and type(t) not in _PLAIN:
+            return False
+    return tensors[0].device.type in _EAGER_DEVICES
 
 
 # -- the Python surface ----------------------------------------------------------------------
@@ -471,7 +518,12 @@ def run(cell: str, given: dict, code: str, backend):
     tensors = tuple(given.values())
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in tensors)
-    out = _APPLY[cell](*tensors, code, backend, training)
+    if not _plain_eager(tensors):
+        out = _APPLY[cell](*tensors, code, backend, training)
+    elif training:
+        out = _EAGER[cell](*tensors, code, backend, training)
+    else:
+        out = _KERNEL[cell](*tensors, code, backend, training)
     return LSTMOutput(*out[:4]) if cell == "lstm" else RNNOutput(*out[:2])
 
 
