@@ -19,8 +19,8 @@ float16 and bfloat16 are computed in float32 and returned in their dtype; under
 ``torch.autocast`` float32 calls run in autocast's dtype.
 
 CPU tensors run on the CPU backends without copies (``backend=None`` picks the fastest here);
-CUDA tensors on the ``metal-cuda`` backend where it is available, through DLPack; any other
-device is an error that names the backends that would serve it. PyTorch is imported only when
+CUDA tensors on the ``metal-cuda`` backend where it is available, through DLPack; meta tensors
+give shapes only; any other device is an error that names the backends that would serve it. PyTorch is imported only when
 this package is (``pip install 'rnngrad[torch]'``).
 """
 

@@ -16,6 +16,12 @@ autograd formula (``torch.library.register_autograd``) calls the gradient op; ``
 transforms work through it. Dynamo never looks inside: the ops are opaque to it. The
 descriptor crosses as a string (:func:`descriptor_code`), the backend as its name or None.
 
+The functions and the layers call the operators through autograd.Functions that hold the same
+formula. A plain eager call (nothing compiling, exporting or transforming it, no dispatch or
+function mode, plain tensors on the CPU or CUDA) runs the operators' kernels directly, without
+the dispatcher's Python custom-op layers, which cost more than the op itself at small sizes;
+every other call goes through ``torch.ops.rnngrad.*``.
+
 Arguments and layouts are rnngrad's (time-major, MPSGraph's packed gate layouts; see
 ``rnngrad.gru`` and the others):
 
@@ -440,7 +446,7 @@ def _define(cell: str):
             ctx_eager.on = False
 
     # plain eager calls: the operators' kernels, without the dispatcher's Python custom-op
-    # layers (see the module docstring)
+    # layers (module docstring)
     eager_function = type(f"{op}_eager_function", (torch.autograd.Function,), {
         "forward": staticmethod(eager_forward), "backward": staticmethod(eager_backward),
         "__module__": __name__,
