@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 from typing import NamedTuple
 
 import torch
@@ -338,7 +337,6 @@ def _backward_schema(cell: str) -> str:
 def _define(cell: str):
     """The forward and backward operators of ``cell``, with fake implementations and the
     forward's autograd formula; the autograd.Functions that call them."""
-    ctx_eager = threading.local()  # set while an eager backward runs: call the kernel
     names = INPUTS[cell]
     n = len(names)
     lstm = cell == "lstm"
@@ -382,11 +380,20 @@ def _define(cell: str):
     def call_backward(*args):
         if torch.compiler.is_compiling():  # traced once: nothing to differentiate further
             return backward_overload(*args)
-        if getattr(ctx_eager, "on", False) and not torch.is_grad_enabled():
-            return backward_kernel(*args, empty=False)
         return gradient.apply(*args)
 
+    def call_backward_eager(*args):
+        if torch.is_grad_enabled():  # create_graph: through the Function that refuses
+            return gradient.apply(*args)
+        return backward_kernel(*args, empty=False)
+
     def backward(ctx, *grads):
+        return formula(ctx, grads, call_backward)
+
+    def eager_backward(ctx, *grads):
+        return formula(ctx, grads, call_backward_eager)
+
+    def formula(ctx, grads, call_backward):
         saved = ctx.saved_tensors
         tensors, (h, c, z) = saved[:n], saved[n:]
         needs = [bool(x) for x in ctx.needs_input_grad[:n]]
@@ -435,15 +442,7 @@ def _define(cell: str):
     def eager_forward(ctx, *args):
         out = forward_kernel(*args)
         setup_context(ctx, args, out)
-        ctx.eager = True
         return out
-
-    def eager_backward(ctx, *grads):
-        ctx_eager.on = True
-        try:
-            return backward(ctx, *grads)
-        finally:
-            ctx_eager.on = False
 
     # plain eager calls: the operators' kernels, without the dispatcher's Python custom-op
     # layers (module docstring)
