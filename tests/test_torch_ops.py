@@ -29,7 +29,8 @@ def _inputs(cell, T=3, N=2, I=2, H=3, seed=0):
     desc = DESCRIPTORS[cell]
     D = 2 if desc.bidirectional else 1
     g = torch.Generator().manual_seed(seed)
-    rand = lambda *s: (torch.randn(*s, generator=g, dtype=torch.float64) * 0.5).requires_grad_()  # noqa: E731
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * 0.5).requires_grad_()
     GH = G[cell] * H
     given = dict(source=rand(T, N, I), recurrent_weight=rand(GH, H) if D == 1 else rand(2, GH, H),
                  input_weight=rand(D * GH, I), bias=rand(D * GH), init_state=rand(N, D * H))

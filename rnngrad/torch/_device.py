@@ -163,7 +163,8 @@ def to_tensor(a, device: torch.device, dtype: torch.dtype = None) -> torch.Tenso
                     t = torch.from_numpy(a)
                 except ValueError:  # negative strides, which torch.from_numpy refuses
                     pass
-            a = t if t is not None else torch.from_numpy(np.array(a))  # a copy: read-only or flipped
+            # a copy when read-only (a backend's view) or flipped
+            a = t if t is not None else torch.from_numpy(np.array(a))
         else:
             a = torch.from_dlpack(a)
     return a if dtype is None or a.dtype == dtype else a.to(dtype)

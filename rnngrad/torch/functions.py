@@ -116,14 +116,16 @@ class LSTMOutput(NamedTuple):
 
 def _fields(cls) -> tuple:
     """The fields a descriptor code carries: all but the outputs the operators choose."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in ("training", "produce_cell"))
+    return tuple(f.name for f in dataclasses.fields(cls)
+                 if f.name not in ("training", "produce_cell"))
 
 
 @functools.lru_cache(maxsize=256)
 def descriptor_code(descriptor) -> str:
     """``descriptor`` as the operators take it: ``"field=int,…"`` for every option (bools as
     0/1, activations as MPSGraph's integers), e.g. ``"reverse=0,bidirectional=1,activation=2"``."""
-    return ",".join(f"{name}={int(getattr(descriptor, name))}" for name in _fields(type(descriptor)))
+    return ",".join(f"{name}={int(getattr(descriptor, name))}"
+                    for name in _fields(type(descriptor)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -320,7 +322,8 @@ def _forward_schema(cell: str) -> str:
     names = INPUTS[cell]
     args = ", ".join(f"Tensor{'?' if i >= 2 else ''} {n}" for i, n in enumerate(names))
     outs = 5 if cell == "lstm" else 3
-    return f"({args}, str descriptor, str? backend, bool training) -> ({', '.join(['Tensor'] * outs)})"
+    returns = ", ".join(["Tensor"] * outs)
+    return f"({args}, str descriptor, str? backend, bool training) -> ({returns})"
 
 
 def _backward_schema(cell: str) -> str:
