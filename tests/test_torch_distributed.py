@@ -1,6 +1,8 @@
 """Training beyond one process is PyTorch's own: two ``torch.distributed`` processes (gloo, on
 the loopback address) with ``DistributedDataParallel`` around an ``rnngrad.torch.LSTM``, each
-on half of a batch, end with the parameter gradients of one process on the whole batch."""
+on half of a batch, end with the parameter gradients of one process on the whole batch; the same
+over NCCL with one process per GPU around a two-layer LSTM on CUDA tensors (``metal-cuda``),
+a ``gpu`` test that needs two GPUs."""
 
 import os
 
@@ -98,4 +100,81 @@ def test_two_gloo_processes_with_ddp_give_the_whole_batch_gradients(tmp_path):
             for name, value in want.items():
                 kind = QUANTITY[name] if name in QUANTITY else QUANTITY[name.split("_l")[0].split(".")[-1]]
                 ratio, mismatch = compare_array(kind, got[name], value, np.float64)
+                assert mismatch is None, f"rank {rank}, {name}: {mismatch}"
+
+
+# -- NCCL: one process per GPU ----------------------------------------------------------------
+
+def _two_gpus() -> bool:
+    import rnngrad
+
+    return (torch.cuda.is_available() and torch.cuda.device_count() >= 2
+            and dist.is_nccl_available() and rt.CUDA_BACKEND in rnngrad.available_backends())
+
+
+class CudaModel(torch.nn.Module):
+    """A two-layer rnngrad LSTM on metal-cuda (float32) and a linear head on its last output."""
+
+    def __init__(self, device):
+        super().__init__()
+        self.lstm = rt.LSTM(I, H, num_layers=2, batch_first=True, device=device)
+        self.head = torch.nn.Linear(H, 1, device=device)
+
+    def forward(self, x):
+        output, _ = self.lstm(x)
+        return self.head(output[:, -1])
+
+
+def _cuda_setup(device):
+    torch.manual_seed(0)
+    model = CudaModel(device)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(N, T, I, generator=g).to(device)
+    y = torch.randn(N, 1, generator=g).to(device)
+    return model, x, y
+
+
+def _nccl_rank(rank, folder):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{os.path.join(folder, 'rendezvous')}",
+                            rank=rank, world_size=WORLD)
+    try:
+        model, x, y = _cuda_setup(torch.device("cuda", rank))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+        part = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
+        torch.nn.functional.mse_loss(ddp(x[part]), y[part]).backward()
+        grads = {k.replace("module.", ""): p.grad.detach().cpu().numpy().copy()
+                 for k, p in ddp.named_parameters()}
+        np.savez(os.path.join(folder, f"rank{rank}.npz"), **grads)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _two_gpus(), reason="needs 2 CUDA GPUs, NCCL and the metal-cuda backend")
+def test_two_nccl_processes_with_ddp_on_two_gpus_give_the_whole_batch_gradients(tmp_path):
+    context = mp.start_processes(_nccl_rank, args=(str(tmp_path),), nprocs=WORLD,
+                                 join=False, start_method="spawn")
+    try:
+        deadline = TIMEOUT
+        while not context.join(timeout=5):
+            deadline -= 5
+            if deadline <= 0:
+                pytest.fail(f"the {WORLD} processes did not finish in {TIMEOUT} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+
+    model, x, y = _cuda_setup(torch.device("cuda", 0))
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    want = {k: p.grad.detach().cpu().numpy() for k, p in model.named_parameters()}
+    for rank in range(WORLD):
+        with np.load(tmp_path / f"rank{rank}.npz") as got:
+            assert set(got.files) == set(want)
+            for name, value in want.items():
+                kind = QUANTITY[name] if name in QUANTITY else QUANTITY[name.split("_l")[0].split(".")[-1]]
+                ratio, mismatch = compare_array(kind, got[name], value, np.float32)
+                print(f"rank {rank} {name}: worst error {ratio:.3g} of the float32 tolerance")
                 assert mismatch is None, f"rank {rank}, {name}: {mismatch}"

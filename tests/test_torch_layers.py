@@ -316,9 +316,6 @@ def test_wrong_input_is_refused_by_name():
         layer(x, torch.zeros(2, 2, 4))
     with pytest.raises(ValueError, match="input: expected a 3-D"):
         layer(torch.zeros(5))
-    packed = torch.nn.utils.rnn.pack_padded_sequence(x, [5, 3])
-    with pytest.raises(TypeError, match="PackedSequence is not supported"):
-        layer(packed)
     with pytest.raises(ValueError, match="proj_size"):
         rt.LSTM(3, 4, proj_size=2)
     with pytest.raises(ValueError, match="reverse: MPSGraph ignores reverse when bidirectional"):

@@ -63,27 +63,33 @@ def _step(req):
 
     torch.set_num_threads(req["threads"])
     T, N, I, H, cell = req["T"], req["N"], req["I"], req["H"], req["cell"]
+    device = req.get("device", "cpu")
     if req["impl"] == "ops":
         from rnngrad.bench.worker import _rnngrad
 
-        return _rnngrad(dict(req, impl=req["backend"]))
+        return _rnngrad(dict(req, impl=req["backend"]))  # synchronised on CUDA
+    if device == "cuda":  # strict float32: cuDNN and cuBLAS without TF32
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     make = {"single_gate": lambda: torch.nn.RNN(I, H, nonlinearity="tanh"),
             "gru": lambda: torch.nn.GRU(I, H), "lstm": lambda: torch.nn.LSTM(I, H)}[cell]
-    layer = make()
+    layer = make().to(device)
     if req["impl"] in ("layer", "glue"):
         import rnngrad.torch
 
         layer = rnngrad.torch.from_torch(layer, backend=req["backend"])
-    x = torch.randn(T, N, I, requires_grad=req["input_grad"])
-    dy = torch.randn(T, N, H)
+    x = torch.randn(T, N, I, requires_grad=req["input_grad"], device=device)
+    dy = torch.randn(T, N, H, device=device)
     params = list(layer.parameters())
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     def run():
         for p in params:
             p.grad = None
         output, _ = layer(x)
         output.backward(dy)
+        sync()
     if req["impl"] == "glue":
         _replace_ops_by_their_results(cell, run)
     return run

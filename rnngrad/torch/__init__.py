@@ -1,20 +1,26 @@
-"""rnngrad in PyTorch training: autograd functions and ``torch.nn`` layers.
+"""rnngrad in PyTorch training: PyTorch operators, differentiable functions and ``torch.nn``
+layers.
 
     import rnngrad.torch as rt
     layer = rt.GRU(input_size=32, hidden_size=64, batch_first=True)   # torch.nn.GRU's conventions
     output, h_n = layer(x)                                             # rnngrad's ops inside
     output.sum().backward()                                            # rnngrad's gradient ops
 
-- :mod:`rnngrad.torch.functions`: ``single_gate_rnn``, ``gru``, ``lstm`` on tensors in the
-  rnngrad's layouts, differentiable (``SingleGateRNNFunction``, ``GRUFunction``,
-  ``LSTMFunction``: the forward op forward, the gradient op backward);
+- :mod:`rnngrad.torch.functions`: the operators ``torch.ops.rnngrad.single_gate_rnn``,
+  ``gru``, ``lstm`` and their ``*_backward`` (``torch.library.custom_op``: fake implementations
+  for torch.compile, torch.export and meta tensors, a registered autograd formula), and
+  ``single_gate_rnn``, ``gru``, ``lstm`` on tensors in rnngrad's layouts, differentiable
+  (``SingleGateRNNFunction``, ``GRUFunction``, ``LSTMFunction``.apply too);
 - :mod:`rnngrad.torch.layers`: ``RNN``, ``GRU``, ``LSTM`` with PyTorch's constructor, call
-  conventions and parameters, plus MPSGraph's options; ``from_torch(module)`` and
-  ``layer.to_torch()``.
+  conventions and parameters (``PackedSequence`` input too), plus MPSGraph's options;
+  ``from_torch(module)`` and ``layer.to_torch()``.
+
+float16 and bfloat16 are computed in float32 and returned in their dtype; under
+``torch.autocast`` float32 calls run in autocast's dtype.
 
 CPU tensors run on the CPU backends without copies (``backend=None`` picks the fastest here);
-CUDA tensors on the ``metal-cuda`` backend where it is available, through DLPack; any other
-device is an error that names the backends that would serve it. PyTorch is imported only when
+CUDA tensors on the ``metal-cuda`` backend where it is available, through DLPack; meta tensors
+give shapes only; any other device is an error that names the backends that would serve it. PyTorch is imported only when
 this package is (``pip install 'rnngrad[torch]'``).
 """
 

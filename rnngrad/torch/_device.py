@@ -22,8 +22,15 @@ from rnngrad import registry
 #: the backend that runs on CUDA devices, taking and returning device arrays
 CUDA_BACKEND = "metal-cuda"
 
-_FLOATS = (torch.float16, torch.float32, torch.float64)
-_NUMPY = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+#: dtypes computed in float32 and returned in their own (no backend computes in them)
+AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_NUMPY = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a tensor of ``dtype`` is computed in: float32 for float16 and bfloat16."""
+    return torch.float32 if dtype in AUTOCAST_DTYPES else dtype
 
 
 def _cuda_reason() -> str:
@@ -80,15 +87,36 @@ def backend_for(device: torch.device, backend):
 
 def check_dtype(name: str, t: torch.Tensor):
     if t.dtype not in _FLOATS:
-        raise TypeError(f"{name}: expected a floating tensor (float16, float32 or float64), "
-                        f"got {t.dtype}")
+        raise TypeError(f"{name}: expected a floating tensor, got {t.dtype}, which no rnngrad "
+                        f"backend computes in: float32 and float64 are computed as they are, "
+                        f"float16 and bfloat16 in float32; cast it (for example .float())")
+
+
+def check_served(given: dict, device: torch.device):
+    """The dtypes of ``given`` ({argument: tensor or None}, the mask excepted), as rnngrad's
+    checks cannot see them once float16 and bfloat16 are cast to float32: one dtype for all,
+    and on CUDA no float64 (``metal-cuda`` computes in float32)."""
+    source = given["source"]
+    for name, t in given.items():
+        if t is not None and name != "mask" and t.dtype != source.dtype \
+                and (source.dtype in AUTOCAST_DTYPES or t.dtype in AUTOCAST_DTYPES):
+            raise TypeError(f"{name}: expected dtype {source.dtype} (the source's: all array "
+                            f"inputs share one floating dtype), got {t.dtype}")
+    if device.type == "cuda" and source.dtype == torch.float64:
+        raise TypeError(f"source: float64 tensors on {device}: {CUDA_BACKEND!r} computes in "
+                        f"float32 (float16 and bfloat16 too, returned in their dtype); cast "
+                        f"with .float(), or move the tensors to the CPU (.cpu()), where the "
+                        f"CPU backends compute in float64")
 
 
 def to_array(t, device: torch.device):
-    """The backend's view of tensor ``t`` (None stays None), sharing its memory."""
+    """The backend's view of tensor ``t`` (None stays None), sharing its memory (a float32
+    copy for float16 and bfloat16)."""
     if t is None:
         return None
     t = t.detach()
+    if t.dtype in AUTOCAST_DTYPES:
+        t = t.float()
     if device.type == "cpu":
         return t.numpy()  # shares memory, any strides; rnngrad copies only what is not C-contiguous
     import cupy  # the metal-cuda backend takes and returns CuPy arrays
@@ -99,15 +127,13 @@ def to_array(t, device: torch.device):
 def to_arrays(named: dict, device: torch.device) -> dict:
     """{argument: the backend's view of the tensor} for the tensors of ``named`` that are
     not None (see :func:`to_array`)."""
-    if device.type == "cpu":
-        return {k: t.detach().numpy() for k, t in named.items() if t is not None}
     return {k: to_array(t, device) for k, t in named.items() if t is not None}
 
 
 def placeholder(shape, dtype: torch.dtype, device: torch.device):
     """A zero tensor of ``shape`` whose values are never read: on the CPU, NumPy's zeros
     (calloc: pages the op never touches cost nothing)."""
-    if device.type == "cpu":
+    if device.type == "cpu" and dtype in _NUMPY:
         return torch.from_numpy(np.zeros(shape, dtype=_NUMPY[dtype]))
     return torch.zeros(shape, dtype=dtype, device=device)
 
@@ -117,7 +143,7 @@ def transposed_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.t().mm(b)
 
 
-def namespace(a, device: torch.device):
+def namespace(device: torch.device):
     """The array module of the backend's arrays on ``device``: NumPy, or CuPy."""
     if device.type == "cpu":
         return np
@@ -126,20 +152,19 @@ def namespace(a, device: torch.device):
     return cupy
 
 
-def torch_dtype(dtype) -> torch.dtype:
-    return {np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
-            np.dtype(np.float64): torch.float64}[np.dtype(dtype)]
-
-
-def to_tensor(a, device: torch.device) -> torch.Tensor:
-    """A tensor sharing the memory of the backend's result ``a`` (a tensor stays itself)."""
-    if isinstance(a, torch.Tensor):
-        return a
-    if device.type == "cpu":
-        if a.flags.writeable:
-            try:
-                return torch.from_numpy(a)
-            except ValueError:  # negative strides, which torch.from_numpy refuses
-                pass
-        return torch.from_numpy(np.array(a))  # a copy: read-only (a backend's view) or flipped
-    return torch.from_dlpack(a)
+def to_tensor(a, device: torch.device, dtype: torch.dtype = None) -> torch.Tensor:
+    """A tensor sharing the memory of the backend's result ``a`` (a tensor stays itself), cast
+    to ``dtype`` when given (float16 and bfloat16 results come back from float32)."""
+    if not isinstance(a, torch.Tensor):
+        if device.type == "cpu":
+            t = None
+            if a.flags.writeable:
+                try:
+                    t = torch.from_numpy(a)
+                except ValueError:  # negative strides, which torch.from_numpy refuses
+                    pass
+            # a copy when read-only (a backend's view) or flipped
+            a = t if t is not None else torch.from_numpy(np.array(a))
+        else:
+            a = torch.from_dlpack(a)
+    return a if dtype is None or a.dtype == dtype else a.to(dtype)

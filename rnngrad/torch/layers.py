@@ -47,6 +47,7 @@ MPSGraph's clamp(0.2·x + 0.5, 0, 1)).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -61,6 +62,7 @@ from rnngrad.torch import functions
 __all__ = ["RNN", "GRU", "LSTM", "from_torch"]
 
 _GATES = {"single_gate": 1, "gru": 3, "lstm": 4}
+_LOW = (torch.float16, torch.bfloat16)
 _TORCH_MODULES = {"single_gate": "RNN", "gru": "GRU", "lstm": "LSTM"}
 
 
@@ -122,6 +124,21 @@ class _RNNBase(nn.Module):
 
     _descriptor_class = rnngrad.SingleGateRNNDescriptor
 
+    @property
+    def descriptor(self):
+        """The op's descriptor (an rnngrad descriptor of this layer's cell)."""
+        return self._descriptor
+
+    @descriptor.setter
+    def descriptor(self, value):
+        # the operators take the descriptor as a string, made here once and not at each call
+        # (torch.compile sees a constant)
+        value = functions._descriptor(self.cell, value)
+        self._code = functions.descriptor_code(value)
+        self._one_direction_code = functions.descriptor_code(
+            dataclasses.replace(value, bidirectional=False, reverse=False))
+        self._descriptor = value
+
     def _has_peephole(self) -> bool:
         return False
 
@@ -173,22 +190,26 @@ class _RNNBase(nn.Module):
         return {}
 
     # -- the op's arguments -------------------------------------------------------------------
-    def op_parameters(self, k: int) -> dict:
-        """The op's parameter arguments of layer ``k`` (rnngrad's layouts), made from the
+    def op_parameters(self, k: int, direction=None) -> dict:
+        """The op's parameter arguments of layer ``k`` (rnngrad's layouts, SEMANTICS.md §2), made from the
         module's parameters by differentiable tensor operations (autograd takes each gradient
         back to its parameter): input_weight, recurrent_weight, bias, secondary_bias (GRU),
-        peephole (LSTM)."""
-        D, H, params = self.num_directions, self.hidden_size, self._parameters
+        peephole (LSTM). With ``direction`` (0 or 1), those of that direction alone, for a
+        unidirectional op."""
+        H, params = self.hidden_size, self._parameters
         names = self._layer_names[k]
+        sides = range(self.num_directions) if direction is None else (direction,)
+        D = len(sides)
         if D == 1:  # the parameters themselves, no copy
-            out = {"input_weight": params[names["weight_ih"][0]],  # [GH,I]
-                   "recurrent_weight": params[names["weight_hh"][0]]}  # [GH,H]
+            d = sides[0]
+            out = {"input_weight": params[names["weight_ih"][d]],  # [GH,I]
+                   "recurrent_weight": params[names["weight_hh"][d]]}  # [GH,H]
         else:
             out = {"input_weight": torch.cat([params[n] for n in names["weight_ih"]]),  # [2GH,I]
                    "recurrent_weight": torch.stack([params[n] for n in names["weight_hh"]])}
         if self.bias:
-            b_ih = [params[n] for n in names["bias_ih"]]
-            b_hh = [params[n] for n in names["bias_hh"]]
+            b_ih = [params[names["bias_ih"][d]] for d in sides]
+            b_hh = [params[names["bias_hh"][d]] for d in sides]
             one = (lambda ts: ts[0]) if D == 1 else torch.cat
             if self._secondary():  # r, z: summed; candidate: b_in here, b_hn the secondary bias
                 out["bias"] = one([torch.cat([i[:2 * H] + h[:2 * H], i[2 * H:]])
@@ -197,7 +218,7 @@ class _RNNBase(nn.Module):
             else:
                 out["bias"] = one([i + h for i, h in zip(b_ih, b_hh)])  # [DGH]
         if self._has_peephole():
-            p = [params[n] for n in names["peephole"]]
+            p = [params[names["peephole"][d]] for d in sides]
             out["peephole"] = p[0] if D == 1 else torch.stack(p)  # [4H] or [2,4H]
         return out
 
@@ -220,7 +241,7 @@ class _RNNBase(nn.Module):
         for name, t in states:
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
-            if t.dtype != dtype:
+            if t.dtype != dtype and not (t.dtype == torch.float32 and dtype in _LOW):
                 raise TypeError(f"{name}: expected dtype {dtype} (the input's), got {t.dtype}")
             want = (LD, N, H) if batched else (LD, H)
             if tuple(t.shape) != want:
@@ -240,20 +261,31 @@ class _RNNBase(nn.Module):
             mask = mask.transpose(0, 1)  # [N,T,DH] → [T,N,DH]
         return mask.to(dtype) if mask.dtype != dtype else mask
 
+    def _dtype(self, input) -> torch.dtype:
+        """The dtype of a call: the parameters', which the input must have; under autocast on
+        the input's device, autocast's dtype when the input and the parameters are float32 or
+        in it (as ``torch.nn``'s layers on CUDA; see ``rnngrad.torch.functions``)."""
+        weight = self._parameters["weight_ih_l0"]
+        kind = input.device.type
+        if kind in functions._AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
+            low = torch.get_autocast_dtype(kind)
+            if input.dtype in (torch.float32, low) and weight.dtype in (torch.float32, low):
+                return low
+        if input.dtype != weight.dtype:
+            raise TypeError(f"input: expected dtype {weight.dtype} (the parameters'), got "
+                            f"{input.dtype}; cast the input or the layer (layer.to(dtype)), or "
+                            f"run under torch.autocast")
+        return input.dtype
+
     def forward(self, input, hx=None, *, mask=None):
         if isinstance(input, nn.utils.rnn.PackedSequence):
-            raise TypeError("input: PackedSequence is not supported by rnngrad.torch layers; "
-                            "pass a padded tensor (and a mask, if the padding must not enter "
-                            "the recurrence)")
+            return self._forward_packed(input, hx, mask)
         if not isinstance(input, torch.Tensor):
             raise TypeError(f"input: expected a tensor, got {type(input).__name__}")
         if input.dim() not in (2, 3):
             raise ValueError(f"input: expected a 3-D (batched) or 2-D (unbatched) tensor, got "
                              f"shape {tuple(input.shape)}")
-        weight = self._parameters["weight_ih_l0"]
-        if input.dtype != weight.dtype:
-            raise TypeError(f"input: expected dtype {weight.dtype} (the parameters'), got "
-                            f"{input.dtype}")
+        dtype = self._dtype(input)
         if input.shape[-1] != self.input_size:
             raise ValueError(f"input: expected the last dimension to be input_size="
                              f"{self.input_size}, got shape {tuple(input.shape)}")
@@ -262,8 +294,8 @@ class _RNNBase(nn.Module):
         if batched and self.batch_first:
             x = x.transpose(0, 1)  # [T,N,I], a view: rnngrad makes it contiguous once
         N = x.shape[1]
-        h0, c0 = self._initial(hx, N, batched, input.dtype)
-        m = self._mask(mask, batched, input.dtype)
+        h0, c0 = self._initial(hx, N, batched, dtype)
+        m = self._mask(mask, batched, dtype)
         D, H = self.num_directions, self.hidden_size
         finals_h, finals_c = [], []
         inputs = functions.INPUTS[self.cell]
@@ -274,7 +306,7 @@ class _RNNBase(nn.Module):
                 given["init_state"] = _sided(h0[k * D:(k + 1) * D])
             if c0 is not None:
                 given["init_cell"] = _sided(c0[k * D:(k + 1) * D])
-            out = functions.run(self.cell, given, self.descriptor, self.backend)
+            out = functions.run(self.cell, given, self._code, self.backend)
             x = out.state  # [T,N,DH]
             if self.dropout and self.training and k < self.num_layers - 1:
                 x = F.dropout(x, self.dropout, training=True)
@@ -287,6 +319,83 @@ class _RNNBase(nn.Module):
         h_n = _stacked(finals_h, D, H, batched)
         if self.cell == "lstm":
             return output, (h_n, _stacked(finals_c, D, H, batched))
+        return output, h_n
+
+    def _forward_packed(self, packed, hx, mask):
+        """``torch.nn``'s semantics for a ``PackedSequence``, from rnngrad's unidirectional op.
+
+        MPSGraph's ops have no sequence lengths, so each layer and direction runs the op once
+        over the padded batch [T_max,N,·] (batch rows never mix in a recurrence) and the lengths
+        are applied around it, with differentiable indexing:
+
+        - forward direction: the op runs from step 0; sequence n's final state is its state at
+          step L_n − 1, gathered; its steps past L_n are zeroed in the output;
+        - reverse direction: each sequence's first L_n steps are reversed in place (a
+          per-row time gather; the padding stays after them), the op runs from step 0, so it
+          starts at each sequence's own end; the same gather puts its outputs back in input
+          time, the final state is the state at step L_n − 1, and the padding is zeroed.
+
+        The padding holds zeros and every output computed from it is dropped, so nothing from
+        it reaches a result, and its gradients are zero: nothing reaches any gradient either.
+        ``h_0``/``c_0`` and ``h_n``/``c_n`` are in the batch's original order, the output has
+        the input's ``batch_sizes`` and indices, as ``torch.nn``."""
+        if mask is not None:
+            raise ValueError("mask: not supported with a PackedSequence input (the lengths "
+                             "already say which steps count); pass a padded tensor to use it")
+        if self.reverse:
+            raise ValueError("reverse: not supported with a PackedSequence input (MPSGraph's "
+                             "reverse starts at the padded end); use bidirectional=True, whose "
+                             "reverse direction starts at each sequence's own end")
+        data = packed.data
+        if not isinstance(data, torch.Tensor) or data.dim() != 2 \
+                or data.shape[-1] != self.input_size:
+            raise ValueError(f"input: expected a PackedSequence of [·, input_size="
+                             f"{self.input_size}] data, got shape {tuple(data.shape)}")
+        dtype = self._dtype(data)
+        x, lengths = nn.utils.rnn.pad_packed_sequence(packed)  # [T,N,I], original order
+        T, N = x.shape[0], x.shape[1]
+        h0, c0 = self._initial(hx, N, True, dtype)
+        device = x.device
+        steps = torch.arange(T, device=device).unsqueeze(1)  # [T,1]
+        ends = lengths.to(device).unsqueeze(0)  # [1,N]
+        valid = (steps < ends).unsqueeze(-1)  # [T,N,1]
+        flip = torch.where(steps < ends, ends - 1 - steps, steps)  # [T,N], an involution
+        last = (lengths.to(device) - 1).view(1, N, 1)  # [1,N,1]
+        D, H = self.num_directions, self.hidden_size
+        inputs = functions.INPUTS[self.cell]
+        lstm = self.cell == "lstm"
+        finals_h, finals_c = [], []
+        for k in range(self.num_layers):
+            outputs = []
+            for d in range(D):
+                given = dict.fromkeys(inputs)
+                source = x if d == 0 else _time_gather(x, flip)
+                given.update(self.op_parameters(k, d), source=source)
+                j = k * D + d
+                if h0 is not None:
+                    given["init_state"] = h0[j]
+                if c0 is not None:
+                    given["init_cell"] = c0[j]
+                out = functions.run(self.cell, given, self._one_direction_code, self.backend)
+                states = [out.state] + ([out.cell] if lstm else [])
+                finals = [s.gather(0, last.expand(1, N, H))[0] for s in states]  # [N,H]
+                finals_h.append(finals[0])
+                if lstm:
+                    finals_c.append(finals[1])
+                h = out.state if d == 0 else _time_gather(out.state, flip)  # [T,N,H]
+                outputs.append(h * valid)
+            x = outputs[0] if D == 1 else torch.cat(outputs, dim=-1)  # [T,N,DH]
+            if self.dropout and self.training and k < self.num_layers - 1:
+                x = F.dropout(x, self.dropout, training=True)
+        order = packed.sorted_indices
+        sorted_x = x if order is None else x.index_select(1, order)
+        sorted_lengths = lengths if order is None else lengths[order.cpu()]
+        out_data = nn.utils.rnn.pack_padded_sequence(sorted_x, sorted_lengths).data
+        output = type(packed)(out_data, packed.batch_sizes, packed.sorted_indices,
+                              packed.unsorted_indices)
+        h_n = torch.stack(finals_h)  # [LD,N,H]
+        if lstm:
+            return output, (h_n, torch.stack(finals_c))
         return output, h_n
 
     # -- conversion ---------------------------------------------------------------------------
@@ -324,6 +433,11 @@ class _RNNBase(nn.Module):
 
     def _torch_state_dict(self) -> dict:
         return {k: v.detach().clone() for k, v in self.state_dict().items()}
+
+
+def _time_gather(a, index):
+    """``a`` [T,N,F] with row n's step t taken from step ``index[t, n]``."""
+    return a.gather(0, index.unsqueeze(-1).expand(-1, -1, a.shape[-1]))
 
 
 def _sided(a):

@@ -1,0 +1,174 @@
+"""rnngrad.torch's operators (``torch.ops.rnngrad.*``) as PyTorch's machinery sees them:
+``torch.library.opcheck`` on every forward and backward operator, ``torch.compile`` (default and
+``fullgraph=True``) in a fresh process equal to eager, ``torch.export`` of a model with a layer,
+``torch.func.grad`` equal to autograd, and a forward on the meta device with shapes only."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import rnngrad
+
+torch = pytest.importorskip("torch")
+import rnngrad.torch as rt  # noqa: E402
+from rnngrad.torch import functions  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+G = {"single_gate": 1, "gru": 3, "lstm": 4}
+DESCRIPTORS = {"single_gate": rnngrad.SingleGateRNNDescriptor(activation="tanh"),
+               "gru": rnngrad.GRUDescriptor(reset_after=True, bidirectional=True),
+               "lstm": rnngrad.LSTMDescriptor(bidirectional=True)}
+LAYERS = {"RNN": rt.RNN, "GRU": rt.GRU, "LSTM": rt.LSTM}
+
+
+def _inputs(cell, T=3, N=2, I=2, H=3, seed=0):
+    """Every argument of ``cell``'s forward operator, float64, needing gradients (not the mask)."""
+    desc = DESCRIPTORS[cell]
+    D = 2 if desc.bidirectional else 1
+    g = torch.Generator().manual_seed(seed)
+    def rand(*shape):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * 0.5).requires_grad_()
+    GH = G[cell] * H
+    given = dict(source=rand(T, N, I), recurrent_weight=rand(GH, H) if D == 1 else rand(2, GH, H),
+                 input_weight=rand(D * GH, I), bias=rand(D * GH), init_state=rand(N, D * H))
+    if cell == "lstm":
+        given.update(init_cell=rand(N, D * H), peephole=rand(2, 4 * H))
+    given["mask"] = (torch.rand(N, D * H, generator=g) > 0.3).double()
+    if cell == "gru":
+        given["secondary_bias"] = rand(D * H)
+    return {name: given.get(name) for name in functions.INPUTS[cell]}
+
+
+@pytest.mark.parametrize("cell", list(G))
+def test_opcheck_forward_and_backward_operators(cell):
+    given = _inputs(cell)
+    code = functions.descriptor_code(DESCRIPTORS[cell])
+    forward, backward = functions.OPS[cell]
+    detached = [None if t is None else t.detach() for t in given.values()]
+    torch.library.opcheck(forward, (*given.values(), code, "reference", True))
+    torch.library.opcheck(forward, (*detached, code, "reference", False))  # inference: no z_state
+    out = forward(*given.values(), code, "reference", True)
+    names = functions.INPUTS[cell]
+    needs = [name != "mask" for name in names]
+    g = torch.Generator().manual_seed(1)
+    ups = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in out[:-1]]
+    outs = [o.detach() for o in out]
+    if cell == "lstm":
+        args = (*outs[:2], outs[-1], *ups)
+    else:
+        args = (outs[0], outs[-1], *ups)
+    torch.library.opcheck(backward, (*detached, *args, code, "reference", needs))
+    # the source needing no gradient: the input weight's comes from dAᵀ source
+    torch.library.opcheck(backward, (*detached, *args, code, "reference", [False] + needs[1:]))
+
+
+def test_the_descriptor_code_gives_back_the_descriptor():
+    for cell, desc in DESCRIPTORS.items():
+        assert functions._decode(cell, functions.descriptor_code(desc)) == desc
+    with pytest.raises(ValueError, match="descriptor: unknown option 'colour'"):
+        functions._decode("gru", "colour=1")
+
+
+def test_a_backward_without_z_state_says_how_to_get_it():
+    given = _inputs("gru")
+    forward, _ = functions.OPS["gru"]
+    code = functions.descriptor_code(DESCRIPTORS["gru"])
+    h, h_n, z = forward(*given.values(), code, "reference", False)
+    with pytest.raises(RuntimeError, match="z_state: the forward ran with training=False"):
+        h.sum().backward()
+
+
+def _model(cls, dtype=torch.float64, **kw):
+    torch.manual_seed(0)
+    return cls(3, 4, num_layers=2, bidirectional=True, dtype=dtype, backend="reference", **kw)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_torch_func_grad_equals_autograd(name):
+    layer = _model(LAYERS[name])
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+    x = torch.randn(5, 2, 3, dtype=torch.float64)
+
+    def loss(p, x):
+        out, _ = torch.func.functional_call(layer, p, (x,))
+        return (out ** 2).sum()
+    got_p, got_x = torch.func.grad(loss, argnums=(0, 1))(params, x)
+    xr = x.clone().requires_grad_()
+    (layer(xr)[0] ** 2).sum().backward()
+    torch.testing.assert_close(got_x, xr.grad, rtol=1e-12, atol=1e-12)
+    for k, p in layer.named_parameters():
+        torch.testing.assert_close(got_p[k], p.grad, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_a_meta_model_runs_forward_with_shapes_only(name):
+    layer = _model(LAYERS[name], batch_first=True).to("meta")
+    x = torch.empty(2, 5, 3, dtype=torch.float64, device="meta", requires_grad=True)
+    out, state = layer(x)
+    assert out.device.type == "meta" and out.shape == (2, 5, 8)
+    for s in (state if name == "LSTM" else (state,)):
+        assert s.device.type == "meta" and s.shape == (4, 2, 4)
+    out.sum().backward()
+    assert layer.weight_hh_l1_reverse.grad.shape == layer.weight_hh_l1_reverse.shape
+
+
+class _Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = _model(rt.LSTM, batch_first=True)
+        self.head = torch.nn.Linear(8, 1, dtype=torch.float64)
+
+    def forward(self, x):
+        out, (h, c) = self.rnn(x)
+        return self.head(out[:, -1]) + c.sum()
+
+
+def test_torch_export_of_a_model_with_a_layer():
+    model = _Head()
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    exported = torch.export.export(model, (x,))
+    assert any("rnngrad.lstm" in str(n.target) for n in exported.graph.nodes)
+    x2 = torch.randn(2, 5, 3, dtype=torch.float64)
+    torch.testing.assert_close(exported.module()(x2), model(x2), rtol=0, atol=0)
+
+
+COMPILE = textwrap.dedent("""
+    import json, sys
+    import torch
+    import rnngrad.torch as rt
+    full = sys.argv[1] == "1"
+    worst = {}
+    for name in ("RNN", "GRU", "LSTM"):
+        torch.manual_seed(0)
+        layer = getattr(rt, name)(3, 4, num_layers=2, bidirectional=True, batch_first=True,
+                                  dtype=torch.float64)
+        x = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+
+        def f(x):
+            out, h = layer(x)
+            h = h[0] if isinstance(h, tuple) else h
+            return (out ** 2).sum() + h.sum()
+        results = []
+        for fn in (torch.compile(f, fullgraph=full), f):  # compiled first: a fresh process
+            x.grad = None
+            layer.zero_grad()
+            y = fn(x)
+            y.backward()
+            results.append([y.detach()] + [x.grad] + [p.grad for p in layer.parameters()])
+        worst[name] = max((a - b).abs().max().item() for a, b in zip(*results))
+    print(json.dumps(worst))
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fullgraph", [False, True], ids=["default", "fullgraph"])
+def test_torch_compile_in_a_fresh_process_equals_eager(fullgraph):
+    done = subprocess.run([sys.executable, "-c", COMPILE, "1" if fullgraph else "0"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=1200,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    worst = eval(done.stdout.strip().splitlines()[-1])
+    assert worst == {"RNN": 0.0, "GRU": 0.0, "LSTM": 0.0}, worst
