@@ -191,10 +191,10 @@ class _RNNBase(nn.Module):
 
     # -- the op's arguments -------------------------------------------------------------------
     def op_parameters(self, k: int, direction=None) -> dict:
-        """The op's parameter arguments of layer ``k`` (rnngrad's layouts, SEMANTICS.md §2), made from the
-        module's parameters by differentiable tensor operations (autograd takes each gradient
-        back to its parameter): input_weight, recurrent_weight, bias, secondary_bias (GRU),
-        peephole (LSTM). With ``direction`` (0 or 1), those of that direction alone, for a
+        """The op's parameter arguments of layer ``k`` (rnngrad's layouts, SEMANTICS.md §2), made
+        from the module's parameters by differentiable tensor operations (autograd takes each
+        gradient back to its parameter): input_weight, recurrent_weight, bias, secondary_bias
+        (GRU), peephole (LSTM). With ``direction`` (0 or 1), those of that direction alone, for a
         unidirectional op."""
         H, params = self.hidden_size, self._parameters
         names = self._layer_names[k]
