@@ -10,6 +10,7 @@ and builtins to the GPU thread's position, and exports ``__emu_dispatch_<name>``
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -98,6 +99,7 @@ def translate(source: str):
 
 # ----------------------------------------------------------------------------- compiler and cache
 _lock = threading.Lock()
+_building: dict[str, threading.Lock] = {}  # library file name -> held while a thread compiles it
 _compiler_cache: dict[str, tuple[str, str]] = {}
 
 
@@ -158,9 +160,19 @@ def build(unit: str) -> Path:
     library = root / f"kernel-{_digest(base_key, unit)}.so"
     if library.exists():
         return library
-    with _lock, tempfile.TemporaryDirectory(dir=root, prefix="build-") as tmp:
+    with _lock:
+        building = _building.setdefault(library.name, threading.Lock())
+    # one thread compiles a given library, the others wait for it; different ones side by side
+    with building:
+        if library.exists():
+            return library
+        _compile(cxx, unit, root / f"runtime-{base_key}.o", library)
+    return library
+
+
+def _compile(cxx: str, unit: str, runtime: Path, library: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=library.parent, prefix="build-") as tmp:
         tmp = Path(tmp)
-        runtime = root / f"runtime-{base_key}.o"
         if not runtime.exists():
             _run([cxx, *_FLAGS, "-c", str(_HERE / _RUNTIME), "-o", "runtime.o"], tmp)
             _publish(tmp / "runtime.o", runtime)
@@ -168,10 +180,16 @@ def build(unit: str) -> Path:
         _run([cxx, *_FLAGS, f"-I{_HERE}", f"-I{_SHARED}", "-shared", "kernel.cpp", str(runtime), "-o", "kernel.so",
               "-lm"], tmp)
         _publish(tmp / "kernel.so", library)
-    return library
+
+
+@functools.lru_cache(maxsize=16)
+def _translated(source: str):
+    """:func:`translate`, once per process for each source: every device a process makes loads
+    the same library source, and translating it costs more than loading the compiled library."""
+    return translate(source)
 
 
 def load(source: str):
     """(ctypes library, [KernelInfo]) for an MSL source string."""
-    unit, kernels = translate(source)
-    return ctypes.CDLL(str(build(unit)), mode=os.RTLD_LOCAL), kernels
+    unit, kernels = _translated(source)
+    return ctypes.CDLL(str(build(unit)), mode=os.RTLD_LOCAL), list(kernels)
