@@ -9,6 +9,7 @@ and builtins to the GPU thread's position, and exports ``__emu_dispatch_<name>``
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -18,6 +19,11 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: each process compiles what it lacks
+    fcntl = None
 
 from rnngrad._cache import UnsafeCacheError, user_cache_dir
 
@@ -162,12 +168,28 @@ def build(unit: str) -> Path:
         return library
     with _lock:
         building = _building.setdefault(library.name, threading.Lock())
-    # one thread compiles a given library, the others wait for it; different ones side by side
-    with building:
+    # one thread of one process compiles a given library, the others wait for it; different
+    # libraries compile side by side
+    with building, _file_lock(root / f"{library.stem}.lock"):
         if library.exists():
             return library
         _compile(cxx, unit, root / f"runtime-{base_key}.o", library)
     return library
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive ``flock`` on ``path`` (created 0600) while the block runs; no lock where
+    the system has no ``fcntl``."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _compile(cxx: str, unit: str, runtime: Path, library: Path) -> None:
