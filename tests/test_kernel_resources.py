@@ -136,6 +136,7 @@ def test_step_reloads_counts_the_local_loads_of_each_step_loop():
     assert reloads["stepped_register"] and max(reloads["stepped_register"]) == 0, reloads
 
 
+@pytest.mark.slow  # NVRTC compiles the whole library again, in another process
 def test_the_script_prints_the_table():
     done = subprocess.run([sys.executable, "verification/kernel_resources.py"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
