@@ -1,10 +1,13 @@
 """Hypothesis settings profiles: ``dev`` (default, quick), ``ci`` and ``thorough``; the
-``numba_cache_home`` fixture; the numba kernels compiled in parallel on first use.
+``numba_cache_home`` fixture; the numba kernels compiled in parallel on first use; the Metal
+library compiled for the CPU harness beside the first tests.
 
 Choose a profile with ``pytest --hypothesis-profile=thorough`` or ``HYPOTHESIS_PROFILE=thorough``.
 """
 
 import os
+import threading
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,6 +28,54 @@ def pytest_sessionstart(session):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     compile_kernels(report=reporter.write_line if reporter else None)
+
+
+#: words in a test file's text that say it runs the Metal kernels on the CPU harness
+_HARNESS_WORDS = ("metal-emulated", "emulated_device", "harness import cpu")
+_harness_build = []  # the thread compiling the Metal library, once started
+
+
+def _runs_the_harness(path, seen={}):
+    if path not in seen:
+        try:
+            text = Path(path).read_text()
+        except OSError:
+            text = ""
+        seen[path] = any(word in text for word in _HARNESS_WORDS)
+    return seen[path]
+
+
+def pytest_collection_finish(session):
+    """Where the selected tests run the Metal kernels on the CPU harness and its compiled
+    library is not in the cache yet, compile it in a background thread while the first tests
+    run (the compiler is another process: it takes the other core). A test that needs the
+    library before it is ready waits for that compilation rather than starting its own; one that
+    fails is left to the test, which compiles again and reports the error."""
+    if not any(_runs_the_harness(item.path) for item in session.items):
+        return
+    try:
+        from rnngrad.backends.metal import library
+        from rnngrad.backends.metal.host import EMULATED_BACKEND
+        from rnngrad.backends.metal.harness.cpu import _loader
+    except ImportError:
+        return
+    if EMULATED_BACKEND.probe() is not None:
+        return
+
+    def build():
+        try:
+            _loader.build(_loader._translated(library.source())[0])
+        except Exception:  # noqa: BLE001 (the test that loads it reports the error)
+            pass
+
+    thread = threading.Thread(target=build, name="metal library", daemon=True)
+    thread.start()
+    _harness_build.append(thread)
+
+
+def pytest_sessionfinish(session):
+    for thread in _harness_build:  # not left half-written in the cache
+        thread.join()
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@ kernel void unrolled(device float* y [[buffer(0)]], uint gid [[thread_position_i
 """
 
 
+@pytest.mark.slow  # NVRTC compiles the whole library (once for the two table tests)
 def test_every_kernel_is_reported():
     table = kr.kernel_resources()
     assert list(table) == list(library.BUFFERS)
@@ -96,6 +97,7 @@ def test_loads_ahead_counts_the_loads_a_loop_issues_before_its_first_multiply_ad
     assert ahead["dot1"] == 2
 
 
+@pytest.mark.slow  # the table of test_every_kernel_is_reported
 @needs_nvdisasm
 def test_v1_backward_products_keep_sixteen_loads_in_flight():
     """v1's GRU and LSTM backward: each thread's product over the gates is a chain of L2 loads.
@@ -136,6 +138,7 @@ def test_step_reloads_counts_the_local_loads_of_each_step_loop():
     assert reloads["stepped_register"] and max(reloads["stepped_register"]) == 0, reloads
 
 
+@pytest.mark.slow  # NVRTC compiles the whole library again, in another process
 def test_the_script_prints_the_table():
     done = subprocess.run([sys.executable, "verification/kernel_resources.py"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)

@@ -451,6 +451,7 @@ def assert_mutant_fails(options, product, version, source, mutant):
     assert_product(dev, product, version)  # the real kernel passes on the same device
 
 
+@pytest.mark.slow  # each mutant compiles the whole library for the CPU harness
 @pytest.mark.parametrize("version, mutant", [(v, m) for v in VERSIONS for m in MUTANTS[v]
                                              if m != "no running total"])
 def test_mutants_of_the_tiled_kernels_fail(version, mutant):
@@ -465,6 +466,7 @@ def test_mutants_of_the_tiled_kernels_fail(version, mutant):
     assert_mutant_fails(HARSH, product, version, source, mutant)
 
 
+@pytest.mark.slow  # each mutant compiles the whole library for the CPU harness
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("mutant", ["missing barrier", "one buffer", "no zero padding"])
 def test_mutants_of_v5_float4_staging_fail(mutant, transposed):

@@ -116,6 +116,7 @@ print(json.dumps({"mkl": blas.MKL is not None, "library": blas.library(), "worst
 """
 
 
+@pytest.mark.slow  # a new process compiles the ops' kernels with OpenBLAS bound
 def test_openblas_fallback_runs_the_same_kernels_and_matches_the_reference():
     """With ``RNNGRAD_BLAS=openblas`` the symbols the kernels call are bound to the OpenBLAS
     cfuncs: 40×40 (120 columns) takes OpenBLAS's GEMM, 2×8 the cfuncs' compiled loop for

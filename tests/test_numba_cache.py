@@ -207,6 +207,7 @@ print({op.py_func.__name__: (sum(op.stats.cache_hits.values()), sum(op.stats.cac
 """
 
 
+@pytest.mark.slow  # compiles the single-gate kernels of both dtypes from an empty cache
 def test_kernels_compiled_by_the_workers_load_in_a_new_process(tmp_path):
     done = _run_fresh(tmp_path, WARM_UP)
     before, after = done.stdout.strip().splitlines()[-2:]

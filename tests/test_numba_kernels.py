@@ -244,8 +244,12 @@ def test_forced_overlap_matches_reference(seed, cell, dtype, chunk, eager):
 
 
 @pytest.mark.skipif(__import__("numba").get_num_threads() < 2, reason="needs two threads")
-@pytest.mark.parametrize("cell", CELLS)
-@pytest.mark.parametrize("with_weight", [True, False])
+@pytest.mark.parametrize("cell, with_weight", [
+    # one case of each outcome by default (the LSTM's products beside, the single gate's rows
+    # split); the other cells and the cases without an input weight are slow
+    pytest.param(cell, with_weight, marks=() if with_weight and cell in ("lstm", "single_gate")
+                 else pytest.mark.slow)
+    for with_weight in (True, False) for cell in CELLS])
 def test_gradients_run_on_one_thread_beside_dominant_weight_products(cell, with_weight,
                                                                      monkeypatch):
     """At 100×32×256×256 the hidden units would be split into parts; with an input weight the

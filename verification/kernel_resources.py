@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import functools
 import os
 import re
 import shutil
@@ -102,10 +103,12 @@ def _library(path: Path):
     return lib
 
 
+@functools.lru_cache(maxsize=4)
 def compile_cuda(msl_source: str, arch: str = "sm_90", fast_math: bool = False) -> tuple:
     """(ptxas's verbose report, the cubin) of an MSL source, translated as the CUDA target does
     and compiled by NVRTC for ``arch``; an Unavailable error without NVRTC, a RuntimeError with
-    NVRTC's log if it does not compile."""
+    NVRTC's log if it does not compile. Kept for the process: the same source is compiled
+    once."""
     from rnngrad.backends.metal.harness.cuda import _build
 
     lib = _library(find_nvrtc())

@@ -9,7 +9,9 @@ and builtins to the GPU thread's position, and exports ``__emu_dispatch_<name>``
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -17,6 +19,11 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: each process compiles what it lacks
+    fcntl = None
 
 from rnngrad._cache import UnsafeCacheError, user_cache_dir
 
@@ -98,6 +105,7 @@ def translate(source: str):
 
 # ----------------------------------------------------------------------------- compiler and cache
 _lock = threading.Lock()
+_building: dict[str, threading.Lock] = {}  # library file name -> held while a thread compiles it
 _compiler_cache: dict[str, tuple[str, str]] = {}
 
 
@@ -158,9 +166,35 @@ def build(unit: str) -> Path:
     library = root / f"kernel-{_digest(base_key, unit)}.so"
     if library.exists():
         return library
-    with _lock, tempfile.TemporaryDirectory(dir=root, prefix="build-") as tmp:
+    with _lock:
+        building = _building.setdefault(library.name, threading.Lock())
+    # one thread of one process compiles a given library, the others wait for it; different
+    # libraries compile side by side
+    with building, _file_lock(root / f"{library.stem}.lock"):
+        if library.exists():
+            return library
+        _compile(cxx, unit, root / f"runtime-{base_key}.o", library)
+    return library
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """An exclusive ``flock`` on ``path`` (created 0600) while the block runs; no lock where
+    the system has no ``fcntl``."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _compile(cxx: str, unit: str, runtime: Path, library: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=library.parent, prefix="build-") as tmp:
         tmp = Path(tmp)
-        runtime = root / f"runtime-{base_key}.o"
         if not runtime.exists():
             _run([cxx, *_FLAGS, "-c", str(_HERE / _RUNTIME), "-o", "runtime.o"], tmp)
             _publish(tmp / "runtime.o", runtime)
@@ -168,10 +202,16 @@ def build(unit: str) -> Path:
         _run([cxx, *_FLAGS, f"-I{_HERE}", f"-I{_SHARED}", "-shared", "kernel.cpp", str(runtime), "-o", "kernel.so",
               "-lm"], tmp)
         _publish(tmp / "kernel.so", library)
-    return library
+
+
+@functools.lru_cache(maxsize=16)
+def _translated(source: str):
+    """:func:`translate`, once per process for each source: every device a process makes loads
+    the same library source, and translating it costs more than loading the compiled library."""
+    return translate(source)
 
 
 def load(source: str):
     """(ctypes library, [KernelInfo]) for an MSL source string."""
-    unit, kernels = translate(source)
-    return ctypes.CDLL(str(build(unit)), mode=os.RTLD_LOCAL), kernels
+    unit, kernels = _translated(source)
+    return ctypes.CDLL(str(build(unit)), mode=os.RTLD_LOCAL), list(kernels)

@@ -1,7 +1,7 @@
 """The CUDA target's ``Device.finish`` on stand-in events (no GPU needed): one wait for a
 device's calls, the last (its stream runs them in order); on a fault, the calls waited on again
 in order, so that the error names the first that reports it, as one wait per call did. Its
-twin on the GPU is in tests/test_metal_cuda.py."""
+twin on the GPU is in tests/test_harness_cuda.py."""
 
 from __future__ import annotations
 

@@ -427,7 +427,7 @@ def test_a_kernel_fault_names_the_kernel_and_the_device_refuses_later_calls():
 
 def test_a_fault_before_the_last_call_raises_from_finish_on_the_gpu():
     """A fault in the middle call of three is raised by finish, which waits on the last only
-    until a wait fails (tests/test_metal_cuda_finish.py on stand-in events); the error names one
+    until a wait fails (tests/test_harness_cuda_finish.py on stand-in events); the error names one
     of the op's kernels (CUDA may report the fault to an earlier call's wait:
     check_each_dispatch names exactly), and the device refuses later calls."""
     done = subprocess.run([sys.executable, "-c", FAULT_AMONG_OTHERS], capture_output=True,
