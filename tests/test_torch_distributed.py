@@ -77,8 +77,10 @@ def _rank(rank, folder):
     os._exit(0)
 
 
-def test_two_gloo_processes_with_ddp_give_the_whole_batch_gradients(tmp_path):
-    context = mp.start_processes(_rank, args=(str(tmp_path),), nprocs=WORLD,
+def _run_ranks(rank, tmp_path):
+    """Run ``rank(i, folder)`` in WORLD spawned processes and wait for them, at most TIMEOUT
+    seconds (then fail); a process still alive afterwards is killed."""
+    context = mp.start_processes(rank, args=(str(tmp_path),), nprocs=WORLD,
                                  join=False, start_method="spawn")
     try:
         deadline = TIMEOUT
@@ -90,6 +92,10 @@ def test_two_gloo_processes_with_ddp_give_the_whole_batch_gradients(tmp_path):
         for process in context.processes:
             if process.is_alive():
                 process.kill()
+
+
+def test_two_gloo_processes_with_ddp_give_the_whole_batch_gradients(tmp_path):
+    _run_ranks(_rank, tmp_path)
 
     model, x, y = _setup()
     torch.nn.functional.mse_loss(model(x), y).backward()
@@ -154,18 +160,7 @@ def _nccl_rank(rank, folder):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _two_gpus(), reason="needs 2 CUDA GPUs, NCCL and the metal-cuda backend")
 def test_two_nccl_processes_with_ddp_on_two_gpus_give_the_whole_batch_gradients(tmp_path):
-    context = mp.start_processes(_nccl_rank, args=(str(tmp_path),), nprocs=WORLD,
-                                 join=False, start_method="spawn")
-    try:
-        deadline = TIMEOUT
-        while not context.join(timeout=5):
-            deadline -= 5
-            if deadline <= 0:
-                pytest.fail(f"the {WORLD} processes did not finish in {TIMEOUT} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
+    _run_ranks(_nccl_rank, tmp_path)
 
     model, x, y = _cuda_setup(torch.device("cuda", 0))
     torch.nn.functional.mse_loss(model(x), y).backward()
