@@ -347,6 +347,42 @@ def test_cuda_tensors_run_on_metal_cuda_and_match_the_cpu(cell):
                                  np.float32)[1] is None, name
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_ready(), reason="needs a CUDA device and the metal-cuda backend")
+@pytest.mark.parametrize("cell", list(G))
+def test_cuda_tensors_on_a_side_stream_and_strided_views_give_the_default_streams_results(cell):
+    """The tensors cross into the backend directly on the legacy default stream and through
+    DLPack's stream handshake on another; a strided view crosses as one."""
+    desc = DESCRIPTORS[cell](bidirectional=True)
+    T, N, I, H = 6, 3, 4, 8
+
+    def run(stream, strided):
+        given = {k: None if v is None else v.detach().float().cuda()
+                 for k, v in _inputs(cell, desc, T=T, N=N, I=I, H=H).items()}
+        if strided:  # the same values, every input a non-contiguous view
+            given = {k: None if v is None else torch.stack([v, -v], -1)[..., 0]
+                     for k, v in given.items()}
+            assert not given["source"].is_contiguous()
+        for v in given.values():
+            if v is not None:
+                v.requires_grad_()
+        with torch.cuda.stream(stream):
+            torch.cuda.current_stream().wait_stream(torch.cuda.default_stream())
+            # a long kernel queued just before the call on the same stream: the backend must
+            # read the source after it
+            source = given["source"]
+            scaled = source * 3.0
+            out = FUNCTIONAL[cell](**dict(given, source=scaled / 3.0), descriptor=desc)
+            sum((o.double() ** 2).sum() for o in out).backward()
+        torch.cuda.synchronize()
+        return [o.detach().cpu() for o in out] + [source.grad.cpu(),
+                                                   given["recurrent_weight"].grad.cpu()]
+    base = run(torch.cuda.default_stream(), False)
+    for stream, strided in ((torch.cuda.Stream(), False), (torch.cuda.default_stream(), True)):
+        for a, b in zip(run(stream, strided), base):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 def test_gradients_reach_grad_without_copies(monkeypatch):
     """The gradient op's arrays become the leaves' .grad themselves (PyTorch's AccumulateGrad
     takes a tensor nobody else holds as it is)."""
