@@ -5,6 +5,7 @@ over NCCL with one process per GPU around a two-layer LSTM on CUDA tensors (``me
 a ``gpu`` test that needs two GPUs."""
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ WORLD = 2
 T, N, I, H = 6, 4, 3, 5
 #: seconds the two processes may take, start-up included
 TIMEOUT = 120
+#: the same on GPUs, where each process also loads the compiled kernels and NCCL starts
+TIMEOUT_NCCL = 300
 
 QUANTITY = {"weight_ih": "input_weight", "weight_hh": "recurrent_weight", "bias_ih": "bias",
             "bias_hh": "bias", "head.weight": "input_weight", "head.bias": "bias"}
@@ -77,17 +80,22 @@ def _rank(rank, folder):
     os._exit(0)
 
 
-def _run_ranks(rank, tmp_path):
-    """Run ``rank(i, folder)`` in WORLD spawned processes and wait for them, at most TIMEOUT
-    seconds (then fail); a process still alive afterwards is killed."""
+def _run_ranks(rank, tmp_path, timeout=TIMEOUT):
+    """Run ``rank(i, folder)`` in WORLD spawned processes and wait for them, at most ``timeout``
+    seconds (then fail, with what each process logged to ``rank<i>.log``); a process still
+    alive afterwards is killed."""
     context = mp.start_processes(rank, args=(str(tmp_path),), nprocs=WORLD,
                                  join=False, start_method="spawn")
     try:
-        deadline = TIMEOUT
+        deadline = timeout
         while not context.join(timeout=5):
             deadline -= 5
             if deadline <= 0:
-                pytest.fail(f"the {WORLD} processes did not finish in {TIMEOUT} s")
+                logs = {i: (tmp_path / f"rank{i}.log").read_text()
+                        if (tmp_path / f"rank{i}.log").exists() else "nothing logged"
+                        for i in range(WORLD)}
+                pytest.fail(f"the {WORLD} processes did not finish in {timeout} s; their "
+                            f"logs: {logs}")
     finally:
         for process in context.processes:
             if process.is_alive():
@@ -141,18 +149,29 @@ def _cuda_setup(device):
 
 
 def _nccl_rank(rank, folder):
+    start = time.perf_counter()
+
+    def log(stage):
+        with open(os.path.join(folder, f"rank{rank}.log"), "a") as f:
+            f.write(f"{stage} at {time.perf_counter() - start:.1f} s; ")
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", init_method=f"file://{os.path.join(folder, 'rendezvous')}",
                             rank=rank, world_size=WORLD)
+    log("process group")
     try:
         model, x, y = _cuda_setup(torch.device("cuda", rank))
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+        log("model")
         part = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
-        torch.nn.functional.mse_loss(ddp(x[part]), y[part]).backward()
+        loss = torch.nn.functional.mse_loss(ddp(x[part]), y[part])
+        log("forward")
+        loss.backward()
+        log("backward")
         grads = {k.replace("module.", ""): p.grad.detach().cpu().numpy().copy()
                  for k, p in ddp.named_parameters()}
         np.savez(os.path.join(folder, f"rank{rank}.npz"), **grads)
         dist.barrier()
+        log("saved")
     finally:
         dist.destroy_process_group()
 
@@ -160,11 +179,13 @@ def _nccl_rank(rank, folder):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _two_gpus(), reason="needs 2 CUDA GPUs, NCCL and the metal-cuda backend")
 def test_two_nccl_processes_with_ddp_on_two_gpus_give_the_whole_batch_gradients(tmp_path):
-    _run_ranks(_nccl_rank, tmp_path)
-
+    # the whole batch in this process first: the kernels it compiles are on disk (CuPy's kernel
+    # cache) when the two processes load them
     model, x, y = _cuda_setup(torch.device("cuda", 0))
     torch.nn.functional.mse_loss(model(x), y).backward()
     want = {k: p.grad.detach().cpu().numpy() for k, p in model.named_parameters()}
+    _run_ranks(_nccl_rank, tmp_path, TIMEOUT_NCCL)
+    print(f"logs: {[(tmp_path / f'rank{i}.log').read_text() for i in range(WORLD)]}")
     for rank in range(WORLD):
         with np.load(tmp_path / f"rank{rank}.npz") as got:
             assert set(got.files) == set(want)
