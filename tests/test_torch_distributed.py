@@ -194,3 +194,18 @@ def test_two_nccl_processes_with_ddp_on_two_gpus_give_the_whole_batch_gradients(
                 ratio, mismatch = compare_array(kind, got[name], value, np.float32)
                 print(f"rank {rank} {name}: worst error {ratio:.3g} of the float32 tolerance")
                 assert mismatch is None, f"rank {rank}, {name}: {mismatch}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _two_gpus(), reason="needs 2 CUDA GPUs, NCCL and the metal-cuda backend")
+def test_a_layer_on_the_second_gpu_runs_there_and_gives_the_first_gpus_results():
+    """metal-cuda runs an op on the device its tensors are on, whichever device is current."""
+    results = []
+    for index in (0, 1):
+        model, x, y = _cuda_setup(torch.device("cuda", index))
+        out = model(x)
+        torch.nn.functional.mse_loss(out, y).backward()
+        assert out.device.index == index
+        results.append([out.detach().cpu()] + [p.grad.cpu() for p in model.parameters()])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)

@@ -10,7 +10,8 @@ Three backends share this code and differ only in the device they are given:
   target, :mod:`rnngrad.backends.metal.harness.cuda` (CuPy); only when asked for. It takes arrays
   already in GPU memory (CuPy arrays, CUDA tensors: anything with ``__cuda_array_interface__``)
   and returns CuPy arrays on the GPU for them, with no copy through the host; NumPy inputs are
-  copied to the GPU once per call and the results come back as NumPy arrays.
+  copied to the GPU once per call and the results come back as NumPy arrays. An op runs on
+  the CUDA device its arrays are on (NumPy inputs: the current device), one host per device.
 
 Each op is a small number of dispatches (the kernel files for the math):
 
@@ -1160,6 +1161,48 @@ def metal_suits(problem):
 HOST = MetalHost(_metal_device, "metal")
 EMULATED_HOST = MetalHost(_emulator_device, "metal-emulated")
 CUDA_HOST = MetalHost(_cuda_device, "metal-cuda")
+#: metal-cuda's hosts on the other CUDA devices, by device index: an op runs on the device its
+#: arrays are on (CUDA_HOST runs on the device current at its first use)
+_CUDA_HOSTS = {}
+_CUDA_HOSTS_LOCK = threading.Lock()
+
+
+def _array_device(a) -> int:
+    """The CUDA device index of GPU array ``a`` (a CuPy array's ``device``, else the driver's
+    answer for its address), or the current device for a host array."""
+    import cupy
+
+    if on_gpu(a):
+        device = getattr(a, "device", None)
+        index = getattr(device, "id", None)
+        if isinstance(index, int):
+            return index
+        return cupy.cuda.runtime.pointerGetAttributes(address(a)).device
+    return cupy.cuda.runtime.getDevice()
+
+
+def cuda_host(problem) -> MetalHost:
+    """The metal-cuda host on the CUDA device of ``problem``'s arrays."""
+    index = _array_device(problem.source)
+    if CUDA_HOST.device._cuda.id == index:
+        return CUDA_HOST
+    host = _CUDA_HOSTS.get(index)
+    if host is None:
+        with _CUDA_HOSTS_LOCK:
+            host = _CUDA_HOSTS.get(index)
+            if host is None:
+                from .harness import cuda
+
+                host = _CUDA_HOSTS[index] = MetalHost(
+                    lambda: cuda.Device(index, timing=False), "metal-cuda")
+    return host
+
+
+def _cuda_implementations() -> dict:
+    forward = lambda problem: cuda_host(problem).forward(problem)  # noqa: E731
+    gradients = lambda problem: cuda_host(problem).gradients(problem)  # noqa: E731
+    return {(cell, kind): run for cell in registry.CELLS
+            for kind, run in (("forward", forward), ("gradients", gradients))}
 
 BACKEND = registry.Backend(
     name="metal",
@@ -1182,7 +1225,7 @@ EMULATED_BACKEND = registry.Backend(
 CUDA_BACKEND = registry.Backend(
     name="metal-cuda",
     dtypes=(np.dtype(F32),),
-    implementations=CUDA_HOST.implementations(),
+    implementations=_cuda_implementations(),
     probe=_probe_cuda,
     summary="the Metal kernels on an NVIDIA GPU through the harness's CUDA target (float32)",
     gpu=True,
