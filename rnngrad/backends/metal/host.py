@@ -1,6 +1,6 @@
 """The Metal backends: host code that runs the kernels of ``kernels/`` through metalcompute's API.
 
-Three backends share this code and differ only in the device they are given:
+Four backends share this code and differ only in the device they are given:
 
 - ``"metal"``: a real Apple GPU through ``metalcompute`` (macOS on Apple silicon); chosen by
   ``backend=None`` when available.
@@ -11,6 +11,12 @@ Three backends share this code and differ only in the device they are given:
   already in GPU memory (CuPy arrays, CUDA tensors: anything with ``__cuda_array_interface__``)
   and returns CuPy arrays on the GPU for them, with no copy through the host; NumPy inputs are
   copied to the GPU once per call and the results come back as NumPy arrays.
+- ``"metal-mps"``: the same kernels and host code on PyTorch's ``"mps"`` tensors through
+  ``torch.mps.compile_shader`` (PyTorch 2.7 or later on a Mac), :mod:`rnngrad.backends.metal.mps`;
+  only when asked for, and by ``rnngrad.torch`` for MPS tensors. It takes MPS tensors and
+  returns tensors on the device (NumPy inputs are copied there and come back as NumPy
+  arrays), like ``"metal-cuda"``; :func:`rnngrad.backends.metal.mps.standin` runs it on the
+  harness without a Mac.
 
 Each op is a small number of dispatches (the kernel files for the math):
 
@@ -112,6 +118,7 @@ import numpy as np
 from ... import registry
 from ...descriptors import Activation
 from ...problem import ForwardArrays, GradientArrays, address, on_gpu
+from ...tensors import TensorArray
 from . import library, versions
 from .plan import INPUT, KEPT, Plan, signature
 from .errors import IncompleteDispatch, ranges
@@ -680,21 +687,23 @@ class MetalHost:
 
     def words(self, buf, n):
         """The first ``n`` uint32 words of a buffer, as a NumPy copy (from the GPU too)."""
-        if self.xp is np:
+        xp = self.xp
+        if xp is np:
             return np.frombuffer(buf, np.uint32, count=n).copy()
-        return buf.view(self.xp.uint32)[:n].get()
+        return xp.asnumpy(buf.view(xp.uint32)[:n])
 
     def to_caller(self, problem, out):
-        """Results where the inputs were: GPU inputs get GPU arrays, host inputs NumPy arrays."""
+        """Results where the inputs were: GPU inputs get GPU arrays (tensors for tensors:
+        rnngrad.tensors), host inputs NumPy arrays."""
         gpu = problem.on_gpu
         for field in dataclasses.fields(out):
             value = getattr(out, field.name)
             if value is None:
                 continue
-            if gpu and isinstance(value, np.ndarray):
+            if gpu and (isinstance(value, np.ndarray) or type(value) is TensorArray):
                 setattr(out, field.name, self.xp.asarray(value))
             elif not gpu and not isinstance(value, np.ndarray):
-                setattr(out, field.name, value.get())
+                setattr(out, field.name, self.xp.asnumpy(value))
         return out
 
     def gemm(self, plan, A, B, C, *, batch, M, P, K, a_batch=0, a_row=0, a_k=0, b_batch=0,
@@ -1187,6 +1196,32 @@ CUDA_BACKEND = registry.Backend(
     summary="the Metal kernels on an NVIDIA GPU through the harness's CUDA target (float32)",
     gpu=True,
     device=lambda: f"{CUDA_HOST.device.deviceName} (CUDA device {CUDA_HOST.device._cuda.id})",
+)
+
+
+def _mps_device():
+    from . import mps
+
+    return mps.default_device()
+
+
+def _probe_mps():
+    from . import mps
+
+    return mps.unavailable(MPS_HOST)
+
+
+MPS_HOST = MetalHost(_mps_device, "metal-mps")
+
+MPS_BACKEND = registry.Backend(
+    name="metal-mps",
+    dtypes=(np.dtype(F32),),
+    implementations=MPS_HOST.implementations(),
+    probe=_probe_mps,
+    summary="the Metal kernels on PyTorch's \"mps\" tensors through torch.mps.compile_shader "
+            "(float32)",
+    gpu=True,
+    device=lambda: MPS_HOST.device.deviceName,
 )
 
 
