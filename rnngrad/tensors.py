@@ -182,6 +182,10 @@ class _Namespace:
             t = _torch().as_tensor(a, device=self._device())
         return t if dtype is None else t.to(torch_dtype(dtype))
 
+    def array(self, a):
+        """A copy of ``a``, as a tensor."""
+        return _tensor(a).clone()
+
     def asnumpy(self, a):
         """A NumPy copy on the host (CuPy's ``asnumpy``)."""
         return _tensor(a).detach().cpu().numpy()
