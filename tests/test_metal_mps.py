@@ -1,0 +1,281 @@
+"""The ``metal-mps`` backend (rnngrad's kernels on PyTorch's "mps" tensors through
+``torch.mps.compile_shader``), tested without a Mac through the harness stand-in of that API
+(``rnngrad.backends.metal.harness.mps.StandIn``): on the CPU target with CPU tensors here, on
+the CUDA target with CUDA tensors where a GPU is (``gpu``-marked tests).
+
+- the stand-in's own semantics, as PyTorch's source defines the API: tensors bound in order at
+  their storage offsets, Python scalars and lists as ``constant`` values, ``threads`` and
+  ``group_size``, and the refusals (partial threadgroups, sizes above the pipeline's limit,
+  ``[[threadgroup(i)]]`` arguments, unknown kernels);
+- the device: every grid a whole number of threadgroups, inputs bound where they are, results
+  tensors on the device;
+- the backend against the float64 reference, through NumPy inputs (as ``rnngrad verify`` runs
+  it) and through tensors, for every cell, descriptor option, optional input and direction;
+- injected failures: a dispatch stopped part-way raises IncompleteDispatch;
+- ``rnngrad.torch``'s layers on the stand-in's tensors against ``torch.nn`` and against the
+  same layers on the reference, and a training step.
+
+Every test name holds ``metal_mps``: ``python -m pytest -k metal_mps`` runs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import rnngrad  # noqa: E402
+import rnngrad.torch as rt  # noqa: E402
+from rnngrad import registry  # noqa: E402
+from rnngrad.backends.metal import IncompleteDispatch  # noqa: E402
+from rnngrad.backends.metal import host as metal_host  # noqa: E402
+from rnngrad.backends.metal import mps  # noqa: E402
+from rnngrad.backends.metal.harness import cpu as cpu_target  # noqa: E402
+from rnngrad.backends.metal.harness.mps import StandIn  # noqa: E402
+from rnngrad.descriptors import Activation  # noqa: E402
+from rnngrad.testing import check_case, compare_array  # noqa: E402
+from rnngrad.testing.cases import CELLS, random_case, random_descriptor  # noqa: E402
+from rnngrad.testing.check import assert_matches_reference  # noqa: E402
+
+from draws import ALL_OPTIONAL  # noqa: E402
+
+BACKEND = "metal-mps"
+NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
+
+pytestmark = pytest.mark.skipif(metal_host.EMULATED_BACKEND.probe() is not None,
+                                reason=f"the CPU harness is unavailable: "
+                                       f"{metal_host.EMULATED_BACKEND.probe()}")
+
+
+def _cuda_reason():
+    if not torch.cuda.is_available():
+        return "needs a CUDA device (torch.cuda.is_available() is False)"
+    from rnngrad.backends.metal.harness import cuda
+
+    return cuda.available()
+
+
+gpu = [pytest.mark.gpu, pytest.mark.skipif(_cuda_reason() is not None,
+                                           reason=f"the CUDA stand-in: {_cuda_reason()}")]
+
+
+# -- the stand-in's own semantics ----------------------------------------------------------------
+
+SOURCE = r"""
+#include <metal_stdlib>
+using namespace metal;
+
+kernel void copy_scaled(device float* out [[buffer(0)]], const device float* in [[buffer(1)]],
+                        constant float& scale [[buffer(2)]], constant long& shift [[buffer(3)]],
+                        uint i [[thread_position_in_grid]]) {
+    out[i] = in[i] * scale + float(shift);
+}
+
+kernel void lists(device float* out [[buffer(0)]], constant long* ints [[buffer(1)]],
+                  constant float* floats [[buffer(2)]], constant int& narrow [[buffer(3)]],
+                  uint i [[thread_position_in_grid]]) {
+    out[i] = float(ints[i]) + floats[i] + float(narrow);
+}
+
+kernel void where(device uint* out [[buffer(0)]], uint i [[thread_position_in_grid]],
+                  uint group [[threadgroup_position_in_grid]],
+                  uint size [[threads_per_threadgroup]], uint groups [[threadgroups_per_grid]]) {
+    out[3 * i] = group;
+    out[3 * i + 1] = size;
+    out[3 * i + 2] = groups;
+}
+
+[[max_total_threads_per_threadgroup(64)]]
+kernel void small(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+    out[i] = 1.0f;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return StandIn("cpu")(SOURCE)
+
+
+def test_metal_mps_standin_binds_tensors_in_order_at_their_storage_offsets(lib):
+    out = torch.full((40,), -1.0)
+    x = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    # out[8:] and x[1:, 2:] are views: bound at their storage offsets; x's strides are not
+    # looked at, so the kernel reads x's storage from element 10 on, row after row
+    assert lib.copy_scaled(out[8:], x[1:, 2:], 2.0, 3, threads=32, group_size=32) is None
+    assert torch.equal(out[:8], torch.full((8,), -1.0))
+    assert torch.equal(out[8:], torch.arange(10, 42, dtype=torch.float32) * 2 + 3)
+
+
+def test_metal_mps_standin_binds_lists_and_casts_scalars(lib):
+    out = torch.zeros(32)
+    ints, floats = list(range(32)), [0.5 * i for i in range(32)]
+    lib.lists(out, ints, floats, 7, arg_casts={3: "int32"})  # threads: out's numel
+    assert torch.equal(out, torch.tensor([i + 0.5 * i + 7 for i in range(32)]))
+    with pytest.raises(RuntimeError, match="Unsupported cast instruction"):
+        lib.lists(out, ints, floats, 7, arg_casts="int64")
+    with pytest.raises(RuntimeError, match="Empty list"):
+        lib.lists(out, [], floats, 7, arg_casts={3: "int32"})
+
+
+def test_metal_mps_standin_threads_and_group_size(lib):
+    out = torch.zeros(3 * 256, dtype=torch.int32)  # uint words, read as int32
+    lib.where(out, threads=256, group_size=64)
+    got = out.reshape(256, 3)
+    assert torch.equal(got[:, 0], torch.arange(256) // 64)
+    assert (got[:, 1] == 64).all() and (got[:, 2] == 4).all()
+    out.zero_()
+    lib.where(out, threads=[96, 1, 1])  # default group_size: min(threads, the pipeline's limit)
+    assert (out.reshape(256, 3)[:96, 1] == 96).all() and (out.reshape(256, 3)[96:] == 0).all()
+    assert lib.small.max_threads_per_threadgroup == 64
+    assert lib.where.max_threads_per_threadgroup == 1024
+    assert lib.where.thread_execution_width == 32
+    assert "copy_scaled" in dir(lib) and "small" in dir(lib)
+
+
+def test_metal_mps_standin_refuses_what_it_cannot_run_or_the_api_refuses(lib):
+    out = torch.zeros(3 * 128, dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="partial last threadgroup of 32 threads"):
+        lib.where(out, threads=96, group_size=64)
+    with pytest.raises(NotImplementedError, match="whole SIMD-groups of 32"):
+        lib.where(out, threads=48, group_size=48)
+    with pytest.raises(ValueError, match="Threadgroup size exceeds 64 limit"):
+        lib.small(out, threads=128, group_size=128)
+    with pytest.raises(NotImplementedError, match="1-D grids only"):
+        lib.where(out, threads=(32, 2))
+    with pytest.raises(RuntimeError, match="Failed to create function state object for: nope"):
+        lib.nope
+    with pytest.raises(RuntimeError, match="argument 0 is a tensor on meta"):
+        lib.where(torch.zeros(96, device="meta"), threads=96)
+    with pytest.raises(RuntimeError, match=r"threadgroup\(0\)"):
+        StandIn("cpu")(SOURCE.replace("uint i [[thread_position_in_grid]]) {\n    out[i] = 1.0f;",
+                                      "threadgroup float* t [[threadgroup(0)]], "
+                                      "uint i [[thread_position_in_grid]]) {\n    out[i] = t[0];"))
+    assert torch.equal(out, torch.zeros_like(out))  # nothing ran
+
+
+# -- the device and the registry -----------------------------------------------------------------
+
+def test_metal_mps_is_listed_with_why_it_is_missing_and_available_in_the_standin():
+    rows = {name: (ok, reason) for name, ok, _, reason in registry.status()}
+    assert BACKEND in registry.all_backends()
+    if not (torch.backends.mps.is_available() and hasattr(torch.mps, "compile_shader")):
+        ok, reason = rows[BACKEND]
+        assert not ok and ("MPS" in reason or "compile_shader" in reason), reason
+        with pytest.raises(RuntimeError, match=r"tensors on mps: no rnngrad backend available "
+                                               r"here runs on MPS devices \(the 'metal-mps' "):
+            rt.functions._device.backend_for(torch.device("mps"), None)
+    with mps.standin("cpu"):
+        assert BACKEND in rnngrad.available_backends()
+        assert rt.functions._device.backend_for(torch.device("cpu"), None) == BACKEND
+        with pytest.raises(ValueError, match="tensors on cpu run on 'metal-mps', got "
+                                             "backend='numba'"):
+            rt.functions._device.backend_for(torch.device("cpu"), "numba")
+    assert rows[BACKEND] == next((ok, r) for n, ok, _, r in registry.status() if n == BACKEND)
+
+
+def _tensors(inputs, device="cpu"):
+    return {k: torch.from_numpy(np.array(v)).to(device) if isinstance(v, np.ndarray) else v
+            for k, v in inputs.items()}
+
+
+def test_metal_mps_device_pads_grids_binds_inputs_in_place_and_returns_tensors():
+    case = random_case(3, "lstm", T=4, N=3, I=5, H=7, dtype=np.float32, optional=ALL_OPTIONAL,
+                       cell_gradient_form="final")
+    want = case.forward(backend="metal-emulated")
+    inputs = _tensors(case.inputs)
+    before = {k: v.clone() for k, v in inputs.items()}
+    with mps.standin("cpu") as dev:
+        wrapped = []
+        wrap = dev.wrap
+        dev.wrap = lambda a: wrapped.append(a.tensor.data_ptr()) or wrap(a)
+        got = rnngrad.lstm(**inputs, descriptor=case.descriptor, backend=BACKEND)
+        harness = dev.compile_shader.trace
+    assert all(isinstance(g, torch.Tensor) and g.device.type == "cpu" for g in got)
+    for g, w in zip(got, want):
+        assert g.numpy().tobytes() == w.tobytes()  # the kernels and the host are the same
+    assert inputs["source"].data_ptr() in wrapped  # read where it is, not copied
+    for k, v in inputs.items():
+        assert torch.equal(v, before[k]), k
+    assert len(dev.trace) == len(harness) > 0
+    for d, h in zip(dev.trace, harness):
+        assert d.threads % d.threadgroup_size == 0 and d.count <= d.threads
+        assert (h.kernel, h.count, h.threadgroup_size) == (d.kernel, d.threads,
+                                                           d.threadgroup_size)
+
+
+# -- the backend against the reference -----------------------------------------------------------
+
+def _variants(cell):
+    """One descriptor per boolean option, and per value of every activation field."""
+    base = type(random_descriptor(np.random.default_rng(0), cell))()
+    out = []
+    for f in dataclasses.fields(base):
+        if isinstance(getattr(base, f.name), Activation):
+            out += [{f.name: a} for a in Activation]
+        else:
+            out.append({f.name: True})
+    out.append({"bidirectional": True, "reverse": True, "training": True})
+    return out
+
+
+def _tensor_candidate(op, device):
+    """rnngrad's ``op`` on tensors of ``device`` (NumPy in and out, for the checks)."""
+    fn = getattr(rnngrad, op)
+
+    def candidate(**given):
+        out = fn(**_tensors(given, device), backend=BACKEND)
+        assert all(isinstance(v, torch.Tensor) and v.device.type == torch.device(device).type
+                   for v in out), [type(v) for v in out]
+        return type(out)([(name, v.cpu().numpy()) for name, v in zip(out.names, out)])
+    return candidate
+
+
+def _check_tensors(case, device):
+    for gradients in (False, True):
+        op = case.cell if case.cell != "single_gate" else "single_gate_rnn"
+        op = op + ("_gradients" if gradients else "")
+        forward = _tensor_candidate(op.replace("_gradients", ""), device)
+        assert_matches_reference(_tensor_candidate(op, device), case, op,
+                                 forward=forward if gradients else None, z_state=True)
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_metal_mps_every_option_and_direction_through_tensors(cell):
+    with mps.standin("cpu"):
+        for i, options in enumerate(_variants(cell)):
+            rng = np.random.default_rng(200 + i)
+            desc = random_descriptor(rng, cell, **options)
+            case = random_case(rng, cell, descriptor=desc, T=3, N=2, H=3, I=2, dtype=np.float32,
+                               optional=ALL_OPTIONAL if i % 2 else None)
+            _check_tensors(case, "cpu")
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("optional", [ALL_OPTIONAL, NO_OPTIONAL, dict(ALL_OPTIONAL, mask_per_step=True)],
+                         ids=["all", "none", "mask-per-step"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_metal_mps_optional_inputs_through_numpy(cell, optional, bidirectional):
+    rng = np.random.default_rng(zlib.crc32(repr((cell, bidirectional, optional)).encode()))
+    desc = random_descriptor(rng, cell, bidirectional=bidirectional)
+    forms = ["per_step", "final"] if cell == "lstm" and optional.get("cell_gradient") else [None]
+    with mps.standin("cpu"):
+        for form in forms:
+            case = random_case(rng, cell, descriptor=desc, T=4, N=3, H=5, I=3, dtype=np.float32,
+                               optional=optional, cell_gradient_form=form)
+            for gradients in (False, True):
+                ratio, mismatches = check_case(case, BACKEND, gradients)
+                assert not mismatches, "\n".join(map(str, mismatches[:5])) + f"\n{case!r}"
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_metal_mps_empty_sequences_and_batches_through_tensors(cell):
+    with mps.standin("cpu"):
+        for T, N in ((0, 2), (2, 0)):
+            case = random_case(T * 10 + N, cell, T=T, N=N, H=3, I=2, dtype=np.float32,
+                               optional=ALL_OPTIONAL, cell_gradient_form="final")
+            _check_tensors(case, "cpu")
