@@ -279,3 +279,310 @@ def test_metal_mps_empty_sequences_and_batches_through_tensors(cell):
             case = random_case(T * 10 + N, cell, T=T, N=N, H=3, I=2, dtype=np.float32,
                                optional=ALL_OPTIONAL, cell_gradient_form="final")
             _check_tensors(case, "cpu")
+
+
+# -- injected failures ---------------------------------------------------------------------------
+
+def _completion_case(cell):
+    """D·N·H = 2·3·6 = 36 recurrence threads under v1: two threadgroups of 32."""
+    rng = np.random.default_rng(len(cell) + 10)
+    desc = random_descriptor(rng, cell, bidirectional=True, training=True)
+    return random_case(rng, cell, descriptor=desc, T=3, N=3, H=6, I=4, dtype=np.float32,
+                       optional=ALL_OPTIONAL, cell_gradient_form="per_step")
+
+
+def _op_dispatches(case, **harness):
+    """[(kernel, op, index in the op, threadgroups)] of ``case.gradients`` (a training forward,
+    then the gradient op), fault-free, as the harness ran them."""
+    with mps.standin("cpu", **harness) as dev:
+        case.training_forward(backend=BACKEND)
+        forward = len(dev.compile_shader.trace)
+    with mps.standin("cpu", **harness) as dev:
+        case.gradients(backend=BACKEND)
+        trace = list(dev.compile_shader.trace)
+    out = []
+    for i, d in enumerate(trace):
+        op = f"{case.cell}_forward" if i < forward else f"{case.cell}_gradients"
+        out.append((d.kernel, op, i if i < forward else i - forward, d.threadgroups))
+    return out
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_metal_mps_a_dispatch_stopped_part_way_raises_incomplete_dispatch(cell, monkeypatch):
+    """Each dispatch of each op in turn runs only half its threadgroups, or none: the op's one
+    read of its marks, after its last dispatch, names that dispatch, and nothing is returned."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v1")
+    case = _completion_case(cell)
+    small = dict(max_threads_per_threadgroup=32)
+    dispatches = _op_dispatches(case, **small)
+    assert any(groups >= 2 for k, _, _, groups in dispatches if k != "strided_gemm")
+    for number, (kernel, op, index, groups) in enumerate(dispatches):
+        for ran in {groups // 2, 0}:
+            with mps.standin("cpu", stop=(number, ran), **small):
+                with pytest.raises(IncompleteDispatch) as info:
+                    case.gradients(backend=BACKEND)
+            err, message = info.value, str(info.value)
+            assert (err.kernel, err.op, err.dispatch) == (kernel, op, index), message
+            assert "No result is returned" in message
+            if ran == 0:
+                assert "no threadgroup finished" in message
+            else:
+                assert err.missing == tuple(range(ran, groups)), message
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_metal_mps_a_stop_past_the_ops_changes_nothing(cell, monkeypatch):
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v1")
+    case = _completion_case(cell)
+    with mps.standin("cpu"):
+        want = case.gradients(backend=BACKEND)
+    with mps.standin("cpu", stop=(10 ** 4, 0)):
+        got = case.gradients(backend=BACKEND)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.tobytes() == w.tobytes()
+
+
+# -- rnngrad.torch on the stand-in's tensors -----------------------------------------------------
+
+TORCH = {"RNN_TANH": lambda *a, **kw: torch.nn.RNN(*a, nonlinearity="tanh", **kw),
+         "RNN_RELU": lambda *a, **kw: torch.nn.RNN(*a, nonlinearity="relu", **kw),
+         "GRU": torch.nn.GRU, "LSTM": torch.nn.LSTM}
+
+
+def _kind(name):
+    """The rnngrad quantity whose float32 tolerance applies to a layer's output or gradient."""
+    if name.startswith(("weight_hh", "peephole")):
+        return "recurrent_weight" if name.startswith("weight") else "peephole"
+    return {"weight_ih": "input_weight", "bias_ih": "bias", "bias_hh": "bias", "input": "source",
+            "h_0": "init_state", "c_0": "init_cell", "c_n": "cell"}.get(name.split("_l")[0],
+                                                                       "state")
+
+
+def _outputs_and_gradients(module, x, hx, ups, mask=None):
+    """{name: NumPy array} of the outputs and of the gradients of Σ ups ⊙ outputs."""
+    lstm = isinstance(hx, tuple)
+    for p in module.parameters():
+        p.grad = None
+    x = x.detach().clone().requires_grad_()
+    states = [t.detach().clone().requires_grad_() for t in (hx if lstm else (hx,))]
+    kw = {} if mask is None else {"mask": mask}
+    output, state = module(x, tuple(states) if lstm else states[0], **kw)
+    outs = [output] + (list(state) if lstm else [state])
+    torch.autograd.backward(outs, ups[:len(outs)])
+    got = {"output": output, "h_n": outs[1], "input": x.grad, "h_0": states[0].grad}
+    if lstm:
+        got.update(c_n=outs[2], c_0=states[1].grad)
+    got.update({k: p.grad for k, p in module.named_parameters()})
+    return {k: v.detach().cpu().double().numpy() for k, v in got.items()}
+
+
+def _assert_close(got, want):
+    assert set(got) == set(want)
+    for name, value in want.items():
+        ratio, mismatch = compare_array(_kind(name), got[name], value, np.float32)
+        assert mismatch is None, f"{name}: {mismatch}"
+
+
+def _data(module, T, N, seed, lstm, dtype=torch.float32, device="cpu"):
+    g = torch.Generator().manual_seed(seed)
+    D = 2 if module.bidirectional else 1
+    L, H, I = module.num_layers, module.hidden_size, module.input_size
+    shape = (N, T, I) if module.batch_first else (T, N, I)
+    x = torch.randn(shape, generator=g, dtype=dtype)
+    h0 = torch.randn(L * D, N, H, generator=g, dtype=dtype)
+    hx = (h0, torch.randn(L * D, N, H, generator=g, dtype=dtype)) if lstm else h0
+    out = (N, T, D * H) if module.batch_first else (T, N, D * H)
+    ups = [torch.randn(out, generator=g, dtype=dtype)] + [
+        torch.randn(L * D, N, H, generator=g, dtype=dtype) for _ in range(2)]
+    move = lambda t: t.to(device)  # noqa: E731
+    return move(x), tuple(map(move, hx)) if lstm else move(hx), [move(u) for u in ups]
+
+
+def _layers_match_torch_nn(device):
+    for seed, mode in enumerate(TORCH):
+        torch.manual_seed(seed)
+        module = TORCH[mode](5, 6, num_layers=2, bidirectional=True, batch_first=True)
+        data = _data(module, T=4, N=3, seed=seed, lstm=mode == "LSTM", device=device)
+        want = _outputs_and_gradients(module.to(device), *data)
+        with mps.standin(device):
+            layer = rt.from_torch(module)
+            got = _outputs_and_gradients(layer.to(device), *data)
+        _assert_close(got, want)
+
+
+def test_metal_mps_layers_match_torch_nn():
+    _layers_match_torch_nn("cpu")
+
+
+OPTIONS = [
+    ("RNN", dict(nonlinearity="sigmoid", reverse=True)),
+    ("RNN", dict(nonlinearity="hard_sigmoid", bidirectional=True, num_layers=2, bias=False)),
+    ("GRU", dict(reset_after=False, reset_gate_first=False)),
+    ("GRU", dict(flip_z=True, bidirectional=True, secondary_bias=False)),
+    ("GRU", dict(update_gate_activation="hard_sigmoid", output_gate_activation="relu",
+                 num_layers=2, batch_first=True)),
+    ("LSTM", dict(peephole=True, bidirectional=True)),
+    ("LSTM", dict(forget_gate_last=True, reverse=True, activation="hard_sigmoid",
+                  cell_gate_activation="none")),
+    ("LSTM", dict(peephole=True, num_layers=2, batch_first=True,
+                  forget_gate_activation="relu")),
+]
+CLASSES = {"RNN": rt.RNN, "GRU": rt.GRU, "LSTM": rt.LSTM}
+
+
+def _option_id(case):
+    return case[0] + "-" + "-".join(f"{k}={v}" for k, v in case[1].items())
+
+
+@pytest.mark.parametrize("case", OPTIONS, ids=_option_id)
+@pytest.mark.parametrize("masked", [False, True])
+def test_metal_mps_layer_options_match_the_reference(case, masked):
+    """Each MPSGraph option of the layers, masked or not: the float32 layer on metal-mps against
+    the same layer in float64 on the reference (outputs and every gradient)."""
+    name, options = case
+    seed = OPTIONS.index(case)
+
+    want_layer = CLASSES[name](3, 4, dtype=torch.float64, backend="reference", **options)
+    with torch.no_grad():  # larger than the default initialisation: every gate matters
+        for p in want_layer.parameters():
+            p.normal_(0.0, 0.7, generator=torch.Generator().manual_seed(seed))
+
+    def layer(dtype, backend):
+        made = CLASSES[name](3, 4, dtype=dtype, backend=backend, **options)
+        made.load_state_dict(want_layer.state_dict())  # the same parameters, in float32
+        return made
+
+    data = _data(want_layer, T=3, N=2, seed=seed, lstm=name == "LSTM", dtype=torch.float64)
+    D = want_layer.num_directions
+    mask = None
+    if masked:
+        T, N = 3, 2
+        shape = (N, T, D * 4) if want_layer.batch_first else (T, N, D * 4)
+        mask = (torch.rand(shape, generator=torch.Generator().manual_seed(seed)) > 0.3).double()
+    want = _outputs_and_gradients(want_layer, *data, mask=mask)
+    f32 = lambda t: t.float()  # noqa: E731
+    x, hx, ups = data
+    data32 = (f32(x), tuple(map(f32, hx)) if name == "LSTM" else f32(hx), [f32(u) for u in ups])
+    with mps.standin("cpu"):
+        got = _outputs_and_gradients(layer(torch.float32, None), *data32,
+                                     mask=None if mask is None else mask.float())
+    _assert_close(got, want)
+
+
+def _training_steps(device, steps=3):
+    """Parameters after ``steps`` SGD steps of a 2-layer bidirectional LSTM regressor: torch.nn's
+    on ``device``, and rnngrad.torch's on metal-mps from the same start."""
+    torch.manual_seed(0)
+    module = torch.nn.LSTM(6, 8, num_layers=2, bidirectional=True, batch_first=True)
+    head = torch.nn.Linear(16, 1)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(4, 7, 6, generator=g), torch.randn(4, 7, 1, generator=g)
+    with mps.standin(device):
+        layer = rt.from_torch(module).to(device)
+    start = {k: v.clone() for k, v in module.state_dict().items()}
+    runs = []
+    for net in (module.to(device), layer):
+        net.load_state_dict(start)
+        top = torch.nn.Linear(16, 1).to(device)
+        top.load_state_dict(head.state_dict())
+        opt = torch.optim.SGD(list(net.parameters()) + list(top.parameters()), lr=0.5)
+        losses = []
+        with mps.standin(device) if net is layer else _nothing():
+            for _ in range(steps):
+                opt.zero_grad()
+                loss = torch.nn.functional.mse_loss(top(net(x.to(device))[0]), y.to(device))
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+        runs.append((losses, {k: v.detach().cpu().double().numpy()
+                              for k, v in net.state_dict().items()}))
+    return runs
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _assert_same_training(runs):
+    (want_losses, want), (got_losses, got) = runs
+    assert want_losses[-1] < want_losses[0]  # it learns
+    np.testing.assert_allclose(got_losses, want_losses, rtol=1e-4)
+    for k in want:
+        ratio, mismatch = compare_array(_kind(k), got[k], want[k], np.float32)
+        assert mismatch is None, f"{k}: {mismatch}"
+
+
+def test_metal_mps_training_step_matches_torch_nn():
+    _assert_same_training(_training_steps("cpu"))
+
+
+# -- rnngrad verify on the stand-in ----------------------------------------------------------------
+
+def test_metal_mps_verify_runs_on_the_standin(monkeypatch, capsys):
+    from rnngrad.cli import main
+
+    monkeypatch.setenv(mps.STANDIN_ENV, "cpu")
+    registry.reprobe(BACKEND)
+    try:
+        with metal_host._running_on(metal_host.MPS_HOST, None):
+            code = main(["verify", "--backend", BACKEND, "--skip-reference", "--examples", "2"])
+            where = metal_host.MPS_HOST.device.deviceName
+    finally:
+        monkeypatch.delenv(mps.STANDIN_ENV)
+        registry.reprobe(BACKEND)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "StandIn('cpu'" in where
+    assert out.count(BACKEND) >= 6, out  # a row per cell and op
+
+
+# -- the same on the CUDA target (the GPU machine) -----------------------------------------------
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.gpu
+def test_metal_mps_cuda_standin_matches_the_reference(cell, bidirectional):
+    if _cuda_reason():
+        pytest.skip(_cuda_reason())
+    rng = np.random.default_rng(zlib.crc32(repr((cell, bidirectional)).encode()))
+    with mps.standin("cuda"):
+        for optional in (ALL_OPTIONAL, NO_OPTIONAL):
+            desc = random_descriptor(rng, cell, bidirectional=bidirectional)
+            case = random_case(rng, cell, descriptor=desc, T=5, N=3, H=33, I=4, dtype=np.float32,
+                               optional=optional, cell_gradient_form="final")
+            _check_tensors(case, "cuda")
+
+
+@pytest.mark.gpu
+def test_metal_mps_cuda_layers_and_training_step():
+    if _cuda_reason():
+        pytest.skip(_cuda_reason())
+    _layers_match_torch_nn("cuda")
+    _assert_same_training(_training_steps("cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cell", CELLS)
+def test_metal_mps_cuda_a_dropped_dispatch_raises_incomplete_dispatch(cell):
+    """The CUDA target cannot stop a dispatch part-way; the stand-in's ``drop=i`` leaves
+    dispatch i out (never started), on tensors in GPU memory."""
+    if _cuda_reason():
+        pytest.skip(_cuda_reason())
+    case = _completion_case(cell)
+    inputs = _tensors(case.inputs, "cuda")
+    with mps.standin("cuda") as dev:
+        getattr(rnngrad, case.cell if cell != "single_gate" else "single_gate_rnn")(
+            **inputs, descriptor=case.descriptor, backend=BACKEND)
+        kernels = [d.kernel for d in dev.trace]
+    for number, kernel in enumerate(kernels):
+        with mps.standin("cuda", drop=number):
+            with pytest.raises(IncompleteDispatch) as info:
+                getattr(rnngrad, case.cell if cell != "single_gate" else "single_gate_rnn")(
+                    **inputs, descriptor=case.descriptor, backend=BACKEND)
+        assert (info.value.kernel, info.value.dispatch) == (kernel, number), str(info.value)
+        assert "no threadgroup finished" in str(info.value)

@@ -47,8 +47,9 @@ What the stand-in does not do (each refused with an error that says so, never ru
 The stand-in cannot show Apple's compiler (it compiles as C++ or CUDA), Apple's scheduling
 (threadgroup order, SIMD-group interleaving, the GPU watchdog) or anything about speed on a
 Mac. Its dispatches run on the harness device :attr:`StandIn.harness` (made with the options
-given, so ``StandIn("cpu", stop=(3, 1))`` stops dispatch 3 after one threadgroup, as the
-harness's failure injection does); its ``trace`` lists them.
+given, so ``StandIn("cpu", stop=(3, 1))`` stops dispatch 3 after one threadgroup, as the CPU
+harness's failure injection does); its ``trace`` lists them. ``StandIn(device, drop=i)`` leaves
+call ``i`` out altogether (it never starts), on either target.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class StandIn:
     ``harness_options`` go to the target's ``Device`` (``stop=``, ``timeout=``,
     ``max_threads_per_threadgroup=`` …). Call it with the source: ``StandIn("cpu")(source)``."""
 
-    def __init__(self, device: str = "cpu", **harness_options):
+    def __init__(self, device: str = "cpu", *, drop: int | None = None, **harness_options):
         import torch
 
         self.torch_device = torch.device(device)
@@ -89,6 +90,13 @@ class StandIn:
         #: the harness device's own cap on threadgroups (a pipeline limit, as a Mac's may be)
         self.cap = self.harness.max_threads_per_threadgroup
         self._structs = {}  # id(tensor) -> (weakref, version, bytes): see _struct
+        if drop is not None and not (isinstance(drop, int) and drop >= 0):
+            raise ValueError(f"drop: expected a dispatch number, an int >= 0, got {drop!r}")
+        #: the number of a dispatch that is left out (never started), as a GPU fault before it
+        #: began would leave it; counted from 0 over this stand-in's calls
+        self.drop = drop
+        #: the calls made so far
+        self.calls = 0
 
     def __repr__(self):
         return f"StandIn({str(self.torch_device)!r}, {self.harness!r})"
@@ -204,6 +212,9 @@ class Kernel:
                 f"threadgroups of {group}: Metal would run a partial last threadgroup of "
                 f"{threads % group} threads, which the harness targets cannot (they run every "
                 f"thread of a threadgroup); pad threads to a multiple of group_size")
+        number, standin.calls = standin.calls, standin.calls + 1
+        if number == standin.drop:
+            return None
         harness = standin.harness
         harness.max_threads_per_threadgroup = group if threads else standin.cap
         try:
