@@ -690,7 +690,8 @@ class MetalHost:
         xp = self.xp
         if xp is np:
             return np.frombuffer(buf, np.uint32, count=n).copy()
-        return xp.asnumpy(buf.view(xp.uint32)[:n])
+        words = buf.view(xp.uint32)[:n]
+        return words.get() if hasattr(words, "get") else xp.asnumpy(words)  # CuPy, or a tensor
 
     def to_caller(self, problem, out):
         """Results where the inputs were: GPU inputs get GPU arrays (tensors for tensors:
@@ -703,7 +704,8 @@ class MetalHost:
             if gpu and (isinstance(value, np.ndarray) or type(value) is TensorArray):
                 setattr(out, field.name, self.xp.asarray(value))
             elif not gpu and not isinstance(value, np.ndarray):
-                setattr(out, field.name, self.xp.asnumpy(value))
+                setattr(out, field.name,
+                        value.get() if hasattr(value, "get") else self.xp.asnumpy(value))
         return out
 
     def gemm(self, plan, A, B, C, *, batch, M, P, K, a_batch=0, a_row=0, a_k=0, b_batch=0,
