@@ -10,8 +10,8 @@ backend's arrays and back without copies.
 - MPS tensors: the ``metal-mps`` backend, where it is available (PyTorch 2.7 or later on a
   Mac). Tensors cross as they are (``rnngrad.tensors``) and results come back as tensors on
   the device: nothing goes through the host. The same holds for the tensors of a device that
-  ``rnngrad.backends.metal.mps.standin`` runs ``metal-mps`` on (CPU or CUDA tensors, without
-  a Mac).
+  ``rnngrad.backends.metal.host.mps_standin`` runs ``metal-mps`` on (CPU or CUDA tensors,
+  without a Mac).
 - Any other device (``meta``, XLA …), CUDA without ``metal-cuda`` or MPS without
   ``metal-mps``: a ``RuntimeError`` naming the device and the backends that would serve it.
 """
@@ -54,7 +54,7 @@ def cpu_backends() -> tuple:
 
 def takes_tensors(device: torch.device) -> bool:
     """Whether tensors on ``device`` go to ``metal-mps`` as they are: MPS tensors, and those of
-    the device the stand-in runs on (``rnngrad.backends.metal.mps.standin``)."""
+    the device the stand-in runs on (``rnngrad.backends.metal.host.mps_standin``)."""
     return device.type in tensors.DEVICES
 
 

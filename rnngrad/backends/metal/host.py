@@ -15,8 +15,7 @@ Four backends share this code and differ only in the device they are given:
   ``torch.mps.compile_shader`` (PyTorch 2.7 or later on a Mac), :mod:`rnngrad.backends.metal.mps`;
   only when asked for, and by ``rnngrad.torch`` for MPS tensors. It takes MPS tensors and
   returns tensors on the device (NumPy inputs are copied there and come back as NumPy
-  arrays), like ``"metal-cuda"``; :func:`rnngrad.backends.metal.mps.standin` runs it on the
-  harness without a Mac.
+  arrays), like ``"metal-cuda"``; :func:`mps_standin` runs it on the harness without a Mac.
 
 Each op is a small number of dispatches (the kernel files for the math):
 
@@ -1255,3 +1254,39 @@ def cuda_device(**options):
     from .harness import cuda
 
     return _running_on(CUDA_HOST, cuda.Device(**options))
+
+
+def mps_device(compile_shader=None, device="mps", **options):
+    """Run ``"metal-mps"`` on ``rnngrad.backends.metal.mps.Device(compile_shader, device,
+    **options)`` inside the block (``compile_shader``: ``torch.mps.compile_shader`` by default,
+    or anything with its API); yields the device, whose ``trace`` lists the dispatches."""
+    from . import mps
+
+    return _running_on(MPS_HOST, mps.Device(compile_shader, device, **options))
+
+
+@contextlib.contextmanager
+def mps_standin(device="cpu", *, poison=True, drop=None, **harness_options):
+    """Run ``"metal-mps"`` inside the block on the harness stand-in of
+    ``torch.mps.compile_shader`` (:class:`rnngrad.backends.metal.harness.mps.StandIn`) for
+    tensors on ``device`` ("cpu": the CPU target; "cuda": the CUDA target), and take tensors on
+    that device as MPS tensors are taken: the public functions and ``rnngrad.torch`` (layers,
+    functions, custom ops) run them on ``"metal-mps"``, which the registry lists as available
+    there. ``drop`` and ``harness_options`` go to the stand-in (``drop=i``, ``stop=(i, k)``,
+    ``timeout=``, ``max_threads_per_threadgroup=`` …); ``poison``: new buffers filled with NaN.
+    Yields the :class:`rnngrad.backends.metal.mps.Device`; its ``compile_shader`` is the
+    stand-in, whose ``trace`` lists the harness's dispatches."""
+    from . import mps
+    from .harness.mps import StandIn
+    from ... import tensors
+
+    standin = StandIn(device, drop=drop, **harness_options)
+    with mps_device(standin, device, poison=poison) as dev, \
+            tensors.taking(dev.torch_device.type):
+        mps._ACTIVE.append(dev)
+        registry.reprobe("metal-mps")
+        try:
+            yield dev
+        finally:
+            mps._ACTIVE.remove(dev)
+            registry.reprobe("metal-mps")

@@ -25,24 +25,25 @@ runs unchanged:
 ``Device()`` runs on ``torch.mps.compile_shader`` and ``"mps"``;
 ``Device(StandIn("cpu"), "cpu")`` on the harness stand-in
 (:mod:`rnngrad.backends.metal.harness.mps`), which presents the same API on the CPU (or CUDA)
-target, so the backend and ``rnngrad.torch`` run end to end without a Mac: :func:`standin`.
+target, so the backend and ``rnngrad.torch`` run end to end without a Mac:
+:func:`rnngrad.backends.metal.host.mps_standin`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 
 import numpy as np
 
-from ... import registry, tensors
+from ... import tensors
 from .harness import dispatch
 
 #: environment variable: "cpu" or "cuda" runs ``metal-mps`` on the harness stand-in of that
 #: torch device (for ``rnngrad verify --backend metal-mps`` without a Mac)
 STANDIN_ENV = "RNNGRAD_MPS_STANDIN"
 
-_ACTIVE = []  # the devices standin() runs metal-mps on, innermost last
+#: the devices ``rnngrad.backends.metal.host.mps_standin`` runs metal-mps on, innermost last
+_ACTIVE = []
 
 
 class RunHandle:
@@ -237,27 +238,3 @@ def unavailable(host):
                 f"{'the stand-in' if target else 'torch.mps.compile_shader'} "
                 f"({type(exc).__name__}: {exc})")
     return None
-
-
-@contextlib.contextmanager
-def standin(device: str = "cpu", *, poison: bool = True, **harness_options):
-    """Run ``metal-mps`` on the harness stand-in of ``torch.mps.compile_shader`` for tensors on
-    ``device`` ("cpu": the CPU target; "cuda": the CUDA target) inside the block, and take
-    tensors on that device as MPS tensors are taken: the public functions and
-    ``rnngrad.torch`` (layers, functions, custom ops) route them through ``metal-mps``.
-    ``harness_options`` go to the harness device (``stop=``, ``timeout=``,
-    ``max_threads_per_threadgroup=`` …). Yields the :class:`Device`; its ``compile_shader``
-    is the :class:`~rnngrad.backends.metal.harness.mps.StandIn`, whose ``trace`` lists the
-    harness dispatches."""
-    from .harness.mps import StandIn
-    from .host import MPS_HOST, _running_on
-
-    dev = Device(StandIn(device, **harness_options), device, poison=poison)
-    with _running_on(MPS_HOST, dev), tensors.taking(dev.torch_device.type):
-        _ACTIVE.append(dev)
-        registry.reprobe("metal-mps")
-        try:
-            yield dev
-        finally:
-            _ACTIVE.remove(dev)
-            registry.reprobe("metal-mps")
