@@ -86,6 +86,8 @@ class StandIn:
             raise ValueError(f"device: expected 'cpu' or 'cuda' (the harness targets), got "
                              f"{device!r}")
         self.target = target
+        if kind == "cuda":  # one CUDA event a call, as the metal-cuda backend's own device
+            harness_options.setdefault("timing", False)
         self.harness = target.Device(**harness_options)
         #: the harness device's own cap on threadgroups (a pipeline limit, as a Mac's may be)
         self.cap = self.harness.max_threads_per_threadgroup
@@ -248,7 +250,7 @@ class Kernel:
 
         if nbytes <= 0 or not address:
             return cupy.zeros(1, cupy.uint8)
-        memory = cupy.cuda.UnownedMemory(address, nbytes, tensor, tensor.device.index or 0)
+        memory = cupy.cuda.UnownedMemory(address, nbytes, tensor, tensor.device.index)
         return cupy.ndarray((nbytes,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
 
 
