@@ -139,11 +139,21 @@ class TensorArray:
 
     def get(self):
         """A NumPy copy on the host (CuPy's ``get``)."""
-        return self.tensor.detach().cpu().numpy()
+        return _to_numpy(self.tensor)
 
 
 def _tensor(a):
     return a.tensor if type(a) is TensorArray else a
+
+
+def _to_numpy(t) -> np.ndarray:
+    """A NumPy copy of tensor ``t``; uint32 (the completion marks) crosses as int32, which
+    every device copies, and is viewed back."""
+    torch = _torch()
+    t = t.detach()
+    if t.dtype == torch.uint32:
+        return t.view(torch.int32).cpu().numpy().view(np.uint32)
+    return t.cpu().numpy()
 
 
 class _Namespace:
@@ -189,7 +199,7 @@ class _Namespace:
 
     def asnumpy(self, a):
         """A NumPy copy on the host (CuPy's ``asnumpy``)."""
-        return _tensor(a).detach().cpu().numpy()
+        return _to_numpy(_tensor(a))
 
     def broadcast_to(self, a, shape):
         try:
