@@ -523,6 +523,36 @@ def test_metal_mps_training_step_matches_torch_nn():
     _assert_same_training(_training_steps("cpu"))
 
 
+@pytest.mark.parametrize("cell", CELLS)
+def test_metal_mps_custom_operators_pass_opcheck(cell):
+    """torch.ops.rnngrad.* on the stand-in's tensors (backend None: metal-mps): PyTorch's
+    operator checks, among them that no output shares memory with an input or another output
+    (the host makes each result apart on this device)."""
+    from rnngrad.torch import functions
+
+    desc = random_descriptor(np.random.default_rng(len(cell)), cell, bidirectional=True)
+    case = random_case(7, cell, descriptor=desc, T=3, N=2, H=3, I=2, dtype=np.float32,
+                       optional=dict(ALL_OPTIONAL, mask=False))
+    given = {name: None for name in functions.INPUTS[cell]}
+    for name, value in case.inputs.items():
+        if name in given:
+            given[name] = torch.from_numpy(np.array(value)).requires_grad_()
+    code = functions.descriptor_code(desc)
+    forward, backward = functions.OPS[cell]
+    detached = [None if t is None else t.detach() for t in given.values()]
+    with metal_host.mps_standin("cpu"):
+        torch.library.opcheck(forward, (*given.values(), code, None, True))
+        out = forward(*given.values(), code, None, True)
+        storages = {o.untyped_storage().data_ptr() for o in out}
+        assert len(storages) == len(out)
+        g = torch.Generator().manual_seed(1)
+        ups = [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in out[:-1]]
+        outs = [o.detach() for o in out]
+        args = (*outs[:2], outs[-1], *ups) if cell == "lstm" else (outs[0], outs[-1], *ups)
+        needs = [name != "mask" for name in functions.INPUTS[cell]]
+        torch.library.opcheck(backward, (*detached, *args, code, None, needs))
+
+
 # -- rnngrad verify on the stand-in ----------------------------------------------------------------
 
 def test_metal_mps_verify_runs_on_the_standin(monkeypatch, capsys):

@@ -119,7 +119,7 @@ from ...descriptors import Activation
 from ...problem import ForwardArrays, GradientArrays, address, on_gpu
 from ...tensors import TensorArray
 from . import library, versions
-from .plan import INPUT, KEPT, Plan, signature
+from .plan import INPUT, KEPT, NEW, Plan, signature
 from .errors import IncompleteDispatch, ranges
 
 F32 = np.float32
@@ -290,20 +290,21 @@ class _Runs:
             self._arenas.append(last)
         return last
 
-    def new(self, nbytes, zeroed):
+    def new(self, nbytes, zeroed, own=False):
         """A new buffer of ``nbytes`` for this op's kernels to write (``zeroed``: all zeros;
         else uninitialised, or poisoned by the device), sliced from an arena or the op's slab
-        where the device allows (``slices``; see the class docstring), else made on its own."""
+        where the device allows (``slices``; see the class docstring), else made on its own
+        (also where ``own``: a result on a device whose results must not share memory)."""
         device = self.host.device
         if not self.slices:
             return self.host._filled(nbytes // 4, 0.0) if zeroed else device.buffer(nbytes)
         if zeroed:
-            if nbytes > ARENA_BYTES // 4:
+            if own or nbytes > ARENA_BYTES // 4:
                 return self._arena_zeros(nbytes)
             last = self._arena(nbytes)
             last[2] -= -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
             return self._slice(last[0], last[2], nbytes)
-        if nbytes > SLAB_BYTES // 4:
+        if own or nbytes > SLAB_BYTES // 4:
             return device.buffer(nbytes)
         slab = self._slab
         if slab is None or slab[1] + nbytes > len(slab[0]):
@@ -853,6 +854,10 @@ class MetalHost:
         with self.runs(plan.op, problem) as runs:
             runs.pairs = runs.slices and prepared is not None
             kept, inputs, made = plan.kept, [None] * len(plan.inputs), [None] * len(plan.buffers)
+            # the new buffers results are read from, where results must not share memory (a
+            # PyTorch operator's outputs alias neither each other: metal-mps's tensors)
+            own = {i for _, (kind, i), _ in plan.outputs if kind == NEW} \
+                if getattr(self.device, "results_apart", False) else ()
 
             def buffer(kind, i):
                 if kind == KEPT:
@@ -866,7 +871,7 @@ class MetalHost:
                         inputs[i] = self.buffer(array) if written else self.read_only(array)
                     return inputs[i]
                 if made[i] is None:
-                    made[i] = runs.new(*plan.buffers[i])
+                    made[i] = runs.new(*plan.buffers[i], i in own)
                 return made[i]
 
             # a prepared dispatch has its kept buffers bound already: only its open slots

@@ -11,6 +11,8 @@ runs unchanged:
   where it is (:meth:`Device.wrap`), and results stay there: nothing crosses to the host but
   the completion marks;
 - parameter structs are small uint8 tensors, made once per device and kept by the host;
+- each result is a tensor of its own (``results_apart``): an op's scratch buffers are slices of
+  one slab, but no two results share memory, as PyTorch's operators require of their outputs;
 - a call of ``count`` threads runs a grid of whole threadgroups of the function's threadgroup
   size (metalcompute's rule: 32 x floor(min(1024, the pipeline's limit) / 32)): ``threads``
   is ``count`` rounded up to a multiple of it, as metalcompute pads its grids; the kernels
@@ -70,6 +72,10 @@ class Device:
     """metalcompute's API on ``compile_shader`` (``torch.mps.compile_shader`` by default) for
     tensors on ``device``. ``poison``: fill new buffers with 0xFF bytes (NaN as float32), so a
     result the kernels never wrote shows (the stand-in's default; ``torch.empty`` on a Mac)."""
+
+    #: each result in memory of its own, not a slice of an op's slab: the results are tensors,
+    #: and a PyTorch operator's outputs may not share memory (torch.library.custom_op)
+    results_apart = True
 
     def __init__(self, compile_shader=None, device="mps", *, poison=False,
                  trace_limit=dispatch.TRACE_LIMIT):
