@@ -44,6 +44,9 @@ from .harness import dispatch
 #: torch device (for ``rnngrad verify --backend metal-mps`` without a Mac)
 STANDIN_ENV = "RNNGRAD_MPS_STANDIN"
 
+#: the threadgroup size used where a kernel object has no ``max_threads_per_threadgroup``
+#: (a PyTorch without it): a size every Apple GPU pipeline of these kernels allows
+UNKNOWN_LIMIT = 256
 #: the devices ``rnngrad.backends.metal.host.mps_standin`` runs metal-mps on, innermost last
 _ACTIVE = []
 
@@ -181,7 +184,9 @@ class Function:
 
     def __init__(self, device: Device, name: str, kernel):
         self.device, self.name, self.kernel = device, name, kernel
-        self.max_total_threads_per_threadgroup = int(kernel.max_threads_per_threadgroup)
+        #: the pipeline's limit; :data:`UNKNOWN_LIMIT` where the kernel object does not say it
+        self.max_total_threads_per_threadgroup = int(
+            getattr(kernel, "max_threads_per_threadgroup", UNKNOWN_LIMIT))
         self._size = dispatch.threadgroup_size(self.max_total_threads_per_threadgroup)
 
     def threadgroup_size(self) -> int:
