@@ -197,13 +197,17 @@ def main(argv=None) -> int:
     if args.standin == "cuda" and not torch.cuda.is_available():
         print("bench_mps: --standin cuda needs a CUDA device", file=sys.stderr)
         return 2
+    # no TF32 anywhere: every implementation computes in float32 (cuDNN's RNNs allow TF32 by
+    # default)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     rows = measure(args)
     where = (f"stand-in on {args.standin}" if args.standin
              else f"{platform.mac_ver()[0] and 'macOS ' + platform.mac_ver()[0]} "
                   f"{platform.machine()}")
     print(f"bench_mps: rnngrad {rnngrad.__version__}, PyTorch {torch.__version__}, {where}; "
-          f"training step (forward + backward, float32), median of {args.passes} windows, "
-          f"CPU threads {torch.get_num_threads()}")
+          f"training step (forward + backward, float32, TxNxIxH), median of {args.passes} "
+          f"windows, CPU threads {torch.get_num_threads()}")
     print(table(rows))
     return 0
 

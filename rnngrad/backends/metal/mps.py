@@ -45,7 +45,8 @@ from .harness import dispatch
 STANDIN_ENV = "RNNGRAD_MPS_STANDIN"
 
 #: the threadgroup size used where a kernel object has no ``max_threads_per_threadgroup``
-#: (a PyTorch without it): a size every Apple GPU pipeline of these kernels allows
+#: (a PyTorch without it); a pipeline that allows fewer threads refuses the dispatch with
+#: PyTorch's ValueError ("Threadgroup size exceeds …") rather than running it
 UNKNOWN_LIMIT = 256
 #: the devices ``rnngrad.backends.metal.host.mps_standin`` runs metal-mps on, innermost last
 _ACTIVE = []
