@@ -13,9 +13,10 @@ On a Mac (PyTorch 2.7 or later)::
 
     python verification/bench_mps.py
 
-Columns: ``rnngrad mps`` (rnngrad.torch on "mps", metal-mps), ``torch.nn mps``, ``torch.nn
-cpu``, in milliseconds a step (the median of ``--passes`` timing windows, the implementations
-taking turns, who goes first alternating), and the ratios of the others to rnngrad's.
+Columns: ``rnngrad mps`` (rnngrad.torch on "mps", metal-mps), ``nn mps`` and ``nn cpu``
+(``torch.nn``), in milliseconds a step (the median of ``--passes`` timing windows, the
+implementations taking turns, who goes first alternating), and the ratios of the others to
+rnngrad's (above 1: rnngrad is faster).
 
 Without a Mac, ``--standin cuda`` (or ``cpu``) runs the same table on the harness stand-in of
 ``torch.mps.compile_shader`` (``rnngrad.backends.metal.host.mps_standin``) with CUDA (CPU)
@@ -95,7 +96,7 @@ def _implementations(cell, I, H, standin):
         mps = torch.device("mps")
         layer = rt.from_torch(module).to(mps)
         impls.append(Impl("rnngrad mps", layer, mps))
-        impls.append(Impl("torch.nn mps", make(I, H).to(mps), mps))
+        impls.append(Impl("nn mps", make(I, H).to(mps), mps))
     else:
         device = torch.device(standin)
 
@@ -110,13 +111,13 @@ def _implementations(cell, I, H, standin):
 
         # the stand-in's context is entered once for the whole run (measure)
         layer = rt.from_torch(module).to(device)
-        impls.append(Impl(f"rnngrad stand-in {standin}", layer, device))
+        impls.append(Impl(f"stand-in {standin}", layer, device))
         own = "metal-cuda" if standin == "cuda" else "metal-emulated"
-        impls.append(Impl(f"rnngrad {own}", rt.from_torch(module, backend=own).to(device),
+        impls.append(Impl(own, rt.from_torch(module, backend=own).to(device),
                           device, own_path))
-        impls.append(Impl(f"torch.nn {standin}", make(I, H).to(device), device))
+        impls.append(Impl(f"nn {standin}", make(I, H).to(device), device))
     cpu = torch.device("cpu")
-    impls.append(Impl("torch.nn cpu", make(I, H), cpu))
+    impls.append(Impl("nn cpu", make(I, H), cpu))
     for impl in impls[1:]:
         impl.layer.load_state_dict(module.state_dict())
     return impls
@@ -158,7 +159,7 @@ def measure(args):
 def table(rows) -> str:
     names = [name for name, _ in rows[0][1]]
     first = names[0]
-    head = ["problem"] + [f"{n} ms" for n in names] + [f"{n} / {first}" for n in names[1:]]
+    head = ["problem"] + [f"{n} ms" for n in names] + [f"{n} ÷ {first}" for n in names[1:]]
     lines = []
     for label, values in rows:
         ms = dict(values)
