@@ -60,8 +60,6 @@ def _cuda_reason():
     return cuda.available()
 
 
-gpu = [pytest.mark.gpu, pytest.mark.skipif(_cuda_reason() is not None,
-                                           reason=f"the CUDA stand-in: {_cuda_reason()}")]
 
 
 # -- the stand-in's own semantics ----------------------------------------------------------------
@@ -618,3 +616,19 @@ def test_metal_mps_cuda_a_dropped_dispatch_raises_incomplete_dispatch(cell):
                     **inputs, descriptor=case.descriptor, backend=BACKEND)
         assert (info.value.kernel, info.value.dispatch) == (kernel, number), str(info.value)
         assert "no threadgroup finished" in str(info.value)
+
+
+# -- on a Mac: PyTorch's own compile_shader and "mps" tensors ------------------------------------
+
+@pytest.mark.skipif(not (torch.backends.mps.is_available()
+                         and hasattr(torch.mps, "compile_shader")),
+                    reason="needs PyTorch 2.7 or later with an MPS device (macOS, Apple silicon)")
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_metal_mps_on_a_mac_matches_the_reference(cell, bidirectional):
+    rng = np.random.default_rng(zlib.crc32(repr(("mac", cell, bidirectional)).encode()))
+    for optional in (ALL_OPTIONAL, NO_OPTIONAL):
+        desc = random_descriptor(rng, cell, bidirectional=bidirectional)
+        case = random_case(rng, cell, descriptor=desc, T=5, N=3, H=33, I=4, dtype=np.float32,
+                           optional=optional, cell_gradient_form="final")
+        _check_tensors(case, "mps")
