@@ -95,49 +95,59 @@ kernel void small(device float* out [[buffer(0)]], uint i [[thread_position_in_g
 """
 
 
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def target(request):
+    """The stand-in's torch device: "cpu" (the CPU target), "cuda" (the CUDA target; gpu)."""
+    if request.param == "cuda" and _cuda_reason():
+        pytest.skip(_cuda_reason())
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def lib():
-    return StandIn("cpu")(SOURCE)
+def lib(target):
+    return StandIn(target)(SOURCE)
 
 
-def test_metal_mps_standin_binds_tensors_in_order_at_their_storage_offsets(lib):
-    out = torch.full((40,), -1.0)
-    x = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+def test_metal_mps_standin_binds_tensors_in_order_at_their_storage_offsets(lib, target):
+    out = torch.full((40,), -1.0, device=target)
+    x = torch.arange(64, dtype=torch.float32, device=target).reshape(8, 8)
     # out[8:] and x[1:, 2:] are views: bound at their storage offsets; x's strides are not
     # looked at, so the kernel reads x's storage from element 10 on, row after row
     assert lib.copy_scaled(out[8:], x[1:, 2:], 2.0, 3, threads=32, group_size=32) is None
+    out = out.cpu()
     assert torch.equal(out[:8], torch.full((8,), -1.0))
     assert torch.equal(out[8:], torch.arange(10, 42, dtype=torch.float32) * 2 + 3)
 
 
-def test_metal_mps_standin_binds_lists_and_casts_scalars(lib):
-    out = torch.zeros(32)
+def test_metal_mps_standin_binds_lists_and_casts_scalars(lib, target):
+    out = torch.zeros(32, device=target)
     ints, floats = list(range(32)), [0.5 * i for i in range(32)]
     lib.lists(out, ints, floats, 7, arg_casts={3: "int32"})  # threads: out's numel
-    assert torch.equal(out, torch.tensor([i + 0.5 * i + 7 for i in range(32)]))
+    assert torch.equal(out.cpu(), torch.tensor([i + 0.5 * i + 7 for i in range(32)]))
     with pytest.raises(RuntimeError, match="Unsupported cast instruction"):
         lib.lists(out, ints, floats, 7, arg_casts="int64")
     with pytest.raises(RuntimeError, match="Empty list"):
         lib.lists(out, [], floats, 7, arg_casts={3: "int32"})
 
 
-def test_metal_mps_standin_threads_and_group_size(lib):
-    out = torch.zeros(3 * 256, dtype=torch.int32)  # uint words, read as int32
+def test_metal_mps_standin_threads_and_group_size(lib, target):
+    out = torch.zeros(3 * 256, dtype=torch.int32, device=target)  # uint words, read as int32
     lib.where(out, threads=256, group_size=64)
-    got = out.reshape(256, 3)
-    assert torch.equal(got[:, 0], torch.arange(256) // 64)
+    got = out.cpu().reshape(256, 3)
+    assert torch.equal(got[:, 0], torch.arange(256, dtype=torch.int32) // 64)
     assert (got[:, 1] == 64).all() and (got[:, 2] == 4).all()
     out.zero_()
     lib.where(out, threads=[96, 1, 1])  # default group_size: min(threads, the pipeline's limit)
-    assert (out.reshape(256, 3)[:96, 1] == 96).all() and (out.reshape(256, 3)[96:] == 0).all()
+    got = out.cpu().reshape(256, 3)
+    assert (got[:96, 1] == 96).all() and (got[96:] == 0).all()
     assert lib.small.max_threads_per_threadgroup == 64
     assert lib.where.max_threads_per_threadgroup == 1024
     assert lib.where.thread_execution_width == 32
     assert "copy_scaled" in dir(lib) and "small" in dir(lib)
 
 
-def test_metal_mps_standin_refuses_what_it_cannot_run_or_the_api_refuses(lib):
-    out = torch.zeros(3 * 128, dtype=torch.int32)
+def test_metal_mps_standin_refuses_what_it_cannot_run_or_the_api_refuses(lib, target):
+    out = torch.zeros(3 * 128, dtype=torch.int32, device=target)
     with pytest.raises(NotImplementedError, match="partial last threadgroup of 32 threads"):
         lib.where(out, threads=96, group_size=64)
     with pytest.raises(NotImplementedError, match="whole SIMD-groups of 32"):
@@ -151,10 +161,10 @@ def test_metal_mps_standin_refuses_what_it_cannot_run_or_the_api_refuses(lib):
     with pytest.raises(RuntimeError, match="argument 0 is a tensor on meta"):
         lib.where(torch.zeros(96, device="meta"), threads=96)
     with pytest.raises(RuntimeError, match=r"threadgroup\(0\)"):
-        StandIn("cpu")(SOURCE.replace("uint i [[thread_position_in_grid]]) {\n    out[i] = 1.0f;",
-                                      "threadgroup float* t [[threadgroup(0)]], "
-                                      "uint i [[thread_position_in_grid]]) {\n    out[i] = t[0];"))
-    assert torch.equal(out, torch.zeros_like(out))  # nothing ran
+        StandIn(target)(SOURCE.replace("uint i [[thread_position_in_grid]]) {\n    out[i] = 1.0f;",
+                                       "threadgroup float* t [[threadgroup(0)]], "
+                                       "uint i [[thread_position_in_grid]]) {\n    out[i] = t[0];"))
+    assert torch.equal(out.cpu(), torch.zeros(3 * 128, dtype=torch.int32))  # nothing ran
 
 
 # -- the device and the registry -----------------------------------------------------------------
