@@ -602,8 +602,14 @@ def test_metal_mps_cuda_standin_matches_the_reference(cell, bidirectional):
 def test_metal_mps_cuda_layers_and_training_step():
     if _cuda_reason():
         pytest.skip(_cuda_reason())
-    _layers_match_torch_nn("cuda")
-    _assert_same_training(_training_steps("cuda"))
+    # torch.nn on CUDA in float32, as the tolerances assume: cuDNN's RNNs allow TF32 by default
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        _layers_match_torch_nn("cuda")
+        _assert_same_training(_training_steps("cuda"))
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
 
 
 @pytest.mark.gpu
