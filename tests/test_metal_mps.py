@@ -35,7 +35,6 @@ from rnngrad import registry  # noqa: E402
 from rnngrad.backends.metal import IncompleteDispatch  # noqa: E402
 from rnngrad.backends.metal import host as metal_host  # noqa: E402
 from rnngrad.backends.metal import mps  # noqa: E402
-from rnngrad.backends.metal.harness import cpu as cpu_target  # noqa: E402
 from rnngrad.backends.metal.harness.mps import StandIn  # noqa: E402
 from rnngrad.descriptors import Activation  # noqa: E402
 from rnngrad.testing import check_case, compare_array  # noqa: E402
