@@ -36,17 +36,22 @@ from typing import Optional
 
 import numpy as np
 
+from .tensors import is_device_tensor
+
 
 def on_gpu(value) -> bool:
-    """Whether ``value`` lives in CUDA device memory (a CuPy array, a CUDA tensor, anything with
-    ``__cuda_array_interface__``). A NumPy array and a CuPy array (of the module imported as
-    ``cupy``) are told by their type alone: CuPy builds the interface's dict at every access,
-    and the checks and the host ask this of every input."""
+    """Whether ``value`` lives in GPU memory: in CUDA device memory (a CuPy array, a CUDA
+    tensor, anything with ``__cuda_array_interface__``), or a tensor the backends take where it
+    is (an MPS tensor: :mod:`rnngrad.tensors`). A NumPy array and a CuPy array (of the module
+    imported as ``cupy``) are told by their type alone: CuPy builds the interface's dict at
+    every access, and the checks and the host ask this of every input."""
     kind = type(value)
     if kind is np.ndarray:
         return False
     cupy = sys.modules.get("cupy")
     if cupy is not None and kind is getattr(cupy, "ndarray", None):
+        return True
+    if is_device_tensor(value):
         return True
     return hasattr(value, "__cuda_array_interface__")
 
@@ -98,7 +103,8 @@ class Problem:
 
     @property
     def on_gpu(self) -> bool:
-        """Whether the inputs are in GPU memory (CuPy arrays)."""
+        """Whether the inputs are in GPU memory (CuPy arrays, or tensors the backends take where
+        they are: :mod:`rnngrad.tensors`)."""
         return on_gpu(self.source)
 
     @property

@@ -58,6 +58,8 @@ _SPECS = (
           "needs a C++ compiler (apt-get install g++)"),
     _Spec("metal-cuda", "rnngrad.backends.metal.host", "CUDA_BACKEND", False,
           "needs an NVIDIA GPU and CuPy (pip install 'rnngrad[cuda]')"),
+    _Spec("metal-mps", "rnngrad.backends.metal.host", "MPS_BACKEND", False,
+          "needs PyTorch 2.7 or later on macOS with Apple silicon"),
 )
 
 _loaded: dict = {}
@@ -85,6 +87,12 @@ def _load(spec: _Spec):
             reason = backend.probe()
             _loaded[spec.name] = (None if reason else backend, reason)
     return _loaded[spec.name]
+
+
+def reprobe(name: str) -> None:
+    """Forget what the probe of backend ``name`` said, so that the next look asks again (for a
+    backend whose device was swapped, such as ``metal-mps`` on its stand-in)."""
+    _loaded.pop(name, None)
 
 
 def all_backends() -> tuple:

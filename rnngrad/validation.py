@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .descriptors import DESCRIPTORS, z_width
+from . import tensors
 from .problem import Problem, on_gpu
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -53,9 +54,12 @@ def _common_dtype(given: dict) -> np.dtype:
 
 
 def array_module(array):
-    """NumPy, or CuPy for an array already on the GPU."""
+    """NumPy, or CuPy for an array already on the GPU, or rnngrad.tensors' namespace for a
+    tensor the backends take where it is (an MPS tensor)."""
     if not on_gpu(array):  # a NumPy array is told by its type there
         return np
+    if tensors.is_device_tensor(array):
+        return tensors.NAMESPACE
     import cupy
 
     return cupy
@@ -67,6 +71,8 @@ def _as_array(name, value, dtype) -> np.ndarray:
     if type(value) is np.ndarray and value.flags.c_contiguous:
         return value
     if on_gpu(value):
+        if tensors.is_device_tensor(value):
+            return tensors.wrap(value)  # on its device still: a TensorArray
         try:
             import cupy
         except ImportError as exc:

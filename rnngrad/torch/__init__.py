@@ -19,12 +19,14 @@ float16 and bfloat16 are computed in float32 and returned in their dtype; under
 ``torch.autocast`` float32 calls run in autocast's dtype.
 
 CPU tensors run on the CPU backends without copies (``backend=None`` picks the fastest here);
-CUDA tensors on the ``metal-cuda`` backend where it is available, through DLPack; meta tensors
-give shapes only; any other device is an error that names the backends that would serve it. PyTorch is imported only when
-this package is (``pip install 'rnngrad[torch]'``).
+CUDA tensors on the ``metal-cuda`` backend where it is available, through DLPack; MPS tensors
+on the ``metal-mps`` backend (rnngrad's Metal kernels through ``torch.mps.compile_shader``,
+PyTorch 2.7 or later), where they are; meta tensors give shapes only; any other device is an
+error that names the backends that would serve it. PyTorch is imported only when this package
+is (``pip install 'rnngrad[torch]'``).
 """
 
-from rnngrad.torch._device import CUDA_BACKEND
+from rnngrad.torch._device import CUDA_BACKEND, MPS_BACKEND
 from rnngrad.torch.functions import (
     GRUFunction,
     LSTMFunction,
@@ -39,4 +41,4 @@ from rnngrad.torch.layers import GRU, LSTM, RNN, from_torch
 
 __all__ = ["RNN", "GRU", "LSTM", "from_torch", "single_gate_rnn", "gru", "lstm",
            "SingleGateRNNFunction", "GRUFunction", "LSTMFunction", "RNNOutput", "LSTMOutput",
-           "CUDA_BACKEND"]
+           "CUDA_BACKEND", "MPS_BACKEND"]

@@ -9,8 +9,13 @@ backend's arrays and back without copies.
   through DLPack: nothing goes through the host. On a stream other than the legacy default one
   both crossings go through DLPack's stream handshake, which orders PyTorch's stream and the
   backend's.
-- Any other device (``mps``, ``meta``, XLA …), or CUDA without ``metal-cuda``: a
-  ``RuntimeError`` naming the device and the backends that would serve it.
+- MPS tensors: the ``metal-mps`` backend, where it is available (PyTorch 2.7 or later on a
+  Mac). Tensors cross as they are (``rnngrad.tensors``) and results come back as tensors on
+  the device: nothing goes through the host. The same holds for the tensors of a device that
+  ``rnngrad.backends.metal.host.mps_standin`` runs ``metal-mps`` on (CPU or CUDA tensors,
+  without a Mac).
+- Any other device (``meta``, XLA …), CUDA without ``metal-cuda`` or MPS without
+  ``metal-mps``: a ``RuntimeError`` naming the device and the backends that would serve it.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import numpy as np
 import torch
 
 import rnngrad
-from rnngrad import registry
+from rnngrad import registry, tensors
 
 #: the backend that runs on CUDA devices, taking and returning device arrays
 CUDA_BACKEND = "metal-cuda"
+#: the backend that runs on MPS devices, taking and returning tensors
+MPS_BACKEND = "metal-mps"
 
 #: dtypes computed in float32 and returned in their own (no backend computes in them)
 AUTOCAST_DTYPES = (torch.float16, torch.bfloat16)
@@ -35,16 +42,22 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in AUTOCAST_DTYPES else dtype
 
 
-def _cuda_reason() -> str:
-    """Why ``metal-cuda`` is not available here, as the registry says it."""
+def _cuda_reason(backend: str = CUDA_BACKEND) -> str:
+    """Why ``backend`` is not available here, as the registry says it."""
     for name, ok, _, reason in registry.status():
-        if name == CUDA_BACKEND:
+        if name == backend:
             return reason or "not available"
     return "it is not part of this installation of rnngrad"
 
 
 def cpu_backends() -> tuple:
-    return tuple(b for b in rnngrad.available_backends() if b != CUDA_BACKEND)
+    return tuple(b for b in rnngrad.available_backends() if b not in (CUDA_BACKEND, MPS_BACKEND))
+
+
+def takes_tensors(device: torch.device) -> bool:
+    """Whether tensors on ``device`` go to ``metal-mps`` as they are: MPS tensors, and those of
+    the device the stand-in runs on (``rnngrad.backends.metal.host.mps_standin``)."""
+    return device.type in tensors.DEVICES
 
 
 def device_of(named: dict) -> torch.device:
@@ -65,10 +78,23 @@ def device_of(named: dict) -> torch.device:
 def backend_for(device: torch.device, backend):
     """The backend name to hand rnngrad for tensors on ``device`` (None: rnngrad picks among
     the CPU backends), or the error that says which backends would serve that device."""
+    if takes_tensors(device):
+        if backend is not None and backend != MPS_BACKEND:
+            raise ValueError(f"backend: tensors on {device} run on {MPS_BACKEND!r}, got "
+                             f"backend={backend!r}; use backend={MPS_BACKEND!r} or None, or "
+                             f"move the tensors with .cpu()")
+        if MPS_BACKEND not in rnngrad.available_backends():
+            raise RuntimeError(
+                f"tensors on {device}: no rnngrad backend available here runs on MPS devices "
+                f"(the {MPS_BACKEND!r} backend would: {_cuda_reason(MPS_BACKEND)}); the "
+                f"available backends {cpu_backends()} run on the CPU: move the tensors there "
+                f"with .cpu()")
+        return MPS_BACKEND
     if device.type == "cpu":
-        if backend == CUDA_BACKEND:
-            raise ValueError(f"backend: {CUDA_BACKEND!r} runs on CUDA devices, got tensors on "
-                             f"cpu; CPU backends here: {cpu_backends()}")
+        if backend in (CUDA_BACKEND, MPS_BACKEND):
+            raise ValueError(f"backend: {backend!r} runs on "
+                             f"{'CUDA' if backend == CUDA_BACKEND else 'MPS'} devices, got "
+                             f"tensors on cpu; CPU backends here: {cpu_backends()}")
         return backend
     if device.type == "cuda":
         if backend is not None and backend != CUDA_BACKEND:
@@ -80,11 +106,14 @@ def backend_for(device: torch.device, backend):
                 f"(the {CUDA_BACKEND!r} backend would: {_cuda_reason()}); the available backends "
                 f"{cpu_backends()} run on the CPU: move the tensors there with .cpu()")
         return CUDA_BACKEND
+    here = rnngrad.available_backends()
+    state = {b: "available" if b in here else "not available here"
+             for b in (CUDA_BACKEND, MPS_BACKEND)}
     raise RuntimeError(
         f"tensors on {device}: no rnngrad backend runs on {device.type!r} devices; "
-        f"{CUDA_BACKEND!r} serves CUDA tensors "
-        f"({'available' if CUDA_BACKEND in rnngrad.available_backends() else 'not available here'}), "
-        f"and {cpu_backends()} serve CPU tensors: move the tensors with .cpu()")
+        f"{CUDA_BACKEND!r} serves CUDA tensors ({state[CUDA_BACKEND]}), {MPS_BACKEND!r} MPS "
+        f"tensors ({state[MPS_BACKEND]}), and {cpu_backends()} serve CPU tensors: move the "
+        f"tensors with .cpu()")
 
 
 def check_dtype(name: str, t: torch.Tensor):
@@ -104,8 +133,10 @@ def check_served(given: dict, device: torch.device):
                 and (source.dtype in AUTOCAST_DTYPES or t.dtype in AUTOCAST_DTYPES):
             raise TypeError(f"{name}: expected dtype {source.dtype} (the source's: all array "
                             f"inputs share one floating dtype), got {t.dtype}")
-    if device.type == "cuda" and source.dtype == torch.float64:
-        raise TypeError(f"source: float64 tensors on {device}: {CUDA_BACKEND!r} computes in "
+    gpu = MPS_BACKEND if takes_tensors(device) else CUDA_BACKEND if device.type == "cuda" \
+        else None
+    if gpu is not None and source.dtype == torch.float64:
+        raise TypeError(f"source: float64 tensors on {device}: {gpu!r} computes in "
                         f"float32 (float16 and bfloat16 too, returned in their dtype); cast "
                         f"with .float(), or move the tensors to the CPU (.cpu()), where the "
                         f"CPU backends compute in float64")
@@ -119,6 +150,8 @@ def to_array(t, device: torch.device):
     t = t.detach()
     if t.dtype in AUTOCAST_DTYPES:
         t = t.float()
+    if takes_tensors(device):
+        return t  # as it is: metal-mps takes tensors (rnngrad.tensors)
     if device.type == "cpu":
         return t.numpy()  # shares memory, any strides; rnngrad copies only what is not C-contiguous
     return _cupy_view(t)
@@ -168,7 +201,10 @@ def transposed_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def namespace(device: torch.device):
-    """The array module of the backend's arrays on ``device``: NumPy, or CuPy."""
+    """The array module of the backend's arrays on ``device``: NumPy, CuPy, or for tensors
+    (metal-mps) rnngrad.tensors' namespace."""
+    if takes_tensors(device):
+        return tensors._Namespace(device)
     if device.type == "cpu":
         return np
     import cupy

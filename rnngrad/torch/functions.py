@@ -18,9 +18,9 @@ descriptor crosses as a string (:func:`descriptor_code`), the backend as its nam
 
 The functions and the layers call the operators through autograd.Functions that hold the same
 formula. A plain eager call (nothing compiling, exporting or transforming it, no dispatch or
-function mode, plain tensors on the CPU or CUDA) runs the operators' kernels directly, without
-the dispatcher's Python custom-op layers, which cost more than the op itself at small sizes;
-every other call goes through ``torch.ops.rnngrad.*``.
+function mode, plain tensors on the CPU, CUDA or MPS) runs the operators' kernels directly,
+without the dispatcher's Python custom-op layers, which cost more than the op itself at small
+sizes; every other call goes through ``torch.ops.rnngrad.*``.
 
 Arguments and layouts are rnngrad's (time-major, MPSGraph's packed gate layouts; see
 ``rnngrad.gru`` and the others):
@@ -178,7 +178,7 @@ def _final(seq, initial, D: int, device, dtype):
             return torch.zeros((N, DH), dtype=dtype, device=device)
         return initial.detach().reshape(N, DH).to(dtype, copy=True)
     if D == 1:
-        last = seq[-1].copy()  # [N,H]
+        last = _device.namespace(device).array(seq[-1])  # [N,H], a copy
     else:
         H = DH // 2
         last = _device.namespace(device).concatenate([seq[-1, :, :H], seq[0, :, H:]], axis=-1)
@@ -463,7 +463,7 @@ _APPLY = {cell: ops[2].apply for cell, ops in _DEFINED.items()}
 _EAGER = {cell: ops[3].apply for cell, ops in _DEFINED.items()}
 _KERNEL = {cell: ops[4] for cell, ops in _DEFINED.items()}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_EAGER_DEVICES = ("cpu", "cuda")
+_EAGER_DEVICES = ("cpu", "cuda", "mps")
 
 
 def _plain_eager(tensors) -> bool:

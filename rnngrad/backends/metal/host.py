@@ -1,6 +1,6 @@
 """The Metal backends: host code that runs the kernels of ``kernels/`` through metalcompute's API.
 
-Three backends share this code and differ only in the device they are given:
+Four backends share this code and differ only in the device they are given:
 
 - ``"metal"``: a real Apple GPU through ``metalcompute`` (macOS on Apple silicon); chosen by
   ``backend=None`` when available.
@@ -12,6 +12,11 @@ Three backends share this code and differ only in the device they are given:
   and returns CuPy arrays on the GPU for them, with no copy through the host; NumPy inputs are
   copied to the GPU once per call and the results come back as NumPy arrays. An op runs on
   the CUDA device its arrays are on (NumPy inputs: the current device), one host per device.
+- ``"metal-mps"``: the same kernels and host code on PyTorch's ``"mps"`` tensors through
+  ``torch.mps.compile_shader`` (PyTorch 2.7 or later on a Mac), :mod:`rnngrad.backends.metal.mps`;
+  only when asked for, and by ``rnngrad.torch`` for MPS tensors. It takes MPS tensors and
+  returns tensors on the device (NumPy inputs are copied there and come back as NumPy
+  arrays), like ``"metal-cuda"``; :func:`mps_standin` runs it on the harness without a Mac.
 
 Each op is a small number of dispatches (the kernel files for the math):
 
@@ -113,8 +118,9 @@ import numpy as np
 from ... import registry
 from ...descriptors import Activation
 from ...problem import ForwardArrays, GradientArrays, address, on_gpu
+from ...tensors import TensorArray
 from . import library, versions
-from .plan import INPUT, KEPT, Plan, signature
+from .plan import INPUT, KEPT, NEW, Plan, signature
 from .errors import IncompleteDispatch, ranges
 
 F32 = np.float32
@@ -285,20 +291,21 @@ class _Runs:
             self._arenas.append(last)
         return last
 
-    def new(self, nbytes, zeroed):
+    def new(self, nbytes, zeroed, own=False):
         """A new buffer of ``nbytes`` for this op's kernels to write (``zeroed``: all zeros;
         else uninitialised, or poisoned by the device), sliced from an arena or the op's slab
-        where the device allows (``slices``; see the class docstring), else made on its own."""
+        where the device allows (``slices``; see the class docstring), else made on its own
+        (also where ``own``: a result on a device whose results must not share memory)."""
         device = self.host.device
         if not self.slices:
             return self.host._filled(nbytes // 4, 0.0) if zeroed else device.buffer(nbytes)
         if zeroed:
-            if nbytes > ARENA_BYTES // 4:
+            if own or nbytes > ARENA_BYTES // 4:
                 return self._arena_zeros(nbytes)
             last = self._arena(nbytes)
             last[2] -= -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
             return self._slice(last[0], last[2], nbytes)
-        if nbytes > SLAB_BYTES // 4:
+        if own or nbytes > SLAB_BYTES // 4:
             return device.buffer(nbytes)
         slab = self._slab
         if slab is None or slab[1] + nbytes > len(slab[0]):
@@ -681,21 +688,25 @@ class MetalHost:
 
     def words(self, buf, n):
         """The first ``n`` uint32 words of a buffer, as a NumPy copy (from the GPU too)."""
-        if self.xp is np:
+        xp = self.xp
+        if xp is np:
             return np.frombuffer(buf, np.uint32, count=n).copy()
-        return buf.view(self.xp.uint32)[:n].get()
+        words = buf.view(xp.uint32)[:n]
+        return words.get() if hasattr(words, "get") else xp.asnumpy(words)  # CuPy, or a tensor
 
     def to_caller(self, problem, out):
-        """Results where the inputs were: GPU inputs get GPU arrays, host inputs NumPy arrays."""
+        """Results where the inputs were: GPU inputs get GPU arrays (tensors for tensors:
+        rnngrad.tensors), host inputs NumPy arrays."""
         gpu = problem.on_gpu
         for field in dataclasses.fields(out):
             value = getattr(out, field.name)
             if value is None:
                 continue
-            if gpu and isinstance(value, np.ndarray):
+            if gpu and (isinstance(value, np.ndarray) or type(value) is TensorArray):
                 setattr(out, field.name, self.xp.asarray(value))
             elif not gpu and not isinstance(value, np.ndarray):
-                setattr(out, field.name, value.get())
+                setattr(out, field.name,
+                        value.get() if hasattr(value, "get") else self.xp.asnumpy(value))
         return out
 
     def gemm(self, plan, A, B, C, *, batch, M, P, K, a_batch=0, a_row=0, a_k=0, b_batch=0,
@@ -844,6 +855,10 @@ class MetalHost:
         with self.runs(plan.op, problem) as runs:
             runs.pairs = runs.slices and prepared is not None
             kept, inputs, made = plan.kept, [None] * len(plan.inputs), [None] * len(plan.buffers)
+            # the new buffers results are read from, where results must not share memory (a
+            # PyTorch operator's outputs alias neither each other: metal-mps's tensors)
+            own = {i for _, (kind, i), _ in plan.outputs if kind == NEW} \
+                if getattr(self.device, "results_apart", False) else ()
 
             def buffer(kind, i):
                 if kind == KEPT:
@@ -857,7 +872,7 @@ class MetalHost:
                         inputs[i] = self.buffer(array) if written else self.read_only(array)
                     return inputs[i]
                 if made[i] is None:
-                    made[i] = runs.new(*plan.buffers[i])
+                    made[i] = runs.new(*plan.buffers[i], i in own)
                 return made[i]
 
             # a prepared dispatch has its kept buffers bound already: only its open slots
@@ -1233,6 +1248,32 @@ CUDA_BACKEND = registry.Backend(
 )
 
 
+def _mps_device():
+    from . import mps
+
+    return mps.default_device()
+
+
+def _probe_mps():
+    from . import mps
+
+    return mps.unavailable(MPS_HOST)
+
+
+MPS_HOST = MetalHost(_mps_device, "metal-mps")
+
+MPS_BACKEND = registry.Backend(
+    name="metal-mps",
+    dtypes=(np.dtype(F32),),
+    implementations=MPS_HOST.implementations(),
+    probe=_probe_mps,
+    summary="the Metal kernels on PyTorch's \"mps\" tensors through torch.mps.compile_shader "
+            "(float32)",
+    gpu=True,
+    device=lambda: MPS_HOST.device.deviceName,
+)
+
+
 @contextlib.contextmanager
 def _running_on(host, device):
     previous = host._device, host._functions, host._constants, host._plans, host.declined
@@ -1261,3 +1302,39 @@ def cuda_device(**options):
     from .harness import cuda
 
     return _running_on(CUDA_HOST, cuda.Device(**options))
+
+
+def mps_device(compile_shader=None, device="mps", **options):
+    """Run ``"metal-mps"`` on ``rnngrad.backends.metal.mps.Device(compile_shader, device,
+    **options)`` inside the block (``compile_shader``: ``torch.mps.compile_shader`` by default,
+    or anything with its API); yields the device, whose ``trace`` lists the dispatches."""
+    from . import mps
+
+    return _running_on(MPS_HOST, mps.Device(compile_shader, device, **options))
+
+
+@contextlib.contextmanager
+def mps_standin(device="cpu", *, poison=True, drop=None, **harness_options):
+    """Run ``"metal-mps"`` inside the block on the harness stand-in of
+    ``torch.mps.compile_shader`` (:class:`rnngrad.backends.metal.harness.mps.StandIn`) for
+    tensors on ``device`` ("cpu": the CPU target; "cuda": the CUDA target), and take tensors on
+    that device as MPS tensors are taken: the public functions and ``rnngrad.torch`` (layers,
+    functions, custom ops) run them on ``"metal-mps"``, which the registry lists as available
+    there. ``drop`` and ``harness_options`` go to the stand-in (``drop=i``, ``stop=(i, k)``,
+    ``timeout=``, ``max_threads_per_threadgroup=`` …); ``poison``: new buffers filled with NaN.
+    Yields the :class:`rnngrad.backends.metal.mps.Device`; its ``compile_shader`` is the
+    stand-in, whose ``trace`` lists the harness's dispatches."""
+    from . import mps
+    from .harness.mps import StandIn
+    from ... import tensors
+
+    standin = StandIn(device, drop=drop, **harness_options)
+    with mps_device(standin, device, poison=poison) as dev, \
+            tensors.taking(dev.torch_device.type):
+        mps._ACTIVE.append(dev)
+        registry.reprobe("metal-mps")
+        try:
+            yield dev
+        finally:
+            mps._ACTIVE.remove(dev)
+            registry.reprobe("metal-mps")
