@@ -1,7 +1,7 @@
 """Everything the GPU machine is needed for, in one call, with a short table last.
 
     python verification/gpu_run.py [--out DIR] [--quick] [--skip STEP ...] [--sanitize CONFIG ...]
-                                   [--no-defects] [--deadline SECONDS]
+                                   [--no-defects] [--deadline SECONDS] [--also layer mps]
 
 1. the environment (GPU, CUDA, CuPy, PyTorch);
 2. the GPU property tests: ``python -m pytest -m gpu``;
@@ -16,7 +16,10 @@
    timed both ways, and end-to-end time of one call with the inputs already on the GPU (also
    without the harness's NaN fill of new buffers) against cuDNN's wall, the two taken in
    alternating windows, each the median of seven (``paired_walls``); dispatches per op; time per
-   step; a profile of the host's own time where it dominates (LSTM 50×1×64×64).
+   step; a profile of the host's own time where it dominates (LSTM 50×1×64×64);
+6. only when asked (``--also layer mps``): ``bench_layer.py --device cuda`` (``rnngrad.torch``'s
+   layer beside its bare ops and cuDNN's layer), and the ``metal-mps`` stand-in on CUDA
+   (``rnngrad verify --backend metal-mps`` and ``bench_mps.py --standin cuda``).
 
 DIR (default ``$OUT`` or ``gpu-results``) receives few files: ``run.txt`` (what was printed),
 ``logs.tar.gz`` (each step's full output), ``bench.json``, ``rnngrad-bench.json`` and
@@ -73,7 +76,7 @@ SANITIZER_CONFIGS = {
 }
 
 
-def step(name, cmd, out: Path, timeout=900, env=None):
+def step(name, cmd, out: Path, timeout=900, env=None, lines=12):
     start = time.time()
     if DEADLINE is not None:
         timeout = min(timeout, DEADLINE - start)
@@ -89,7 +92,7 @@ def step(name, cmd, out: Path, timeout=900, env=None):
     logs = out / "logs"
     logs.mkdir(exist_ok=True)
     (logs / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}.log").write_text(text)
-    tail = "\n".join(text.strip().splitlines()[-12:])
+    tail = "\n".join(text.strip().splitlines()[-lines:])
     print(tail, flush=True)
     print(f"--- {name}: exit {code}, {time.time() - start:.0f} s", flush=True)
     return code, text
@@ -486,6 +489,10 @@ def main(argv=None) -> int:
     parser.add_argument("--skip", nargs="*", default=(),
                         choices=("tests", "verify", "sanitizer", "fast-math", "bench", "cli-bench"),
                         help="steps to leave out (cli-bench: the `rnngrad bench` run within the bench step)")
+    parser.add_argument("--also", nargs="*", default=(), choices=("layer", "mps"),
+                        help="steps beyond the default ones: layer (bench_layer.py --device cuda: "
+                        "rnngrad.torch's layer beside its ops and cuDNN), mps (the metal-mps "
+                        "stand-in on CUDA: rnngrad verify and bench_mps.py --standin cuda)")
     parser.add_argument("--tests-k", default=None, metavar="EXPR",
                         help="run only the GPU tests pytest's -k EXPR selects")
     parser.add_argument("--cells", nargs="*", default=list(CELL_MODES), choices=list(CELL_MODES),
@@ -563,6 +570,24 @@ def _run(args, out: Path) -> int:
                           [py, "-m", "rnngrad", "verify", "--backend", "metal-cuda"], out)
         summary.append(("rnngrad verify --backend metal-cuda",
                         text if code is None else "passed" if code == 0 else f"FAILED (exit {code})"))
+    if "layer" in args.also:
+        code, text = step("bench_layer.py --device cuda",
+                          [py, "verification/bench_layer.py", "--device", "cuda", "--passes", "3",
+                           "--json", str(out / "layer.json")], out, timeout=600, lines=30)
+        summary.append(("rnngrad.torch layer beside its ops and cuDNN",
+                        text if code is None else "ok (table in run.txt)" if code == 0
+                        else f"FAILED (exit {code})"))
+    if "mps" in args.also:
+        code, text = step("rnngrad verify --backend metal-mps (stand-in on CUDA)",
+                          [py, "-m", "rnngrad", "verify", "--backend", "metal-mps",
+                           "--skip-reference"], out, env={"RNNGRAD_MPS_STANDIN": "cuda"})
+        summary.append(("rnngrad verify --backend metal-mps (stand-in)",
+                        text if code is None else "passed" if code == 0 else f"FAILED (exit {code})"))
+        code, text = step("bench_mps.py --standin cuda",
+                          [py, "verification/bench_mps.py", "--standin", "cuda"], out, timeout=600, lines=30)
+        summary.append(("training step: metal-mps stand-in vs metal-cuda",
+                        text if code is None else "ok (table in run.txt)" if code == 0
+                        else f"FAILED (exit {code})"))
     if "sanitizer" not in args.skip:
         for config in args.sanitize:
             gemm, recurrence, extra, note = SANITIZER_CONFIGS[config]
