@@ -391,6 +391,7 @@ def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
         count += 1
         if progress is not None:
             progress(count)
+        return count
 
     if regressions:
         for dtype in dtypes:
@@ -408,34 +409,46 @@ def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
     if max_examples <= 0:
         return count
 
+    fuzz_draws(strategies.cases(op, dtypes=dtypes, values=values, max_size=max_size,
+                                boundary=boundary, max_elements=max_elements,
+                                descriptor=descriptor, optional=optional),
+               lambda case: assert_matches_reference(candidate, case, op, forward=forward,
+                                                     z_state=compares),
+               ReferenceMismatch, max_examples=max_examples, seed=seed, tick=tick)
+    return count
+
+
+def fuzz_draws(strategy, check, error, *, max_examples: int, seed, tick) -> None:
+    """Run ``check`` on up to ``max_examples`` hypothesis draws of ``strategy`` (seeded with
+    ``seed`` unless None; no example database), calling ``tick()``, which returns the count so
+    far, before each draw until one fails. The first ``error`` is shrunk and raised with
+    ``examples``: the count when the first failing draw appeared."""
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hypothesis_seed
 
-    first = []
+    first, last = [], [0]
 
     @settings(max_examples=max_examples, deadline=None, database=None,
               report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
               phases=(Phase.explicit, Phase.generate, Phase.shrink))
-    @given(strategies.cases(op, dtypes=dtypes, values=values, max_size=max_size, boundary=boundary,
-                            max_elements=max_elements, descriptor=descriptor, optional=optional))
-    def fuzz(case):
+    @given(strategy)
+    def fuzz(value):
         if not first:
-            tick()
+            last[0] = tick()
         try:
-            assert_matches_reference(candidate, case, op, forward=forward, z_state=compares)
-        except ReferenceMismatch:
+            check(value)
+        except error:
             if not first:
-                first.append(count)
+                first.append(last[0])
             raise
 
     if seed is not None:
         fuzz = hypothesis_seed(seed)(fuzz)
     try:
         fuzz()
-    except ReferenceMismatch as exc:
-        exc.examples = first[0] if first else count
+    except error as exc:
+        exc.examples = first[0] if first else last[0]
         raise
-    return count
 
 
 __all__ = ["check_case", "run_candidate", "reference_result", "reproduction", "case_source",

@@ -39,6 +39,7 @@ from typing import Optional
 
 import numpy as np
 
+from .check import fuzz_draws
 from .compare import TOLERANCES, compare_array
 
 CELLS = ("rnn", "gru", "lstm")
@@ -698,33 +699,13 @@ def _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_fi
                 exc.examples = count
                 raise
     if max_examples > 0:
-        from hypothesis import HealthCheck, Phase, given, settings
-        from hypothesis import seed as hypothesis_seed
-
-        first = []
-
-        @settings(max_examples=max_examples, deadline=None, database=None,
-                  report_multiple_bugs=False, suppress_health_check=list(HealthCheck),
-                  phases=(Phase.explicit, Phase.generate, Phase.shrink))
-        @given(problems(cell, dtype=dtype, max_layers=max_layers, max_size=max_size, boundary=boundary))
-        def fuzz(problem):
+        def tick():
             nonlocal count
-            if not first:
-                count += 1
-            try:
-                one(problem)
-            except ModuleMismatch:
-                if not first:
-                    first.append(count)
-                raise
-
-        if seed is not None:
-            fuzz = hypothesis_seed(seed)(fuzz)
-        try:
-            fuzz()
-        except ModuleMismatch as exc:
-            exc.examples = first[0] if first else count
-            raise
+            count += 1
+            return count
+        fuzz_draws(problems(cell, dtype=dtype, max_layers=max_layers, max_size=max_size,
+                            boundary=boundary),
+                   one, ModuleMismatch, max_examples=max_examples, seed=seed, tick=tick)
     return ModuleReport(cell, dtype, str(device), checked, unsupported, time.perf_counter() - start)
 
 
