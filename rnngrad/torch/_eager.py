@@ -64,19 +64,41 @@ def parameter_names(layer, k: int) -> list:
     return [names[kind][d] for d in range(layer.num_directions) for kind in kinds]
 
 
-def run(layer, x, h0, c0, k: int, backend):
+def run(layer, x, h0, c0, k: int):
     """Layer ``k`` of ``layer`` on ``x`` [T,N,I]: (output [T,N,D·H], h_n [D,N,H], c_n [D,N,H]
     or None); ``h0``, ``c0``: its initial states [D,N,H] or None."""
+    if layer.backend == _device.CUDA_BACKEND:  # its error, as on the general path
+        _device.backend_for(x.device, layer.backend)
     table = layer._parameters
     params = [table[name] for name in layer._step_names[k]]
     training = torch.is_grad_enabled() and (
         x.requires_grad or any(p.requires_grad for p in params)
         or h0 is not None and h0.requires_grad or c0 is not None and c0.requires_grad)
     if training:
-        out = _Layer.apply(layer, backend, x, h0, c0, *params)
+        # Function.apply less its Python layer, which walks every argument for functorch's dead
+        # wrappers (serves() refused live transforms): the tensors that could be one are these
+        out = _apply(layer, k, _unwrap(x), h0 if h0 is None else _unwrap(h0),
+                     c0 if c0 is None else _unwrap(c0), *params)
     else:
-        out, _ = _forward(layer, backend, x, h0, c0, params, False)
+        out, _ = _forward(layer, k, x, h0, c0, params, False)
     return out if len(out) == 3 else (*out, None)
+
+
+def _views(layer, k: int, params) -> list:
+    """NumPy views of layer ``k``'s parameters ``params``, kept on the layer from one call to
+    the next while each parameter keeps its memory, strides and shape (an optimiser's in-place
+    update keeps them; ``p.data = …`` does not)."""
+    views = layer.__dict__.get("_array_views")
+    if views is None:
+        views = layer.__dict__["_array_views"] = {}
+    out = []
+    for name, p in zip(layer._step_names[k], params):
+        layout = (p.data_ptr(), p.stride(), p.shape)
+        entry = views.get(name)
+        if entry is None or entry[0] != layout:
+            entry = views[name] = (layout, p.detach().numpy())
+        out.append(entry[1])
+    return out
 
 
 def _tensor(a):
@@ -87,6 +109,11 @@ def _tensor(a):
             return torch.from_numpy(a)
         except ValueError:
             pass
+    return torch.from_numpy(np.array(a))
+
+
+def _copied(a):
+    """A tensor of a copy of ``a``."""
     return torch.from_numpy(np.array(a))
 
 
@@ -103,23 +130,32 @@ def _stacked(a, D: int):
 def _op_arguments(layer, arrays: list) -> dict:
     """The op's parameter arguments from the layer's parameters (NumPy views, the order of
     :func:`parameter_names`); see the module docstring."""
-    D, H = layer.num_directions, layer.hidden_size
-    if D == 1:
-        sides, one = [arrays], (lambda a: a[0])
-    else:
-        per = len(arrays) // 2
-        sides, one = [arrays[:per], arrays[per:]], np.concatenate
-    out = {"input_weight": one([s[0] for s in sides]),  # [DGH,I]
-           "recurrent_weight": arrays[1] if D == 1 else np.stack([s[1] for s in sides])}
-    if layer.bias:
+    H, bias, peephole = layer.hidden_size, layer.bias, layer._has_peephole()
+    if layer.num_directions == 1:
+        out = {"input_weight": arrays[0], "recurrent_weight": arrays[1]}  # [GH,I], [GH,H]
+        if bias:
+            b_ih, b_hh = arrays[2], arrays[3]
+            if layer._secondary():
+                out["bias"] = np.concatenate([b_ih[:2 * H] + b_hh[:2 * H], b_ih[2 * H:]])  # [3H]
+                out["secondary_bias"] = b_hh[2 * H:]  # [H]
+            else:
+                out["bias"] = b_ih + b_hh  # [GH]
+        if peephole:
+            out["peephole"] = arrays[-1]  # [4H]
+        return out
+    per = len(arrays) // 2
+    sides = arrays[:per], arrays[per:]
+    out = {"input_weight": np.concatenate([s[0] for s in sides]),  # [2GH,I]
+           "recurrent_weight": np.stack([s[1] for s in sides])}  # [2,GH,H]
+    if bias:
         if layer._secondary():
-            out["bias"] = one([np.concatenate([s[2][:2 * H] + s[3][:2 * H], s[2][2 * H:]])
-                               for s in sides])  # [D3H]
-            out["secondary_bias"] = one([s[3][2 * H:] for s in sides])  # [DH]
+            out["bias"] = np.concatenate([np.concatenate([s[2][:2 * H] + s[3][:2 * H], s[2][2 * H:]])
+                                          for s in sides])  # [6H]
+            out["secondary_bias"] = np.concatenate([s[3][2 * H:] for s in sides])  # [2H]
         else:
-            out["bias"] = one([s[2] + s[3] for s in sides])  # [DGH]
-    if layer._has_peephole():
-        out["peephole"] = arrays[-1] if D == 1 else np.stack([s[-1] for s in sides])  # [D,4H]
+            out["bias"] = np.concatenate([s[2] + s[3] for s in sides])  # [2GH]
+    if peephole:
+        out["peephole"] = np.stack([s[-1] for s in sides])  # [2,4H]
     return out
 
 
@@ -137,19 +173,18 @@ def _last(seq, initial, D: int):
     return np.stack([seq[-1, :, :H], seq[0, :, H:]])  # [2,N,H]
 
 
-def _forward(layer, backend, x, h0, c0, params, training):
-    """The op on the layer's tensors: ((output, h_n[, c_n]) as tensors, the op's arguments and
-    results as arrays)."""
+def _forward(layer, k, x, h0, c0, params, training):
+    """The op of layer ``k`` on its tensors: ((output, h_n[, c_n]) as tensors, the op's
+    arguments and results as arrays)."""
     D = layer.num_directions
-    given = _op_arguments(layer, [p.detach().numpy() for p in params])
+    given = _op_arguments(layer, _views(layer, k, params))
     given["source"] = x.detach().numpy()  # [T,N,I]
     if h0 is not None:
         given["init_state"] = _sided(h0.detach().numpy(), D)  # [N,DH]
     if c0 is not None:
         given["init_cell"] = _sided(c0.detach().numpy(), D)  # [N,DH]
-    result = functions._FORWARD[layer.cell](
-        **given, descriptor=layer._descriptors[training],
-        backend=_device.backend_for(x.device, backend) if backend is not None else None)
+    result = functions._FORWARD[layer.cell](**given, descriptor=layer._descriptors[training],
+                                            backend=layer.backend)
     out = (_tensor(result.h), _tensor(_last(result.h, given.get("init_state"), D)))
     if result.c is not None:  # [T,N,DH], [D,N,H]
         out += (_tensor(_last(result.c, given.get("init_cell"), D)),)
@@ -170,16 +205,18 @@ class _Refused(torch.autograd.Function):
 
 
 class _Layer(torch.autograd.Function):
-    """One layer of a module, all directions: (layer, backend, x, h0, c0, *parameters) →
+    """Layer ``k`` of a module, all directions: (layer, k, x, h0, c0, *parameters) →
     (output [T,N,D·H], h_n [D,N,H][, c_n [D,N,H]])."""
 
     @staticmethod
-    def forward(ctx, layer, backend, x, h0, c0, *params):
-        out, (given, result) = _forward(layer, backend, x, h0, c0, params, True)
-        # the tensors, for PyTorch's check that none changed in place before the backward;
-        # the arrays, so that the backward makes no views again
-        ctx.save_for_backward(x, h0, c0, *params, out[0])
-        ctx.layer, ctx.backend, ctx.given, ctx.result = layer, backend, given, result
+    def forward(ctx, layer, k, x, h0, c0, *params):
+        out, (given, result) = _forward(layer, k, x, h0, c0, params, True)
+        # the tensors whose values the gradient op reads (the biases' it does not), for
+        # PyTorch's check that none changed in place before the backward; the arrays, so that
+        # the backward makes no views again
+        read = [p for p, name in zip(params, layer._step_names[k]) if name[:5] != "bias_"]
+        ctx.save_for_backward(x, h0, c0, out[0] if layer.cell == "gru" else None, *read)
+        ctx.layer, ctx.given, ctx.result = layer, given, result
         ctx.set_materialize_grads(False)
         return out
 
@@ -187,15 +224,19 @@ class _Layer(torch.autograd.Function):
     def backward(ctx, gh, ghn, gcn=None):
         saved = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        grads = _backward(ctx.layer, ctx.backend, ctx.given, ctx.result, saved[0], needs[2:],
-                          gh, ghn, gcn)
+        grads = _backward(ctx.layer, ctx.given, ctx.result, saved[0], needs[2:], gh, ghn, gcn)
         if torch.is_grad_enabled():  # create_graph: their own gradient is refused
-            anchor = next(t for t, need in zip(saved, needs[2:]) if need)
-            grads = _Refused.apply(anchor, *grads)
+            anchor = next((t for t in saved if t is not None and t.requires_grad), None)
+            grads = _Refused.apply(torch.zeros((), requires_grad=True) if anchor is None
+                                   else anchor, *grads)
         return (None, None, *grads)
 
 
-def _backward(layer, backend, given, result, x, needs, gh, ghn, gcn):
+_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Layer)
+_unwrap = torch._C._functorch.unwrap_if_dead
+
+
+def _backward(layer, given, result, x, needs, gh, ghn, gcn):
     """The gradients of (x, h0, c0, *parameters), None where not needed."""
     D, H, cell = layer.num_directions, layer.hidden_size, layer.cell
     h = result.h  # [T,N,DH]
@@ -215,10 +256,11 @@ def _backward(layer, backend, given, result, x, needs, gh, ghn, gcn):
             op["cell_gradient"] = _sided(gcn.detach().numpy(), D)  # [N,DH], the final cell's
     if layer.bias:
         # the op reads neither bias (z_state holds the pre-activations): given for its gradient
-        bias_hh = need_params[3] or D == 2 and need_params[per + 3]
-        if not (need_params[2] or D == 2 and need_params[per + 2] or bias_hh):
+        need_ih = need_params[2] or D == 2 and need_params[per + 2]
+        need_hh = need_params[3] or D == 2 and need_params[per + 3]
+        if not (need_ih or need_hh):
             del op["bias"]
-        if "secondary_bias" in op and not bias_hh:
+        if not need_hh and "secondary_bias" in op:
             del op["secondary_bias"]
     weight = given["input_weight"]  # [DGH,I]
     if not need_x:
@@ -226,12 +268,10 @@ def _backward(layer, backend, given, result, x, needs, gh, ghn, gcn):
         # its source gradient is then dA, and the weight's gradient dAᵀ x is PyTorch's
         del op["input_weight"]
         op["source"] = np.zeros((T, h.shape[1], weight.shape[0]), h.dtype)  # [T,N,DGH]
-    out = functions._GRADIENTS[cell](
-        **op, descriptor=layer.descriptor,
-        backend=_device.backend_for(x.device, backend) if backend is not None else None)
+    out = functions._GRADIENTS[cell](**op, descriptor=layer.descriptor, backend=layer.backend)
 
-    tensor = _tensor if T > 0 else (lambda a: torch.from_numpy(np.array(a)))  # T = 0: the op
-    # may hand back a state gradient as it was given
+    # T = 0: the op may hand back a state gradient as it was given
+    tensor = _tensor if T > 0 else _copied
     grads = [tensor(out.source) if need_x else None,  # [T,N,I]
              tensor(_stacked(out.init_state, D)) if needs[1] else None,  # [D,N,H]
              tensor(_stacked(out.init_cell, D)) if needs[2] else None]
@@ -244,12 +284,13 @@ def _backward(layer, backend, given, result, x, needs, gh, ghn, gcn):
             dW = _device.transposed_product(dA.reshape(-1, weight.shape[0]),
                                             x.detach().reshape(-1, weight.shape[1]))  # [DGH,I]
     GH = weight.shape[0] // D
+    bias = out.bias.reshape(-1) if out.bias is not None else None  # [DGH]
     for d in range(D):
         need = need_params[d * per:(d + 1) * per]
         grads.append(None if not need[0] else dW if D == 1 else dW[d * GH:(d + 1) * GH])
         grads.append(tensor(out.recurrent_weight[d]) if need[1] else None)  # [GH,H]
         if layer.bias:
-            db = out.bias.reshape(-1)[d * GH:(d + 1) * GH] if need[2] or need[3] else None  # [GH]
+            db = bias[d * GH:(d + 1) * GH] if D == 2 else bias  # [GH]
             grads.append(tensor(db) if need[2] else None)
             if not need[3]:
                 grads.append(None)
@@ -257,7 +298,7 @@ def _backward(layer, backend, given, result, x, needs, gh, ghn, gcn):
                 grads.append(torch.from_numpy(np.concatenate(
                     [db[:2 * H], out.secondary_bias[d * H:(d + 1) * H]])))
             else:
-                grads.append(torch.from_numpy(db.copy()))
-        if layer._has_peephole():
+                grads.append(_copied(db))
+        if per % 2:  # the peephole
             grads.append(tensor(out.peephole[d]) if need[-1] else None)  # [4H]
     return grads

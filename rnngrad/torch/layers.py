@@ -335,7 +335,7 @@ class _RNNBase(nn.Module):
         for k in range(L):
             hk = h0 if h0 is None or L == 1 else h0[k * D:(k + 1) * D]  # [D,N,H]
             ck = c0 if c0 is None or L == 1 else c0[k * D:(k + 1) * D]
-            x, h_n, c_n = _eager.run(self, x, hk, ck, k, self.backend)  # [T,N,DH], [D,N,H]
+            x, h_n, c_n = _eager.run(self, x, hk, ck, k)  # [T,N,DH], [D,N,H]
             if self.dropout and self.training and k < L - 1:
                 x = F.dropout(x, self.dropout, training=True)
             finals_h.append(h_n)
@@ -424,6 +424,10 @@ class _RNNBase(nn.Module):
         if lstm:
             return output, (h_n, torch.stack(finals_c))
         return output, h_n
+
+    def __getstate__(self):
+        # without the NumPy views of the parameters (rnngrad.torch._eager), made again when used
+        return {k: v for k, v in self.__dict__.items() if k != "_array_views"}
 
     # -- conversion ---------------------------------------------------------------------------
     @classmethod
