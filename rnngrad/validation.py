@@ -278,9 +278,10 @@ def checked_problem(cell, descriptor, given: dict, gradients: bool):
     # the descriptor by its id: the cache holds it, so no other object takes that id meanwhile
     key = [cell, gradients, id(descriptor)]
     for name, value in given.items():
-        if value is None:
-            continue
         if type(value) is not np.ndarray or not value.flags.c_contiguous or name == "mask":
+            if value is None:
+                return checked_problem(cell, descriptor, {k: v for k, v in given.items()
+                                                          if v is not None}, gradients)
             return _build(cell, descriptor, given, gradients)
         key += (name, value.shape, value.dtype)
     key = tuple(key)
@@ -292,13 +293,15 @@ def checked_problem(cell, descriptor, given: dict, gradients: bool):
         fields = {k: getattr(problem, k)
                   for k in ("cell", "gradients", "descriptor", "dtype", "T", "N", "I", "H", "G",
                             "D", "Z")}
-        shapes = {k: a.shape for k, a in problem.arrays().items()}
-        _SIGNATURES[key] = (fields, shapes, original)
+        reshaped = {k: a.shape for k, a in problem.arrays().items() if a.shape != given[k].shape}
+        _SIGNATURES[key] = (fields, reshaped, original)
         return problem, original
-    fields, shapes, original = plan
-    arrays = {k: v if v.shape == shapes[k] else v.reshape(shapes[k])
-              for k, v in given.items() if v is not None}
-    return Problem(**fields, **arrays), original
+    fields, reshaped, original = plan
+    if reshaped:
+        given = dict(given)
+        for k, shape in reshaped.items():
+            given[k] = given[k].reshape(shape)
+    return Problem(**fields, **given), original
 
 
 def forward_problem(cell, descriptor, **given):

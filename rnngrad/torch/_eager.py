@@ -214,8 +214,8 @@ class _Layer(torch.autograd.Function):
         # the tensors whose values the gradient op reads (the biases' it does not), for
         # PyTorch's check that none changed in place before the backward; the arrays, so that
         # the backward makes no views again
-        read = [p for p, name in zip(params, layer._step_names[k]) if name[:5] != "bias_"]
-        ctx.save_for_backward(x, h0, c0, out[0] if layer.cell == "gru" else None, *read)
+        ctx.save_for_backward(x, h0, c0, out[0] if layer.cell == "gru" else None,
+                              *[params[i] for i in layer._step_reads[k]])
         ctx.layer, ctx.given, ctx.result = layer, given, result
         ctx.set_materialize_grads(False)
         return out

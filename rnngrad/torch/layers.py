@@ -19,7 +19,11 @@ The op of each layer and direction (SEMANTICS.md, with ``rnngrad.convert.torch``
 ``input_weight`` = the directions' ``weight_ih`` concatenated, ``recurrent_weight`` = their
 ``weight_hh`` (stacked when bidirectional), ``bias`` = ``bias_ih + bias_hh``, except the GRU's
 candidate block with a secondary bias: ``bias_ih``'s alone, and ``bias_hh``'s candidate block
-(PyTorch's ``b_hn``) is the op's ``secondary_bias``.
+(PyTorch's ``b_hn``) is the op's ``secondary_bias``. Plain eager calls of CPU tensors in float32
+or float64 without a mask run each layer as one autograd node that makes these arguments inside
+it (``rnngrad.torch._eager``); every other call (torch.compile, torch.export, torch.func's
+transforms, CUDA, autocast, float16 and bfloat16, masks, packed sequences) makes them with
+tensor operations and runs the op's operators.
 
 MPSGraph's options (keyword-only), defaults giving PyTorch's cells:
 
@@ -110,6 +114,9 @@ class _RNNBase(nn.Module):
                                            "peephole")} for k in range(num_layers)]
         #: per layer: the names of its parameters in the order rnngrad.torch._eager takes them
         self._step_names = [_eager.parameter_names(self, k) for k in range(num_layers)]
+        #: … and which of them the gradient op reads (all but the biases)
+        self._step_reads = [[i for i, name in enumerate(names) if not name.startswith("bias_")]
+                            for names in self._step_names]
         for k in range(num_layers):
             layer_input = input_size if k == 0 else D * H
             for suffix in self._suffixes(k):
@@ -271,7 +278,7 @@ class _RNNBase(nn.Module):
         the input's device, autocast's dtype when the input and the parameters are float32 or
         in it (as ``torch.nn``'s layers on CUDA; see ``rnngrad.torch.functions``)."""
         weight = self._parameters["weight_ih_l0"]
-        kind = input.device.type
+        kind = "cpu" if input.is_cpu else input.device.type
         if kind in functions._AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
             low = torch.get_autocast_dtype(kind)
             if input.dtype in (torch.float32, low) and weight.dtype in (torch.float32, low):
