@@ -186,7 +186,7 @@ def _forward(layer, k, x, h0, c0, params, training):
     result = functions._FORWARD[layer.cell](**given, descriptor=layer._descriptors[training],
                                             backend=layer.backend)
     out = (_tensor(result.h), _tensor(_last(result.h, given.get("init_state"), D)))
-    if result.c is not None:  # [T,N,DH], [D,N,H]
+    if layer.cell == "lstm":  # [T,N,DH], [D,N,H]
         out += (_tensor(_last(result.c, given.get("init_cell"), D)),)
     return out, (given, result)
 
