@@ -149,8 +149,8 @@ def _op_arguments(layer, arrays: list) -> dict:
            "recurrent_weight": np.stack([s[1] for s in sides])}  # [2,GH,H]
     if bias:
         if layer._secondary():
-            out["bias"] = np.concatenate([np.concatenate([s[2][:2 * H] + s[3][:2 * H], s[2][2 * H:]])
-                                          for s in sides])  # [6H]
+            out["bias"] = np.concatenate([
+                np.concatenate([s[2][:2 * H] + s[3][:2 * H], s[2][2 * H:]]) for s in sides])  # [6H]
             out["secondary_bias"] = np.concatenate([s[3][2 * H:] for s in sides])  # [2H]
         else:
             out["bias"] = np.concatenate([s[2] + s[3] for s in sides])  # [2GH]

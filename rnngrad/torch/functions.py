@@ -18,10 +18,11 @@ descriptor crosses as a string (:func:`descriptor_code`), the backend as its nam
 
 The functions and the layers call the operators through autograd.Functions that hold the same
 formula (the layers' plain eager calls of CPU tensors in float32 or float64 without a mask run
-as one autograd node a layer instead: ``rnngrad.torch._eager``). A plain eager call (nothing compiling, exporting or transforming it, no dispatch or
-function mode, plain tensors on the CPU or CUDA) runs the operators' kernels directly, without
-the dispatcher's Python custom-op layers, which cost more than the op itself at small sizes;
-every other call goes through ``torch.ops.rnngrad.*``.
+as one autograd node a layer instead: ``rnngrad.torch._eager``). A plain eager call (nothing
+compiling, exporting or transforming it, no dispatch or function mode, plain tensors on the
+CPU or CUDA) runs the operators' kernels directly, without the dispatcher's Python custom-op
+layers, which cost more than the op itself at small sizes; every other call goes through
+``torch.ops.rnngrad.*``.
 
 Arguments and layouts are rnngrad's (time-major, MPSGraph's packed gate layouts; see
 ``rnngrad.gru`` and the others):
