@@ -10,7 +10,7 @@ import numpy as np
 
 from . import registry
 from .results import ForwardResult, GradientResult
-from .validation import forward_problem, gradient_problem
+from .validation import checked_problem, forward_problem, gradient_problem
 
 #: each cell's forward op; its gradient op is the same name + "_gradients"
 FORWARD_OPS = {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}
@@ -110,6 +110,18 @@ def run_gradients(cell, descriptor, backend, **given) -> GradientResult:
     _, implementation = registry.resolve(backend, cell, "gradients", problem.dtype, problem.on_gpu,
                                          problem)
     return GradientResult(gradient_entries(problem, original, implementation(problem)))
+
+
+def run_checked(cell, gradients: bool, descriptor, backend, given: dict):
+    """The backend's own result of one op on ``given`` ({argument: array}, no None): its
+    ForwardArrays or GradientArrays, in the normalised shapes of ``rnngrad.problem`` and not
+    reordered, for callers that read them by name (``rnngrad.torch``). The inputs are checked
+    as the public functions check them, once per signature for C-contiguous NumPy arrays
+    (``rnngrad.validation.checked_problem``)."""
+    problem, _ = checked_problem(cell, descriptor, given, gradients)
+    _, implementation = registry.resolve(backend, cell, "gradients" if gradients else "forward",
+                                         problem.dtype, problem.on_gpu, problem)
+    return implementation(problem)
 
 
 def single_gate_rnn(source, recurrent_weight, input_weight=None, bias=None, init_state=None,

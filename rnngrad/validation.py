@@ -267,6 +267,49 @@ def _mask(m, T, N, H, D, check) -> np.ndarray:
         ) from None
 
 
+#: the signatures :func:`checked_problem` has seen pass the checks, with what they give
+_SIGNATURES: dict = {}
+#: at most this many signatures are kept (the cache starts over beyond)
+SIGNATURES_KEPT = 256
+
+
+def checked_problem(cell, descriptor, given: dict, gradients: bool):
+    """:func:`_build` for callers that run one signature many times (a layer in a training loop):
+    when every array of ``given`` is a C-contiguous NumPy array and there is no mask, the
+    checks run once per signature (cell, kind, descriptor, each array's name, shape and dtype)
+    and a signature seen before gives the same Problem without them (the arrays reshaped as the
+    checks reshaped them). Anything else is checked as every call is."""
+    if descriptor is None:
+        return _build(cell, descriptor, given, gradients)
+    # the descriptor by its id: the cache holds it, so no other object takes that id meanwhile
+    key = [cell, gradients, id(descriptor)]
+    for name, value in given.items():
+        if type(value) is not np.ndarray or not value.flags.c_contiguous or name == "mask":
+            if value is None:
+                return checked_problem(cell, descriptor, {k: v for k, v in given.items()
+                                                          if v is not None}, gradients)
+            return _build(cell, descriptor, given, gradients)
+        key += (name, value.shape, value.dtype)
+    key = tuple(key)
+    plan = _SIGNATURES.get(key)
+    if plan is None:
+        problem, original = _build(cell, descriptor, given, gradients)
+        if len(_SIGNATURES) >= SIGNATURES_KEPT:
+            _SIGNATURES.clear()
+        fields = {k: getattr(problem, k)
+                  for k in ("cell", "gradients", "descriptor", "dtype", "T", "N", "I", "H", "G",
+                            "D", "Z")}
+        reshaped = {k: a.shape for k, a in problem.arrays().items() if a.shape != given[k].shape}
+        _SIGNATURES[key] = (fields, reshaped, original)
+        return problem, original
+    fields, reshaped, original = plan
+    if reshaped:
+        given = dict(given)
+        for k, shape in reshaped.items():
+            given[k] = given[k].reshape(shape)
+    return Problem(**fields, **given), original
+
+
 def forward_problem(cell, descriptor, **given):
     """Validate a forward call; return (Problem, original shapes)."""
     return _build(cell, descriptor, given, gradients=False)

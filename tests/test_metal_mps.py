@@ -414,10 +414,16 @@ def _layers_match_torch_nn(device):
         module = TORCH[mode](5, 6, num_layers=2, bidirectional=True, batch_first=True)
         data = _data(module, T=4, N=3, seed=seed, lstm=mode == "LSTM", device=device)
         want = _outputs_and_gradients(module.to(device), *data)
-        with metal_host.mps_standin(device):
+        with metal_host.mps_standin(device) as dev:
             layer = rt.from_torch(module)
             got = _outputs_and_gradients(layer.to(device), *data)
+        _assert_ran_on(dev)
         _assert_close(got, want)
+
+
+def _assert_ran_on(dev):
+    """The layer's ops ran as dispatches of the stand-in (not on another backend)."""
+    assert len(dev.compile_shader.trace) > 0, "no dispatch ran on the metal-mps stand-in"
 
 
 def test_metal_mps_layers_match_torch_nn():
@@ -473,9 +479,10 @@ def test_metal_mps_layer_options_match_the_reference(case, masked):
     f32 = lambda t: t.float()  # noqa: E731
     x, hx, ups = data
     data32 = (f32(x), tuple(map(f32, hx)) if name == "LSTM" else f32(hx), [f32(u) for u in ups])
-    with metal_host.mps_standin("cpu"):
+    with metal_host.mps_standin("cpu") as dev:
         got = _outputs_and_gradients(layer(torch.float32, None), *data32,
                                      mask=None if mask is None else mask.float())
+    _assert_ran_on(dev)
     _assert_close(got, want)
 
 
@@ -497,13 +504,15 @@ def _training_steps(device, steps=3):
         top.load_state_dict(head.state_dict())
         opt = torch.optim.SGD(list(net.parameters()) + list(top.parameters()), lr=0.5)
         losses = []
-        with metal_host.mps_standin(device) if net is layer else _nothing():
+        with metal_host.mps_standin(device) if net is layer else _nothing() as dev:
             for _ in range(steps):
                 opt.zero_grad()
                 loss = torch.nn.functional.mse_loss(top(net(x.to(device))[0]), y.to(device))
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
+        if net is layer:
+            _assert_ran_on(dev)
         runs.append((losses, {k: v.detach().cpu().double().numpy()
                               for k, v in net.state_dict().items()}))
     return runs

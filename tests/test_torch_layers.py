@@ -15,6 +15,7 @@ from rnngrad.testing import compare_array
 torch = pytest.importorskip("torch")
 import rnngrad.torch as rt  # noqa: E402
 from rnngrad.convert import torch as convert  # noqa: E402
+from rnngrad.torch import _eager  # noqa: E402
 
 TORCH = {"RNN_TANH": lambda *a, **kw: torch.nn.RNN(*a, nonlinearity="tanh", **kw),
          "RNN_RELU": lambda *a, **kw: torch.nn.RNN(*a, nonlinearity="relu", **kw),
@@ -330,3 +331,125 @@ def test_wrong_input_is_refused_by_name():
         rt.GRU(3, 0)
     with pytest.raises(ValueError, match=r"dropout: expected a number in \[0, 1\]"):
         rt.GRU(3, 4, dropout=1.5)
+
+
+# -- the plain eager path: one autograd node a layer (rnngrad.torch._eager) ---------------------
+
+EAGER_CASES = OPTIONS + [
+    ("GRU", dict(num_layers=2, bidirectional=True, batch_first=True)),
+    ("LSTM", dict(num_layers=2, bidirectional=True)),
+    ("RNN", dict(bias=False, bidirectional=True)), ("LSTM", dict(bias=False, peephole=True))]
+
+
+def _step(layer, x, hx, ups):
+    """Outputs and gradients of Σ ups ⊙ (output, h_n[, c_n]): {name: tensor}."""
+    layer.zero_grad(set_to_none=True)
+    x = x.detach().clone().requires_grad_(x.requires_grad)
+    states = [t.detach().clone().requires_grad_() for t in hx]
+    output, state = layer(x, tuple(states) if len(states) == 2 else states[0])
+    outs = [output] + (list(state) if len(states) == 2 else [state])
+    torch.autograd.backward(outs, ups[:len(outs)])
+    got = {"output": output.detach(), "h_n": outs[1].detach(), "input": x.grad,
+           **{f"state{i}": t.grad for i, t in enumerate(states)}}
+    got.update({k: p.grad for k, p in layer.named_parameters()})
+    return got
+
+
+@pytest.mark.parametrize("case", EAGER_CASES, ids=_option_id)
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_the_eager_path_gives_what_the_ops_autograd_function_gives(case, input_grad,
+                                                                    monkeypatch):
+    """One node a layer, the bias sum and the directions' concatenations made inside it,
+    computes bit for bit the outputs and gradients of the op's autograd.Function on
+    op_parameters (whose results are checked against torch.nn above); without the input's
+    gradient the op runs without the input weight on both."""
+    name, options = case
+    layer = _layer(name, options, seed=8)
+    g = torch.Generator().manual_seed(9)
+    D, L, H = layer.num_directions, layer.num_layers, layer.hidden_size
+    T, N = 4, 3
+    x = torch.randn((N, T, 2) if layer.batch_first else (T, N, 2), generator=g,
+                    dtype=torch.float64).requires_grad_(input_grad)
+    hx = [torch.randn(L * D, N, H, generator=g, dtype=torch.float64)
+          for _ in range(2 if name == "LSTM" else 1)]
+    ups = [torch.randn(((N, T) if layer.batch_first else (T, N)) + (D * H,), generator=g,
+                       dtype=torch.float64)] + \
+        [torch.randn(L * D, N, H, generator=g, dtype=torch.float64) for _ in range(2)]
+    calls = []
+    forward = _eager._forward
+    monkeypatch.setattr(_eager, "_forward", lambda *a: calls.append(1) or forward(*a))
+    got = _step(layer, x, hx, ups)
+    assert len(calls) == L  # the eager path ran, one call a layer
+    monkeypatch.setattr(_eager, "serves", lambda *a: False)
+    want = _step(layer, x, hx, ups)
+    assert len(calls) == L and set(got) == set(want)
+    for key, value in want.items():
+        if value is None:
+            assert got[key] is None, key
+        else:
+            torch.testing.assert_close(got[key], value, rtol=0, atol=0, msg=key)
+
+
+def test_the_eager_path_refuses_a_gradient_of_a_gradient():
+    layer = _layer("LSTM", dict(bidirectional=True), seed=10)
+    x = torch.randn(3, 2, 2, dtype=torch.float64)
+    (first,) = torch.autograd.grad(layer(x)[0].sum(), layer.weight_hh_l0, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        first.sum().backward()
+    for p in layer.parameters():  # only the biases learn: no saved tensor needs a gradient
+        p.requires_grad_(p is layer.bias_ih_l0)
+    (first,) = torch.autograd.grad(layer(x)[0].sum(), layer.bias_ih_l0, create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward is not supported"):
+        first.sum().backward()
+
+
+def test_a_weight_changed_in_place_before_the_backward_is_refused_as_by_pytorch():
+    layer = _layer("GRU", {}, seed=11)
+    output, _ = layer(torch.randn(3, 2, 2, dtype=torch.float64))
+    with torch.no_grad():
+        layer.weight_hh_l0.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        output.sum().backward()
+
+
+def test_parameters_updated_or_replaced_between_calls_are_read_anew():
+    """In-place updates (an optimiser's) and new tensors (``p.data = …``, ``.double()``) reach
+    the op, as torch.nn's module sees them."""
+    torch.manual_seed(12)
+    module = torch.nn.LSTM(2, 3, bidirectional=True)
+    layer = rt.from_torch(module, backend="reference")
+    x = torch.randn(4, 2, 2)
+
+    def check():
+        for a, b in zip(torch.utils._pytree.tree_leaves(layer(x)),
+                        torch.utils._pytree.tree_leaves(module(x))):
+            compare = compare_array("state", a.detach().numpy(), b.detach().numpy(),
+                                    np.float32 if a.dtype == torch.float32 else np.float64)
+            assert compare[1] is None, compare[1]
+    check()
+    for opt in (torch.optim.SGD(module.parameters(), lr=0.5),
+                torch.optim.SGD(layer.parameters(), lr=0.5)):
+        for p in opt.param_groups[0]["params"]:
+            p.grad = torch.ones_like(p)
+        opt.step()
+    check()
+    with torch.no_grad():
+        for m in (module, layer):
+            m.weight_hh_l0.data = (m.weight_hh_l0.data * 1.5).t().contiguous().t()  # strides too  # same values, strides
+            m.bias_ih_l0_reverse.data = torch.full_like(m.bias_ih_l0_reverse, 0.25)
+    check()
+    module, layer, x = module.double(), layer.double(), x.double()
+    check()
+
+
+def test_a_saved_or_copied_layer_carries_no_views_of_its_parameters():
+    import copy
+    import io
+    layer = rt.GRU(2, 3)
+    layer(torch.randn(4, 1, 2))
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    for other in (copy.deepcopy(layer), torch.load(buffer, weights_only=False)):
+        assert "_array_views" not in vars(other)
+        torch.testing.assert_close(other(torch.ones(4, 1, 2))[0], layer(torch.ones(4, 1, 2))[0])

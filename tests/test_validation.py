@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import rnngrad as rg
+from rnngrad import validation
 from rnngrad.testing.cases import random_case
 
 CELLS = ("single_gate", "gru", "lstm")
@@ -167,3 +168,59 @@ def test_inputs_split_between_gpu_and_host_are_refused_naming_each():
     with pytest.raises(TypeError, match="all array inputs must be on one device, got source on the GPU, "
                                         "recurrent_weight on the host"):
         rg.single_gate_rnn(_OnGPU(), R, backend="reference")
+
+
+# -- checks once per signature (rnngrad.validation.checked_problem) ------------------------------
+
+def _given(case, gradients):
+    """The case's arguments as the checks take them: {name: array}, no mask."""
+    if not gradients:
+        given = dict(case.inputs)
+    else:
+        h, c, z = case.training_forward("reference")
+        given = case.gradient_kwargs(h, c, z)
+        given.pop("descriptor", None)
+    return {k: v for k, v in given.items() if isinstance(v, np.ndarray) and k != "mask"}
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("gradients", [False, True])
+def test_a_signature_seen_before_gives_the_problem_the_checks_give(cell, gradients):
+    case = full_case(cell, bidirectional=True, seed=5)
+    given = _given(case, gradients)
+    want, want_original = validation._build(cell, case.descriptor, given, gradients)
+    for _ in range(2):  # the first call checks, the second uses what the first found
+        got, original = validation.checked_problem(cell, case.descriptor, given, gradients)
+        assert original == want_original
+        for field in dataclasses.fields(want):
+            a, b = getattr(got, field.name), getattr(want, field.name)
+            if isinstance(b, np.ndarray):
+                assert a.shape == b.shape and np.shares_memory(a, given[field.name]), field.name
+            else:
+                assert a == b, field.name
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_a_signature_seen_before_does_not_excuse_another(cell):
+    """After a good call, each argument with a wrong shape or another dtype is still refused by
+    name: the shapes and dtypes are the signature."""
+    case = full_case(cell, seed=6)
+    given = _given(case, False)
+    validation.checked_problem(cell, case.descriptor, given, False)
+    for name, value in given.items():
+        shape = list(value.shape)
+        shape[0 if name == "input_weight" else -1] += 1
+        with pytest.raises(ValueError, match=f"^{name}: expected shape"):
+            validation.checked_problem(cell, case.descriptor,
+                                       dict(given, **{name: np.ones(shape)}), False)
+        other = np.float32 if value.dtype == np.float64 else np.float64
+        with pytest.raises(TypeError, match="share one floating dtype"):
+            validation.checked_problem(cell, case.descriptor,
+                                       dict(given, **{name: value.astype(other)}), False)
+    # a descriptor of another cell, a non-contiguous array: checked as every call is
+    with pytest.raises(TypeError, match="descriptor: expected an rnngrad"):
+        validation.checked_problem(cell, rg.LSTMDescriptor() if cell != "lstm"
+                                   else rg.GRUDescriptor(), given, False)
+    strided = dict(given, source=np.asfortranarray(given["source"]))
+    got, _ = validation.checked_problem(cell, case.descriptor, strided, False)
+    assert got.source.flags.c_contiguous and np.array_equal(got.source, given["source"])

@@ -17,10 +17,12 @@ transforms work through it. Dynamo never looks inside: the ops are opaque to it.
 descriptor crosses as a string (:func:`descriptor_code`), the backend as its name or None.
 
 The functions and the layers call the operators through autograd.Functions that hold the same
-formula. A plain eager call (nothing compiling, exporting or transforming it, no dispatch or
-function mode, plain tensors on the CPU, CUDA or MPS) runs the operators' kernels directly,
-without the dispatcher's Python custom-op layers, which cost more than the op itself at small
-sizes; every other call goes through ``torch.ops.rnngrad.*``.
+formula (the layers' plain eager calls of CPU tensors in float32 or float64 without a mask run
+as one autograd node a layer instead: ``rnngrad.torch._eager``). A plain eager call (nothing
+compiling, exporting or transforming it, no dispatch or function mode, plain tensors on the
+CPU, CUDA or MPS) runs the operators' kernels directly, without the dispatcher's Python
+custom-op layers, which cost more than the op itself at small sizes; every other call goes
+through ``torch.ops.rnngrad.*``.
 
 Arguments and layouts are rnngrad's (time-major, MPSGraph's packed gate layouts; see
 ``rnngrad.gru`` and the others):
@@ -71,7 +73,7 @@ from typing import NamedTuple
 import torch
 
 import rnngrad
-from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS, add_to_final
+from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS, add_to_final, run_checked
 from rnngrad.descriptors import DESCRIPTORS, Activation, z_width
 from rnngrad.torch import _device
 from torch.utils._python_dispatch import _get_current_dispatch_mode
@@ -81,8 +83,18 @@ __all__ = ["single_gate_rnn", "gru", "lstm", "SingleGateRNNFunction", "GRUFuncti
 
 #: each cell's array arguments, in the order of rnngrad's forward functions
 INPUTS = FORWARD_INPUTS
-_FORWARD = {cell: getattr(rnngrad, op) for cell, op in FORWARD_OPS.items()}
-_GRADIENTS = {cell: getattr(rnngrad, op + "_gradients") for cell, op in FORWARD_OPS.items()}
+
+
+def _backend_op(cell: str, gradients: bool):
+    def run(*, descriptor, backend, **arrays):
+        return run_checked(cell, gradients, descriptor, backend, arrays)
+    return run
+
+
+#: each cell's forward and gradient op, called with the arrays, the descriptor and the backend
+#: by name: the backend's own ForwardArrays or GradientArrays (``rnngrad.api.run_checked``)
+_FORWARD = {cell: _backend_op(cell, False) for cell in FORWARD_OPS}
+_GRADIENTS = {cell: _backend_op(cell, True) for cell in FORWARD_OPS}
 _DESCRIPTORS = DESCRIPTORS
 _GATES = {"single_gate": 1, "gru": 3, "lstm": 4}
 #: inputs whose values the gradient op does not read: handed to it only for their gradients
@@ -196,16 +208,16 @@ def _forward_impl(cell: str, tensors, code: str, backend, training: bool):
     arrays = _device.to_arrays(given, device)
     result = _FORWARD[cell](**arrays, descriptor=_with_outputs(descriptor, training), backend=name)
     D = 2 if descriptor.bidirectional else 1
-    h = _device.to_tensor(result[0], device, dtype)  # [T,N,DH]
-    h_n = _final(result[0], given["init_state"], D, device, dtype)  # [N,DH]
+    h = _device.to_tensor(result.h, device, dtype)  # [T,N,DH]
+    h_n = _final(result.h, given["init_state"], D, device, dtype)  # [N,DH]
     if training:
-        z = _device.to_tensor(result[-1], device)  # [T,N,DZH], the compute dtype
+        z = _device.to_tensor(result.z_state, device)  # [T,N,DZH], the compute dtype
     else:
         z = torch.empty(0, dtype=_device.compute_dtype(dtype), device=device)
     if cell != "lstm":
         return h, h_n, z
-    c = _device.to_tensor(result[1], device, dtype)  # [T,N,DH]
-    return h, c, h_n, _final(result[1], given["init_cell"], D, device, dtype), z
+    c = _device.to_tensor(result.c, device, dtype)  # [T,N,DH]
+    return h, c, h_n, _final(result.c, given["init_cell"], D, device, dtype), z
 
 
 def _cell_gradient(gc, gcn, D: int, T: int):
@@ -255,12 +267,17 @@ def _backward_impl(cell: str, tensors, h, c, z_state, gh, gc, ghn, gcn, code: st
         del given["input_weight"]
         given["source"] = _device.placeholder(
             (source.shape[0], source.shape[1], weight.shape[0]), z_state.dtype, device)
+    given["z_state"] = z_state
     arrays = _device.to_arrays(given, device)
-    out = _GRADIENTS[cell](z_state=_device.to_array(z_state, device), **arrays,
-                           descriptor=descriptor, backend=_device.backend_for(device, backend))
-    out = out.as_dict()
+    result = _GRADIENTS[cell](**arrays, descriptor=descriptor,
+                               backend=_device.backend_for(device, backend))
+    out = {}  # the gradients wanted, by argument: the backend's arrays [D,GH,H], [1,1,DGH] …
+    for name, need in zip(names, needs):
+        if need and saved[name] is not None:
+            out[name] = getattr(result, name)
     if skip_source:
-        dA = _device.to_tensor(out.pop("source"), device)  # [T,N,DGH], compute dtype
+        dA = _device.to_tensor(result.source, device)  # [T,N,DGH], compute dtype
+        out.pop("source", None)
         if needs[2]:
             x = source.detach().reshape(-1, weight.shape[1])
             out["input_weight"] = _device.transposed_product(

@@ -19,7 +19,11 @@ The op of each layer and direction (SEMANTICS.md, with ``rnngrad.convert.torch``
 ``input_weight`` = the directions' ``weight_ih`` concatenated, ``recurrent_weight`` = their
 ``weight_hh`` (stacked when bidirectional), ``bias`` = ``bias_ih + bias_hh``, except the GRU's
 candidate block with a secondary bias: ``bias_ih``'s alone, and ``bias_hh``'s candidate block
-(PyTorch's ``b_hn``) is the op's ``secondary_bias``.
+(PyTorch's ``b_hn``) is the op's ``secondary_bias``. Plain eager calls of CPU tensors in float32
+or float64 without a mask run each layer as one autograd node that makes these arguments inside
+it (``rnngrad.torch._eager``); every other call (torch.compile, torch.export, torch.func's
+transforms, CUDA, autocast, float16 and bfloat16, masks, packed sequences) makes them with
+tensor operations and runs the op's operators.
 
 MPSGraph's options (keyword-only), defaults giving PyTorch's cells:
 
@@ -57,7 +61,7 @@ from torch import nn
 
 import rnngrad
 from rnngrad.convert import torch as convert
-from rnngrad.torch import functions
+from rnngrad.torch import _eager, functions
 
 __all__ = ["RNN", "GRU", "LSTM", "from_torch"]
 
@@ -108,6 +112,11 @@ class _RNNBase(nn.Module):
         self._layer_names = [{kind: [kind + sfx for sfx in self._suffixes(k)]
                               for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh",
                                            "peephole")} for k in range(num_layers)]
+        #: per layer: the names of its parameters in the order rnngrad.torch._eager takes them
+        self._step_names = [_eager.parameter_names(self, k) for k in range(num_layers)]
+        #: … and which of them the gradient op reads (all but the biases)
+        self._step_reads = [[i for i, name in enumerate(names) if not name.startswith("bias_")]
+                            for names in self._step_names]
         for k in range(num_layers):
             layer_input = input_size if k == 0 else D * H
             for suffix in self._suffixes(k):
@@ -134,6 +143,9 @@ class _RNNBase(nn.Module):
         # the operators take the descriptor as a string, made here once and not at each call
         # (torch.compile sees a constant)
         value = functions._descriptor(self.cell, value)
+        #: the op's descriptor without and with z_state (the op's training forward)
+        self._descriptors = (functions._with_outputs(value, False),
+                             functions._with_outputs(value, True))
         self._code = functions.descriptor_code(value)
         self._one_direction_code = functions.descriptor_code(
             dataclasses.replace(value, bidirectional=False, reverse=False))
@@ -266,7 +278,7 @@ class _RNNBase(nn.Module):
         the input's device, autocast's dtype when the input and the parameters are float32 or
         in it (as ``torch.nn``'s layers on CUDA; see ``rnngrad.torch.functions``)."""
         weight = self._parameters["weight_ih_l0"]
-        kind = input.device.type
+        kind = "cpu" if input.is_cpu else input.device.type
         if kind in functions._AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
             low = torch.get_autocast_dtype(kind)
             if input.dtype in (torch.float32, low) and weight.dtype in (torch.float32, low):
@@ -297,6 +309,8 @@ class _RNNBase(nn.Module):
         h0, c0 = self._initial(hx, N, batched, dtype)
         m = self._mask(mask, batched, dtype)
         D, H = self.num_directions, self.hidden_size
+        if m is None and _eager.serves(self, x, h0, c0, dtype):
+            return self._forward_eager(x, h0, c0, batched)
         finals_h, finals_c = [], []
         inputs = functions.INPUTS[self.cell]
         for k in range(self.num_layers):
@@ -320,6 +334,26 @@ class _RNNBase(nn.Module):
         if self.cell == "lstm":
             return output, (h_n, _stacked(finals_c, D, H, batched))
         return output, h_n
+
+    def _forward_eager(self, x, h0, c0, batched):
+        """:meth:`forward` on ``rnngrad.torch._eager``'s path: one autograd node a layer."""
+        D, L = self.num_directions, self.num_layers
+        finals_h, finals_c = [], []
+        for k in range(L):
+            hk = h0 if h0 is None or L == 1 else h0[k * D:(k + 1) * D]  # [D,N,H]
+            ck = c0 if c0 is None or L == 1 else c0[k * D:(k + 1) * D]
+            x, h_n, c_n = _eager.run(self, x, hk, ck, k)  # [T,N,DH], [D,N,H]
+            if self.dropout and self.training and k < L - 1:
+                x = F.dropout(x, self.dropout, training=True)
+            finals_h.append(h_n)
+            finals_c.append(c_n)
+        output = x.transpose(0, 1) if batched and self.batch_first else x
+        h_n = finals_h[0] if L == 1 else torch.cat(finals_h)  # [LD,N,H]
+        c_n = finals_c[0] if L == 1 else torch.cat(finals_c) if self.cell == "lstm" else None
+        if not batched:
+            output, h_n = output.squeeze(1), h_n.squeeze(1)
+            c_n = None if c_n is None else c_n.squeeze(1)
+        return (output, (h_n, c_n)) if self.cell == "lstm" else (output, h_n)
 
     def _forward_packed(self, packed, hx, mask):
         """``torch.nn``'s semantics for a ``PackedSequence``, from rnngrad's unidirectional op.
@@ -397,6 +431,10 @@ class _RNNBase(nn.Module):
         if lstm:
             return output, (h_n, torch.stack(finals_c))
         return output, h_n
+
+    def __getstate__(self):
+        # without the NumPy views of the parameters (rnngrad.torch._eager), made again when used
+        return {k: v for k, v in self.__dict__.items() if k != "_array_views"}
 
     # -- conversion ---------------------------------------------------------------------------
     @classmethod

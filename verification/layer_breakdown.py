@@ -1,0 +1,175 @@
+"""Where an ``rnngrad.torch`` layer's training step spends the time its bare ops do not, in one
+process, in alternating windows (``bench_layer.py`` has the layer beside the ops in processes of
+their own; this splits the difference).
+
+For each cell, at one shape (default 50×1×64×64, float32, x needing its gradient), medians of
+per-window medians of:
+
+- ``layer``: ``bench_train.py``'s training step through the layer;
+- ``ops``: the bare ops it runs (training forward + gradient op on NumPy arrays);
+- ``glue``: the layer's step with the ops replaced by the results they gave once (what is left
+  is everything but the ops: conversions, argument making, autograd's engine);
+- ``floor``: a training step through an autograd.Function that does nothing (the layer's inputs
+  and outputs, a gradient for each input made with ``torch.empty``): what any Python-defined
+  PyTorch op pays here;
+- ``backend in layer`` / ``backend bare``: the backend's forward + gradients (the Problem
+  already made) timed inside the layer's steps, and the same calls on the same Problems in a
+  loop of their own: the same work, run with the step's other work between calls or without.
+
+    python verification/layer_breakdown.py [--shape 50x1x64x64] [--cells lstm gru single_gate]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+
+def _floor(T, N, I, H, G):
+    import torch
+
+    x = torch.randn(T, N, I, requires_grad=True)
+    params = [torch.nn.Parameter(torch.empty(s)) for s in ((G * H, I), (G * H, H), (G * H,),
+                                                           (G * H,))]
+    dy = torch.randn(T, N, H)
+
+    class Nothing(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, *ps):
+            return torch.empty(T, N, H), torch.empty(1, N, H)
+
+        @staticmethod
+        def backward(ctx, gh, ghn):
+            return (torch.empty(T, N, I),) + tuple(torch.empty(p.shape) for p in params)
+
+    def run():
+        for p in params:
+            p.grad = None
+        output, _ = Nothing.apply(x, *params)
+        output.backward(dy)
+    return run
+
+
+def _spied(cell, req):
+    """The layer's step, with the backend's implementations timed; and a function running the
+    last Problems they were given in a loop of their own."""
+    from bench_train import _step
+    from rnngrad import registry
+
+    backend = registry.get(req["backend"])
+    times, last = [], {}
+    spying = [False]
+    for key, fn in list(backend.implementations.items()):
+        def spy(problem, _fn=fn, _kind=key[1]):
+            if not spying[0]:
+                return _fn(problem)
+            t = time.perf_counter()
+            out = _fn(problem)
+            times.append(time.perf_counter() - t)
+            last[_kind] = (_fn, problem)
+            return out
+        backend.implementations[key] = spy
+    run = _step(dict(req, impl="layer"))
+
+    def layer():
+        spying[0] = True
+        try:
+            run()
+        finally:
+            spying[0] = False
+
+    def bare():
+        for fn, problem in last.values():
+            fn(problem)
+    return layer, times, bare
+
+
+def _glue(cell, req):
+    """bench_train.py's "glue" step, its stand-ins for the ops put in place around each step
+    only (they replace rnngrad.torch's tables of ops, which the other runs use)."""
+    from bench_train import _step
+    from rnngrad.torch import _device, functions
+
+    slots = ((functions._FORWARD, cell), (functions._GRADIENTS, cell),
+             (vars(_device), "transposed_product"))
+    real = [table[key] for table, key in slots]
+    run = _step(dict(req, impl="glue"))
+    stand_ins = [table[key] for table, key in slots]
+    for (table, key), fn in zip(slots, real):
+        table[key] = fn
+
+    def glue():
+        for (table, key), fn in zip(slots, stand_ins):
+            table[key] = fn
+        try:
+            run()
+        finally:
+            for (table, key), fn in zip(slots, real):
+                table[key] = fn
+    return glue
+
+
+def measure(cell, shape, rounds, calls):
+    import torch
+
+    from bench_train import _step
+
+    torch.set_num_threads(2)
+    T, N, I, H = shape
+    G = {"single_gate": 1, "gru": 3, "lstm": 4}[cell]
+    req = dict(cell=cell, T=T, N=N, I=I, H=H, dtype="float32", threads=2, backend="numba",
+               input_grad=True, device="cpu")
+    layer, inside, bare = _spied(cell, req)
+    runs = {"layer": layer, "ops": _step(dict(req, impl="ops")),
+            "glue": _glue(cell, req), "floor": _floor(T, N, I, H, G)}
+    for run in runs.values():
+        run()
+    runs["backend bare"] = bare
+    got = {k: [] for k in list(runs) + ["backend in layer"]}
+    for r in range(rounds):
+        for name in (list(runs) if r % 2 == 0 else list(runs)[::-1]):
+            inside.clear()
+            ts = []
+            for _ in range(calls):
+                t = time.perf_counter()
+                runs[name]()
+                ts.append(time.perf_counter() - t)
+            got[name].append(statistics.median(ts))
+            if name == "layer":  # forward + gradients of each step
+                got["backend in layer"].append(statistics.median(
+                    a + b for a, b in zip(inside[::2], inside[1::2])))
+    return got
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="50x1x64x64")
+    parser.add_argument("--cells", nargs="+", default=["single_gate", "gru", "lstm"])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=150)
+    args = parser.parse_args(argv)
+    shape = tuple(int(v) for v in args.shape.lower().split("x"))
+    load = os.getloadavg()[0]
+    print(f"{args.shape}, float32, 2 threads, {args.rounds} alternating rounds of {args.calls} "
+          f"steps; load average {load:.1f}; µs, and ÷ ops paired per round")
+    names = ["layer", "ops", "glue", "floor", "backend in layer", "backend bare"]
+    print(f"{'cell':12}" + "".join(f"{n:>22}" for n in names))
+    for cell in args.cells:
+        got = measure(cell, shape, args.rounds, args.calls)
+        cols = []
+        for n in names:
+            ratio = statistics.median(a / b for a, b in zip(got[n], got["ops"]))
+            cols.append(f"{statistics.median(got[n]) * 1e6:10.0f} ({ratio:5.2f}×)")
+        print(f"{cell:12}" + "".join(f"{c:>22}" for c in cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
