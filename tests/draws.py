@@ -10,7 +10,7 @@ from hypothesis import assume
 
 from rnngrad import Activation
 from rnngrad.testing import input_sensitivity
-from rnngrad.testing.cases import random_case
+from rnngrad.testing.cases import random_case, random_descriptor
 from rnngrad.descriptors import GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 
 OPTIONAL = ("input_weight", "bias", "init_state", "init_cell", "mask", "mask_per_step", "peephole",
@@ -93,3 +93,17 @@ def threadgroups_of(size: int) -> dict:
     if os.environ.get("RNNGRAD_METAL_RECURRENCE") == "v2":
         return {}
     return dict(max_threads_per_threadgroup=size)
+
+
+def option_variants(cell):
+    """One descriptor's options per boolean option set on, and per value of every activation
+    field, then bidirectional + reverse + training together."""
+    base = type(random_descriptor(np.random.default_rng(0), cell))()
+    out = []
+    for f in dataclasses.fields(base):
+        if isinstance(getattr(base, f.name), Activation):
+            out += [{f.name: a} for a in Activation]
+        else:
+            out.append({f.name: True})
+    out.append({"bidirectional": True, "reverse": True, "training": True})
+    return out

@@ -8,7 +8,6 @@ structs against their NumPy mirrors, buffer tables against signatures and launch
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import zlib
 
@@ -22,7 +21,7 @@ from rnngrad.descriptors import Activation
 from rnngrad.backends.metal import library, versions
 from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
 from rnngrad.testing import check_case
-from draws import ALL_OPTIONAL, conditioned
+from draws import ALL_OPTIONAL, conditioned, option_variants
 
 pytestmark = pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                 reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}")
@@ -108,23 +107,10 @@ def test_registry_view():
 
 # -- every option and optional input --------------------------------------------------------------
 
-def _variants(cell):
-    """One descriptor per boolean option set, and per value of every activation field."""
-    base = type(random_descriptor(np.random.default_rng(0), cell))()
-    out = []
-    for f in dataclasses.fields(base):
-        if isinstance(getattr(base, f.name), Activation):
-            out += [{f.name: a} for a in Activation]
-        else:
-            out.append({f.name: True})
-    out.append({"bidirectional": True, "reverse": True, "training": True})
-    return out
-
-
 @both_versions
 @pytest.mark.parametrize("cell", CELLS)
 def test_every_descriptor_option(cell):
-    for i, options in enumerate(_variants(cell)):
+    for i, options in enumerate(option_variants(cell)):
         rng = np.random.default_rng(100 + i)
         desc = random_descriptor(rng, cell, **options)
         case = random_case(rng, cell, descriptor=desc, T=3, N=2, H=3, I=2, dtype=np.float32,

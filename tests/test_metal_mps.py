@@ -21,7 +21,6 @@ Every test name holds ``metal_mps``: ``python -m pytest -k metal_mps`` runs them
 
 from __future__ import annotations
 
-import dataclasses
 import zlib
 
 import numpy as np
@@ -36,12 +35,11 @@ from rnngrad.backends.metal import IncompleteDispatch  # noqa: E402
 from rnngrad.backends.metal import host as metal_host  # noqa: E402
 from rnngrad.backends.metal import mps  # noqa: E402
 from rnngrad.backends.metal.harness.mps import StandIn  # noqa: E402
-from rnngrad.descriptors import Activation  # noqa: E402
 from rnngrad.testing import check_case, compare_array  # noqa: E402
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor  # noqa: E402
 from rnngrad.testing.check import assert_matches_reference  # noqa: E402
 
-from draws import ALL_OPTIONAL  # noqa: E402
+from draws import ALL_OPTIONAL, option_variants  # noqa: E402
 
 BACKEND = "metal-mps"
 NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
@@ -218,19 +216,6 @@ def test_metal_mps_device_pads_grids_binds_inputs_in_place_and_returns_tensors()
 
 # -- the backend against the reference -----------------------------------------------------------
 
-def _variants(cell):
-    """One descriptor per boolean option, and per value of every activation field."""
-    base = type(random_descriptor(np.random.default_rng(0), cell))()
-    out = []
-    for f in dataclasses.fields(base):
-        if isinstance(getattr(base, f.name), Activation):
-            out += [{f.name: a} for a in Activation]
-        else:
-            out.append({f.name: True})
-    out.append({"bidirectional": True, "reverse": True, "training": True})
-    return out
-
-
 def _tensor_candidate(op, device):
     """rnngrad's ``op`` on tensors of ``device`` (NumPy in and out, for the checks)."""
     fn = getattr(rnngrad, op)
@@ -255,7 +240,7 @@ def _check_tensors(case, device):
 @pytest.mark.parametrize("cell", CELLS)
 def test_metal_mps_every_option_and_direction_through_tensors(cell):
     with metal_host.mps_standin("cpu"):
-        for i, options in enumerate(_variants(cell)):
+        for i, options in enumerate(option_variants(cell)):
             rng = np.random.default_rng(200 + i)
             desc = random_descriptor(rng, cell, **options)
             case = random_case(rng, cell, descriptor=desc, T=3, N=2, H=3, I=2, dtype=np.float32,

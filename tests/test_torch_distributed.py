@@ -107,13 +107,19 @@ def test_two_gloo_processes_with_ddp_give_the_whole_batch_gradients(tmp_path):
 
     model, x, y = _setup()
     torch.nn.functional.mse_loss(model(x), y).backward()
-    want = _gradients(model)
+    _assert_ranks_have(tmp_path, _gradients(model), np.float64)
+
+
+def _assert_ranks_have(folder, want: dict, dtype):
+    """Each rank's saved gradients (``rank<i>.npz``) equal ``want`` within ``dtype``'s
+    tolerance for each parameter's quantity."""
     for rank in range(WORLD):
-        with np.load(tmp_path / f"rank{rank}.npz") as got:
+        with np.load(folder / f"rank{rank}.npz") as got:
             assert set(got.files) == set(want)
             for name, value in want.items():
                 kind = QUANTITY[name] if name in QUANTITY else QUANTITY[name.split("_l")[0].split(".")[-1]]
-                ratio, mismatch = compare_array(kind, got[name], value, np.float64)
+                ratio, mismatch = compare_array(kind, got[name], value, dtype)
+                print(f"rank {rank} {name}: worst error {ratio:.3g} of the {np.dtype(dtype)} tolerance")
                 assert mismatch is None, f"rank {rank}, {name}: {mismatch}"
 
 
@@ -186,14 +192,7 @@ def test_two_nccl_processes_with_ddp_on_two_gpus_give_the_whole_batch_gradients(
     want = {k: p.grad.detach().cpu().numpy() for k, p in model.named_parameters()}
     _run_ranks(_nccl_rank, tmp_path, TIMEOUT_NCCL)
     print(f"logs: {[(tmp_path / f'rank{i}.log').read_text() for i in range(WORLD)]}")
-    for rank in range(WORLD):
-        with np.load(tmp_path / f"rank{rank}.npz") as got:
-            assert set(got.files) == set(want)
-            for name, value in want.items():
-                kind = QUANTITY[name] if name in QUANTITY else QUANTITY[name.split("_l")[0].split(".")[-1]]
-                ratio, mismatch = compare_array(kind, got[name], value, np.float32)
-                print(f"rank {rank} {name}: worst error {ratio:.3g} of the float32 tolerance")
-                assert mismatch is None, f"rank {rank}, {name}: {mismatch}"
+    _assert_ranks_have(tmp_path, want, np.float32)
 
 
 @pytest.mark.gpu
