@@ -43,7 +43,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from bench_train import CELL_NAMES, StepWorker, blas_lines  # noqa: E402
+from bench_train import CELL_NAMES, StepWorker, add_timing_arguments, blas_lines  # noqa: E402
 from rnngrad.cli import bench  # noqa: E402
 
 SHAPES = ["50x1x64x64", "100x32x256x256", "200x64x512x512", "1000x8x128x128"]
@@ -130,12 +130,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cells", nargs="+", default=list(CELL_NAMES), choices=list(CELL_NAMES))
     parser.add_argument("--backend", default=None,
                         help="rnngrad backend (default: numba on cpu, metal-cuda on cuda)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--passes", type=int, default=7)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--min-seconds", type=float, default=0.3)
-    parser.add_argument("--warmup-seconds", type=float, default=0.1)
-    parser.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
+    add_timing_arguments(parser, passes=7)
     args = parser.parse_args(argv)
     blas = blas_lines()
     load_before = os.getloadavg()

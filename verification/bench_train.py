@@ -163,6 +163,16 @@ def blas_lines() -> list:
     return lines[start:]
 
 
+def add_timing_arguments(parser, passes: int):
+    """The worker and timing options both step benchmarks take (this one and bench_layer.py)."""
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--passes", type=int, default=passes)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--min-seconds", type=float, default=0.3)
+    parser.add_argument("--warmup-seconds", type=float, default=0.1)
+    parser.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
+
+
 def measure(args) -> list:
     env = bench._env(args.threads)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
@@ -230,12 +240,7 @@ def main(argv=None) -> int:
     parser.add_argument("--input-grad", nargs="+", default=["yes", "no"], choices=["yes", "no"],
                         help="whether x needs its gradient (default: both, one row each)")
     parser.add_argument("--backend", default="numba")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--passes", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--min-seconds", type=float, default=0.3)
-    parser.add_argument("--warmup-seconds", type=float, default=0.1)
-    parser.add_argument("--json", metavar="FILE", help="write every measurement as JSON")
+    add_timing_arguments(parser, passes=5)
     args = parser.parse_args(argv)
     blas = blas_lines()
     rows = measure(args)
