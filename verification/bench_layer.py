@@ -59,19 +59,24 @@ def measure(args) -> list:
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     backend = args.backend or ("metal-cuda" if args.device == "cuda" else "numba")
     rows = []
-    for text in args.shapes:
-        shape = tuple(int(v) for v in text.lower().split("x"))
-        T, N, I, H = shape
-        for cell in args.cells:
-            name = f"{CELL_NAMES[cell]} {text}"
-            passes = {impl: [] for impl in IMPLS}
-            with contextlib.ExitStack() as stack:
-                workers = {}
+    # one worker per implementation for the whole run, switched from step to step: a process
+    # start (PyTorch, CuPy, the kernels' compilation) costs more than a step's timing windows
+    with contextlib.ExitStack() as stack:
+        workers = {}
+        for text in args.shapes:
+            shape = tuple(int(v) for v in text.lower().split("x"))
+            T, N, I, H = shape
+            for cell in args.cells:
+                name = f"{CELL_NAMES[cell]} {text}"
+                passes = {impl: [] for impl in IMPLS}
                 for impl in IMPLS:
                     req = dict(impl=impl, cell=cell, T=T, N=N, I=I, H=H, dtype="float32",
                                threads=args.threads, backend=backend, input_grad=True,
                                device=args.device)
-                    workers[impl] = stack.enter_context(StepWorker(req, env))
+                    if impl in workers:
+                        workers[impl].switch(req)
+                    else:
+                        workers[impl] = stack.enter_context(StepWorker(req, env))
                 for p in range(args.passes):
                     for impl in (IMPLS if p % 2 == 0 else IMPLS[::-1]):
                         time.sleep(bench.GAP)
@@ -79,14 +84,16 @@ def measure(args) -> list:
                             args.repeats, args.min_seconds, args.warmup_seconds))
                     print(f"\r{name}: pass {p + 1}/{args.passes}      ", end="", file=sys.stderr,
                           flush=True)
-            med = {impl: statistics.median(t for w in passes[impl] for t in w) for impl in IMPLS}
-            over = [statistics.median(l) - statistics.median(o)
-                    for l, o in zip(passes["layer"], passes["ops"])]
-            rows.append(dict(cell=cell, shape=shape, median_s=med,
-                             layer_over_ops=bench.pass_ratios(passes["layer"], passes["ops"]),
-                             layer_minus_ops_s=over,
-                             layer_over_torch=bench.pass_ratios(passes["layer"], passes["torch"]),
-                             ops_over_torch=bench.pass_ratios(passes["ops"], passes["torch"])))
+                med = {impl: statistics.median(t for w in passes[impl] for t in w)
+                       for impl in IMPLS}
+                over = [statistics.median(l) - statistics.median(o)
+                        for l, o in zip(passes["layer"], passes["ops"])]
+                rows.append(dict(
+                    cell=cell, shape=shape, median_s=med,
+                    layer_over_ops=bench.pass_ratios(passes["layer"], passes["ops"]),
+                    layer_minus_ops_s=over,
+                    layer_over_torch=bench.pass_ratios(passes["layer"], passes["torch"]),
+                    ops_over_torch=bench.pass_ratios(passes["ops"], passes["torch"])))
     print(file=sys.stderr)
     return rows
 

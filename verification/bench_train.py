@@ -120,15 +120,24 @@ def _replace_ops_by_their_results(cell, run):
 
 def worker_main(request_json):
     """The protocol of ``rnngrad.bench.worker``: ``{"first": s}``, then one ``{"times": [...]}``
-    per window request read from stdin."""
+    per window request read from stdin; a request ``{"step": request}`` replaces the step by
+    that request's (another shape or cell, without a new process) and is answered as the first."""
     replies, sys.stdout = sys.stdout, sys.stderr
-    req = json.loads(request_json)
-    t0 = time.perf_counter()
-    run = _step(req)
-    run()
-    print(json.dumps({"first": time.perf_counter() - t0}), file=replies, flush=True)
+
+    def ready(req):
+        t0 = time.perf_counter()
+        run = _step(req)
+        run()
+        print(json.dumps({"first": time.perf_counter() - t0}), file=replies, flush=True)
+        return run
+
+    run = ready(json.loads(request_json))
     for line in sys.stdin:
         w = json.loads(line)
+        if "step" in w:
+            run = None  # the last step's memory goes before the next one's is taken
+            run = ready(w["step"])
+            continue
         times = window(run, w["repeats"], w.get("min_seconds", 0.0), w.get("warmup_seconds", 0.0))
         print(json.dumps({"times": times}), file=replies, flush=True)
 
@@ -150,6 +159,12 @@ class StepWorker(bench.Worker):
             self.close()
             raise
         self.first, self.flops = ready["first"], None
+
+    def switch(self, request):
+        """Time ``request``'s step from now on (same implementation, another shape or cell)."""
+        self._proc.stdin.write(json.dumps({"step": request}) + "\n")
+        self._proc.stdin.flush()
+        self.first = self._reply()["first"]
 
 
 # -- the parent: alternating windows, paired ratios ----------------------------------------------

@@ -603,15 +603,17 @@ def _run(args, out: Path) -> int:
                                 f"{sanitizer_errors(text)} errors, exit {code}" if code is not None else text))
         from gpu_sanitize import DEFECTS  # noqa: E402
         for defect in DEFECTS if args.defects else ():
-            caught = []
+            caught, ran = [], 0
             for tool in TOOLS:
                 code, text = step(f"defect {defect} {tool}", ["compute-sanitizer", "--tool", tool,
                                                               *TOOL_OPTIONS.get(tool, ()), py,
                                                               "verification/gpu_sanitize.py", "--defect", defect], out)
+                ran += code is not None  # None: skipped, past --deadline
                 n = sanitizer_errors(text)
                 if n:
                     caught.append(f"{tool}({n})")
-            summary.append((f"defect {defect}", "caught by " + ", ".join(caught) if caught else "caught by none"))
+            verdict = "caught by " + ", ".join(caught) if caught else "caught by none"
+            summary.append((f"defect {defect}", verdict if ran else "skipped: past --deadline"))
     if "fast-math" not in args.skip:
         code, text = step("fast math", [py, "verification/gpu_run.py", "--fast-math-check"], out)
         summary.append(("fast math (metalcompute's compile mode)", text.strip().splitlines()[-1] if text.strip() else f"exit {code}"))

@@ -1329,7 +1329,7 @@ def mps_standin(device="cpu", *, poison=True, drop=None, **harness_options):
     from ... import tensors
 
     standin = StandIn(device, drop=drop, **harness_options)
-    with mps_device(standin, device, poison=poison) as dev, \
+    with mps_device(standin, standin.torch_device, poison=poison) as dev, \
             tensors.taking(dev.torch_device.type):
         mps._ACTIVE.append(dev)
         registry.reprobe("metal-mps")

@@ -78,6 +78,8 @@ class StandIn:
 
         self.torch_device = torch.device(device)
         kind = self.torch_device.type
+        if kind == "cuda" and self.torch_device.index is None:  # tensors say "cuda:0"
+            self.torch_device = torch.device("cuda", torch.cuda.current_device())
         if kind == "cpu":
             from . import cpu as target
         elif kind == "cuda":
