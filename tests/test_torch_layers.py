@@ -355,26 +355,42 @@ def _step(layer, x, hx, ups):
     return got
 
 
+def _cuda_ready():
+    return torch.cuda.is_available() and rt.CUDA_BACKEND in rnngrad.available_backends()
+
+
+ON_CUDA = pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not _cuda_ready(),
+                                        reason="needs a CUDA device and the metal-cuda backend")])
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
 @pytest.mark.parametrize("case", EAGER_CASES, ids=_option_id)
 @pytest.mark.parametrize("input_grad", [False, True])
-def test_the_eager_path_gives_what_the_ops_autograd_function_gives(case, input_grad,
+def test_the_eager_path_gives_what_the_ops_autograd_function_gives(case, input_grad, device,
                                                                     monkeypatch):
     """One node a layer, the bias sum and the directions' concatenations made inside it,
     computes bit for bit the outputs and gradients of the op's autograd.Function on
     op_parameters (whose results are checked against torch.nn above); without the input's
-    gradient the op runs without the input weight on both."""
+    gradient the op runs without the input weight on both. On the CPU in float64 (the
+    reference backend), on CUDA in float32 (metal-cuda: CuPy views, the same kernels)."""
     name, options = case
     layer = _layer(name, options, seed=8)
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    if device == "cuda":
+        layer = layer.to(device, dtype)
+        layer.backend = None
     g = torch.Generator().manual_seed(9)
     D, L, H = layer.num_directions, layer.num_layers, layer.hidden_size
     T, N = 4, 3
     x = torch.randn((N, T, 2) if layer.batch_first else (T, N, 2), generator=g,
-                    dtype=torch.float64).requires_grad_(input_grad)
-    hx = [torch.randn(L * D, N, H, generator=g, dtype=torch.float64)
+                    dtype=torch.float64).to(device, dtype).requires_grad_(input_grad)
+    hx = [torch.randn(L * D, N, H, generator=g, dtype=torch.float64).to(device, dtype)
           for _ in range(2 if name == "LSTM" else 1)]
     ups = [torch.randn(((N, T) if layer.batch_first else (T, N)) + (D * H,), generator=g,
                        dtype=torch.float64)] + \
         [torch.randn(L * D, N, H, generator=g, dtype=torch.float64) for _ in range(2)]
+    ups = [u.to(device, dtype) for u in ups]
     calls = []
     forward = _eager._forward
     monkeypatch.setattr(_eager, "_forward", lambda *a: calls.append(1) or forward(*a))

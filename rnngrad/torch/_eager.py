@@ -21,37 +21,124 @@ the layer's input, initial states and parameters, and whose outputs are PyTorch'
   the weight's gradient is dAᵀ·input, as in ``rnngrad.torch.functions``.
 
 The path serves plain eager calls (nothing compiling, exporting or transforming them, plain
-tensors, no autocast) of CPU tensors in float32 or float64 without a mask; every other call
-takes the general path (the op's autograd.Function and ``torch.ops.rnngrad``). Both compute the
-same op on the same arguments; a gradient of a gradient is refused here as there.
+tensors, no autocast) without a mask, of CPU tensors in float32 or float64 (NumPy views, the
+CPU backends) and of CUDA tensors in float32 while PyTorch works on the legacy default stream
+(CuPy views, ``metal-cuda``; on another stream the general path's DLPack handshake orders the
+streams). Every other call takes the general path (the op's autograd.Function and
+``torch.ops.rnngrad``). Both compute the same op on the same arguments; a gradient of a
+gradient is refused here as there.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
+import rnngrad
 from rnngrad.torch import _device, functions
 
 _NATIVE = (torch.float32, torch.float64)
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
+class _Host:
+    """The CPU's arrays: NumPy views of the tensors, tensors over the results' memory."""
+
+    xp = np
+
+    @staticmethod
+    def view(t):
+        return t.detach().numpy()
+
+    @staticmethod
+    def tensor(a):
+        """A tensor sharing the memory of the backend's result ``a`` (a copy when it is
+        read-only or has negative strides, which ``torch.from_numpy`` refuses)."""
+        if a.flags.writeable:
+            try:
+                return torch.from_numpy(a)
+            except ValueError:
+                pass
+        return torch.from_numpy(np.array(a))
+
+    @staticmethod
+    def copied(a):
+        return torch.from_numpy(np.array(a))
+
+    @staticmethod
+    def on(device):
+        return contextlib.nullcontext()
+
+
+class _Cuda:
+    """A CUDA device's arrays: CuPy views of the tensors (``metal-cuda`` takes and returns
+    CuPy arrays), tensors over the results' memory through DLPack."""
+
+    def __init__(self):
+        import cupy
+
+        self.xp = cupy
+
+    @staticmethod
+    def view(t):
+        return _device._cupy_view(t.detach())
+
+    @staticmethod
+    def tensor(a):
+        return _device._from_cupy(a)
+
+    @staticmethod
+    def copied(a):
+        return _device._from_cupy(a.copy())
+
+    def on(self, device):
+        """The block in which CuPy makes its arrays on ``device`` (the backend runs where its
+        arrays are; the arrays it makes here go to the same GPU)."""
+        return self.xp.cuda.Device(device.index)
+
+
+_ARRAYS = {"cpu": _Host}
+
+
+def _arrays(device):
+    """The array vocabulary of ``device``'s tensors (:class:`_Host` or :class:`_Cuda`)."""
+    kind = _ARRAYS.get(device.type)
+    if kind is None:
+        kind = _ARRAYS[device.type] = _Cuda()
+    return kind
+
+
+def _cuda_serves(layer, x) -> bool:
+    """Whether CUDA input ``x`` can take this path: ``metal-cuda`` chosen (or nothing) and
+    available, PyTorch on the legacy default stream, no autocast."""
+    return (layer.backend in (None, _device.CUDA_BACKEND)
+            and torch._C._cuda_getCurrentRawStream(x.device.index) == 0
+            and not torch.is_autocast_enabled("cuda")
+            and _device.CUDA_BACKEND in rnngrad.available_backends())
+
+
 def serves(layer, x, h0, c0, dtype) -> bool:
     """Whether this path runs ``layer`` on input ``x`` [T,N,I] and initial states ``h0``,
     ``c0`` (tensors or None) in ``dtype``."""
-    if not x.is_cpu or dtype not in _NATIVE or torch.is_autocast_enabled("cpu") \
-            or _device.takes_tensors(x.device):  # metal-mps's stand-in runs on CPU tensors
+    device = x.device
+    if device.type == "cpu":
+        if dtype not in _NATIVE or torch.is_autocast_enabled("cpu") \
+                or _device.takes_tensors(device):  # metal-mps's stand-in runs on CPU tensors
+            return False
+    elif device.type != "cuda" or dtype != torch.float32 or _device.takes_tensors(device) \
+            or not _cuda_serves(layer, x):
         return False
     if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None \
             or functions._get_current_dispatch_mode() is not None \
             or torch._C._is_torch_function_mode_enabled():
         return False
     for t in (x, h0, c0):
-        if t is not None and (type(t) not in _PLAIN or t.dtype != dtype or not t.is_cpu):
+        if t is not None and (type(t) not in _PLAIN or t.dtype != dtype or t.device != device):
             return False
     for p in layer._parameters.values():
-        if type(p) not in _PLAIN or p.dtype != dtype or not p.is_cpu:
+        if type(p) not in _PLAIN or p.dtype != dtype or p.device != device:
             return False
     return True
 
@@ -68,7 +155,7 @@ def parameter_names(layer, k: int) -> list:
 def run(layer, x, h0, c0, k: int):
     """Layer ``k`` of ``layer`` on ``x`` [T,N,I]: (output [T,N,D·H], h_n [D,N,H], c_n [D,N,H]
     or None); ``h0``, ``c0``: its initial states [D,N,H] or None."""
-    if layer.backend == _device.CUDA_BACKEND:  # its error, as on the general path
+    if x.is_cpu and layer.backend == _device.CUDA_BACKEND:  # its error, as on the general path
         _device.backend_for(x.device, layer.backend)
     table = layer._parameters
     params = [table[name] for name in layer._step_names[k]]
@@ -85,37 +172,21 @@ def run(layer, x, h0, c0, k: int):
     return out if len(out) == 3 else (*out, None)
 
 
-def _views(layer, k: int, params) -> list:
-    """NumPy views of layer ``k``'s parameters ``params``, kept on the layer from one call to
-    the next while each parameter keeps its memory, strides and shape (an optimiser's in-place
-    update keeps them; ``p.data = …`` does not)."""
+def _views(layer, k: int, params, arrays) -> list:
+    """Array views of layer ``k``'s parameters ``params`` (``arrays``' vocabulary), kept on the
+    layer from one call to the next while each parameter keeps its memory, strides, shape and
+    device (an optimiser's in-place update keeps them; ``p.data = …`` or ``.to()`` do not)."""
     views = layer.__dict__.get("_array_views")
     if views is None:
         views = layer.__dict__["_array_views"] = {}
     out = []
     for name, p in zip(layer._step_names[k], params):
-        layout = (p.data_ptr(), p.stride(), p.shape)
+        layout = (p.data_ptr(), p.stride(), p.shape, p.device)
         entry = views.get(name)
         if entry is None or entry[0] != layout:
-            entry = views[name] = (layout, p.detach().numpy())
+            entry = views[name] = (layout, arrays.view(p))
         out.append(entry[1])
     return out
-
-
-def _tensor(a):
-    """A tensor sharing the memory of the backend's result ``a`` (a copy when it is read-only
-    or has negative strides, which ``torch.from_numpy`` refuses)."""
-    if a.flags.writeable:
-        try:
-            return torch.from_numpy(a)
-        except ValueError:
-            pass
-    return torch.from_numpy(np.array(a))
-
-
-def _copied(a):
-    """A tensor of a copy of ``a``."""
-    return torch.from_numpy(np.array(a))
 
 
 def _sided(a, D: int):
@@ -128,16 +199,16 @@ def _stacked(a, D: int):
     return a[None] if D == 1 else a.reshape(a.shape[0], D, -1).transpose(1, 0, 2)
 
 
-def _op_arguments(layer, arrays: list) -> dict:
-    """The op's parameter arguments from the layer's parameters (NumPy views, the order of
-    :func:`parameter_names`); see the module docstring."""
+def _op_arguments(layer, arrays: list, xp) -> dict:
+    """The op's parameter arguments from the layer's parameters (array views of module
+    ``xp``, the order of :func:`parameter_names`); see the module docstring."""
     H, bias, peephole = layer.hidden_size, layer.bias, layer._has_peephole()
     if layer.num_directions == 1:
         out = {"input_weight": arrays[0], "recurrent_weight": arrays[1]}  # [GH,I], [GH,H]
         if bias:
             b_ih, b_hh = arrays[2], arrays[3]
             if layer._secondary():
-                out["bias"] = np.concatenate([b_ih[:2 * H] + b_hh[:2 * H], b_ih[2 * H:]])  # [3H]
+                out["bias"] = xp.concatenate([b_ih[:2 * H] + b_hh[:2 * H], b_ih[2 * H:]])  # [3H]
                 out["secondary_bias"] = b_hh[2 * H:]  # [H]
             else:
                 out["bias"] = b_ih + b_hh  # [GH]
@@ -146,49 +217,52 @@ def _op_arguments(layer, arrays: list) -> dict:
         return out
     per = len(arrays) // 2
     sides = arrays[:per], arrays[per:]
-    out = {"input_weight": np.concatenate([s[0] for s in sides]),  # [2GH,I]
-           "recurrent_weight": np.stack([s[1] for s in sides])}  # [2,GH,H]
+    out = {"input_weight": xp.concatenate([s[0] for s in sides]),  # [2GH,I]
+           "recurrent_weight": xp.stack([s[1] for s in sides])}  # [2,GH,H]
     if bias:
         if layer._secondary():
-            out["bias"] = np.concatenate([
-                np.concatenate([s[2][:2 * H] + s[3][:2 * H], s[2][2 * H:]]) for s in sides])  # [6H]
-            out["secondary_bias"] = np.concatenate([s[3][2 * H:] for s in sides])  # [2H]
+            out["bias"] = xp.concatenate([
+                xp.concatenate([s[2][:2 * H] + s[3][:2 * H], s[2][2 * H:]]) for s in sides])  # [6H]
+            out["secondary_bias"] = xp.concatenate([s[3][2 * H:] for s in sides])  # [2H]
         else:
-            out["bias"] = np.concatenate([s[2] + s[3] for s in sides])  # [2GH]
+            out["bias"] = xp.concatenate([s[2] + s[3] for s in sides])  # [2GH]
     if peephole:
-        out["peephole"] = np.stack([s[-1] for s in sides])  # [2,4H]
+        out["peephole"] = xp.stack([s[-1] for s in sides])  # [2,4H]
     return out
 
 
-def _last(seq, initial, D: int):
+def _last(seq, initial, D: int, xp):
     """Each direction's last state [D,N,H] of ``seq`` [T,N,D·H] (processing order
     unidirectional, aligned bidirectional), an array of its own; the initial state (an array
     [N,D·H] or None: zeros) when T = 0."""
     T, N, DH = seq.shape
     if T == 0:
-        last = np.zeros((N, DH), seq.dtype) if initial is None else initial
+        last = xp.zeros((N, DH), seq.dtype) if initial is None else initial
         return _stacked(last, D).copy()
     if D == 1:
         return seq[-1:].copy()  # [1,N,H]
     H = DH // 2
-    return np.stack([seq[-1, :, :H], seq[0, :, H:]])  # [2,N,H]
+    return xp.stack([seq[-1, :, :H], seq[0, :, H:]])  # [2,N,H]
 
 
 def _forward(layer, k, x, h0, c0, params, training):
     """The op of layer ``k`` on its tensors: ((output, h_n[, c_n]) as tensors, the op's
     arguments and results as arrays)."""
-    D = layer.num_directions
-    given = _op_arguments(layer, _views(layer, k, params))
-    given["source"] = x.detach().numpy()  # [T,N,I]
-    if h0 is not None:
-        given["init_state"] = _sided(h0.detach().numpy(), D)  # [N,DH]
-    if c0 is not None:
-        given["init_cell"] = _sided(c0.detach().numpy(), D)  # [N,DH]
-    result = functions._FORWARD[layer.cell](**given, descriptor=layer._descriptors[training],
-                                            backend=layer.backend)
-    out = (_tensor(result.h), _tensor(_last(result.h, given.get("init_state"), D)))
-    if layer.cell == "lstm":  # [T,N,DH], [D,N,H]
-        out += (_tensor(_last(result.c, given.get("init_cell"), D)),)
+    D, arrays = layer.num_directions, _arrays(x.device)
+    xp, tensor = arrays.xp, arrays.tensor
+    with arrays.on(x.device):
+        given = _op_arguments(layer, _views(layer, k, params, arrays), xp)
+        given["source"] = arrays.view(x)  # [T,N,I]
+        if h0 is not None:
+            given["init_state"] = _sided(arrays.view(h0), D)  # [N,DH]
+        if c0 is not None:
+            given["init_cell"] = _sided(arrays.view(c0), D)  # [N,DH]
+        backend = layer.backend if x.is_cpu else _device.CUDA_BACKEND
+        result = functions._FORWARD[layer.cell](**given, descriptor=layer._descriptors[training],
+                                                backend=backend)
+        out = (tensor(result.h), tensor(_last(result.h, given.get("init_state"), D, xp)))
+        if layer.cell == "lstm":  # [T,N,DH], [D,N,H]
+            out += (tensor(_last(result.c, given.get("init_cell"), D, xp)),)
     return out, (given, result)
 
 
@@ -225,7 +299,11 @@ class _Layer(torch.autograd.Function):
     def backward(ctx, gh, ghn, gcn=None):
         saved = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        grads = _backward(ctx.layer, ctx.given, ctx.result, saved[0], needs[2:], gh, ghn, gcn)
+        x = saved[0]
+        arrays = _arrays(x.device)
+        with arrays.on(x.device):
+            grads = _backward(ctx.layer, ctx.given, ctx.result, x, needs[2:], gh, ghn, gcn,
+                              arrays)
         if torch.is_grad_enabled():  # create_graph: their own gradient is refused
             anchor = next((t for t in saved if t is not None and t.requires_grad), None)
             grads = _Refused.apply(torch.zeros((), requires_grad=True) if anchor is None
@@ -237,24 +315,25 @@ _apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Layer)
 _unwrap = torch._C._functorch.unwrap_if_dead
 
 
-def _backward(layer, given, result, x, needs, gh, ghn, gcn):
+def _backward(layer, given, result, x, needs, gh, ghn, gcn, arrays):
     """The gradients of (x, h0, c0, *parameters), None where not needed."""
     D, H, cell = layer.num_directions, layer.hidden_size, layer.cell
+    xp, view = arrays.xp, arrays.view
     h = result.h  # [T,N,DH]
     T = h.shape[0]
     need_x, need_params = needs[0], needs[3:]
     per = len(need_params) // D
     op = dict(given, z_state=result.z_state)
-    op["source_gradient"] = np.zeros(h.shape, h.dtype) if gh is None \
-        else gh.detach().numpy()  # [T,N,DH]: the op needs one
+    op["source_gradient"] = xp.zeros(h.shape, h.dtype) if gh is None \
+        else view(gh)  # [T,N,DH]: the op needs one
     if ghn is not None:
-        op["state_gradient"] = _sided(ghn.detach().numpy(), D)  # [N,DH]
+        op["state_gradient"] = _sided(view(ghn), D)  # [N,DH]
     if cell == "gru":
         op["output_fwd"] = h
     elif cell == "lstm":
         op["cell_output_fwd"] = result.c
         if gcn is not None:
-            op["cell_gradient"] = _sided(gcn.detach().numpy(), D)  # [N,DH], the final cell's
+            op["cell_gradient"] = _sided(view(gcn), D)  # [N,DH], the final cell's
     if layer.bias:
         # the op reads neither bias (z_state holds the pre-activations): given for its gradient
         need_ih = need_params[2] or D == 2 and need_params[per + 2]
@@ -268,11 +347,12 @@ def _backward(layer, given, result, x, needs, gh, ghn, gcn):
         # as rnngrad.torch.functions: without the input weight the op skips d_source = dA W;
         # its source gradient is then dA, and the weight's gradient dAᵀ x is PyTorch's
         del op["input_weight"]
-        op["source"] = np.zeros((T, h.shape[1], weight.shape[0]), h.dtype)  # [T,N,DGH]
-    out = functions._GRADIENTS[cell](**op, descriptor=layer.descriptor, backend=layer.backend)
+        op["source"] = xp.zeros((T, h.shape[1], weight.shape[0]), h.dtype)  # [T,N,DGH]
+    backend = layer.backend if x.is_cpu else _device.CUDA_BACKEND
+    out = functions._GRADIENTS[cell](**op, descriptor=layer.descriptor, backend=backend)
 
     # T = 0: the op may hand back a state gradient as it was given
-    tensor = _tensor if T > 0 else _copied
+    tensor = arrays.tensor if T > 0 else arrays.copied
     grads = [tensor(out.source) if need_x else None,  # [T,N,I]
              tensor(_stacked(out.init_state, D)) if needs[1] else None,  # [D,N,H]
              tensor(_stacked(out.init_cell, D)) if needs[2] else None]
@@ -281,7 +361,7 @@ def _backward(layer, given, result, x, needs, gh, ghn, gcn):
         if need_x:
             dW = tensor(out.input_weight)  # [DGH,I]
         else:
-            dA = _tensor(out.source)  # [T,N,DGH]
+            dA = arrays.tensor(out.source)  # [T,N,DGH]
             dW = _device.transposed_product(dA.reshape(-1, weight.shape[0]),
                                             x.detach().reshape(-1, weight.shape[1]))  # [DGH,I]
     GH = weight.shape[0] // D
@@ -296,10 +376,10 @@ def _backward(layer, given, result, x, needs, gh, ghn, gcn):
             if not need[3]:
                 grads.append(None)
             elif "secondary_bias" in given:  # r, z from the bias; the candidate's own
-                grads.append(torch.from_numpy(np.concatenate(
+                grads.append(arrays.tensor(xp.concatenate(
                     [db[:2 * H], out.secondary_bias[d * H:(d + 1) * H]])))
             else:
-                grads.append(_copied(db))
+                grads.append(arrays.copied(db))
         if per % 2:  # the peephole
             grads.append(tensor(out.peephole[d]) if need[-1] else None)  # [4H]
     return grads
