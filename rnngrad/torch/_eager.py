@@ -122,6 +122,10 @@ def _cuda_serves(layer, x) -> bool:
 def serves(layer, x, h0, c0, dtype) -> bool:
     """Whether this path runs ``layer`` on input ``x`` [T,N,I] and initial states ``h0``,
     ``c0`` (tensors or None) in ``dtype``."""
+    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None \
+            or functions._get_current_dispatch_mode() is not None \
+            or torch._C._is_torch_function_mode_enabled():  # first: Dynamo traces what follows
+        return False
     device = x.device
     if device.type == "cpu":
         if dtype not in _NATIVE or torch.is_autocast_enabled("cpu") \
@@ -129,10 +133,6 @@ def serves(layer, x, h0, c0, dtype) -> bool:
             return False
     elif device.type != "cuda" or dtype != torch.float32 or _device.takes_tensors(device) \
             or not _cuda_serves(layer, x):
-        return False
-    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None \
-            or functions._get_current_dispatch_mode() is not None \
-            or torch._C._is_torch_function_mode_enabled():
         return False
     for t in (x, h0, c0):
         if t is not None and (type(t) not in _PLAIN or t.dtype != dtype or t.device != device):
