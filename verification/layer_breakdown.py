@@ -16,7 +16,11 @@ per-window medians of:
   already made) timed inside the layer's steps, and the same calls on the same Problems in a
   loop of their own: the same work, run with the step's other work between calls or without.
 
+With ``--device cuda`` the same on a GPU through ``metal-cuda`` (its ops wait for their own
+completion, so a backend call's time is its GPU time too; every step ends synchronised).
+
     python verification/layer_breakdown.py [--shape 50x1x64x64] [--cells lstm gru single_gate]
+        [--device cuda]
 """
 
 from __future__ import annotations
@@ -32,28 +36,31 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 
-def _floor(T, N, I, H, G):
+def _floor(T, N, I, H, G, device):
     import torch
 
-    x = torch.randn(T, N, I, requires_grad=True)
-    params = [torch.nn.Parameter(torch.empty(s)) for s in ((G * H, I), (G * H, H), (G * H,),
-                                                           (G * H,))]
-    dy = torch.randn(T, N, H)
+    x = torch.randn(T, N, I, requires_grad=True, device=device)
+    params = [torch.nn.Parameter(torch.empty(s, device=device))
+              for s in ((G * H, I), (G * H, H), (G * H,), (G * H,))]
+    dy = torch.randn(T, N, H, device=device)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
 
     class Nothing(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, *ps):
-            return torch.empty(T, N, H), torch.empty(1, N, H)
+            return torch.empty(T, N, H, device=device), torch.empty(1, N, H, device=device)
 
         @staticmethod
         def backward(ctx, gh, ghn):
-            return (torch.empty(T, N, I),) + tuple(torch.empty(p.shape) for p in params)
+            return (torch.empty(T, N, I, device=device),) + tuple(
+                torch.empty(p.shape, device=device) for p in params)
 
     def run():
         for p in params:
             p.grad = None
         output, _ = Nothing.apply(x, *params)
         output.backward(dy)
+        sync()
     return run
 
 
@@ -116,7 +123,7 @@ def _glue(cell, req):
     return glue
 
 
-def measure(cell, shape, rounds, calls):
+def measure(cell, shape, rounds, calls, device="cpu"):
     import torch
 
     from bench_train import _step
@@ -124,11 +131,12 @@ def measure(cell, shape, rounds, calls):
     torch.set_num_threads(2)
     T, N, I, H = shape
     G = {"single_gate": 1, "gru": 3, "lstm": 4}[cell]
-    req = dict(cell=cell, T=T, N=N, I=I, H=H, dtype="float32", threads=2, backend="numba",
-               input_grad=True, device="cpu")
+    req = dict(cell=cell, T=T, N=N, I=I, H=H, dtype="float32", threads=2,
+               backend="metal-cuda" if device == "cuda" else "numba", input_grad=True,
+               device=device)
     layer, inside, bare = _spied(cell, req)
     runs = {"layer": layer, "ops": _step(dict(req, impl="ops")),
-            "glue": _glue(cell, req), "floor": _floor(T, N, I, H, G)}
+            "glue": _glue(cell, req), "floor": _floor(T, N, I, H, G, device)}
     for run in runs.values():
         run()
     runs["backend bare"] = bare
@@ -154,15 +162,16 @@ def main(argv=None) -> int:
     parser.add_argument("--cells", nargs="+", default=["single_gate", "gru", "lstm"])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=150)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args(argv)
     shape = tuple(int(v) for v in args.shape.lower().split("x"))
     load = os.getloadavg()[0]
-    print(f"{args.shape}, float32, 2 threads, {args.rounds} alternating rounds of {args.calls} "
-          f"steps; load average {load:.1f}; µs, and ÷ ops paired per round")
+    print(f"{args.shape}, float32, {args.device}, 2 threads, {args.rounds} alternating rounds "
+          f"of {args.calls} steps; load average {load:.1f}; µs, and ÷ ops paired per round")
     names = ["layer", "ops", "glue", "floor", "backend in layer", "backend bare"]
     print(f"{'cell':12}" + "".join(f"{n:>22}" for n in names))
     for cell in args.cells:
-        got = measure(cell, shape, args.rounds, args.calls)
+        got = measure(cell, shape, args.rounds, args.calls, args.device)
         cols = []
         for n in names:
             ratio = statistics.median(a / b for a, b in zip(got[n], got["ops"]))
