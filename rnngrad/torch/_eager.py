@@ -174,14 +174,15 @@ def run(layer, x, h0, c0, k: int):
 
 def _views(layer, k: int, params, arrays) -> list:
     """Array views of layer ``k``'s parameters ``params`` (``arrays``' vocabulary), kept on the
-    layer from one call to the next while each parameter keeps its memory, strides, shape and
-    device (an optimiser's in-place update keeps them; ``p.data = …`` or ``.to()`` do not)."""
+    layer from one call to the next while each parameter keeps its memory, strides and shape
+    (an optimiser's in-place update keeps them; ``p.data = …`` or ``.to()`` do not; addresses
+    are unique across a process's GPUs, so is_cuda tells the CPU's from theirs)."""
     views = layer.__dict__.get("_array_views")
     if views is None:
         views = layer.__dict__["_array_views"] = {}
     out = []
     for name, p in zip(layer._step_names[k], params):
-        layout = (p.data_ptr(), p.stride(), p.shape, p.device)
+        layout = (p.data_ptr(), p.stride(), p.shape, p.is_cuda)
         entry = views.get(name)
         if entry is None or entry[0] != layout:
             entry = views[name] = (layout, arrays.view(p))
