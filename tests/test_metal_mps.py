@@ -6,8 +6,9 @@ CPU target with CPU tensors here, on the CUDA target with CUDA tensors where a G
 
 - the stand-in's own semantics, as PyTorch's source defines the API: tensors bound in order at
   their storage offsets, Python scalars and lists as ``constant`` values, ``threads`` and
-  ``group_size``, and the refusals (partial threadgroups, sizes above the pipeline's limit,
-  ``[[threadgroup(i)]]`` arguments, unknown kernels);
+  ``group_size``, partial last threadgroups and short SIMD-groups (the CPU target) against
+  Metal's definitions of the builtins, and the refusals (those on the CUDA target, sizes above
+  the pipeline's limit, ``[[threadgroup(i)]]`` arguments, unknown kernels);
 - the device: every grid a whole number of threadgroups, inputs bound where they are, results
   tensors on the device;
 - the backend against the float64 reference, through NumPy inputs (as ``rnngrad verify`` runs

@@ -27,6 +27,10 @@ How a kernel runs
     calls) uses no barrier or SIMD collective runs as a plain loop; otherwise every GPU thread of
     a threadgroup is a fiber, and ``threadgroup_barrier`` / ``simd_*`` wait exactly until all
     participants arrive. Calls are synchronous; one dispatch runs at a time per process.
+    Beyond metalcompute's API, ``fn.dispatch_threads(count, group, *buffers)`` dispatches as
+    Metal's ``dispatchThreads`` (the ``torch.mps`` stand-in's calls): exactly ``count``
+    threads in threadgroups of any ``group`` size, the last threadgroup partial and a
+    threadgroup's last SIMD-group short where the sizes say so, the threads past them absent.
 
 What it checks
     - ``Device(schedule="adversarial", seed=S)`` releases SIMD-groups (and threadgroups) in a
