@@ -253,6 +253,23 @@ def test_metal_mps_standin_runs_partial_threadgroups_and_short_simdgroups(thread
         (threads, group_size or threads, groups)]
 
 
+def test_metal_mps_standin_partial_threadgroup_barrier_a_thread_skips_is_reported():
+    lib = StandIn("cpu")(PARTIAL_SOURCE + r"""
+kernel void skips(device uint* out [[buffer(0)]], constant long& last [[buffer(1)]],
+                  uint gid [[thread_position_in_grid]]) {
+    if (gid == uint(last)) return;  // one thread misses the barrier the others wait at
+    threadgroup_barrier(mem_flags::mem_none);
+    out[gid] = 1;
+}
+""")
+    out = torch.zeros(128, dtype=torch.int32)
+    lib.skips(out, 200, threads=100, group_size=48)  # no thread is 200: every one reaches it
+    assert (out[:100] == 1).all() and (out[100:] == 0).all()
+    # thread 99, one of the 4 of the partial threadgroup 2, returns: 3 of 4 reached it
+    with pytest.raises(RuntimeError, match="reached by 3 of 4 threads of threadgroup 2"):
+        lib.skips(out, 99, threads=100, group_size=48)
+
+
 def test_metal_mps_standin_partial_threadgroups_on_the_barrier_free_path_and_stopped():
     # `where` neither synchronises nor reads threads_per_grid: the harness's plain loop
     lib = StandIn("cpu", stop=(1, 2))(SOURCE)  # the second call runs 2 threadgroups only
