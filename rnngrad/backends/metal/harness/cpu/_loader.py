@@ -50,7 +50,8 @@ _BUILTIN_VALUES = {
     "threads_per_threadgroup": "t->tg_n",
     "threadgroups_per_grid": "L->n_tg",
     # an exact dispatch's count (or the threads of the threadgroups that run, when fewer)
-    "threads_per_grid": "(L->exact && L->count < L->n_tg * L->tg_size ? L->count : L->n_tg * L->tg_size)",
+    "threads_per_grid": ("(L->exact && L->count < L->n_tg * L->tg_size ? L->count "
+                         ": L->n_tg * L->tg_size)"),
     "thread_index_in_simdgroup": "t->lane",
     "simdgroup_index_in_threadgroup": "t->sg",
     "threads_per_simdgroup": "t->sg_n",
