@@ -6,8 +6,9 @@ CPU target with CPU tensors here, on the CUDA target with CUDA tensors where a G
 
 - the stand-in's own semantics, as PyTorch's source defines the API: tensors bound in order at
   their storage offsets, Python scalars and lists as ``constant`` values, ``threads`` and
-  ``group_size``, and the refusals (partial threadgroups, sizes above the pipeline's limit,
-  ``[[threadgroup(i)]]`` arguments, unknown kernels);
+  ``group_size``, partial last threadgroups and short SIMD-groups (the CPU target) against
+  Metal's definitions of the builtins, and the refusals (those on the CUDA target, sizes above
+  the pipeline's limit, ``[[threadgroup(i)]]`` arguments, unknown kernels);
 - the device: every grid a whole number of threadgroups, inputs bound where they are, results
   tensors on the device;
 - the backend against the float64 reference, through NumPy inputs (as ``rnngrad verify`` runs
@@ -145,10 +146,13 @@ def test_metal_mps_standin_threads_and_group_size(lib, target):
 
 def test_metal_mps_standin_refuses_what_it_cannot_run_or_the_api_refuses(lib, target):
     out = torch.zeros(3 * 128, dtype=torch.int32, device=target)
-    with pytest.raises(NotImplementedError, match="partial last threadgroup of 32 threads"):
-        lib.where(out, threads=96, group_size=64)
-    with pytest.raises(NotImplementedError, match="whole SIMD-groups of 32"):
-        lib.where(out, threads=48, group_size=48)
+    if target == "cuda":  # partial threadgroups and short SIMD-groups run on the CPU target only
+        with pytest.raises(NotImplementedError, match="partial last threadgroup of 32 threads"):
+            lib.where(out, threads=96, group_size=64)
+        with pytest.raises(NotImplementedError, match="whole SIMD-groups of 32"):
+            lib.where(out, threads=48, group_size=48)
+    with pytest.raises(ValueError, match="group_size: expected a threadgroup size >= 1, got 0"):
+        lib.where(out, threads=96, group_size=0)
     with pytest.raises(ValueError, match="Threadgroup size exceeds 64 limit"):
         lib.small(out, threads=128, group_size=128)
     with pytest.raises(NotImplementedError, match="1-D grids only"):
@@ -162,6 +166,125 @@ def test_metal_mps_standin_refuses_what_it_cannot_run_or_the_api_refuses(lib, ta
                                        "threadgroup float* t [[threadgroup(0)]], "
                                        "uint i [[thread_position_in_grid]]) {\n    out[i] = t[0];"))
     assert torch.equal(out.cpu(), torch.zeros(3 * 128, dtype=torch.int32))  # nothing ran
+
+
+PARTIAL_SOURCE = r"""
+#include <metal_stdlib>
+using namespace metal;
+
+kernel void sizes(device uint* out [[buffer(0)]],
+                  uint gid [[thread_position_in_grid]],
+                  uint group [[threadgroup_position_in_grid]],
+                  uint lid [[thread_position_in_threadgroup]],
+                  uint size [[threads_per_threadgroup]],
+                  uint lanes [[threads_per_simdgroup]],
+                  uint simdgroups [[simdgroups_per_threadgroup]],
+                  uint grid [[threads_per_grid]]) {
+    threadgroup uint seen[1024];
+    seen[lid] = gid + 1;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    device uint* o = out + 10 * gid;
+    o[0] = gid;
+    o[1] = group;
+    o[2] = lid;
+    o[3] = size;
+    o[4] = lanes;
+    o[5] = simdgroups;
+    o[6] = grid;
+    o[7] = simd_sum(gid);
+    o[8] = seen[(lid + 1) % size];  // the next thread's write, around the threadgroup
+    o[9] = as_type<uint>(simd_shuffle_down(float(gid), ushort(1)));
+}
+"""
+
+#: the stand-in's threads and group_size: a short last SIMD-group in every threadgroup (48), a
+#: partial threadgroup of part of a SIMD-group (70 of 64), of one whole and one short (300 of
+#: 256), a default group_size of 37 (threads below the limit), and both at once (100 of 48)
+PARTIAL_GRIDS = [(100, 48), (70, 64), (300, 256), (37, None), (96, 48)]
+
+
+def _metal_sizes(threads, group_size):
+    """Each thread's row of the ``sizes`` kernel, from Metal's definitions: a grid of
+    ``threads`` threads (dispatchThreads) in threadgroups of ``group_size`` threads, the last
+    one partial, each cut into SIMD-groups of 32 lanes, the last one short."""
+    group_size = group_size or threads
+    rows = []
+    for gid in range(threads):
+        group, lid = divmod(gid, group_size)
+        first = group * group_size
+        size = min(group_size, threads - first)
+        simdgroup, lane = divmod(lid, 32)
+        lanes = min(32, size - 32 * simdgroup)
+        members = range(first + 32 * simdgroup, first + 32 * simdgroup + lanes)
+        nxt = first + (lid + 1) % size
+        if lane + 1 < lanes:
+            down = np.float32(gid + 1)
+        elif lane + 1 == 32:  # past the SIMD-group's width: its own value
+            down = np.float32(gid)
+        else:  # a lane the short SIMD-group lacks: NaN in the stand-in (undefined on a Mac)
+            down = np.float32(np.nan)
+        rows.append([gid, group, lid, size, lanes, -(-size // 32), threads, sum(members),
+                     nxt + 1, down])
+    return rows
+
+
+@pytest.mark.parametrize("schedule", ["lanes", "reverse", "adversarial"])
+@pytest.mark.parametrize("threads,group_size", PARTIAL_GRIDS)
+def test_metal_mps_standin_runs_partial_threadgroups_and_short_simdgroups(threads, group_size,
+                                                                          schedule):
+    standin = StandIn("cpu", schedule=schedule, seed=7)
+    lib = standin(PARTIAL_SOURCE)
+    extra = 40
+    out = torch.full((10 * (threads + extra),), -1, dtype=torch.int32)  # uint words as int32
+    lib.sizes(out, threads=threads, group_size=group_size)
+    got = out.numpy().view(np.uint32).reshape(-1, 10)
+    want = _metal_sizes(threads, group_size)
+    for column, name in enumerate(["thread_position_in_grid", "threadgroup_position_in_grid",
+                                   "thread_position_in_threadgroup", "threads_per_threadgroup",
+                                   "threads_per_simdgroup", "simdgroups_per_threadgroup",
+                                   "threads_per_grid", "simd_sum", "threadgroup memory"]):
+        np.testing.assert_array_equal(got[:threads, column], [r[column] for r in want],
+                                      err_msg=name)
+    np.testing.assert_array_equal(got[:threads, 9].view(np.float32), [r[9] for r in want],
+                                  err_msg="simd_shuffle_down")  # NaN where NaN
+    assert (got[threads:] == 0xFFFFFFFF).all()  # threads past `threads` wrote nothing
+    groups = -(-threads // (group_size or threads))
+    assert [(d.count, d.threadgroup_size, d.threadgroups) for d in standin.trace] == [
+        (threads, group_size or threads, groups)]
+
+
+def test_metal_mps_standin_partial_threadgroup_barrier_a_thread_skips_is_reported():
+    lib = StandIn("cpu")(PARTIAL_SOURCE + r"""
+kernel void skips(device uint* out [[buffer(0)]], constant long& last [[buffer(1)]],
+                  uint gid [[thread_position_in_grid]]) {
+    if (gid == uint(last)) return;  // one thread misses the barrier the others wait at
+    threadgroup_barrier(mem_flags::mem_none);
+    out[gid] = 1;
+}
+""")
+    out = torch.zeros(128, dtype=torch.int32)
+    lib.skips(out, 200, threads=100, group_size=48)  # no thread is 200: every one reaches it
+    assert (out[:100] == 1).all() and (out[100:] == 0).all()
+    # thread 99, one of the 4 of the partial threadgroup 2, returns: 3 of 4 reached it
+    with pytest.raises(RuntimeError, match="reached by 3 of 4 threads of threadgroup 2"):
+        lib.skips(out, 99, threads=100, group_size=48)
+
+
+def test_metal_mps_standin_partial_threadgroups_on_the_barrier_free_path_and_stopped():
+    # `where` neither synchronises nor reads threads_per_grid: the harness's plain loop
+    lib = StandIn("cpu", stop=(1, 2))(SOURCE)  # the second call runs 2 threadgroups only
+    for (threads, group_size), stopped in [((70, 64), False), ((100, 48), True)]:
+        out = torch.full((3 * 128,), -1, dtype=torch.int32)
+        lib.where(out, threads=threads, group_size=group_size)
+        got = out.numpy().reshape(128, 3)
+        ids = np.arange(threads)
+        groups = 2 if stopped else -(-threads // group_size)  # threadgroups_per_grid: those run
+        ran = min(threads, groups * group_size)
+        np.testing.assert_array_equal(got[:ran, 0], ids[:ran] // group_size)
+        np.testing.assert_array_equal(
+            got[:ran, 1], np.minimum(group_size, threads - ids[:ran] // group_size * group_size))
+        assert (got[:ran, 2] == groups).all()
+        assert (got[ran:] == -1).all()  # past `threads`, and the threadgroups stopped
 
 
 # -- the device and the registry -----------------------------------------------------------------

@@ -27,18 +27,26 @@ tensors. What the real API does, as PyTorch's source has it (``torch/csrc/mps/Mo
 - ``threads``: the total number of threads (``dispatchThreads``), an int or a list of one to
   three ints; by default the element count of the first tensor argument. ``group_size``: the
   threads of a threadgroup, by default ``min(threads, max_threads_per_threadgroup)``; above
-  that limit a ``ValueError`` ("Threadgroup size exceeds …"). A grid that is not a whole
-  number of threadgroups ends in a partial threadgroup: threads past ``threads`` do not run.
+  that limit a ``ValueError`` ("Threadgroup size exceeds …"). ``group_size`` need not be a
+  multiple of the SIMD width (32): a threadgroup then ends in a short SIMD-group. A grid that
+  is not a whole number of threadgroups ends in a partial threadgroup of ``threads %
+  group_size`` threads: threads past ``threads`` do not exist (they do not run, nor take part
+  in barriers or SIMD collectives), and in the partial threadgroup
+  ``[[threads_per_threadgroup]]``, ``[[simdgroups_per_threadgroup]]`` and, in its last
+  SIMD-group, ``[[threads_per_simdgroup]]`` are the actual, smaller sizes;
+  ``[[threads_per_grid]]`` is ``threads``. The stand-in runs both so on the CPU target
+  (collectives among the lanes that exist; one that reads a lane that does not exist gets NaN
+  bytes, a value Metal leaves undefined).
 - The dispatch is encoded on PyTorch's current MPS stream, after the work queued there before;
   ``torch.mps.synchronize()`` (or reading a result) waits for it. Nothing is reported back:
   the call returns None, and no command buffer status reaches the caller.
 
 What the stand-in does not do (each refused with an error that says so, never run otherwise):
 
-- **partial threadgroups**: neither harness target runs part of a threadgroup (the CPU target
-  runs whole SIMD-groups of 32, the CUDA target whole blocks), so ``threads`` must be a whole
-  number of threadgroups and ``group_size`` a multiple of 32 (the default ``group_size`` too:
-  ``threads`` below the limit must then be a multiple of 32);
+- **partial threadgroups and short SIMD-groups on the CUDA target**: its SIMD collectives are
+  warp shuffles over all 32 lanes, so there ``threads`` must be a whole number of
+  threadgroups and ``group_size`` a multiple of 32 (the default ``group_size`` too:
+  ``threads`` below the limit must then be a multiple of 32); the CPU target runs both;
 - **2-D and 3-D grids**: ``threads`` of more than one axis must have the others 1;
 - ``[[threadgroup(i)]]`` arguments fail to compile here (the harness's translation refuses
   them); on a Mac they compile, but the API has no way to give them a length;
@@ -205,24 +213,31 @@ class Kernel:
             group = _one_axis(self.name, "group_size", group_size)
             if group > limit:
                 raise ValueError(f"Threadgroup size exceeds {limit} limit")
-        if threads and (group < 1 or group % dispatch.SIMD_WIDTH):
+            if group < 1:
+                raise ValueError(f"kernel '{self.name}': group_size: expected a threadgroup "
+                                 f"size >= 1, got {group}")
+        exact = getattr(self._function, "dispatch_threads", None)  # the CPU target's
+        if exact is None and threads and group % dispatch.SIMD_WIDTH:
             raise NotImplementedError(
-                f"kernel '{self.name}': group_size {group}: the stand-in runs threadgroups of "
-                f"whole SIMD-groups of {dispatch.SIMD_WIDTH} (the harness targets' rule); "
-                f"a Mac runs any size up to {limit}")
-        if threads % max(group, 1):
+                f"kernel '{self.name}': group_size {group}: the stand-in on the CUDA target "
+                f"runs threadgroups of whole SIMD-groups of {dispatch.SIMD_WIDTH}; a Mac (and "
+                f"the stand-in on the CPU target) runs any size up to {limit}")
+        if exact is None and threads % max(group, 1):
             raise NotImplementedError(
                 f"kernel '{self.name}': threads={threads} is not a whole number of "
                 f"threadgroups of {group}: Metal would run a partial last threadgroup of "
-                f"{threads % group} threads, which the harness targets cannot (they run every "
-                f"thread of a threadgroup); pad threads to a multiple of group_size")
+                f"{threads % group} threads, which the stand-in runs on the CPU target only; "
+                f"on the CUDA target pad threads to a multiple of group_size")
         number, standin.calls = standin.calls, standin.calls + 1
         if number == standin.drop:
             return None
         harness = standin.harness
-        harness.max_threads_per_threadgroup = group if threads else standin.cap
         try:
-            self._function(threads, *bound)
+            if exact is not None:
+                exact(threads, group or limit, *bound)
+            else:
+                harness.max_threads_per_threadgroup = group if threads else standin.cap
+                self._function(threads, *bound)
         except standin.target.error as exc:
             raise RuntimeError(f"kernel '{self.name}' failed: {exc}") from None
         finally:

@@ -27,6 +27,10 @@ How a kernel runs
     calls) uses no barrier or SIMD collective runs as a plain loop; otherwise every GPU thread of
     a threadgroup is a fiber, and ``threadgroup_barrier`` / ``simd_*`` wait exactly until all
     participants arrive. Calls are synchronous; one dispatch runs at a time per process.
+    Beyond metalcompute's API, ``fn.dispatch_threads(count, group, *buffers)`` dispatches as
+    Metal's ``dispatchThreads`` (the ``torch.mps`` stand-in's calls): exactly ``count``
+    threads in threadgroups of any ``group`` size, the last threadgroup partial and a
+    threadgroup's last SIMD-group short where the sizes say so, the threads past them absent.
 
 What it checks
     - ``Device(schedule="adversarial", seed=S)`` releases SIMD-groups (and threadgroups) in a
@@ -139,7 +143,7 @@ class Dispatch(NamedTuple):
 class _Launch(ctypes.Structure):
     _fields_ = [("bufs", ctypes.c_void_p * _MAX_BUFFERS), ("count", ctypes.c_uint),
                 ("tg_size", ctypes.c_uint), ("n_tg", ctypes.c_uint), ("schedule", ctypes.c_uint),
-                ("seed", ctypes.c_ulonglong)]
+                ("seed", ctypes.c_ulonglong), ("exact", ctypes.c_uint)]
 
 
 class _Outcome(ctypes.Structure):
@@ -326,19 +330,46 @@ class Function:
                                          self.kernel.device.max_threads_per_threadgroup)
 
     def __call__(self, count, *buffers) -> RunHandle:
-        device = self.kernel.device
         tg = self.threadgroup_size()
         try:
             count = dispatch.check_call(self.name, count, len(buffers), self._info.n_buffers, tg,
                                         self.max_total_threads_per_threadgroup)
         except ValueError as exc:
             raise error(str(exc)) from None
+        return self._run(count, tg, False, buffers)
+
+    def dispatch_threads(self, count, group: int, *buffers) -> RunHandle:
+        """Metal's ``dispatchThreads`` (beyond metalcompute's API; the ``torch.mps`` stand-in
+        calls it): exactly ``count`` threads in threadgroups of ``group`` threads, any size
+        from 1 to the kernel's and the device's limits. The threads past ``count`` do not
+        exist: the last threadgroup has ``count % group`` threads when that is not 0, a
+        threadgroup whose size is not a multiple of 32 ends in a short SIMD-group, and there
+        ``[[threads_per_threadgroup]]``, ``[[threads_per_simdgroup]]`` and
+        ``[[simdgroups_per_threadgroup]]`` are the actual sizes; barriers and ``simd_*``
+        collectives are among the threads that exist (a collective that reads a lane that does
+        not exist gets NaN bytes, a value Metal leaves undefined). ``[[threads_per_grid]]``
+        is ``count``."""
+        limit = min(1024, self.max_total_threads_per_threadgroup,
+                    self.kernel.device.max_threads_per_threadgroup)
+        group = operator.index(group)
+        if not 1 <= group <= limit:
+            raise error(f"kernel '{self.name}': group: expected a threadgroup size in [1, "
+                        f"{limit}] (the kernel's and the device's limits), got {group}")
+        try:
+            count = dispatch.check_call(self.name, count, len(buffers), self._info.n_buffers,
+                                        group, self.max_total_threads_per_threadgroup)
+        except ValueError as exc:
+            raise error(str(exc)) from None
+        return self._run(count, group, True, buffers)
+
+    def _run(self, count: int, tg: int, exact: bool, buffers) -> RunHandle:
+        device = self.kernel.device
         bound = [b if isinstance(b, Buffer) and hasattr(b, "_mc_addr") else device.buffer(b)
                  for b in buffers]
         launch = _Launch()
         for i, b in enumerate(bound):
             launch.bufs[i] = b._mc_addr
-        launch.count, launch.tg_size = count, tg
+        launch.count, launch.tg_size, launch.exact = count, tg, int(exact)
         grid = -(-count // tg)
         number = device._dispatches
         injected = []

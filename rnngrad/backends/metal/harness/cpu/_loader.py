@@ -34,7 +34,7 @@ _HERE = Path(__file__).resolve().parent
 _SHARED = _HERE.parent  # the stand-in <metal_stdlib>, shared by every target
 _HEADERS = (_SHARED / "metal_stdlib.h", _HERE / "target.h", _HERE / "target_sync.h", _HERE / "emulator_abi.h")
 _RUNTIME = "emulator_runtime.cpp"
-_FORMAT = "rnngrad-metal-emulator-1"  # bump when the generated code changes meaning
+_FORMAT = "rnngrad-metal-emulator-2"  # bump when the generated code changes meaning
 _FLAGS = (
     "-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", "-fno-strict-aliasing",
     "-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0", "-w",
@@ -47,14 +47,16 @@ _BUILTIN_VALUES = {
     "thread_position_in_threadgroup": "t->lid",
     "thread_index_in_threadgroup": "t->lid",
     "threadgroup_position_in_grid": "t->tgid",
-    "threads_per_threadgroup": "L->tg_size",
+    "threads_per_threadgroup": "t->tg_n",
     "threadgroups_per_grid": "L->n_tg",
-    "threads_per_grid": "L->n_tg * L->tg_size",
+    # an exact dispatch's count (or the threads of the threadgroups that run, when fewer)
+    "threads_per_grid": ("(L->exact && L->count < L->n_tg * L->tg_size ? L->count "
+                         ": L->n_tg * L->tg_size)"),
     "thread_index_in_simdgroup": "t->lane",
     "simdgroup_index_in_threadgroup": "t->sg",
-    "threads_per_simdgroup": "32u",
+    "threads_per_simdgroup": "t->sg_n",
     "thread_execution_width": "32u",
-    "simdgroups_per_threadgroup": "L->tg_size / 32u",
+    "simdgroups_per_threadgroup": "(t->tg_n + 31u) / 32u",
 }
 
 
@@ -77,9 +79,9 @@ static inline __attribute__((always_inline)) void __emu_call_{k}(const ::__emu::
 }}
 static void __emu_thread_{k}(const ::__emu::Launch* L, ::__emu::Thread* t) {{ __emu_call_{k}(L, t); }}
 static void __emu_simdgroup_{k}(const ::__emu::Launch* L, ::__emu::Thread* t) {{
-    const unsigned first = t->sg * 32u;
-    for (unsigned l = 0; l < 32u; ++l) {{
-        const unsigned lane = L->schedule == 1 ? 31u - l : l;
+    const unsigned first = t->sg * 32u, width = t->sg_n;
+    for (unsigned l = 0; l < width; ++l) {{
+        const unsigned lane = L->schedule == 1 ? width - 1u - l : l;
         t->lane = lane; t->lid = first + lane; t->gid = t->tgid * L->tg_size + first + lane; t->tg_off = 0;
         __emu_call_{k}(L, t);
     }}

@@ -16,6 +16,8 @@ struct Thread {
     unsigned lane;    // thread_index_in_simdgroup
     unsigned sg;      // simdgroup_index_in_threadgroup
     unsigned tg_off;  // bytes of threadgroup memory this thread has declared so far
+    unsigned tg_n;    // threads_per_threadgroup: threads of this threadgroup
+    unsigned sg_n;    // threads_per_simdgroup: lanes of this SIMD-group (32 but in a short one)
 };
 
 enum { kMaxBuffers = 31, kSimdWidth = 32, kThreadgroupMemory = 32768 };
@@ -25,10 +27,13 @@ enum Schedule { kLanes = 0, kReverse = 1, kAdversarial = 2 };
 struct Launch {
     void* bufs[kMaxBuffers];   // [[buffer(i)]], in call order
     unsigned count;            // threads requested by the host
-    unsigned tg_size;          // threads per threadgroup (a multiple of 32)
-    unsigned n_tg;             // threadgroups: ceil(count / tg_size)
+    unsigned tg_size;          // threads per threadgroup (a multiple of 32 unless exact)
+    unsigned n_tg;             // threadgroups that run: ceil(count / tg_size), or fewer
     unsigned schedule;         // Schedule
     unsigned long long seed;   // for kAdversarial
+    unsigned exact;            // 1: threads past count do not exist (dispatchThreads): the last
+                               // threadgroup, and its last SIMD-group, may be short; 0: every
+                               // threadgroup is whole (threads past count run)
 };
 
 enum Code { kOk = 0, kFailed = 1, kSignal = 2 };

@@ -7,8 +7,13 @@
 //   never synchronises runs as a plain loop over its GPU threads (fast path). Otherwise every
 //   GPU thread of a threadgroup is a fiber with its own stack; threadgroup_barrier and the
 //   simd_* collectives park the calling fiber, and a scheduler resumes fibers only when every
-//   participant (the threadgroup, or the 32 lanes of a SIMD-group) has arrived. Anything else
+//   participant (the threadgroup, or the lanes of a SIMD-group) has arrived. Anything else
 //   (a thread that returns while others wait, lanes at different collectives) is an error.
+//   An exact dispatch (Launch::exact, Metal's dispatchThreads) has only `count` threads: its
+//   last threadgroup may be short, and a threadgroup whose size is not a multiple of 32 ends
+//   in a short SIMD-group; the threads past them do not exist (they neither run nor take part
+//   in barriers and collectives), and a collective that reads one of their lanes reads NaN
+//   bytes (Metal leaves that value undefined).
 //
 // Crash capture
 //   SIGSEGV/SIGBUS/SIGFPE/SIGILL handlers are installed for the duration of a dispatch only,
@@ -113,6 +118,22 @@ void make_order(unsigned* order, unsigned n, unsigned schedule, Rng& rng) {
             unsigned j = (unsigned)(rng.next() % i);
             unsigned t = order[i - 1]; order[i - 1] = order[j]; order[j] = t;
         }
+}
+
+// ----------------------------------------------------------------------------- threadgroup sizes
+// Threads of threadgroup tg: tg_size, but the last threadgroup of an exact dispatch has only
+// the threads left of count.
+unsigned threads_of(const Launch* L, unsigned tg) {
+    if (!L->exact) return L->tg_size;
+    unsigned long long first = (unsigned long long)tg * L->tg_size;
+    unsigned long long left = L->count > first ? L->count - first : 0;
+    return left < L->tg_size ? (unsigned)left : L->tg_size;
+}
+
+// Lanes of SIMD-group s of a threadgroup of n threads.
+unsigned lanes_of(unsigned n, unsigned s) {
+    unsigned left = n - s * kSimdWidth;
+    return left < kSimdWidth ? left : kSimdWidth;
 }
 
 // ----------------------------------------------------------------------------- threadgroup memory
@@ -280,34 +301,47 @@ const char* describe(const Fiber& f, char* buf, size_t n) {
     return buf;
 }
 
-void run_threadgroup_fibers(const Launch* L, unsigned tg, Rng& rng) {
-    const unsigned n = L->tg_size, n_sg = n / kSimdWidth;
+void run_threadgroup_fibers(const Launch* L, unsigned tg, unsigned n, Rng& rng) {
+    const unsigned n_sg = (n + kSimdWidth - 1) / kSimdWidth;
     for (unsigned i = 0; i < n; ++i) {
         Fiber& f = g_fibers[i];
         f.state = kReady;
         f.line = f.op = 0;
         f.collectives = 0;
-        f.th = Thread{tg * n + i, i, tg, i % kSimdWidth, i / kSimdWidth, 0};
+        f.th = Thread{tg * L->tg_size + i, i, tg, i % kSimdWidth, i / kSimdWidth, 0, n,
+                      lanes_of(n, i / kSimdWidth)};
         start_fiber(i);
+    }
+    if (n % kSimdWidth) {
+        // The lanes a short SIMD-group lacks: their collective slots hold NaN (0x7FC0 as
+        // halves too), what a collective reading them returns.
+        for (unsigned parity = 0; parity < 2; ++parity)
+            for (unsigned l = n % kSimdWidth; l < kSimdWidth; ++l) {
+                uint32_t* p = (uint32_t*)(g_slots + ((size_t)((n_sg - 1) * 2 + parity) * kSimdWidth + l) * kSlotBytes);
+                for (unsigned w = 0; w < kSlotBytes / 4; ++w) p[w] = 0x7FC07FC0u;
+            }
     }
     for (;;) {
         // Sweep: run every ready fiber until it parks or returns.
         make_order(g_sg_order, n_sg, L->schedule, rng);
-        for (unsigned s = 0; s < n_sg; ++s)
-            for (unsigned l = 0; l < kSimdWidth; ++l) {
-                unsigned lane = L->schedule == kReverse ? kSimdWidth - 1 - l : l;
+        for (unsigned s = 0; s < n_sg; ++s) {
+            const unsigned width = lanes_of(n, g_sg_order[s]);
+            for (unsigned l = 0; l < width; ++l) {
+                unsigned lane = L->schedule == kReverse ? width - 1 - l : l;
                 Fiber* f = &g_fibers[g_sg_order[s] * kSimdWidth + lane];
                 if (f->state == kReady) resume(f);
             }
-        // Release SIMD-groups whose 32 lanes all wait at the same collective.
+        }
+        // Release SIMD-groups whose lanes all wait at the same collective.
         bool released = false;
         for (unsigned s = 0; s < n_sg; ++s) {
             Fiber* lanes = &g_fibers[s * kSimdWidth];
-            unsigned at = 0, first = kSimdWidth;
-            for (unsigned l = 0; l < kSimdWidth; ++l)
-                if (lanes[l].state == kAtSimd) { ++at; if (first == kSimdWidth) first = l; }
+            const unsigned width = lanes_of(n, s);
+            unsigned at = 0, first = width;
+            for (unsigned l = 0; l < width; ++l)
+                if (lanes[l].state == kAtSimd) { ++at; if (first == width) first = l; }
             if (!at) continue;
-            for (unsigned l = 0; l < kSimdWidth; ++l) {
+            for (unsigned l = 0; l < width; ++l) {
                 const Fiber& a = lanes[first];
                 const Fiber& b = lanes[l];
                 if (b.state != kAtSimd || b.op != a.op || b.line != a.line) {
@@ -315,11 +349,12 @@ void run_threadgroup_fibers(const Launch* L, unsigned tg, Rng& rng) {
                     fail_message(
                         "divergent SIMD collective in threadgroup %u, SIMD-group %u: lane %u %s "
                         "but lane %u %s; every lane of a SIMD-group must call the same "
-                        "collective (%u of 32 lanes were there)",
-                        tg, s, first, describe(a, da, sizeof da), l, describe(b, db, sizeof db), at);
+                        "collective (%u of %u lanes were there)",
+                        tg, s, first, describe(a, da, sizeof da), l, describe(b, db, sizeof db), at,
+                        width);
                 }
             }
-            for (unsigned l = 0; l < kSimdWidth; ++l) lanes[l].state = kReady;
+            for (unsigned l = 0; l < width; ++l) lanes[l].state = kReady;
             released = true;
         }
         if (released) continue;
@@ -426,14 +461,19 @@ int __emu_dispatch(const Launch* L, Outcome* out, ThreadFn thread_fn, SimdgroupF
             unsigned tg = tg_order[k];
             current_tg = tg;
             g_poisoned = 0;
+            const unsigned n = threads_of(L, tg);
+            if (!n) continue;
             if (needs_fibers) {
-                run_threadgroup_fibers(L, tg, rng);
+                run_threadgroup_fibers(L, tg, n, rng);
                 g_running = nullptr;
             } else {
-                make_order(sg_order, L->tg_size / kSimdWidth, L->schedule, rng);
-                for (unsigned s = 0; s < L->tg_size / kSimdWidth; ++s) {
+                const unsigned n_sg = (n + kSimdWidth - 1) / kSimdWidth;
+                make_order(sg_order, n_sg, L->schedule, rng);
+                for (unsigned s = 0; s < n_sg; ++s) {
                     th.tgid = tg;
                     th.sg = sg_order[s];
+                    th.tg_n = n;
+                    th.sg_n = lanes_of(n, th.sg);
                     __emu_cur = &th;
                     simdgroup_fn(L, &th);
                 }

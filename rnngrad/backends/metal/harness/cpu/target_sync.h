@@ -38,7 +38,10 @@ enum __emu_op {
     op_prefix_exclusive_product, op_all, op_any, op_ballot, op_is_first
 };
 
-// All 32 lanes' values of a collective, in lane order.
+// Every lane's value of a collective, in lane order: the SIMD-group's lanes (__emu_width(), 32
+// but in the short last SIMD-group of a threadgroup whose size is not a multiple of 32), then
+// NaN bytes for the lanes it lacks (what a collective that reads one returns: Metal leaves it
+// undefined).
 template <class T> struct __emu_lanes {
     const char* base;
     const T& operator[](uint lane) const { return *(const T*)(base + lane * 64); }
@@ -48,27 +51,28 @@ template <class T> inline __emu_lanes<T> __emu_gather(int line, int op, const T&
     return __emu_lanes<T>{::__emu_simd_gather(line, op, &x, sizeof(T))};
 }
 inline uint __emu_lane() { return ::__emu_cur->lane; }
+inline uint __emu_width() { return ::__emu_cur->sg_n; }
 
 template <class T> inline T __emu_simd_sum(int line, T x) {
-    auto g = __emu_gather(line, op_sum, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s += g[i]; return s;
+    auto g = __emu_gather(line, op_sum, x); T s = g[0]; for (uint i = 1; i < __emu_width(); ++i) s += g[i]; return s;
 }
 template <class T> inline T __emu_simd_product(int line, T x) {
-    auto g = __emu_gather(line, op_product, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s *= g[i]; return s;
+    auto g = __emu_gather(line, op_product, x); T s = g[0]; for (uint i = 1; i < __emu_width(); ++i) s *= g[i]; return s;
 }
 template <class T> inline T __emu_simd_max(int line, T x) {
-    auto g = __emu_gather(line, op_max, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s = max(s, g[i]); return s;
+    auto g = __emu_gather(line, op_max, x); T s = g[0]; for (uint i = 1; i < __emu_width(); ++i) s = max(s, g[i]); return s;
 }
 template <class T> inline T __emu_simd_min(int line, T x) {
-    auto g = __emu_gather(line, op_min, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s = min(s, g[i]); return s;
+    auto g = __emu_gather(line, op_min, x); T s = g[0]; for (uint i = 1; i < __emu_width(); ++i) s = min(s, g[i]); return s;
 }
 template <class T> inline T __emu_simd_and(int line, T x) {
-    auto g = __emu_gather(line, op_and, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s &= g[i]; return s;
+    auto g = __emu_gather(line, op_and, x); T s = g[0]; for (uint i = 1; i < __emu_width(); ++i) s &= g[i]; return s;
 }
 template <class T> inline T __emu_simd_or(int line, T x) {
-    auto g = __emu_gather(line, op_or, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s |= g[i]; return s;
+    auto g = __emu_gather(line, op_or, x); T s = g[0]; for (uint i = 1; i < __emu_width(); ++i) s |= g[i]; return s;
 }
 template <class T> inline T __emu_simd_xor(int line, T x) {
-    auto g = __emu_gather(line, op_xor, x); T s = g[0]; for (uint i = 1; i < 32; ++i) s ^= g[i]; return s;
+    auto g = __emu_gather(line, op_xor, x); T s = g[0]; for (uint i = 1; i < __emu_width(); ++i) s ^= g[i]; return s;
 }
 template <class T> inline T __emu_simd_broadcast(int line, T x, ushort lane) {
     auto g = __emu_gather(line, op_broadcast, x); return g[lane & 31];
@@ -115,22 +119,24 @@ template <class T> inline T __emu_simd_prefix_exclusive_product(int line, T x) {
     return s;
 }
 inline bool __emu_simd_all(int line, bool x) {
-    auto g = __emu_gather(line, op_all, x); for (uint i = 0; i < 32; ++i) if (!g[i]) return false; return true;
+    auto g = __emu_gather(line, op_all, x); for (uint i = 0; i < __emu_width(); ++i) if (!g[i]) return false; return true;
 }
 inline bool __emu_simd_any(int line, bool x) {
-    auto g = __emu_gather(line, op_any, x); for (uint i = 0; i < 32; ++i) if (g[i]) return true; return false;
+    auto g = __emu_gather(line, op_any, x); for (uint i = 0; i < __emu_width(); ++i) if (g[i]) return true; return false;
 }
+// A ballot's bits: 0 for the lanes a short SIMD-group lacks; all() asks of its own lanes.
 struct simd_vote {
     typedef ulong vote_t;
     vote_t v;
+    vote_t lanes = 0xffffffffull;
     explicit operator vote_t() const { return v; }
-    bool all() const { return v == 0xffffffffull; }
+    bool all() const { return v == lanes; }
     bool any() const { return v != 0; }
 };
 inline simd_vote __emu_simd_ballot(int line, bool x) {
     auto g = __emu_gather(line, op_ballot, x); ulong m = 0;
-    for (uint i = 0; i < 32; ++i) if (g[i]) m |= 1ull << i;
-    return simd_vote{m};
+    for (uint i = 0; i < __emu_width(); ++i) if (g[i]) m |= 1ull << i;
+    return simd_vote{m, __emu_width() == 32 ? 0xffffffffull : (1ull << __emu_width()) - 1};
 }
 inline bool __emu_simd_is_first(int line) {
     auto g = __emu_gather(line, op_is_first, true); (void)g; return __emu_lane() == 0;
