@@ -127,8 +127,9 @@ def _exploding_gru():
 def test_input_sensitivity_tells_an_exploding_recurrence_from_a_tame_one():
     """The float64 reference moves by about 10⁻³ of the float32 tolerance under a half-ulp
     nudge of the inputs of ordinary cases, by more than the whole tolerance for an exploding
-    GRU (where a float32 candidate then fails, numba's by 1.7× the tolerance), and by nothing
-    to speak of for the same GRU in float64 (half an ulp of float64)."""
+    GRU (where a float32 candidate then fails, numba's by 1.7× the tolerance), and by less than
+    the tolerance for the same GRU in float64, where numba's gradients are 0.26 of it off (its
+    tanh's last bit, which the sensitivity's second run puts at 0.26 to 0.7 of it)."""
     from rnngrad.testing import check_case, input_sensitivity
 
     for seed in range(3):
@@ -140,6 +141,29 @@ def test_input_sensitivity_tells_an_exploding_recurrence_from_a_tame_one():
     assert input_sensitivity(wild, False) > 1 and input_sensitivity(wild, True) > 10
     ratio, mismatches = check_case(wild, "numba", False)
     assert mismatches and ratio > 1  # what the sensitivity predicts for any float32 candidate
-    assert input_sensitivity(wild.astype(np.float64), True) < 0.01
+    calm = wild.astype(np.float64)
+    assert input_sensitivity(calm, True) < 1 and not check_case(calm, "numba", True)[1]
     # a different nudge gives the same verdict
     assert input_sensitivity(wild, False, seed=1) > 0.5
+
+
+def test_input_sensitivity_sees_a_saturated_tanh_gate_under_huge_gradients():
+    """Seed 1201150993's float64 GRU (a tanh update gate, linear reset and output gates, states
+    near 10¹⁰): its inputs' half-ulp nudge moves the reference's gradients by 5·10⁻⁴ of the
+    tolerance, yet numba's gradients miss it by 10⁵ times the tolerance at one element, and
+    the reference given numba's tanh (which differs from NumPy's in the last bit) gives numba's
+    value exactly: 1 − tanh² of a saturated gate turns that bit into the difference. The
+    sensitivity counts the activations' last bit too, and so calls the case ill-conditioned."""
+    from rnngrad.testing import check_case, input_sensitivity
+
+    seed = 1201150993
+    rng = np.random.default_rng(seed)
+    case = random_case(seed, "gru", dtype=np.float64, N=int(rng.integers(3, 9)))
+    assert case.descriptor.update_gate_activation == rg.Activation.TANH
+    ratio, mismatches = check_case(case, "numba", True)
+    assert mismatches and ratio > 1e3  # what an ill-conditioned verdict must foresee
+    assert input_sensitivity(case, True) > 1
+    for seed in range(3):  # ordinary cases stay well-conditioned
+        for cell in ("single_gate", "gru", "lstm"):
+            tame = random_case(seed, cell, dtype=np.float64)
+            assert input_sensitivity(tame, True) < 0.01

@@ -17,6 +17,7 @@ For the authors of other RNN implementations:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -109,12 +110,16 @@ def reference_result(case, op):
 def input_sensitivity(case, gradients: bool, *, seed: int = 0) -> float:
     """How far the float64 reference itself moves when every floating-point input (and upstream
     gradient) of ``case`` is nudged by up to half a unit in the last place of the case's dtype
-    (relative 2⁻²⁴ for float32): the worst ratio of the nudged reference's error to the
-    allowed error, as :func:`check_case` reports it. An implementation in that dtype rounds its
-    inputs and every step at least that much, so a case near or above 1 is too ill-conditioned
-    for the dtype's tolerance (an exploding recurrence, such as a GRU whose tanh update gate
-    lets 1 − z reach 2): no implementation can be expected to match it. Well-conditioned cases
-    sit near 10⁻³."""
+    (relative 2⁻²⁴ for float32), and, in a second run, when every tanh and sigmoid value it
+    computes is: the worse of the two ratios of the nudged reference's error to the allowed
+    error, as :func:`check_case` reports it. An implementation in that dtype rounds its inputs
+    and every step at least that much, and its tanh may differ from NumPy's in the last bit, so
+    a case near or above 1 is too ill-conditioned for the dtype's tolerance: an exploding
+    recurrence (a GRU whose tanh update gate lets 1 − z reach 2), or a saturated tanh gate whose
+    derivative 1 − tanh² (taken from the value, as every implementation takes it) meets upstream
+    gradients large enough to turn the value's last bit into more than the tolerance. No
+    implementation can be expected to match such a case. Well-conditioned cases sit near
+    10⁻³."""
     op = op_name(case.cell, gradients)
     want = reference_result(case, op)
     rng = np.random.default_rng(seed)
@@ -126,7 +131,36 @@ def input_sensitivity(case, gradients: bool, *, seed: int = 0) -> float:
         return a * (1.0 + half_ulp * rng.uniform(-1.0, 1.0, a.shape))
 
     nudged = case.astype(np.float64).mapped(nudge)
-    return compare_results(reference_result(nudged, op), want, case.dtype)[0]
+    inputs = compare_results(reference_result(nudged, op), want, case.dtype)[0]
+    with _nudged_activations(nudge):
+        values = compare_results(reference_result(case, op), want, case.dtype)[0]
+    return max(inputs, values)
+
+
+@contextlib.contextmanager
+def _nudged_activations(nudge):
+    """Within the block the reference's cells see every tanh and sigmoid value passed through
+    ``nudge`` (their forward values, and the values their gradients take the derivatives from).
+    The cells' own name for the activation function is replaced, so the reference's code is
+    the same inside the block as outside it."""
+    from ..backends.reference import activations, gru, lstm, single_gate
+    from ..descriptors import Activation
+
+    smooth = (Activation.TANH, Activation.SIGMOID)
+
+    def activate(kind, x):
+        y = activations.activate(kind, x)
+        return nudge(np.asarray(y)) if kind in smooth else y
+
+    cells = (gru, lstm, single_gate)
+    kept = [cell.activate for cell in cells]
+    for cell in cells:
+        cell.activate = activate
+    try:
+        yield
+    finally:
+        for cell, fn in zip(cells, kept):
+            cell.activate = fn
 
 
 def check_case(case, backend, gradients: bool, *, forward_backend=None, forward=None,
