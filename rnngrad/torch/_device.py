@@ -216,18 +216,19 @@ def to_tensor(a, device: torch.device, dtype: torch.dtype = None) -> torch.Tenso
     """A tensor sharing the memory of the backend's result ``a`` (a tensor stays itself), cast
     to ``dtype`` when given (float16 and bfloat16 results come back from float32)."""
     if not isinstance(a, torch.Tensor):
-        if device.type == "cpu":
-            t = None
-            if a.flags.writeable:
-                try:
-                    t = torch.from_numpy(a)
-                except ValueError:  # negative strides, which torch.from_numpy refuses
-                    pass
-            # a copy when read-only (a backend's view) or flipped
-            a = t if t is not None else torch.from_numpy(np.array(a))
-        else:
-            a = _from_cupy(a)
+        a = from_numpy(a) if device.type == "cpu" else _from_cupy(a)
     return a if dtype is None or a.dtype == dtype else a.to(dtype)
+
+
+def from_numpy(a) -> torch.Tensor:
+    """A CPU tensor sharing NumPy array ``a``'s memory; a copy when ``a`` is read-only (a
+    backend's view) or has negative strides, which ``torch.from_numpy`` refuses."""
+    if a.flags.writeable:
+        try:
+            return torch.from_numpy(a)
+        except ValueError:
+            pass
+    return torch.from_numpy(np.array(a))
 
 
 def _from_cupy(a) -> torch.Tensor:

@@ -49,19 +49,14 @@ class _Host:
     xp = np
 
     @staticmethod
+    def backend(layer):
+        return layer.backend  # None: rnngrad picks among the CPU backends
+
+    @staticmethod
     def view(t):
         return t.detach().numpy()
 
-    @staticmethod
-    def tensor(a):
-        """A tensor sharing the memory of the backend's result ``a`` (a copy when it is
-        read-only or has negative strides, which ``torch.from_numpy`` refuses)."""
-        if a.flags.writeable:
-            try:
-                return torch.from_numpy(a)
-            except ValueError:
-                pass
-        return torch.from_numpy(np.array(a))
+    tensor = staticmethod(_device.from_numpy)
 
     @staticmethod
     def copied(a):
@@ -82,12 +77,14 @@ class _Cuda:
         self.xp = cupy
 
     @staticmethod
+    def backend(layer):
+        return _device.CUDA_BACKEND
+
+    @staticmethod
     def view(t):
         return _device._cupy_view(t.detach())
 
-    @staticmethod
-    def tensor(a):
-        return _device._from_cupy(a)
+    tensor = staticmethod(_device._from_cupy)
 
     @staticmethod
     def copied(a):
@@ -258,9 +255,8 @@ def _forward(layer, k, x, h0, c0, params, training):
             given["init_state"] = _sided(arrays.view(h0), D)  # [N,DH]
         if c0 is not None:
             given["init_cell"] = _sided(arrays.view(c0), D)  # [N,DH]
-        backend = layer.backend if x.is_cpu else _device.CUDA_BACKEND
         result = functions._FORWARD[layer.cell](**given, descriptor=layer._descriptors[training],
-                                                backend=backend)
+                                                backend=arrays.backend(layer))
         out = (tensor(result.h), tensor(_last(result.h, given.get("init_state"), D, xp)))
         if layer.cell == "lstm":  # [T,N,DH], [D,N,H]
             out += (tensor(_last(result.c, given.get("init_cell"), D, xp)),)
@@ -349,8 +345,8 @@ def _backward(layer, given, result, x, needs, gh, ghn, gcn, arrays):
         # its source gradient is then dA, and the weight's gradient dAᵀ x is PyTorch's
         del op["input_weight"]
         op["source"] = xp.zeros((T, h.shape[1], weight.shape[0]), h.dtype)  # [T,N,DGH]
-    backend = layer.backend if x.is_cpu else _device.CUDA_BACKEND
-    out = functions._GRADIENTS[cell](**op, descriptor=layer.descriptor, backend=backend)
+    out = functions._GRADIENTS[cell](**op, descriptor=layer.descriptor,
+                                     backend=arrays.backend(layer))
 
     # T = 0: the op may hand back a state gradient as it was given
     tensor = arrays.tensor if T > 0 else arrays.copied

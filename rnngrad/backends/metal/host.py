@@ -691,8 +691,12 @@ class MetalHost:
         xp = self.xp
         if xp is np:
             return np.frombuffer(buf, np.uint32, count=n).copy()
-        words = buf.view(xp.uint32)[:n]
-        return words.get() if hasattr(words, "get") else xp.asnumpy(words)  # CuPy, or a tensor
+        return self._to_host(buf.view(xp.uint32)[:n])
+
+    def _to_host(self, a):
+        """A NumPy copy of device array ``a``: a CuPy array's ``get``, else the array module's
+        ``asnumpy`` (a tensor's: rnngrad.tensors)."""
+        return a.get() if hasattr(a, "get") else self.xp.asnumpy(a)
 
     def to_caller(self, problem, out):
         """Results where the inputs were: GPU inputs get GPU arrays (tensors for tensors:
@@ -705,8 +709,7 @@ class MetalHost:
             if gpu and (isinstance(value, np.ndarray) or type(value) is TensorArray):
                 setattr(out, field.name, self.xp.asarray(value))
             elif not gpu and not isinstance(value, np.ndarray):
-                setattr(out, field.name,
-                        value.get() if hasattr(value, "get") else self.xp.asnumpy(value))
+                setattr(out, field.name, self._to_host(value))
         return out
 
     def gemm(self, plan, A, B, C, *, batch, M, P, K, a_batch=0, a_row=0, a_k=0, b_batch=0,
