@@ -36,13 +36,13 @@ from typing import Optional
 
 import numpy as np
 
-from .tensors import is_device_tensor
+from .backends.metal.mps.tensors import is_device_tensor
 
 
 def on_gpu(value) -> bool:
     """Whether ``value`` lives in GPU memory: in CUDA device memory (a CuPy array, a CUDA
     tensor, anything with ``__cuda_array_interface__``), or a tensor the backends take where it
-    is (an MPS tensor: :mod:`rnngrad.tensors`). A NumPy array and a CuPy array (of the module
+    is (an MPS tensor: :mod:`rnngrad.backends.metal.mps.tensors`). A NumPy array and a CuPy array (of the module
     imported as ``cupy``) are told by their type alone: CuPy builds the interface's dict at
     every access, and the checks and the host ask this of every input."""
     kind = type(value)
@@ -104,7 +104,7 @@ class Problem:
     @property
     def on_gpu(self) -> bool:
         """Whether the inputs are in GPU memory (CuPy arrays, or tensors the backends take where
-        they are: :mod:`rnngrad.tensors`)."""
+        they are: :mod:`rnngrad.backends.metal.mps.tensors`)."""
         return on_gpu(self.source)
 
     @property

@@ -49,16 +49,16 @@ class _Spec:
 
 # In order of preference for backend=None.
 _SPECS = (
-    _Spec("metal", "rnngrad.backends.metal.host", "BACKEND", True,
+    _Spec("metal", "rnngrad.backends.metal.backends", "BACKEND", True,
           "needs macOS on Apple silicon with metalcompute (pip install 'rnngrad[fast]')"),
     _Spec("numba", "rnngrad.backends.numba", "BACKEND", True,
           "needs numba (pip install 'rnngrad[fast]')"),
     _Spec("reference", "rnngrad.backends.reference", "BACKEND", True, ""),
-    _Spec("metal-emulated", "rnngrad.backends.metal.host", "EMULATED_BACKEND", False,
+    _Spec("metal-emulated", "rnngrad.backends.metal.backends", "EMULATED_BACKEND", False,
           "needs a C++ compiler (apt-get install g++)"),
-    _Spec("metal-cuda", "rnngrad.backends.metal.host", "CUDA_BACKEND", False,
+    _Spec("metal-cuda", "rnngrad.backends.metal.backends", "CUDA_BACKEND", False,
           "needs an NVIDIA GPU and CuPy (pip install 'rnngrad[cuda]')"),
-    _Spec("metal-mps", "rnngrad.backends.metal.host", "MPS_BACKEND", False,
+    _Spec("metal-mps", "rnngrad.backends.metal.backends", "MPS_BACKEND", False,
           "needs PyTorch 2.7 or later on macOS with Apple silicon"),
 )
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .descriptors import DESCRIPTORS, z_width
-from . import tensors
+from .backends.metal.mps import tensors
 from .problem import Problem, on_gpu
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -54,7 +54,7 @@ def _common_dtype(given: dict) -> np.dtype:
 
 
 def array_module(array):
-    """NumPy, or CuPy for an array already on the GPU, or rnngrad.tensors' namespace for a
+    """NumPy, or CuPy for an array already on the GPU, or rnngrad.backends.metal.mps.tensors' namespace for a
     tensor the backends take where it is (an MPS tensor)."""
     if not on_gpu(array):  # a NumPy array is told by its type there
         return np

@@ -55,7 +55,7 @@ def pytest_collection_finish(session):
         return
     try:
         from rnngrad.backends.metal import library
-        from rnngrad.backends.metal.host import EMULATED_BACKEND
+        from rnngrad.backends.metal.backends import EMULATED_BACKEND
         from rnngrad.backends.metal.harness.cpu import _loader
     except ImportError:
         return

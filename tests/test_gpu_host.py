@@ -13,14 +13,14 @@ sys.path.insert(0, str(HERE.parent / "verification"))
 import gpu_host  # noqa: E402
 
 from rnngrad import api  # noqa: E402
-from rnngrad.backends.metal import host as metal_host  # noqa: E402
-from rnngrad.backends.metal.harness import cuda  # noqa: E402
+from rnngrad.backends.metal import completion, host as metal_host  # noqa: E402
+from rnngrad.backends.metal import cuda  # noqa: E402
 from rnngrad.testing.cases import random_case  # noqa: E402
 
 
 def test_phases_time_an_op_and_are_restored_after_the_block():
     originals = (api.forward_problem, api.gradient_problem, metal_host.MetalHost.plan,
-                 metal_host._Runs.launch, cuda.Device.finish, metal_host.MetalHost.words)
+                 completion.Runs.launch, cuda.Device.finish, metal_host.MetalHost.words)
     case = random_case(np.random.default_rng(4), "gru", T=3, N=2, H=5, I=3, dtype=np.float32)
     totals = {}
     with gpu_host.timed_phases(totals):
@@ -28,7 +28,7 @@ def test_phases_time_an_op_and_are_restored_after_the_block():
     assert set(totals) == {"checks", "plan", "launch", "marks read"}  # no CUDA device: no finish
     assert all(v > 0 for v in totals.values())
     assert (api.forward_problem, api.gradient_problem, metal_host.MetalHost.plan,
-            metal_host._Runs.launch, cuda.Device.finish, metal_host.MetalHost.words) == originals
+            completion.Runs.launch, cuda.Device.finish, metal_host.MetalHost.words) == originals
 
 
 def test_a_nested_call_of_a_phase_counts_once(monkeypatch):

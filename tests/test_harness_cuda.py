@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import rnngrad as rg
-from rnngrad.backends.metal.harness import cuda as metalcompute
+from rnngrad.backends.metal import cuda as metalcompute
 from rnngrad.testing import check_backend, check_case
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
@@ -97,7 +97,7 @@ def test_every_gemm_version_matches_the_reference(cell, cap, version):
     280 columns give several 64×64 tiles of v3 with tails; GRU without reset_after reads its
     dR in row blocks."""
     from rnngrad.backends.metal import versions
-    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.backends.metal.harness.contexts import cuda_device
 
     rng = np.random.default_rng(len(cell) + cap)
     extra = dict(reset_after=False) if cell == "gru" else {}
@@ -117,7 +117,7 @@ def test_wide_gemm_slices_of_k_match_the_reference(cap, monkeypatch, caplog):
     of T·N = 520 rows (each split product: v5 over its slices, then v1 adding them in order),
     every cell against the reference."""
     from rnngrad.backends.metal import versions
-    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.backends.metal.harness.contexts import cuda_device
 
     monkeypatch.setattr(versions, "WIDE_MIN_GROUPS", 1)
     monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
@@ -143,7 +143,7 @@ def _one_step_trace(cell, cap, seed, H=70):
     """A one-step grid (the version the test set) on the GPU against the reference, forward and
     gradients: bidirectional, T = 6, N = 13, I = 9, H (a GRU with reset_after, which the grids
     need); the device, for its trace."""
-    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.backends.metal.harness.contexts import cuda_device
 
     rng = np.random.default_rng(seed)
     extra = dict(reset_after=True) if cell == "gru" else {}
@@ -161,7 +161,7 @@ def test_v2_entry_points_match_the_reference(cell, H, peephole, monkeypatch):
     """Each v2 entry point the rule runs at (cell, H), forward and backward, on the GPU at the
     threadgroup size the rule chose it for: 26 rows (bidirectional, N = 13), every optional input
     (the LSTM's peephole as given), against the float64 reference; the trace names them."""
-    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.backends.metal.harness.contexts import cuda_device
 
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     optional = {**ALL_OPTIONAL, "peephole": peephole} if cell == "lstm" else ALL_OPTIONAL
@@ -182,7 +182,8 @@ def test_v2_entry_points_match_the_reference(cell, H, peephole, monkeypatch):
 def test_v2_declined_on_smaller_threadgroups_runs_v1(cell, monkeypatch):
     """Pipelines capped at 64 threads (as a Mac may cap a pipeline that needs more registers):
     the v2 dispatches are declined, the host runs v1, and the results match the reference."""
-    from rnngrad.backends.metal.host import CUDA_HOST, cuda_device
+    from rnngrad.backends.metal.backends import CUDA_HOST
+    from rnngrad.backends.metal.harness.contexts import cuda_device
 
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
     rng = np.random.default_rng(7)
@@ -260,7 +261,7 @@ def test_torch_cuda_tensors_are_read_in_place():
 
 
 def test_dispatches_per_op_match_the_cpu_harness_and_do_not_grow_with_T():
-    from rnngrad.backends.metal.host import cuda_device, emulated_device
+    from rnngrad.backends.metal.harness.contexts import cuda_device, emulated_device
 
     counts = {}
     for T in (3, 9):
@@ -382,7 +383,7 @@ kernel void big(device float* y [[buffer(0)]], uint lid [[thread_position_in_thr
 
 #: the harness device and a kernel that writes far past its buffer: an illegal address
 FAULT_SETUP = """
-from rnngrad.backends.metal.harness import cuda as metalcompute
+from rnngrad.backends.metal import cuda as metalcompute
 dev = metalcompute.Device()
 lib = dev.kernel('''#include <metal_stdlib>
 using namespace metal;

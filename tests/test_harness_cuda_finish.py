@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from rnngrad.backends.metal.harness import cuda
+from rnngrad.backends.metal import cuda
 
 
 class _Event:

@@ -3,8 +3,8 @@
 import re
 
 from rnngrad.backends.metal import library
-from rnngrad.backends.metal.harness import translate
-from rnngrad.backends.metal.harness.cuda import _build
+from rnngrad.backends.metal.msl import translate
+from rnngrad.backends.metal.cuda import _build
 
 
 def _code(text):
@@ -75,7 +75,8 @@ def test_fast_math_options_mirror_metalcompute():
 
 
 def test_the_cuda_target_defines_every_name_it_exports():
-    from rnngrad.backends.metal.harness import cpu, cuda
+    from rnngrad.backends.metal import cuda
+    from rnngrad.backends.metal.harness import cpu
 
     assert [name for name in cuda.__all__ if not hasattr(cuda, name)] == []
     assert [name for name in cpu.__all__ if not hasattr(cpu, name)] == []

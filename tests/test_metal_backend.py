@@ -19,7 +19,8 @@ from rnngrad import registry
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 from rnngrad.descriptors import Activation
 from rnngrad.backends.metal import library, versions
-from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
+from rnngrad.backends.metal.backends import EMULATED_BACKEND, EMULATED_HOST
+from rnngrad.backends.metal.harness.contexts import emulated_device
 from rnngrad.testing import check_case
 from draws import ALL_OPTIONAL, conditioned, option_variants
 

@@ -14,8 +14,9 @@ import pytest
 
 from rnngrad.backends.metal import IncompleteDispatch, library
 from rnngrad.backends.metal.harness import cpu as metalcompute
-from rnngrad.backends.metal import host as metal_host
-from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
+from rnngrad.backends.metal import completion
+from rnngrad.backends.metal.backends import EMULATED_BACKEND, EMULATED_HOST
+from rnngrad.backends.metal.harness.contexts import emulated_device
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
 from draws import ALL_OPTIONAL, recurrence_kernel, threadgroups_of
@@ -167,13 +168,13 @@ def test_a_device_with_finish_gets_the_op_back_to_back_and_the_first_failure_nam
     forward = sum(op.endswith("_forward") for _, op, _ in dispatches)
     for i, (kernel, op, groups) in enumerate(dispatches):
         device = _FinishingDevice(**small_groups(), stop=(i, groups // 2))
-        with metal_host._running_on(EMULATED_HOST, device), pytest.raises(IncompleteDispatch) as info:
+        with EMULATED_HOST.using(device), pytest.raises(IncompleteDispatch) as info:
             case.gradients(backend=BACKEND)
         assert (info.value.kernel, info.value.op) == (kernel, op)
         # The op that failed ran to its last dispatch; the gradient op never started after a
         # failed forward.
         assert len(device.trace) == (forward if i < forward else len(dispatches))
-    with metal_host._running_on(EMULATED_HOST, _FinishingDevice(**small_groups())) as device:
+    with EMULATED_HOST.using(_FinishingDevice(**small_groups())) as device:
         got = case.gradients(backend=BACKEND)
     with emulated_device(**small_groups()):
         want = case.gradients(backend=BACKEND)
@@ -257,7 +258,7 @@ def test_each_kind_of_wrong_mark_is_named(edit, expected):
     from rnngrad.validation import forward_problem
 
     problem = forward_problem("lstm", case.descriptor, **case.inputs)[0]
-    runs = metal_host._Runs(EMULATED_HOST, "lstm_forward", problem)
+    runs = completion.Runs(EMULATED_HOST, "lstm_forward", problem)
     words = _marks(5, extra=3)
     if edit is not None:
         edit(words)
@@ -282,7 +283,7 @@ def test_marks_cover_every_kernel_and_sit_in_the_last_binding():
 
 def _cuda_unavailable():
     try:
-        from rnngrad.backends.metal.harness import cuda
+        from rnngrad.backends.metal import cuda
     except ImportError as exc:
         return str(exc)
     return cuda.available()
@@ -296,8 +297,8 @@ def test_cuda_target_dispatch_launched_with_half_its_grid_raises(cell, monkeypat
     """The CUDA target has no injection option: dispatch i launches only the first half of its
     grid's threadgroups (none when it has one) by wrapping the target's one launch function,
     which its calls and prepared calls (the host's) both go through."""
-    from rnngrad.backends.metal.harness import cuda
-    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.backends.metal import cuda
+    from rnngrad.backends.metal.harness.contexts import cuda_device
 
     case = _case(cell)
     with cuda_device() as dev:

@@ -22,7 +22,8 @@ import pytest
 
 from rnngrad.backends.metal import IncompleteDispatch, library, versions
 from rnngrad.backends.metal.harness import cpu as metalcompute
-from rnngrad.backends.metal.host import EMULATED_BACKEND, emulated_device
+from rnngrad.backends.metal.backends import EMULATED_BACKEND
+from rnngrad.backends.metal.harness.contexts import emulated_device
 from rnngrad.testing import check_case, compare_array
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 

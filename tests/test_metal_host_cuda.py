@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import rnngrad as rg
-from rnngrad.backends.metal import host as metal_host
-from rnngrad.backends.metal.harness import cuda as metalcompute
+from rnngrad.backends.metal import backends, completion
+from rnngrad.backends.metal.harness import contexts
+from rnngrad.backends.metal import cuda as metalcompute
 from rnngrad.testing.cases import random_case
 
 pytestmark = [pytest.mark.gpu,
@@ -48,7 +49,7 @@ def test_gpu_inputs_are_bound_in_place_and_left_unchanged():
     inputs = {k: cp.asarray(v) for k, v in case.inputs.items()}
     gpu_upstream = {k: cp.asarray(v) for k, v in upstream.items()}
     before = {k: cp.asnumpy(v) for k, v in {**inputs, **gpu_upstream}.items()}
-    with metal_host.cuda_device(timing=False) as dev:
+    with contexts.cuda_device(timing=False) as dev:
         bound = []
         wrap = dev.wrap
         dev.wrap = lambda a: bound.append(a.data.ptr) or wrap(a)
@@ -71,26 +72,26 @@ def test_an_op_makes_one_slab_and_one_arena_at_small_sizes(monkeypatch):
     slab and one zeroed arena."""
     import cupy as cp
 
-    monkeypatch.setattr(metal_host, "SLAB_BYTES", 1 << 22)
+    monkeypatch.setattr(completion, "SLAB_BYTES", 1 << 22)
 
     case = random_case(6, "lstm", T=50, N=1, I=64, H=64, dtype=np.float32,
                        optional={k: k in ("input_weight", "bias") for k in ALL_OPTIONAL})
     inputs = {k: cp.asarray(v) for k, v in case.inputs.items()}
     upstream = dict(source_gradient=cp.asarray(case.source_gradient))
-    with metal_host.cuda_device(timing=False) as dev:
+    with contexts.cuda_device(timing=False) as dev:
         _lstm_pair(case, inputs, upstream)
         made = []
         buffer, zeros = dev.buffer, dev.zeros
         dev.buffer = lambda data: made.append(("buffer", type(data).__name__)) or buffer(data)
         dev.zeros = lambda n: made.append(("zeros", n)) or zeros(n)
         _lstm_pair(case, inputs, upstream)
-    assert sorted(made) == [("buffer", "int")] * 2 + [("zeros", metal_host.ARENA_BYTES)] * 2, made
+    assert sorted(made) == [("buffer", "int")] * 2 + [("zeros", completion.ARENA_BYTES)] * 2, made
 
 
 def test_a_device_times_its_dispatches_unless_made_without_timing():
     case = random_case(8, "gru", T=3, N=2, I=3, H=4, dtype=np.float32)
     for timing in (True, False):
-        with metal_host.cuda_device(timing=timing) as dev:
+        with contexts.cuda_device(timing=timing) as dev:
             case.gradients("metal-cuda")
         seconds = [d.seconds for d in dev.trace]
         assert seconds
@@ -98,4 +99,4 @@ def test_a_device_times_its_dispatches_unless_made_without_timing():
             assert all(isinstance(s, float) and s > 0 for s in seconds), seconds
         else:
             assert all(s is None for s in seconds), seconds
-    assert metal_host._cuda_device().timing is False  # the backend's own device
+    assert backends._cuda_device().timing is False  # the backend's own device

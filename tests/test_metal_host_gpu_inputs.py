@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from rnngrad.backends.metal import IncompleteDispatch
-from rnngrad.backends.metal import host as metal_host
+from rnngrad.backends.metal import completion
 from rnngrad.backends.metal.harness import cpu as metalcompute
-from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST
+from rnngrad.backends.metal.backends import EMULATED_BACKEND, EMULATED_HOST
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 from rnngrad.validation import forward_problem, gradient_problem
 
@@ -63,7 +63,7 @@ def _run(case, device, on_gpu):
     """(forward arrays, gradient arrays, (the caller's arrays, addresses bound in place)) of a
     training forward and gradients on ``device``, with inputs in its memory when ``on_gpu``."""
     if EMULATED_HOST._device is not device:
-        with metal_host._running_on(EMULATED_HOST, device):
+        with EMULATED_HOST.using(device):
             return _run(case, device, on_gpu)
     desc = dataclasses.replace(case.descriptor, training=True)
     upstream = dict(source_gradient=case.source_gradient, state_gradient=case.state_gradient,
@@ -110,7 +110,7 @@ def test_gpu_inputs_kernels_only_read_are_bound_in_place(cell, optional):
 def test_an_op_asks_for_one_slab_one_arena_and_one_read_at_small_sizes():
     case = _case("lstm", ALL_OPTIONAL)
     device = GpuLikeDevice()
-    with metal_host._running_on(EMULATED_HOST, device):
+    with EMULATED_HOST.using(device):
         _run(case, device, on_gpu=True)  # kernels compiled, constants kept
         device.ops.clear()
         DeviceArray.reads = 0
@@ -127,7 +127,7 @@ def test_an_op_asks_for_one_slab_one_arena_and_one_read_at_small_sizes():
 @pytest.mark.parametrize("cell", CELLS)
 def test_a_stopped_dispatch_with_gpu_inputs_raises_as_on_the_plain_harness(cell):
     case = _case(cell, ALL_OPTIONAL)
-    with metal_host._running_on(EMULATED_HOST, metalcompute.Device(max_threads_per_threadgroup=32)) as d:
+    with EMULATED_HOST.using(metalcompute.Device(max_threads_per_threadgroup=32)) as d:
         _run(case, d, on_gpu=False)
     groups = [x.threadgroups for x in d.trace]
     for i in (0, len(groups) // 2, len(groups) - 1):
@@ -150,7 +150,7 @@ def test_a_gpu_input_off_the_float4_alignment_is_copied():
     desc = dataclasses.replace(case.descriptor, training=True)
     upstream = dict(source_gradient=case.source_gradient)
     results = []
-    with metal_host._running_on(EMULATED_HOST, device), cupy_is(device.array_module):
+    with EMULATED_HOST.using(device), cupy_is(device.array_module):
         for offset in (0, 1):
             inputs = {k: device.array(v) for k, v in case.inputs.items() if v is not None}
             R = case.inputs["recurrent_weight"]
@@ -177,7 +177,7 @@ def test_a_gpu_input_off_the_float4_alignment_is_copied():
 @pytest.mark.parametrize("cell", CELLS)
 def test_marks_all_as_expected_are_checked_in_one_pass(cell, monkeypatch):
     """When every dispatch of an op marked as expected, the arenas' marks are compared with the
-    expected words in one pass per arena: the per-dispatch analysis (_Runs._check, which words
+    expected words in one pass per arena: the per-dispatch analysis (completion.Runs._check, which words
     the errors) is not reached. Its errors when a mark is off: the stopped-dispatch test above."""
     case = _case(cell, {k: False for k in ALL_OPTIONAL})
     desc = dataclasses.replace(case.descriptor, training=True)
@@ -186,8 +186,8 @@ def test_marks_all_as_expected_are_checked_in_one_pass(cell, monkeypatch):
     def per_dispatch(*args, **kwargs):
         raise AssertionError("the per-dispatch check ran")
 
-    monkeypatch.setattr(metal_host._Runs, "_check", per_dispatch)
-    with metal_host._running_on(EMULATED_HOST, device), cupy_is(device.array_module):
+    monkeypatch.setattr(completion.Runs, "_check", per_dispatch)
+    with EMULATED_HOST.using(device), cupy_is(device.array_module):
         for _ in range(2):  # the expected marks made, then kept
             inputs = {k: device.array(v) for k, v in case.inputs.items() if v is not None}
             _pair(cell, desc, inputs, dict(source_gradient=device.array(case.source_gradient)))

@@ -21,9 +21,10 @@ import pytest
 
 from rnngrad import api
 from rnngrad.backends.metal import IncompleteDispatch
-from rnngrad.backends.metal import host as metal_host
+from rnngrad.backends.metal import completion, host as metal_host, library
 from rnngrad.backends.metal.harness import cpu as metalcompute
-from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, Constant
+from rnngrad.backends.metal.backends import EMULATED_BACKEND, EMULATED_HOST
+from rnngrad.backends.metal.plan import Constant
 from rnngrad.testing.cases import CELLS, FORWARD_OPS, random_case, random_descriptor
 
 from draws import ALL_OPTIONAL
@@ -134,14 +135,14 @@ def test_from_the_second_call_only_the_callers_arrays_are_copied(cell, optional,
     device = device_kind()
     reads, pairs = [], []
     words = EMULATED_HOST.words
-    launch = metal_host._Runs.launch
+    launch = completion.Runs.launch
 
     def spied(runs, kernel, count, buffers, steps, span, prepared=None):
         pairs.append(prepared is not None and sum(type(b) is tuple for b in buffers))
         return launch(runs, kernel, count, buffers, steps, span, prepared)
 
-    with metal_host._running_on(EMULATED_HOST, device), \
-            mock.patch.object(metal_host._Runs, "launch", spied):
+    with EMULATED_HOST.using(device), \
+            mock.patch.object(completion.Runs, "launch", spied):
         first, first_counts = _fwd_grad(case, device)
         fetched = len(getattr(device, "fetches", ()))
         EMULATED_HOST.words = lambda buf, n: reads.append(n) or words(buf, n)
@@ -159,7 +160,7 @@ def test_from_the_second_call_only_the_callers_arrays_are_copied(cell, optional,
         assert copies <= arrays, counts
         # The first call copies one parameter struct per distinct dispatch besides.
         assert first_copies <= arrays + dispatches, first_counts
-    with metal_host._running_on(EMULATED_HOST, _CountingDevice()) as plain:
+    with EMULATED_HOST.using(_CountingDevice()) as plain:
         want, plain_counts = _fwd_grad(case, plain)
         _, plain_counts = _fwd_grad(case, plain)
     assert all(g.tobytes() == w.tobytes() for g, w in zip(first, want))
@@ -171,7 +172,7 @@ def test_from_the_second_call_only_the_callers_arrays_are_copied(cell, optional,
 
 
 def _dispatches(case):
-    with metal_host._running_on(EMULATED_HOST, metalcompute.Device(**SMALL_GROUPS)) as dev:
+    with EMULATED_HOST.using(metalcompute.Device(**SMALL_GROUPS)) as dev:
         case.gradients(backend=BACKEND)
     return [d.threadgroups for d in dev.trace]
 
@@ -186,7 +187,7 @@ def test_status_slices_of_one_arena_give_the_same_failures_and_messages(cell):
             errors = []
             for kind in (metalcompute.Device, _CudaLikeDevice, _FetchingDevice):
                 device = kind(**SMALL_GROUPS, **failure)
-                with metal_host._running_on(EMULATED_HOST, device):
+                with EMULATED_HOST.using(device):
                     with pytest.raises(IncompleteDispatch) as info:
                         case.gradients(backend=BACKEND)
                 e = info.value
@@ -201,8 +202,8 @@ def test_an_arena_grows_by_whole_arenas_and_a_large_status_gets_its_own(monkeypa
     an arena of its own. The results stay the same, and each arena is read once. (v1's grid:
     v2 asks for 1024 threads, 256 bytes of marks.)"""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v1")
-    monkeypatch.setattr(metal_host, "ARENA_BYTES", 64)
-    monkeypatch.setattr(metal_host, "ARENA_ALIGN", 16)
+    monkeypatch.setattr(completion, "ARENA_BYTES", 64)
+    monkeypatch.setattr(completion, "ARENA_ALIGN", 16)
     monkeypatch.setattr(EMULATED_HOST, "dispatch_budget", 1024 * 32)  # one step per dispatch
     case = _case("lstm", "all", T=7)
     made, reads = [], []
@@ -214,10 +215,10 @@ def test_an_arena_grows_by_whole_arenas_and_a_large_status_gets_its_own(monkeypa
     words = metal_host.MetalHost.words
     monkeypatch.setattr(metal_host.MetalHost, "words",
                         lambda host, buf, n: reads.append(n) or words(host, buf, n))
-    with metal_host._running_on(EMULATED_HOST, device):
+    with EMULATED_HOST.using(device):
         got = case.gradients(backend=BACKEND)
     arena_reads = len(reads)
-    with metal_host._running_on(EMULATED_HOST, metalcompute.Device(**SMALL_GROUPS)):
+    with EMULATED_HOST.using(metalcompute.Device(**SMALL_GROUPS)):
         want = case.gradients(backend=BACKEND)
     assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
     needs = [8 * -(-d.count // 32) for d in device.trace]
@@ -231,7 +232,7 @@ def test_an_arena_grows_by_whole_arenas_and_a_large_status_gets_its_own(monkeypa
 def test_kept_constants_are_bounded_and_dropped_with_the_device(monkeypatch):
     monkeypatch.setattr(metal_host, "CONSTANTS_KEPT", 4)
     device = _CountingDevice()
-    with metal_host._running_on(EMULATED_HOST, device):
+    with EMULATED_HOST.using(device):
         first = [EMULATED_HOST.buffer(Constant(n)) for n in range(1, 7)]
         assert device.copies == 6 and len(EMULATED_HOST._constants) == 4
         assert EMULATED_HOST.buffer(Constant(6)) is first[5]  # kept: no copy
@@ -241,11 +242,11 @@ def test_kept_constants_are_bounded_and_dropped_with_the_device(monkeypatch):
         assert device.copies == 7
         assert EMULATED_HOST.buffer(Constant(4)) is not first[3]  # dropped to make room for 1
         assert EMULATED_HOST.buffer(Constant(6, 1.0)) is not first[5]  # another value
-        params = np.zeros(1, metal_host.library.GEMM_PARAMS)
+        params = np.zeros(1, library.GEMM_PARAMS)
         assert EMULATED_HOST.buffer(params) is EMULATED_HOST.buffer(params.copy())
         kept = EMULATED_HOST._constants
         other = _CountingDevice()
-        with metal_host._running_on(EMULATED_HOST, other):
+        with EMULATED_HOST.using(other):
             assert len(EMULATED_HOST._constants) == 0
             assert EMULATED_HOST.buffer(Constant(6)) is not first[5] and other.copies == 1
         assert EMULATED_HOST._constants is kept  # leaving the block restores the device's own

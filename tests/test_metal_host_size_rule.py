@@ -9,7 +9,7 @@ import pytest
 
 import rnngrad as rg
 from rnngrad import registry
-from rnngrad.backends.metal import host
+from rnngrad.backends.metal import backends as host
 from rnngrad.testing.cases import random_case
 
 

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from rnngrad.backends.metal import host as metal_host
-from rnngrad.backends.metal.host import (BUDGET_ENV, DISPATCH_BUDGET, EMULATED_BACKEND,
-                                         EMULATED_HOST, emulated_device, step_ranges, step_units)
+from rnngrad.backends.metal.schedule import BUDGET_ENV, DISPATCH_BUDGET, step_ranges, step_units
+from rnngrad.backends.metal.backends import EMULATED_BACKEND, EMULATED_HOST
+from rnngrad.backends.metal.harness.contexts import emulated_device
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
 from draws import ALL_OPTIONAL, recurrence_kernel, threadgroups_of

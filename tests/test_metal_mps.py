@@ -1,6 +1,6 @@
 """The ``metal-mps`` backend (rnngrad's kernels on PyTorch's "mps" tensors through
 ``torch.mps.compile_shader``), tested without a Mac through the harness stand-in of that API
-(``rnngrad.backends.metal.harness.mps.StandIn``, through ``metal_host.mps_standin``): on the
+(``rnngrad.backends.metal.harness.mps.StandIn``, through ``contexts.mps_standin``): on the
 CPU target with CPU tensors here, on the CUDA target with CUDA tensors where a GPU is
 (``gpu``-marked tests).
 
@@ -33,7 +33,8 @@ import rnngrad  # noqa: E402
 import rnngrad.torch as rt  # noqa: E402
 from rnngrad import registry  # noqa: E402
 from rnngrad.backends.metal import IncompleteDispatch  # noqa: E402
-from rnngrad.backends.metal import host as metal_host  # noqa: E402
+from rnngrad.backends.metal import backends  # noqa: E402
+from rnngrad.backends.metal.harness import contexts
 from rnngrad.backends.metal import mps  # noqa: E402
 from rnngrad.backends.metal.harness.mps import StandIn  # noqa: E402
 from rnngrad.testing import check_case, compare_array  # noqa: E402
@@ -45,15 +46,15 @@ from draws import ALL_OPTIONAL, option_variants  # noqa: E402
 BACKEND = "metal-mps"
 NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
 
-pytestmark = pytest.mark.skipif(metal_host.EMULATED_BACKEND.probe() is not None,
+pytestmark = pytest.mark.skipif(backends.EMULATED_BACKEND.probe() is not None,
                                 reason=f"the CPU harness is unavailable: "
-                                       f"{metal_host.EMULATED_BACKEND.probe()}")
+                                       f"{backends.EMULATED_BACKEND.probe()}")
 
 
 def _cuda_reason():
     if not torch.cuda.is_available():
         return "needs a CUDA device (torch.cuda.is_available() is False)"
-    from rnngrad.backends.metal.harness import cuda
+    from rnngrad.backends.metal import cuda
 
     return cuda.available()
 
@@ -298,7 +299,7 @@ def test_metal_mps_is_listed_with_why_it_is_missing_and_available_in_the_standin
         with pytest.raises(RuntimeError, match=r"tensors on mps: no rnngrad backend available "
                                                r"here runs on MPS devices \(the 'metal-mps' "):
             rt.functions._device.backend_for(torch.device("mps"), None)
-    with metal_host.mps_standin("cpu"):
+    with contexts.mps_standin("cpu"):
         assert BACKEND in rnngrad.available_backends()
         assert rt.functions._device.backend_for(torch.device("cpu"), None) == BACKEND
         with pytest.raises(ValueError, match="tensors on cpu run on 'metal-mps', got "
@@ -318,7 +319,7 @@ def test_metal_mps_device_pads_grids_binds_inputs_in_place_and_returns_tensors()
     want = case.forward(backend="metal-emulated")
     inputs = _tensors(case.inputs)
     before = {k: v.clone() for k, v in inputs.items()}
-    with metal_host.mps_standin("cpu") as dev:
+    with contexts.mps_standin("cpu") as dev:
         wrapped = []
         wrap = dev.wrap
         dev.wrap = lambda a: wrapped.append(a.tensor.data_ptr()) or wrap(a)
@@ -362,7 +363,7 @@ def _check_tensors(case, device):
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_metal_mps_every_option_and_direction_through_tensors(cell):
-    with metal_host.mps_standin("cpu"):
+    with contexts.mps_standin("cpu"):
         for i, options in enumerate(option_variants(cell)):
             rng = np.random.default_rng(200 + i)
             desc = random_descriptor(rng, cell, **options)
@@ -380,7 +381,7 @@ def test_metal_mps_optional_inputs_through_numpy(cell, optional, bidirectional):
     rng = np.random.default_rng(zlib.crc32(repr((cell, bidirectional, optional)).encode()))
     desc = random_descriptor(rng, cell, bidirectional=bidirectional)
     forms = ["per_step", "final"] if cell == "lstm" and optional.get("cell_gradient") else [None]
-    with metal_host.mps_standin("cpu"):
+    with contexts.mps_standin("cpu"):
         for form in forms:
             case = random_case(rng, cell, descriptor=desc, T=4, N=3, H=5, I=3, dtype=np.float32,
                                optional=optional, cell_gradient_form=form)
@@ -391,7 +392,7 @@ def test_metal_mps_optional_inputs_through_numpy(cell, optional, bidirectional):
 
 @pytest.mark.parametrize("cell", CELLS)
 def test_metal_mps_empty_sequences_and_batches_through_tensors(cell):
-    with metal_host.mps_standin("cpu"):
+    with contexts.mps_standin("cpu"):
         for T, N in ((0, 2), (2, 0)):
             case = random_case(T * 10 + N, cell, T=T, N=N, H=3, I=2, dtype=np.float32,
                                optional=ALL_OPTIONAL, cell_gradient_form="final")
@@ -411,10 +412,10 @@ def _completion_case(cell):
 def _op_dispatches(case, **harness):
     """[(kernel, op, index in the op, threadgroups)] of ``case.gradients`` (a training forward,
     then the gradient op), fault-free, as the harness ran them."""
-    with metal_host.mps_standin("cpu", **harness) as dev:
+    with contexts.mps_standin("cpu", **harness) as dev:
         case.training_forward(backend=BACKEND)
         forward = len(dev.compile_shader.trace)
-    with metal_host.mps_standin("cpu", **harness) as dev:
+    with contexts.mps_standin("cpu", **harness) as dev:
         case.gradients(backend=BACKEND)
         trace = list(dev.compile_shader.trace)
     out = []
@@ -435,7 +436,7 @@ def test_metal_mps_a_dispatch_stopped_part_way_raises_incomplete_dispatch(cell, 
     assert any(groups >= 2 for k, _, _, groups in dispatches if k != "strided_gemm")
     for number, (kernel, op, index, groups) in enumerate(dispatches):
         for ran in {groups // 2, 0}:
-            with metal_host.mps_standin("cpu", stop=(number, ran), **small):
+            with contexts.mps_standin("cpu", stop=(number, ran), **small):
                 with pytest.raises(IncompleteDispatch) as info:
                     case.gradients(backend=BACKEND)
             err, message = info.value, str(info.value)
@@ -451,9 +452,9 @@ def test_metal_mps_a_dispatch_stopped_part_way_raises_incomplete_dispatch(cell, 
 def test_metal_mps_a_stop_past_the_ops_changes_nothing(cell, monkeypatch):
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v1")
     case = _completion_case(cell)
-    with metal_host.mps_standin("cpu"):
+    with contexts.mps_standin("cpu"):
         want = case.gradients(backend=BACKEND)
-    with metal_host.mps_standin("cpu", stop=(10 ** 4, 0)):
+    with contexts.mps_standin("cpu", stop=(10 ** 4, 0)):
         got = case.gradients(backend=BACKEND)
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -522,7 +523,7 @@ def _layers_match_torch_nn(device):
         module = TORCH[mode](5, 6, num_layers=2, bidirectional=True, batch_first=True)
         data = _data(module, T=4, N=3, seed=seed, lstm=mode == "LSTM", device=device)
         want = _outputs_and_gradients(module.to(device), *data)
-        with metal_host.mps_standin(device) as dev:
+        with contexts.mps_standin(device) as dev:
             layer = rt.from_torch(module)
             got = _outputs_and_gradients(layer.to(device), *data)
         _assert_ran_on(dev)
@@ -587,7 +588,7 @@ def test_metal_mps_layer_options_match_the_reference(case, masked):
     f32 = lambda t: t.float()  # noqa: E731
     x, hx, ups = data
     data32 = (f32(x), tuple(map(f32, hx)) if name == "LSTM" else f32(hx), [f32(u) for u in ups])
-    with metal_host.mps_standin("cpu") as dev:
+    with contexts.mps_standin("cpu") as dev:
         got = _outputs_and_gradients(layer(torch.float32, None), *data32,
                                      mask=None if mask is None else mask.float())
     _assert_ran_on(dev)
@@ -602,7 +603,7 @@ def _training_steps(device, steps=3):
     head = torch.nn.Linear(16, 1)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(4, 7, 6, generator=g), torch.randn(4, 7, 1, generator=g)
-    with metal_host.mps_standin(device):
+    with contexts.mps_standin(device):
         layer = rt.from_torch(module).to(device)
     start = {k: v.clone() for k, v in module.state_dict().items()}
     runs = []
@@ -612,7 +613,7 @@ def _training_steps(device, steps=3):
         top.load_state_dict(head.state_dict())
         opt = torch.optim.SGD(list(net.parameters()) + list(top.parameters()), lr=0.5)
         losses = []
-        with metal_host.mps_standin(device) if net is layer else _nothing() as dev:
+        with contexts.mps_standin(device) if net is layer else _nothing() as dev:
             for _ in range(steps):
                 opt.zero_grad()
                 loss = torch.nn.functional.mse_loss(top(net(x.to(device))[0]), y.to(device))
@@ -664,7 +665,7 @@ def test_metal_mps_custom_operators_pass_opcheck(cell):
     code = functions.descriptor_code(desc)
     forward, backward = functions.OPS[cell]
     detached = [None if t is None else t.detach() for t in given.values()]
-    with metal_host.mps_standin("cpu"):
+    with contexts.mps_standin("cpu"):
         torch.library.opcheck(forward, (*given.values(), code, None, True))
         out = forward(*given.values(), code, None, True)
         storages = {o.untyped_storage().data_ptr() for o in out}
@@ -685,9 +686,9 @@ def test_metal_mps_verify_runs_on_the_standin(monkeypatch, capsys):
     monkeypatch.setenv(mps.STANDIN_ENV, "cpu")
     registry.reprobe(BACKEND)
     try:
-        with metal_host._running_on(metal_host.MPS_HOST, None):
+        with backends.MPS_HOST.using(None):
             code = main(["verify", "--backend", BACKEND, "--skip-reference", "--examples", "2"])
-            where = metal_host.MPS_HOST.device.deviceName
+            where = backends.MPS_HOST.device.deviceName
     finally:
         monkeypatch.delenv(mps.STANDIN_ENV)
         registry.reprobe(BACKEND)
@@ -706,7 +707,7 @@ def test_metal_mps_cuda_standin_matches_the_reference(cell, bidirectional):
     if _cuda_reason():
         pytest.skip(_cuda_reason())
     rng = np.random.default_rng(zlib.crc32(repr((cell, bidirectional)).encode()))
-    with metal_host.mps_standin("cuda"):
+    with contexts.mps_standin("cuda"):
         for optional in (ALL_OPTIONAL, NO_OPTIONAL):
             desc = random_descriptor(rng, cell, bidirectional=bidirectional)
             case = random_case(rng, cell, descriptor=desc, T=5, N=3, H=33, I=4, dtype=np.float32,
@@ -737,12 +738,12 @@ def test_metal_mps_cuda_a_dropped_dispatch_raises_incomplete_dispatch(cell):
         pytest.skip(_cuda_reason())
     case = _completion_case(cell)
     inputs = _tensors(case.inputs, "cuda")
-    with metal_host.mps_standin("cuda") as dev:
+    with contexts.mps_standin("cuda") as dev:
         getattr(rnngrad, case.cell if cell != "single_gate" else "single_gate_rnn")(
             **inputs, descriptor=case.descriptor, backend=BACKEND)
         kernels = [d.kernel for d in dev.trace]
     for number, kernel in enumerate(kernels):
-        with metal_host.mps_standin("cuda", drop=number):
+        with contexts.mps_standin("cuda", drop=number):
             with pytest.raises(IncompleteDispatch) as info:
                 getattr(rnngrad, case.cell if cell != "single_gate" else "single_gate_rnn")(
                     **inputs, descriptor=case.descriptor, backend=BACKEND)

@@ -16,9 +16,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rnngrad.backends.metal import host as metal_host
+from rnngrad.backends.metal import gemm, host as metal_host, schedule
 from rnngrad.backends.metal import versions
-from rnngrad.backends.metal.host import EMULATED_BACKEND, EMULATED_HOST, emulated_device
+from rnngrad.backends.metal.backends import EMULATED_BACKEND, EMULATED_HOST
+from rnngrad.backends.metal.harness.contexts import emulated_device
 from rnngrad.backends.metal.plan import signature
 from rnngrad.testing import assert_matches_reference
 from rnngrad.testing.cases import CELLS, op_name, random_case, random_descriptor
@@ -61,15 +62,15 @@ def _assert_matches(case, gradients):
 def made(monkeypatch):
     """The plans EMULATED_HOST makes, as the ops they are for (a list, appended to)."""
     out = []
-    for name in ("_forward_plan", "_gradients_plan"):
-        build = getattr(metal_host.MetalHost, name)
+    for name in ("forward_plan", "gradients_plan"):
+        build = getattr(schedule, name)
 
-        def counting(self, problem, build=build):
-            plan = build(self, problem)
-            if self is EMULATED_HOST:
+        def counting(host, problem, build=build):
+            plan = build(host, problem)
+            if host is EMULATED_HOST:
                 out.append(plan.op)
             return plan
-        monkeypatch.setattr(metal_host.MetalHost, name, counting)
+        monkeypatch.setattr(schedule, name, counting)
     return out
 
 
@@ -197,4 +198,4 @@ def test_plans_kept_are_bounded(made, monkeypatch):
 def test_the_projection_copies_w_only_for_a_large_untiled_product(M, P, K, bias, copies):
     choice = versions.gemm(batch=1, M=M, P=P, K=K, has_bias=bias)
     assert (choice.version in ("v1", "v4")) == copies or M * P * K < versions.TILED_MIN_WORK
-    assert metal_host.MetalHost._copies_weight(M, P, K, bias) == copies
+    assert gemm.copies_weight(M, P, K, bias) == copies

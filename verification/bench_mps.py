@@ -19,7 +19,7 @@ implementations taking turns, who goes first alternating), and the ratios of the
 rnngrad's (above 1: rnngrad is faster).
 
 Without a Mac, ``--standin cuda`` (or ``cpu``) runs the same table on the harness stand-in of
-``torch.mps.compile_shader`` (``rnngrad.backends.metal.host.mps_standin``) with CUDA (CPU)
+``torch.mps.compile_shader`` (``rnngrad.backends.metal.harness.contexts.mps_standin``) with CUDA (CPU)
 tensors, against the harness target's own path (``metal-cuda`` for CUDA, ``metal-emulated`` for
 the CPU, through rnngrad.torch) and ``torch.nn`` on that device: the stand-in's own cost, not
 Apple's. On the GPU machine::
@@ -86,7 +86,7 @@ def _implementations(cell, I, H, standin):
     import torch
 
     import rnngrad.torch as rt
-    from rnngrad import tensors
+    from rnngrad.backends.metal.mps import tensors
 
     torch.manual_seed(0)
     make = getattr(torch.nn, CELLS[cell])
@@ -126,10 +126,10 @@ def _implementations(cell, I, H, standin):
 def measure(args):
     import torch
 
-    from rnngrad.backends.metal import host as metal_host
+    from rnngrad.backends.metal.harness import contexts
 
     rows = []
-    with (metal_host.mps_standin(args.standin, poison=False) if args.standin
+    with (contexts.mps_standin(args.standin, poison=False) if args.standin
           else contextlib.nullcontext()):
         for text in args.shapes:
             T, N, I, H = (int(v) for v in text.lower().split("x"))

@@ -11,7 +11,7 @@ timing each phase with ``time.perf_counter`` around the functions that do it:
 =============  ====================================================================
 checks         the public functions' input checks (``api.forward_problem``, ...)
 plan           the op's plan lookup (``MetalHost.plan``)
-launch         the dispatches' launches (``_Runs.launch``: status slice, CUDA launch)
+launch         the dispatches' launches (``completion.Runs.launch``: status slice, CUDA launch)
 GPU wait       the host blocked until the GPU ran the op's kernels (``finish``)
 marks read     the read-back of the completion marks (``MetalHost.words``)
 other          the rest of the host's work: binding inputs, new buffers, results
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PHASES = (("checks", "rnngrad.api", "forward_problem"),
           ("checks", "rnngrad.api", "gradient_problem"),
           ("plan", "rnngrad.backends.metal.host", "MetalHost.plan"),
-          ("launch", "rnngrad.backends.metal.host", "_Runs.launch"),
-          ("GPU wait", "rnngrad.backends.metal.harness.cuda", "Device.finish"),
+          ("launch", "rnngrad.backends.metal.completion", "Runs.launch"),
+          ("GPU wait", "rnngrad.backends.metal.cuda", "Device.finish"),
           ("marks read", "rnngrad.backends.metal.host", "MetalHost.words"))
 LABELS = ("checks", "plan", "launch", "GPU wait", "marks read")
 
@@ -85,7 +85,7 @@ def measure(cell: str, shape: str, reps: int, profile: bool = False) -> dict:
     import numpy as np
     import torch
 
-    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.backends.metal.harness.contexts import cuda_device
     from rnngrad.convert import torch as rgt
     from verification.gpu_run import metal_step, paired_walls, torch_layer, wall
 

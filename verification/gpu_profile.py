@@ -42,7 +42,7 @@ def child(cell: str, shape: str, as_bench: bool = False) -> None:
     import cupy as cp
     import numpy as np
 
-    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.backends.metal.harness.contexts import cuda_device
     from rnngrad.testing.cases import random_case, random_descriptor
 
     T, N, I, H = (int(v) for v in shape.split("x"))

@@ -235,7 +235,7 @@ def device_ms(fn) -> dict:
     import cupy as cp
     import torch
 
-    from rnngrad.backends.metal.harness.cuda._build import LAUNCHER_PREFIX as LAUNCHER
+    from rnngrad.backends.metal.cuda._build import LAUNCHER_PREFIX as LAUNCHER
 
     cp.cuda.Device().synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
@@ -304,7 +304,7 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
     import cupy as cp
     import torch
 
-    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.backends.metal.harness.contexts import cuda_device
     from rnngrad.convert import torch as rgt
 
     torch.backends.cudnn.allow_tf32 = False
@@ -452,7 +452,7 @@ def fast_math_check() -> int:
     fraction of the float32 tolerance, per kind of quantity (the rows of the tolerance table)."""
     import numpy as np
 
-    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.backends.metal.harness.contexts import cuda_device
     from rnngrad.testing import check_case
     from rnngrad.testing.cases import CELLS, random_case, random_descriptor
     from rnngrad.testing.compare import KINDS
@@ -549,7 +549,7 @@ def _run(args, out: Path) -> int:
     summary = []
 
     code, text = step("environment", [py, "-c", (
-        "import cupy, torch, numpy; from rnngrad.backends.metal.harness import cuda; "
+        "import cupy, torch, numpy; from rnngrad.backends.metal import cuda; "
         "print('GPU', cuda.get_devices()); print('cupy', cupy.__version__, 'torch', torch.__version__, "
         "'cuDNN', torch.backends.cudnn.version(), 'CUDA', cupy.cuda.runtime.runtimeGetVersion())")], out)
     summary.append(("environment", "ok" if code == 0 else f"exit {code}"))

@@ -72,7 +72,7 @@ kernel void sum1024(device float* out [[buffer(0)]], uint lid [[thread_position_
 
 
 def run_defect(name: str) -> str:
-    from rnngrad.backends.metal.harness import cuda as metalcompute
+    from rnngrad.backends.metal import cuda as metalcompute
 
     src, kernel, count, sizes, cap = DEFECTS[name]
     dev = metalcompute.Device(poison=False, max_threads_per_threadgroup=cap)
@@ -84,7 +84,7 @@ def run_defect(name: str) -> str:
 
 def run_ops(H: int = 33) -> str:
     import rnngrad as rg
-    from rnngrad.backends.metal.host import cuda_device
+    from rnngrad.backends.metal.harness.contexts import cuda_device
     from rnngrad.testing import check_case
     from rnngrad.testing.cases import random_case
 

@@ -109,7 +109,7 @@ def compile_cuda(msl_source: str, arch: str = "sm_90", fast_math: bool = False) 
     and compiled by NVRTC for ``arch``; an Unavailable error without NVRTC, a RuntimeError with
     NVRTC's log if it does not compile. Kept for the process: the same source is compiled
     once."""
-    from rnngrad.backends.metal.harness.cuda import _build
+    from rnngrad.backends.metal.cuda import _build
 
     lib = _library(find_nvrtc())
     unit, _ = _build.translate_source(msl_source)

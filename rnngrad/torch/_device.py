@@ -10,9 +10,9 @@ backend's arrays and back without copies.
   both crossings go through DLPack's stream handshake, which orders PyTorch's stream and the
   backend's.
 - MPS tensors: the ``metal-mps`` backend, where it is available (PyTorch 2.7 or later on a
-  Mac). Tensors cross as they are (``rnngrad.tensors``) and results come back as tensors on
+  Mac). Tensors cross as they are (``rnngrad.backends.metal.mps.tensors``) and results come back as tensors on
   the device: nothing goes through the host. The same holds for the tensors of a device that
-  ``rnngrad.backends.metal.host.mps_standin`` runs ``metal-mps`` on (CPU or CUDA tensors,
+  ``rnngrad.backends.metal.harness.contexts.mps_standin`` runs ``metal-mps`` on (CPU or CUDA tensors,
   without a Mac).
 - Any other device (``meta``, XLA …), CUDA without ``metal-cuda`` or MPS without
   ``metal-mps``: a ``RuntimeError`` naming the device and the backends that would serve it.
@@ -24,7 +24,8 @@ import numpy as np
 import torch
 
 import rnngrad
-from rnngrad import registry, tensors
+from rnngrad import registry
+from rnngrad.backends.metal.mps import tensors
 
 #: the backend that runs on CUDA devices, taking and returning device arrays
 CUDA_BACKEND = "metal-cuda"
@@ -56,7 +57,7 @@ def cpu_backends() -> tuple:
 
 def takes_tensors(device: torch.device) -> bool:
     """Whether tensors on ``device`` go to ``metal-mps`` as they are: MPS tensors, and those of
-    the device the stand-in runs on (``rnngrad.backends.metal.host.mps_standin``)."""
+    the device the stand-in runs on (``rnngrad.backends.metal.harness.contexts.mps_standin``)."""
     return device.type in tensors.DEVICES
 
 
@@ -151,7 +152,7 @@ def to_array(t, device: torch.device):
     if t.dtype in AUTOCAST_DTYPES:
         t = t.float()
     if takes_tensors(device):
-        return t  # as it is: metal-mps takes tensors (rnngrad.tensors)
+        return t  # as it is: metal-mps takes tensors (rnngrad.backends.metal.mps.tensors)
     if device.type == "cpu":
         return t.numpy()  # shares memory, any strides; rnngrad copies only what is not C-contiguous
     return _cupy_view(t)
@@ -202,7 +203,7 @@ def transposed_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def namespace(device: torch.device):
     """The array module of the backend's arrays on ``device``: NumPy, CuPy, or for tensors
-    (metal-mps) rnngrad.tensors' namespace."""
+    (metal-mps) rnngrad.backends.metal.mps.tensors' namespace."""
     if takes_tensors(device):
         return tensors._Namespace(device)
     if device.type == "cpu":

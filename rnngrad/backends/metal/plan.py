@@ -18,15 +18,26 @@ A plan refers to a buffer by a *slot* ``(kind, index)``:
 - ``(NEW, i)``: a buffer the call makes for the op's kernels to write (zeroed or not).
 
 A call binds its inputs and makes its new buffers as its dispatches first need them
-(:meth:`rnngrad.backends.metal.host.MetalHost._call`); the plan itself holds no array of any
+(:meth:`rnngrad.backends.metal.host.MetalHost.run`); the plan itself holds no array of any
 call.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from . import library
 
 KEPT, INPUT, NEW = 0, 1, 2
+
+
+class Constant(NamedTuple):
+    """``n`` float32 elements equal to ``value``, bound where an input a kernel only reads is
+    absent (zeros for init states and biases, ones for the mask). The host makes it once per
+    device and keeps it (``MetalHost.buffer``); never bind one where a kernel writes."""
+
+    n: int
+    value: float = 0.0
 
 #: the problem fields an op may be given or not; a plan is made for one choice of them
 OPTIONAL = ("input_weight", "bias", "init_state", "init_cell", "mask", "peephole",

@@ -68,7 +68,7 @@ import weakref
 
 import numpy as np
 
-from . import dispatch
+from ..msl import dispatch
 
 #: the scalar casts ``arg_casts`` names, as NumPy dtypes (bf16: the top half of a float32)
 CASTS = {"fp16": np.float16, "bf16": "bf16", "int32": np.int32, "int16": np.int16,

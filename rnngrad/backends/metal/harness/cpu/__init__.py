@@ -99,7 +99,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import dispatch
+from ...msl import dispatch
 from . import _loader
 
 __all__ = ["Device", "Kernel", "Function", "Buffer", "RunHandle", "Dispatch", "error", "get_devices"]

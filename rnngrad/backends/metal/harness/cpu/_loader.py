@@ -27,11 +27,11 @@ except ImportError:  # not POSIX: each process compiles what it lacks
 
 from rnngrad._cache import UnsafeCacheError, user_cache_dir
 
-from .. import translate as translate_
-from ..translate import SOURCE_NAME, CompileError, KernelInfo  # noqa: F401  (the loader's names)
+from ...msl import translate as translate_
+from ...msl.translate import SOURCE_NAME, CompileError, KernelInfo  # noqa: F401  (the loader's names)
 
 _HERE = Path(__file__).resolve().parent
-_SHARED = _HERE.parent  # the stand-in <metal_stdlib>, shared by every target
+_SHARED = _HERE.parent.parent / "msl"  # the stand-in <metal_stdlib>, shared by every target
 _HEADERS = (_SHARED / "metal_stdlib.h", _HERE / "target.h", _HERE / "target_sync.h", _HERE / "emulator_abi.h")
 _RUNTIME = "emulator_runtime.cpp"
 _FORMAT = "rnngrad-metal-emulator-2"  # bump when the generated code changes meaning

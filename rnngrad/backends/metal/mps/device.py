@@ -28,7 +28,7 @@ runs unchanged:
 ``Device(StandIn("cpu"), "cpu")`` on the harness stand-in
 (:mod:`rnngrad.backends.metal.harness.mps`), which presents the same API on the CPU (or CUDA)
 target, so the backend and ``rnngrad.torch`` run end to end without a Mac:
-:func:`rnngrad.backends.metal.host.mps_standin`.
+:func:`rnngrad.backends.metal.harness.contexts.mps_standin`.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import os
 
 import numpy as np
 
-from ... import tensors
-from .harness import dispatch
+from ..msl import dispatch
+from . import tensors
 
 #: environment variable: "cpu" or "cuda" runs ``metal-mps`` on the harness stand-in of that
 #: torch device (for ``rnngrad verify --backend metal-mps`` without a Mac)
@@ -48,7 +48,7 @@ STANDIN_ENV = "RNNGRAD_MPS_STANDIN"
 #: (a PyTorch without it); a pipeline that allows fewer threads refuses the dispatch with
 #: PyTorch's ValueError ("Threadgroup size exceeds …") rather than running it
 UNKNOWN_LIMIT = 256
-#: the devices ``rnngrad.backends.metal.host.mps_standin`` runs metal-mps on, innermost last
+#: the devices ``rnngrad.backends.metal.harness.contexts.mps_standin`` runs metal-mps on, innermost last
 _ACTIVE = []
 
 
@@ -217,7 +217,7 @@ def default_device() -> Device:
     ``$RNNGRAD_MPS_STANDIN``'s device."""
     target = _standin_target()
     if target:
-        from .harness.mps import StandIn
+        from ..harness.mps import StandIn
 
         return Device(StandIn(target), target, poison=True)
     return Device()

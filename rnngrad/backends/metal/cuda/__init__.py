@@ -1,13 +1,15 @@
 """Run unchanged Metal Shading Language kernels on an NVIDIA GPU, behind metalcompute's Python API.
 
-The CUDA target of the harness: the same ``.metal`` source as on a Mac, translated to CUDA C++
-(:mod:`._build`) against the shared stand-in ``<metal_stdlib>`` and compiled with NVRTC through
-CuPy. It presents the CPU target's API, so the Metal host code drives it unchanged::
+The ``metal-cuda`` backend's device: the same ``.metal`` source as on a Mac, translated to CUDA
+C++ (:mod:`._build`) against the stand-in ``<metal_stdlib>`` (:mod:`rnngrad.backends.metal.msl`)
+and compiled with NVRTC through CuPy. It presents the device interface of
+:mod:`rnngrad.backends.metal.device`, as the test harness's CPU target does, so the Metal host
+code drives it unchanged::
 
-    from rnngrad.backends.metal.harness import cuda as metalcompute
+    from rnngrad.backends.metal import cuda as metalcompute
 
     dev = metalcompute.Device()
-    fn = dev.kernel(source).function("name")      # compiles (NVRTC, cached); raises metalcompute.error
+    fn = dev.kernel(source).function("name")  # compiles (NVRTC, cached); raises error
     out = dev.buffer(4 * n)                       # GPU memory: a CuPy uint8 array
     handle = fn(n, dev.buffer(x), params, out)    # non-Buffer arguments are copied for this call
     dev.finish([handle])                          # waits, and raises error if the kernel faulted
@@ -57,7 +59,7 @@ read when first asked for). It keeps the newest ``Device(trace_limit=...)`` disp
 default; None keeps every one), so a long training loop holds bounded memory.
 ``Device(timing=False)`` records one event per call (the one :meth:`Device.finish` waits on)
 instead of two timing events, and its dispatches' ``seconds`` are None: the Metal backend's own
-device ("metal-cuda") runs so; ``rnngrad.backends.metal.host.cuda_device()`` times by default.
+device ("metal-cuda") runs so; ``rnngrad.backends.metal.harness.contexts.cuda_device()`` times by default.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ import threading
 
 import numpy as np
 
-from .. import dispatch, translate
+from ..msl import dispatch, translate
 from . import _build
 
 __all__ = ["Device", "Kernel", "Function", "Prepared", "RunHandle", "Dispatch", "Constant", "error",

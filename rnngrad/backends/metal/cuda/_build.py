@@ -38,10 +38,10 @@ import dataclasses
 import re
 from pathlib import Path
 
-from .. import translate
+from ..msl import translate
 
 _HERE = Path(__file__).resolve().parent
-_SHARED = _HERE.parent
+_SHARED = _HERE.parent / "msl"
 
 #: builtin attribute → its CUDA expression
 _BUILTIN_VALUES = {

@@ -11,7 +11,7 @@ tensors on the inputs' device: nothing crosses to the host.
 Tensors of any other device are what they were: CPU tensors are read as NumPy arrays, CUDA
 tensors through ``__cuda_array_interface__``. The ``metal-mps`` stand-in
 (:mod:`rnngrad.backends.metal.harness.mps`, run by
-``rnngrad.backends.metal.host.mps_standin``) adds the device it runs on ("cpu" or "cuda") to
+``rnngrad.backends.metal.harness.contexts.mps_standin``) adds the device it runs on ("cpu" or "cuda") to
 :data:`DEVICES` while it is in use (:func:`taking`), so that its tensors take the path of MPS
 tensors.
 
