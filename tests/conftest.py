@@ -5,6 +5,7 @@ library compiled for the CPU harness beside the first tests.
 Choose a profile with ``pytest --hypothesis-profile=thorough`` or ``HYPOTHESIS_PROFILE=thorough``.
 """
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -98,3 +99,14 @@ def recurrence_version(request, monkeypatch):
     reset_after, which v3 cannot run, gets the rule's version)."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", request.param)
     return request.param
+
+
+@pytest.fixture
+def metal_rules(request):
+    """``metal_rules(**changes)`` runs the rest of the test under the Metal version rules with
+    ``changes`` (``rnngrad.backends.metal.versions.overrides``: forced versions, thresholds)."""
+    from rnngrad.backends.metal import versions
+
+    stack = contextlib.ExitStack()
+    request.addfinalizer(stack.close)
+    return lambda **changes: stack.enter_context(versions.overrides(**changes))

@@ -103,7 +103,7 @@ def test_every_gemm_version_matches_the_reference(cell, cap, version):
     extra = dict(reset_after=False) if cell == "gru" else {}
     desc = random_descriptor(rng, cell, bidirectional=True, training=True, **extra)
     case = random_case(rng, cell, descriptor=desc, T=10, N=13, I=65, H=70, dtype=np.float32)
-    with versions.forced(version), cuda_device(max_threads_per_threadgroup=cap,
+    with versions.overrides(gemm=version), cuda_device(max_threads_per_threadgroup=cap,
                                                check_each_dispatch=True) as d:
         for gradients in (False, True):
             worst, mismatches = check_case(case, "metal-cuda", gradients)
@@ -112,17 +112,13 @@ def test_every_gemm_version_matches_the_reference(cell, cap, version):
 
 
 @pytest.mark.parametrize("cap", [1024, 64])
-def test_wide_gemm_slices_of_k_match_the_reference(cap, monkeypatch, caplog):
+def test_wide_gemm_slices_of_k_match_the_reference(cap, monkeypatch, caplog, metal_rules):
     """v5 as the rule's tiled version with slices small enough to split the weight gradients
     of T·N = 520 rows (each split product: v5 over its slices, then v1 adding them in order),
     every cell against the reference."""
-    from rnngrad.backends.metal import versions
     from rnngrad.backends.metal.harness.contexts import cuda_device
 
-    monkeypatch.setattr(versions, "WIDE_MIN_GROUPS", 1)
-    monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
-    monkeypatch.setattr(versions, "TILED_MIN_WORK", 1)
-    monkeypatch.setattr(versions, "WIDE_MIN_SLICE", 64)
+    metal_rules(wide_min_groups=1, tiled_min_tiles=1, tiled_min_work=1, wide_min_slice=64)
     rng = np.random.default_rng(cap)
     for cell in CELLS:
         desc = random_descriptor(rng, cell, bidirectional=True, training=True)
@@ -204,7 +200,7 @@ def test_v2_declined_on_smaller_threadgroups_runs_v1(cell, monkeypatch):
 @pytest.mark.parametrize("min_tiles", [1, 128])
 @pytest.mark.parametrize("cap", [1024, 64])
 @pytest.mark.parametrize("cell", CELLS)
-def test_v3_matches_the_reference(cell, cap, min_tiles, H, monkeypatch):
+def test_v3_matches_the_reference(cell, cap, min_tiles, H, monkeypatch, metal_rules):
     """v3's tiles on the GPU, one dispatch a step (the backward's last the carry alone): 13 rows
     a direction in one tile of 16, H = 70 in the widest blocks (min_tiles 1: 2 blocks of 35
     units, 5 blocks of 14 units × 4 gates forward for the LSTM and GRU; 36 or 56 workers, so
@@ -215,7 +211,7 @@ def test_v3_matches_the_reference(cell, cap, min_tiles, H, monkeypatch):
     from rnngrad.backends.metal import versions
 
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v3")
-    monkeypatch.setattr(versions, "V3_MIN_TILES", min_tiles)
+    metal_rules(v3_min_tiles=min_tiles)
     d = _one_step_trace(cell, cap, seed=len(cell) + cap + min_tiles + H, H=H)
     for direction, steps in (("forward", 6), ("backward", 7)):
         runs = [x for x in d.trace if x.kernel == f"{cell}_{direction}_v3"]

@@ -362,12 +362,12 @@ def one_step_runs(rng, cell, T, N, H, threads):
     (17, 20, 1, 1024),   # two row tiles (16 + 1 rows) a direction; k split over 4 slices
     (5, 9, 128, 64),     # the narrowest blocks: 4 columns a tile, 8 slices of k
 ])
-def test_v3_tiles_one_step_a_dispatch(cell, N, H, min_tiles, threads, monkeypatch):
+def test_v3_tiles_one_step_a_dispatch(cell, N, H, min_tiles, threads, monkeypatch, metal_rules):
     """v3 against the reference, bidirectional, every optional input, adversarial schedule: T
     forward dispatches and T + 1 backward ones (the last the carry alone), each of
     versions.tile_blocks' tiles; a GRU without reset_after gets the rule's version."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v3")
-    monkeypatch.setattr(versions, "V3_MIN_TILES", min_tiles)
+    metal_rules(v3_min_tiles=min_tiles)
     rng = np.random.default_rng(N * H + min_tiles)
     T = 3
     for reset_after, forward, backward in one_step_runs(rng, cell, T, N, H, threads):
@@ -384,7 +384,7 @@ def test_v3_tiles_one_step_a_dispatch(cell, N, H, min_tiles, threads, monkeypatc
 
 
 def test_v3_tile_blocks_and_choice():
-    """The widest power-of-two block of units within 64 columns that still gives V3_MIN_TILES
+    """The widest power-of-two block of units within 64 columns that still gives v3_min_tiles
     tiles, else the narrowest (4 columns); the choice names the grid."""
     assert versions.tile_blocks(cell="lstm", direction="forward", D=1, N=64, H=512) == (4, 32)
     assert versions.tile_blocks(cell="lstm", direction="backward", D=1, N=64, H=512) == (4, 32)
@@ -392,7 +392,7 @@ def test_v3_tile_blocks_and_choice():
     assert versions.tile_blocks(cell="gru", direction="forward", D=1, N=1, H=64) == (1, 64)
     assert versions.tile_blocks(cell="gru", direction="backward", D=1, N=1, H=64) == (1, 16)
     choice = versions.recurrence(cell="lstm", direction="forward", D=1, N=32, H=256)
-    assert choice.version != "v3"  # forced, or by the rule from STEPS_MIN_WORK (2**25; this 2**23)
+    assert choice.version != "v3"  # forced, or by the rule from steps_min_work (2**25; this 2**23)
     import os
     os.environ["RNNGRAD_METAL_RECURRENCE"] = "v3"
     try:

@@ -52,7 +52,6 @@ THREADS = {"v3": versions.BLOCKED_THREADS, "v4": versions.SPLIT_THREADS,
 def _auto_rule(monkeypatch):
     """Every test starts from the rule, whatever the environment says."""
     monkeypatch.delenv(versions.GEMM_ENV, raising=False)
-    monkeypatch.setattr(versions, "GEMM", None)
 
 
 # -- calling a kernel directly ------------------------------------------------------------------
@@ -221,27 +220,25 @@ def test_wide_slices_of_k(device):
 
 
 def test_wide_slice_rule():
-    """K splits only for few tiles and no bias, into slices of at least WIDE_MIN_SLICE k, a
+    """K splits only for few tiles and no bias, into slices of at least wide_min_slice k, a
     multiple of the chunk; the slices cover K."""
+    rules = versions.rules()
     few = dict(batch=1, M=512, P=128, block=512, b_block=0)  # 4 tiles
     slices, k = versions.wide_slices(**few, K=8000, has_bias=False)
-    assert k % versions.WIDE_K == 0 and k >= versions.WIDE_MIN_SLICE
+    assert k % versions.WIDE_K == 0 and k >= rules.wide_min_slice
     assert slices == -(-8000 // k) and (slices - 1) * k < 8000 <= slices * k
-    assert slices * 4 <= versions.WIDE_SPLIT_TILES + 4 * 2
+    assert slices * 4 <= rules.wide_split_tiles + 4 * 2
     assert versions.wide_slices(**few, K=8000, has_bias=True) == (1, 0)
-    assert versions.wide_slices(**few, K=2 * versions.WIDE_MIN_SLICE - 1, has_bias=False) == (1, 0)
+    assert versions.wide_slices(**few, K=2 * rules.wide_min_slice - 1, has_bias=False) == (1, 0)
     many = dict(batch=1, M=12800, P=2048, block=12800, b_block=0)
     assert versions.wide_slices(**many, K=512, has_bias=False) == (1, 0)
 
 
-def test_backend_splits_k_of_the_weight_gradients(monkeypatch, caplog):
+def test_backend_splits_k_of_the_weight_gradients(monkeypatch, caplog, metal_rules):
     """Through the backend, with v5 the rule's tiled version and slices made small enough to
     split the weight gradients of a small op: each split product is v5 over slices followed
     by v1 adding them (M = 1, K = the slices), and every result matches the reference."""
-    monkeypatch.setattr(versions, "WIDE_MIN_GROUPS", 1)
-    monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
-    monkeypatch.setattr(versions, "TILED_MIN_WORK", 1)
-    monkeypatch.setattr(versions, "WIDE_MIN_SLICE", 8)
+    metal_rules(wide_min_groups=1, tiled_min_tiles=1, tiled_min_work=1, wide_min_slice=8)
     rng = np.random.default_rng(8)
     for cell in CELLS:
         desc = random_descriptor(rng, cell, training=True, **(dict(reset_after=False) if cell == "gru" else {}))
@@ -513,7 +510,7 @@ def test_backend_with_tiled_forced_matches_the_reference(cell, version):
             rng = np.random.default_rng(100 * i + len(optional) + (optional is ALL_OPTIONAL))
             case = random_case(rng, cell, descriptor=desc, **BACKEND_SHAPES[version], dtype=np.float32,
                                optional=optional, cell_gradient_form="per_step" if i % 2 else "final")
-            with versions.forced(version), emulated_device(**dict(HARSH, seed=i)) as dev:
+            with versions.overrides(gemm=version), emulated_device(**dict(HARSH, seed=i)) as dev:
                 for gradients in (False, True):
                     ratio, mismatches = check_case(case, BACKEND, gradients)
                     assert not mismatches, (
@@ -543,15 +540,15 @@ def test_backend_with_v3_from_the_environment(monkeypatch):
     assert max(d.threadgroups for d in products) >= 4
 
 
-def test_backend_auto_rule_tiles_the_large_products(caplog, monkeypatch):
+def test_backend_auto_rule_tiles_the_large_products(caplog, monkeypatch, metal_rules):
     """An LSTM whose input-side products reach 2**20 multiply-adds: the rule tiles those (v3)
-    and keeps the smaller dR and the one-row reductions on v1; the result matches, and each
-    choice is logged with its reason, naming the entry point that ran. (The tile-count
+    and keeps the smaller dR and the one-row reductions on v1; the result matches, and the
+    choices are logged once each, naming the entry points that ran, in order. (The tile-count
     condition is lowered to 1 so that a shape the CPU harness runs quickly is tiled.)"""
-    monkeypatch.setattr(versions, "TILED_MIN_TILES", 1)
+    metal_rules(tiled_min_tiles=1)
     monkeypatch.setenv(versions.RECURRENCE_ENV, "v2")
-    monkeypatch.setattr(versions, "WIDE_MIN_GROUPS", 2)  # v5 only with two threadgroups
-    tiled, tiles, TILED = "v3", 16, BLOCKED
+    metal_rules(wide_min_groups=2)  # v5 only with two threadgroups
+    TILED = BLOCKED
     rng = np.random.default_rng(8)
     desc = random_descriptor(rng, "lstm", bidirectional=False, training=True)
     case = random_case(rng, "lstm", descriptor=desc, T=16, N=8, H=32, I=64, dtype=np.float32,
@@ -561,21 +558,16 @@ def test_backend_auto_rule_tiles_the_large_products(caplog, monkeypatch):
     assert not mismatches, "\n".join(map(str, mismatches[:5]))
     # T·N = 128 rows, G·H = 128: x' and d_source and dW are 2**20 multiply-adds, dR 2**19.
     assert [d.kernel for d in dev.trace] == [
-        TILED, "lstm_forward_v2_spread_512",    # x' = source·Wᵀ + b (H <= V2_512_H)
+        TILED, "lstm_forward_v2_spread_512",    # x' = source·Wᵀ + b (H <= v2_512_h)
         "lstm_backward_v2_ahead_peephole", "strided_gemm",  # dR
         TILED, TILED,                           # d_source, dW
         "strided_gemm", "strided_gemm"]         # db, dpeephole: one-row reductions
     logged = [r.getMessage() for r in caplog.records if r.name == "rnngrad.backends.metal"]
-    recurrences = [m for m in logged if "lstm_" in m]
-    assert len(recurrences) == 2
-    assert "v2 lstm_forward_v2_spread_512: lstm_forward, D=1, N=8, H=32" in recurrences[0]
-    assert "threadgroups of 512" in recurrences[0]
-    logged = [m for m in logged if m not in recurrences]
-    assert len(logged) == 6
-    assert logged[0] == (f"metal-emulated: {tiled} {TILED}: batch=1, M=128, P=128, K=64: "
-                         f"auto, batch·M·P·K = 1048576 >= 1048576, M, P, K >= 8 and {tiles} 32x32 tiles: "
-                         f"tiled, {tiled}: 1 128x128 threadgroup(s) < 2")
-    assert "v1 strided_gemm: batch=1, M=1, P=128, K=128: auto, M=1 < 8" in logged[4]
+    # "<backend>: <version> <entry point>: <why>", one a dispatch, made with the plans
+    named = [m.split(": ")[1].split(" ")[1] for m in logged]
+    forward, gradients = named[:2], named[2:]  # each plan logs its recurrence, then its products
+    assert sorted(forward) == sorted(d.kernel for d in dev.trace[:2]), logged
+    assert sorted(gradients) == sorted(d.kernel for d in dev.trace[2:]), logged
 
 
 def test_backend_refuses_an_unknown_setting(monkeypatch):
@@ -595,7 +587,7 @@ def test_a_stopped_tiled_dispatch_raises(version):
     desc = random_descriptor(rng, "gru", bidirectional=True, training=True)
     case = random_case(rng, "gru", descriptor=desc, T=4, N=5, H=9, I=6, dtype=np.float32,
                        optional=ALL_OPTIONAL)
-    with versions.forced(version):
+    with versions.overrides(gemm=version):
         with emulated_device(max_threads_per_threadgroup=32) as dev:
             case.training_forward(backend=BACKEND)
         first = dev.trace[0]

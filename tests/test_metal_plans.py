@@ -127,8 +127,9 @@ def test_signature_tells_every_plan_input_apart():
 
 def test_a_changed_setting_takes_effect_on_the_next_call(made, monkeypatch):
     """A version setting changed between two calls of one signature (as tests and the bench
-    change them) gives a new plan whose kernels follow it: the module setting, its environment
-    variable and the work budget; and the settings' value after a table is changed in place."""
+    change them) gives a new plan whose kernels follow it: an override of the rules, a
+    threshold within it, the environment variable and the work budget; leaving an override
+    gives the plan of the rules before it again, made once."""
     case = _case("lstm", 6, N=2, H=8)
     with emulated_device() as device:
         def kernels():
@@ -137,35 +138,17 @@ def test_a_changed_setting_takes_effect_on_the_next_call(made, monkeypatch):
             return [d.kernel for d in device.trace]
 
         assert "lstm_forward" in kernels()
-        monkeypatch.setattr(versions, "RECURRENCE", "v2")
-        assert "lstm_forward_v2_spread_512" in kernels()  # H = 8 <= V2_512_H
-        monkeypatch.setattr(versions, "V2_512_H", {})
-        assert "lstm_forward_v2_spread" in kernels()
-        monkeypatch.setattr(versions, "RECURRENCE", None)
+        with versions.overrides(recurrence="v2"):
+            assert "lstm_forward_v2_spread_512" in kernels()  # H = 8 <= v2_512_h
+            with versions.overrides(v2_512_h={}):
+                assert "lstm_forward_v2_spread" in kernels()
         monkeypatch.setenv(versions.RECURRENCE_ENV, "v2")
-        assert "lstm_forward_v2_spread" in kernels()
+        assert "lstm_forward_v2_spread_512" in kernels()
         monkeypatch.delenv(versions.RECURRENCE_ENV)
-        assert "lstm_forward" in kernels()
+        count = len(made)
+        assert "lstm_forward" in kernels() and len(made) == count  # the first plan, kept
         monkeypatch.setattr(EMULATED_HOST, "dispatch_budget", 1)  # one step a dispatch
         assert kernels().count("lstm_forward") == case.T
-    # a table changed in place (the V2_H rule does not run on the emulated device)
-    before = versions.settings()
-    monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), (1, 4000))
-    assert versions.settings() != before
-
-
-def test_a_setting_set_to_a_list_still_keys_a_plan(made, monkeypatch):
-    """versions' settings are hashed into the plan's key; a list where the rule reads a tuple
-    (the range of V2_H) is keyed by its repr instead of failing, and its change still counts."""
-    case = _case("lstm", 10)
-    with emulated_device():
-        monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), [1, 4000])
-        _assert_matches(case, False)
-        _assert_matches(case, False)
-        assert len(made) == 1
-        monkeypatch.setitem(versions.V2_H, ("lstm", "forward"), [1, 3000])
-        _assert_matches(case, False)
-        assert len(made) == 2
 
 
 def test_plans_belong_to_their_device(made):
@@ -191,11 +174,11 @@ def test_plans_kept_are_bounded(made, monkeypatch):
 
 
 @pytest.mark.parametrize("M, P, K, bias, copies", [
-    (50, 256, 64, True, False),       # 819,200 multiply-adds: below TILED_MIN_WORK
+    (50, 256, 64, True, False),       # 819,200 multiply-adds: below tiled_min_work
     (8000, 512, 128, True, False),    # tiled
     (20, 1024, 1024, False, True),    # 20 rows: too few tiles, untiled over a large product
 ])
 def test_the_projection_copies_w_only_for_a_large_untiled_product(M, P, K, bias, copies):
     choice = versions.gemm(batch=1, M=M, P=P, K=K, has_bias=bias)
-    assert (choice.version in ("v1", "v4")) == copies or M * P * K < versions.TILED_MIN_WORK
+    assert (choice.version in ("v1", "v4")) == copies or M * P * K < versions.rules().tiled_min_work
     assert gemm.copies_weight(M, P, K, bias) == copies

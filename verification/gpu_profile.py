@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     parser.add_argument("--recurrence", default=None, help="RNNGRAD_METAL_RECURRENCE")
     parser.add_argument("--gemm", default=None, help="RNNGRAD_METAL_GEMM")
     parser.add_argument("--set", nargs="*", default=(), metavar="NAME=VALUE",
-                        help="integer settings of rnngrad.backends.metal.versions (V3_MIN_TILES=32)")
+                        help="integer fields of rnngrad.backends.metal.versions.Rules (v3_min_tiles=32)")
     parser.add_argument("--sass", type=int, default=0, metavar="TOP",
                         help="instead of the sections: the TOP SASS instructions by warp stall "
                              "samples (ncu's SourceCounters), per kernel")
@@ -157,11 +157,12 @@ def main(argv=None) -> int:
         sys.path[:0] = [str(ROOT)]
         from rnngrad.backends.metal import versions
 
-        for name, value in (item.split("=", 1) for item in args.set):
-            if not hasattr(versions, name):
-                parser.error(f"--set: expected a setting of versions, got {name!r}")
-            setattr(versions, name, int(value))
-        child(args.cell, args.shape, args.as_bench)
+        changes = {name: int(value) for name, value in (item.split("=", 1) for item in args.set)}
+        try:
+            with versions.overrides(**changes):
+                child(args.cell, args.shape, args.as_bench)
+        except ValueError as exc:
+            parser.error(f"--set: {exc}")
         return 0
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for key, value in (("RNNGRAD_METAL_RECURRENCE", args.recurrence),

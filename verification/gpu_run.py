@@ -30,7 +30,6 @@ failed.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -40,7 +39,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPES = ((100, 32, 256, 256), (50, 1, 64, 64), (200, 64, 512, 512), (1000, 8, 128, 128))
@@ -165,17 +163,17 @@ def torch_layer(name: str):
 
 
 #: the recurrence versions the rule does not pick, as (label, RNNGRAD_METAL_RECURRENCE, versions
-#: settings): v2 (one row a threadgroup) and v3 at three widths of tile (versions.V3_MIN_TILES)
+#: settings): v2 (one row a threadgroup) and v3 at three widths of tile (versions.Rules.v3_min_tiles)
 STEP_KNOBS = (("v2", "v2", {}),
               ("v3", "v3", {}),
-              ("v3 wide", "v3", dict(V3_MIN_TILES=32)),
-              ("v3 narrow", "v3", dict(V3_MIN_TILES=1024)))
+              ("v3 wide", "v3", dict(v3_min_tiles=32)),
+              ("v3 narrow", "v3", dict(v3_min_tiles=1024)))
 STEP_LABELS = tuple(label for label, _, _ in STEP_KNOBS)
 #: settings of versions under which the bench also times the rule end to end (where they change
 #: which kernels run): the rule without its one-step grids, and with them from a step of 2**23
-#: multiply-adds (versions.STEPS_MIN_WORK)
-E2E_VARIANTS = {"no one-step grids": dict(STEPS_MIN_WORK=None),
-                "one-step grids from 2**23": dict(STEPS_MIN_WORK=2 ** 23)}
+#: multiply-adds (versions.Rules.steps_min_work)
+E2E_VARIANTS = {"no one-step grids": dict(steps_min_work=None),
+                "one-step grids from 2**23": dict(steps_min_work=2 ** 23)}
 #: the bench's configurations, the version rule last: (label, recurrence, GEMM, versions settings)
 STEP_CONFIGS = (("v1", "v1", "v1", {}),
                 *((config, "auto", v, {}) for v, config in GEMM_CONFIGS.items() if config.startswith("gemm")),
@@ -184,11 +182,11 @@ STEP_CONFIGS = (("v1", "v1", "v1", {}),
 
 
 def versions_set(knobs: dict):
-    """A block in which rnngrad.backends.metal.versions has the settings ``knobs``, restored
-    after it (none: nothing changes)."""
+    """A block in which the Metal version rules have the settings ``knobs``
+    (``versions.overrides``; none: nothing changes)."""
     from rnngrad.backends.metal import versions
 
-    return mock.patch.multiple(versions, **knobs) if knobs else contextlib.nullcontext()
+    return versions.overrides(**knobs)
 
 
 def wall(fn, reps: int) -> float:
@@ -347,7 +345,6 @@ def bench(out: Path, quick: bool, cells=tuple(CELL_MODES), shapes=None):
             cell = layer.cell
             rnngrad_step = metal_step(layer, x.cpu().numpy(), cp.asarray(gy.cpu().numpy()))
             measured = {}
-            from rnngrad.backends.metal import versions
             with cuda_device() as dev:
                 # v1 everywhere (the baseline), each tiled GEMM forced, the recurrence versions
                 # the rule does not pick (STEP_KNOBS), then the version rule

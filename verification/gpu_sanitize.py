@@ -111,9 +111,9 @@ def run_ops(H: int = 33) -> str:
 
 #: --flag: (the rnngrad.backends.metal.versions setting it sets, help)
 SETTINGS = {
-    "--v3-min-tiles": ("V3_MIN_TILES", "the fewest tiles v3 aims for (with "
+    "--v3-min-tiles": ("v3_min_tiles", "the fewest tiles v3 aims for (with "
                                        "RNNGRAD_METAL_RECURRENCE=v3): 1 gives the widest tiles"),
-    "--wide-min-slice": ("WIDE_MIN_SLICE", "the fewest k of a v5 slice of K (with "
+    "--wide-min-slice": ("wide_min_slice", "the fewest k of a v5 slice of K (with "
                                            "RNNGRAD_METAL_GEMM=v5): 8 splits the weight gradients "
                                            "of T·N = 165 rows into slices"),
 }
@@ -130,13 +130,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from rnngrad.backends.metal import versions
 
-    for attribute, _ in SETTINGS.values():
-        if getattr(args, attribute) is not None:
-            setattr(versions, attribute, getattr(args, attribute))
-    if args.defect:
-        print(run_defect(args.defect), flush=True)
-    for H in () if args.defect else args.hidden:
-        print(f"H = {H}: {run_ops(H)}", flush=True)
+    changes = {attribute: getattr(args, attribute) for attribute, _ in SETTINGS.values()
+               if getattr(args, attribute) is not None}
+    with versions.overrides(**changes):
+        if args.defect:
+            print(run_defect(args.defect), flush=True)
+        for H in () if args.defect else args.hidden:
+            print(f"H = {H}: {run_ops(H)}", flush=True)
     return 0
 
 

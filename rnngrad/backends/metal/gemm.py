@@ -53,9 +53,9 @@ def copies_weight(M, P, K, has_bias) -> bool:
     """Whether the input projection x' = source·Wᵀ [M,P] over K reads a transposed copy of
     W [P,K] (made on the device every call) rather than W in place (Wᵀ with b_k = 1): only
     for an untiled version (v1, v4: consecutive threads read consecutive columns of B) over
-    at least ``versions.TILED_MIN_WORK`` multiply-adds. The tiled versions stage B along
+    at least ``Rules.tiled_min_work`` multiply-adds. The tiled versions stage B along
     whichever index is unit stride, and below that work the copy costs more host time than
     its coalesced reads save on the device."""
-    if M * P * K < versions.TILED_MIN_WORK:
+    if M * P * K < versions.rules().tiled_min_work:
         return False
     return versions.gemm(batch=1, M=M, P=P, K=K, has_bias=has_bias).version in ("v1", "v4")

@@ -270,19 +270,17 @@ class MetalHost:
     # -- plans and their calls ----------------------------------------------------------------
     def plan(self, problem) -> Plan:
         """The :class:`~rnngrad.backends.metal.plan.Plan` of ``problem``'s op: kept per
-        signature, budget and version settings (:data:`PLANS_KEPT` of them, least recently used
-        dropped first), made on first use. Call under the host's lock."""
-        key = (signature(problem), self.budget(), versions.settings(), frozenset(self.declined))
+        signature, budget, version rules in force and declined entries (:data:`PLANS_KEPT` of
+        them, least recently used dropped first), made on first use. Call under the host's
+        lock."""
+        key = (signature(problem), self.budget(), versions.key(), frozenset(self.declined))
         plans = self._plans
-        try:
-            plan = plans.get(key)
-        except TypeError:  # a setting set to an unhashable value (a list): its repr stands in
-            key = key[:2] + (repr(key[2]),) + key[3:]
-            plan = plans.get(key)
+        plan = plans.get(key)
         if plan is not None:
             plans.move_to_end(key)
             return plan
-        plan = (schedule.gradients_plan if problem.gradients else schedule.forward_plan)(self, problem)
+        make = schedule.gradients_plan if problem.gradients else schedule.forward_plan
+        plan = make(self, problem)
         plans[key] = plan
         while len(plans) > PLANS_KEPT:
             plans.popitem(last=False)

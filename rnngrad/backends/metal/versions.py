@@ -23,10 +23,11 @@ Recurrences (``<cell>_<direction>``, direction "forward" or "backward"), three v
   tiles of rows × units whose product is register-blocked (:func:`tile_blocks`); the backward
   ends with a dispatch of the carry alone (T + 1 dispatches).
 
-The rule (``auto``): **v3 where a step's product D·N·G·H² has at least** :data:`STEPS_MIN_WORK`
-**multiply-adds; else v2 where H is in the cell's and direction's range** (:data:`V2_H`) **and
-D·N ≤** :data:`V2_MAX_ROWS`; **else v1, in rows where H ≤** :data:`ROWS_MAX_H` **and packing
-leaves fewer than** :data:`ROWS_MIN_GROUPS` **threadgroups, else packed.** A GRU without
+The rule (``auto``): **v3 where a step's product D·N·G·H² has at least** ``steps_min_work``
+**multiply-adds; else v2 where H is in the cell's and direction's range** (``v2_h``) **and
+D·N ≤** ``v2_max_rows``; **else v1, in rows where H ≤** ``rows_max_h`` **and packing leaves
+fewer than** ``rows_min_groups`` **threadgroups, else packed** (the thresholds are
+:class:`Rules`' fields). A GRU without
 reset_after (its o gate reads r of every unit within a step) runs v1. On the CPU harness
 (``metal-emulated``), whose fibers make idle threads cost what they save on a GPU, auto is v1
 packed.
@@ -42,25 +43,25 @@ Matrix products C[batch, M, P] = A·B (+ bias): v1 ``strided_gemm`` (a thread an
 
 Overrides: ``RNNGRAD_METAL_RECURRENCE`` = ``auto`` | ``v1`` | ``packed`` | ``rows`` | ``v2`` |
 ``v3`` and ``RNNGRAD_METAL_GEMM`` = ``auto`` | ``v1`` | ``v3`` | ``v4`` | ``v5``, read at every
-op, or the module settings :data:`RECURRENCE` and :data:`GEMM`, which win over the variables
-(:func:`forced` sets :data:`GEMM` inside a block). Every version computes every shape within the
-float32 tolerance; a forced version that cannot run a shape (v2 beyond its threadgroup memory,
+op. In code (tests, tuning and A/B scripts), :func:`overrides` runs a block under other
+:class:`Rules`: forced versions (``recurrence=``, ``gemm=``, which win over the variables) or
+other thresholds; nothing else changes what the rules read. Every version computes every shape
+within the float32 tolerance; a forced version that cannot run a shape (v2 beyond its threadgroup memory,
 v3 for a GRU without reset_after) runs what the rule gives instead, and its reason says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
-import operator
 import os
+import types
 
 from ...descriptors import DESCRIPTORS
 
-#: environment variable that overrides the product rule: v1, v3, v4, v5 or auto
-GEMM_ENV = "RNNGRAD_METAL_GEMM"
-#: module setting that overrides the product rule and the variable ("v1" ... "auto"), or None
-GEMM = None
+# -- what the kernels fix (their #defines): never a setting -------------------------------------
+
 #: the versions of the matrix product: version -> kernel
 GEMM_KERNELS = {"v1": "strided_gemm", "v3": "strided_gemm_blocked", "v4": "strided_gemm_split",
                 "v5": "strided_gemm_wide"}
@@ -69,61 +70,130 @@ GEMM_KERNELS = {"v1": "strided_gemm", "v3": "strided_gemm_blocked", "v4": "strid
 TILE = 32
 BLOCKED_TILE, BLOCKED_THREADS = 64, 256
 WIDE_TILE, WIDE_K, WIDE_THREADS = 128, 8, 256
-#: v5 splits K into slices where C has fewer tiles than this (about two threadgroups a core of
-#: a large GPU), for products without a bias, into at most K / WIDE_MIN_SLICE slices
-WIDE_SPLIT_TILES, WIDE_MIN_SLICE = 264, 512
-#: the rule takes v5 for a tiled product where it gives at least this many threadgroups (tiles
-#: × slices of K; about half the cores of a large GPU), else v3
-WIDE_MIN_GROUPS = 64
 #: version -> (tile side, threads per tile) of the tiled versions
 TILED = {"v3": (BLOCKED_TILE, BLOCKED_THREADS), "v5": (WIDE_TILE, WIDE_THREADS)}
-#: the smallest batch·M·P·K that the rule tiles
-TILED_MIN_WORK = 2 ** 20
-#: the smallest M, P and K that the rule tiles
-TILED_MIN_SIDE = 8
-#: the fewest 32×32 tiles of C that the rule tiles (about one per core of a large GPU)
-TILED_MIN_TILES = 128
 #: columns of C per v4 block (GS_COLS in gemm.metal), threads per block (GS_THREADS)
 SPLIT_COLUMNS, SPLIT_THREADS = 32, 1024
-#: v4 where v1 would run with fewer than this many threads (too few threadgroups for the
-#: cores) over a K of at least SPLIT_MIN_K
-SPLIT_MAX_ELEMENTS, SPLIT_MIN_K = 32768, 256
-_SETTINGS = ("v1", "v3", "v4", "v5", "auto")
-
-#: environment variable that overrides the recurrences' version: v1, packed, rows, v2, v3, auto
-RECURRENCE_ENV = "RNNGRAD_METAL_RECURRENCE"
-#: module setting that overrides the rule and the variable: "v1" (v1 in the grid the rule
-#: picks for it), "packed", "rows", "v2", "v3", "auto", or None
-RECURRENCE = None
-#: the largest H the rule gives v1 a threadgroup per row
-ROWS_MAX_H = 512
-#: below this many packed threadgroups the rule spreads v1's rows (about the cores of a GPU)
-ROWS_MIN_GROUPS = 128
 #: threads of a v2 threadgroup (RG_THREADS in common.metal) and of a ``_512`` entry's
 V2_THREADS, V2_THREADS_512 = 1024, 512
 #: floats of threadgroup memory a v2 body stages (RG_STAGE) and keeps for its next step
 #: (RG_NEXT); lanes a unit at most (RG_LANES); float4 of a weight row held (RG_HOLD)
 V2_STAGE, V2_NEXT, V2_LANES, V2_HOLD = 6144, 2048, 8, 4
-#: the H the rule gives v2, by cell and direction: (smallest, largest); each row's threadgroup
-#: reads all of R at every step
-V2_H = {("single_gate", "forward"): (64, 512), ("single_gate", "backward"): (64, 256),
-        ("gru", "forward"): (64, 256), ("gru", "backward"): (64, 256),
-        ("lstm", "forward"): (64, 256), ("lstm", "backward"): (64, 256)}
-V2_MAX_ROWS = 64  # the most rows (D·N) the rule gives v2, a threadgroup each
-#: the largest H at which a forward runs on its 512-thread entries, by cell; the H at which a
-#: backward does: (smallest, largest)
-V2_512_H = {"single_gate": 64, "gru": 128, "lstm": 128}
-V2_512_BACKWARD_H = {"single_gate": (128, 128), "gru": (128, 128), "lstm": (128, 128)}
-#: the rule runs v3 where a step's product has at least this many multiply-adds (D·N·G·H²):
-#: where the device time it saves outweighs its dispatches' cost to the host; None: never
-STEPS_MIN_WORK = 2 ** 25
 #: threads of a v3 threadgroup (the kernels' limit), rows of a tile at most (RS_ROWS), columns
 #: (RS_COLS: units × gates in the LSTM's and GRU's forward, units elsewhere)
 V3_THREADS, V3_ROWS, V3_COLS = 256, 16, 64
-#: the fewest v3 tiles the host aims for (about one per core of a large GPU): the widest block
-#: of units (a power of two) that still gives this many, else the narrowest
-V3_MIN_TILES = 128
+
+# -- the rules' thresholds: measured, and overridable (see Rules and overrides) -----------------
+
+#: environment variable that overrides the product rule: v1, v3, v4, v5 or auto
+GEMM_ENV = "RNNGRAD_METAL_GEMM"
+#: environment variable that overrides the recurrences' version: v1, packed, rows, v2, v3, auto
+RECURRENCE_ENV = "RNNGRAD_METAL_RECURRENCE"
+_SETTINGS = ("v1", "v3", "v4", "v5", "auto")
 _GRIDS = ("v1", "packed", "rows", "v2", "v3", "auto")
+
+
+def _frozen(table: dict) -> types.MappingProxyType:
+    return types.MappingProxyType(dict(table))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Rules:
+    """Every number the rules read besides the problem's sizes (verification/PERFORMANCE.md has
+    the measurements behind them), and the versions forced in code. :data:`RULES` is the
+    default; :func:`overrides` runs a block under other values. Compared by identity: the host
+    keeps its plans per Rules object in force."""
+
+    #: the version of every product ("v1", "v3", "v4", "v5", "auto"), or None:
+    #: ``$RNNGRAD_METAL_GEMM``
+    gemm: str | None = None
+    #: the version of every recurrence ("v1": in the grid the rule picks for it, "packed",
+    #: "rows", "v2", "v3", "auto"), or None: ``$RNNGRAD_METAL_RECURRENCE``
+    recurrence: str | None = None
+    #: v5 splits K into slices where C has fewer tiles than this (about two threadgroups a core
+    #: of a large GPU), for products without a bias, into at most K / wide_min_slice slices
+    wide_split_tiles: int = 264
+    wide_min_slice: int = 512
+    #: v5 for a tiled product where it gives at least this many threadgroups (tiles × slices of
+    #: K; about half the cores of a large GPU), else v3
+    wide_min_groups: int = 64
+    #: the smallest batch·M·P·K, and the smallest M, P and K, that the rule tiles
+    tiled_min_work: int = 2 ** 20
+    tiled_min_side: int = 8
+    #: the fewest 32×32 tiles of C that the rule tiles (about one per core of a large GPU)
+    tiled_min_tiles: int = 128
+    #: v4 where v1 would run with fewer than this many threads (too few threadgroups for the
+    #: cores) over a K of at least split_min_k
+    split_max_elements: int = 32768
+    split_min_k: int = 256
+    #: the largest H the rule gives v1 a threadgroup per row
+    rows_max_h: int = 512
+    #: below this many packed threadgroups the rule spreads v1's rows (about the cores of a GPU)
+    rows_min_groups: int = 128
+    #: the H the rule gives v2, by cell and direction: (smallest, largest); each row's
+    #: threadgroup reads all of R at every step
+    v2_h: types.MappingProxyType = dataclasses.field(default_factory=lambda: _frozen({
+        ("single_gate", "forward"): (64, 512), ("single_gate", "backward"): (64, 256),
+        ("gru", "forward"): (64, 256), ("gru", "backward"): (64, 256),
+        ("lstm", "forward"): (64, 256), ("lstm", "backward"): (64, 256)}))
+    #: the most rows (D·N) the rule gives v2, a threadgroup each
+    v2_max_rows: int = 64
+    #: the largest H at which a forward runs on its 512-thread entries, by cell
+    v2_512_h: types.MappingProxyType = dataclasses.field(
+        default_factory=lambda: _frozen({"single_gate": 64, "gru": 128, "lstm": 128}))
+    #: the H at which a backward runs on its 512-thread entries: (smallest, largest)
+    v2_512_backward_h: tuple = (128, 128)
+    #: v3 where a step's product has at least this many multiply-adds (D·N·G·H²): where the
+    #: device time it saves outweighs its dispatches' cost to the host; None: never
+    steps_min_work: int | None = 2 ** 25
+    #: the fewest v3 tiles the host aims for (about one per core of a large GPU): the widest
+    #: block of units (a power of two) that still gives this many, else the narrowest
+    v3_min_tiles: int = 128
+
+
+#: the rules as measured
+RULES = Rules()
+_CURRENT = contextvars.ContextVar("rnngrad_metal_rules", default=RULES)
+
+
+def rules() -> Rules:
+    """The rules in force: :data:`RULES`, or those of the innermost :func:`overrides` block."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def overrides(**changes):
+    """Run the block under the rules in force with ``changes`` (:class:`Rules`' fields, such as
+    ``recurrence="v2"``, ``gemm="v1"`` or ``v3_min_tiles=32``); yields the :class:`Rules` in
+    force. The one way for code (tests, tuning scripts, A/B runs) to change what the rules
+    read; users set ``$RNNGRAD_METAL_RECURRENCE`` and ``$RNNGRAD_METAL_GEMM``. The host makes
+    its plans anew under each (they are kept per Rules object)."""
+    fields = {f.name for f in dataclasses.fields(Rules)}
+    unknown = sorted(set(changes) - fields)
+    if unknown:
+        raise ValueError(f"overrides: expected fields of Rules ({', '.join(sorted(fields))}), "
+                         f"got {', '.join(unknown)}")
+    for name, choices in (("gemm", _SETTINGS), ("recurrence", _GRIDS)):
+        value = changes.get(name)
+        if value is not None and str(value).strip().lower() not in choices:
+            raise ValueError(f"overrides: {name} expected one of {', '.join(choices)} or None, "
+                             f"got {value!r}")
+    for name in ("v2_h", "v2_512_h"):
+        if name in changes:
+            changes[name] = _frozen(changes[name])
+    token = _CURRENT.set(dataclasses.replace(rules(), **changes))
+    try:
+        yield _CURRENT.get()
+    finally:
+        _CURRENT.reset(token)
+
+
+def key() -> tuple:
+    """What the rules' choices depend on besides the sizes, as one hashable value: the
+    :class:`Rules` in force (by identity) and the two environment variables. The host keeps an
+    op's plan per value, so that a change takes effect on the next call."""
+    return _CURRENT.get(), os.environ.get(GEMM_ENV), os.environ.get(RECURRENCE_ENV)
+
 
 #: every v2 entry point, by cell and direction: its body, in a few words (kernels/README.md)
 V2_ENTRIES = {
@@ -222,12 +292,13 @@ def _body(cell: str, direction: str, H: int, threads: int, peephole: bool, reset
 def v2_entry(*, cell: str, direction: str, H: int, peephole: bool = False,
              reset_after: bool = True) -> tuple:
     """(kernel, a clause for the reason) of v2 for H, or (None, why not): the threadgroup size
-    :data:`V2_512_H` / :data:`V2_512_BACKWARD_H` give, its body by :func:`_body`; where that
+    ``Rules.v2_512_h`` / ``Rules.v2_512_backward_h`` give, its body by :func:`_body`; where that
     size has no entry for the body (only a forced v2 meets this), the other size's."""
+    r = rules()
     if direction == "forward":
-        small = H <= V2_512_H.get(cell, 0)
+        small = H <= r.v2_512_h.get(cell, 0)
     else:
-        low, high = V2_512_BACKWARD_H.get(cell) or (1, 0)
+        low, high = r.v2_512_backward_h
         small = low <= H <= high
     sizes = (V2_THREADS_512, V2_THREADS) if small else (V2_THREADS, V2_THREADS_512)
     for threads in sizes:
@@ -253,12 +324,13 @@ def tile_rows(N: int) -> int:
 def tile_blocks(*, cell: str, direction: str, D: int, N: int, H: int) -> tuple:
     """(row tiles of a direction, unit blocks U) of v3's grid: tiles of :func:`tile_rows` rows
     × ⌈H / U⌉ units, with the widest power-of-two block of units within :data:`V3_COLS`
-    columns that gives at least :data:`V3_MIN_TILES` tiles (else the narrowest: 4 columns)."""
+    columns that gives at least ``Rules.v3_min_tiles`` tiles (else the narrowest: 4 columns)."""
     cpu = tile_columns(cell=cell, direction=direction)
     row_tiles = -(-max(N, 1) // tile_rows(N))
+    min_tiles = rules().v3_min_tiles
     width = V3_COLS // cpu
     narrowest = max(1, 4 // cpu)
-    while width > narrowest and D * row_tiles * -(-H // width) < V3_MIN_TILES:
+    while width > narrowest and D * row_tiles * -(-H // width) < min_tiles:
         width //= 2
     return row_tiles, max(1, -(-H // width))
 
@@ -282,7 +354,8 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
     "metal-emulated" auto is v1 packed); ``reset_after`` the GRU's; ``peephole`` whether an
     LSTM's is given (its backward's v2 bodies are compiled with or without it); ``declined``
     the v2 entries this device declined (the host's), which run v1 instead."""
-    setting, source = _setting(RECURRENCE, "RECURRENCE", RECURRENCE_ENV, _GRIDS)
+    r = rules()
+    setting, source = _setting(r.recurrence, "recurrence", RECURRENCE_ENV, _GRIDS)
     v1 = f"{cell}_{direction}"
     shape = f"{v1}, D={D}, N={N}, H={H}"
     one_step = cell != "gru" or reset_after  # v3's tiles need no unit's neighbours in a step
@@ -311,22 +384,22 @@ def recurrence(*, cell: str, direction: str, D: int, N: int, H: int, device: str
                                     f"save on a GPU")
     if setting == "auto":
         work = D * N * DESCRIPTORS[cell].gates * H * H
-        if STEPS_MIN_WORK is not None and work >= STEPS_MIN_WORK and one_step:
+        if r.steps_min_work is not None and work >= r.steps_min_work and one_step:
             return _v3(shape, f"auto, v3: a step's product is D·N·G·H² = {work} >= "
-                              f"{STEPS_MIN_WORK} multiply-adds", cell=cell, direction=direction,
+                              f"{r.steps_min_work} multiply-adds", cell=cell, direction=direction,
                        D=D, N=N, H=H)
-        low, high = V2_H.get((cell, direction)) or (1, 0)
-        if low <= H <= high and D * N <= V2_MAX_ROWS and one_step:
+        low, high = r.v2_h.get((cell, direction)) or (1, 0)
+        if low <= H <= high and D * N <= r.v2_max_rows and one_step:
             kernel, clause = v2_entry(cell=cell, direction=direction, H=H, peephole=peephole,
                                       reset_after=reset_after)
-            why = f"auto, v2: {low} <= H <= {high} and D·N = {D * N} <= {V2_MAX_ROWS}"
+            why = f"auto, v2: {low} <= H <= {high} and D·N = {D * N} <= {r.v2_max_rows}"
             if kernel is not None and kernel not in declined:
                 return Choice("v2", kernel, f"{shape}: {why}, {clause}")
             if kernel is not None:
                 shape = f"{shape}: {why}, but {kernel} declined this device's threadgroups"
     packed_groups = -(-D * N * H // 1024)
-    if H <= ROWS_MAX_H and packed_groups < ROWS_MIN_GROUPS and D * N > packed_groups:
-        return Choice("rows", v1, f"{shape}: v1, H <= {ROWS_MAX_H} and packing leaves "
+    if H <= r.rows_max_h and packed_groups < r.rows_min_groups and D * N > packed_groups:
+        return Choice("rows", v1, f"{shape}: v1, H <= {r.rows_max_h} and packing leaves "
                                   f"{packed_groups} threadgroup(s) for {D * N} rows: one per row")
     return Choice("packed", v1, f"{shape}: v1 packed: {packed_groups} threadgroup(s)")
 
@@ -350,12 +423,12 @@ def recurrence_count(choice: Choice, *, cell: str, direction: str, D: int, N: in
     return D * N * (1024 if choice.version == "rows" else H)
 
 
-def _setting(value, attribute: str, env: str, choices) -> tuple:
-    """(setting, where it came from): the module setting ``value`` (this module's
-    ``attribute``) unless it is None, else ``$env``, else auto; a ValueError naming where it
-    came from when it is not one of ``choices``."""
+def _setting(value, field: str, env: str, choices) -> tuple:
+    """(setting, where it came from): ``value`` (the :class:`Rules` field ``field``) unless it
+    is None, else ``$env``, else auto; a ValueError naming where it came from when it is not one
+    of ``choices``."""
     if value is not None:
-        source = f"rnngrad.backends.metal.versions.{attribute}"
+        source = f"overrides({field}=...)"
     else:
         value, source = os.environ.get(env, "").strip() or "auto", env
     setting = str(value).strip().lower()
@@ -365,8 +438,8 @@ def _setting(value, attribute: str, env: str, choices) -> tuple:
 
 
 def gemm_setting() -> tuple:
-    """(setting, where it came from): :data:`GEMM`, else ``$RNNGRAD_METAL_GEMM``, else auto."""
-    return _setting(GEMM, "GEMM", GEMM_ENV, _SETTINGS)
+    """(setting, where it came from): ``Rules.gemm``, else ``$RNNGRAD_METAL_GEMM``, else auto."""
+    return _setting(rules().gemm, "gemm", GEMM_ENV, _SETTINGS)
 
 
 def gemm(*, batch: int, M: int, P: int, K: int, product: str = "", has_bias: bool = False,
@@ -374,57 +447,62 @@ def gemm(*, batch: int, M: int, P: int, K: int, product: str = "", has_bias: boo
     """The version that runs C[batch, M, P] = A·B over K (``has_bias``: + bias; ``block``,
     ``b_block``: GRU's row blocks, as GemmParams), and why. ``product`` names it in the reason
     (for example "input weight gradient"). The rule: untiled (:func:`_untiled`) where a side is
-    below :data:`TILED_MIN_SIDE` or the work below :data:`TILED_MIN_WORK`; where C has fewer
-    than :data:`TILED_MIN_TILES` 32×32 tiles, v5 over slices of K if it splits, else untiled;
-    else v5 where it gives :data:`WIDE_MIN_GROUPS` threadgroups, else v3."""
+    below ``Rules.tiled_min_side`` or the work below ``Rules.tiled_min_work``; where C has
+    fewer than ``Rules.tiled_min_tiles`` 32×32 tiles, v5 over slices of K if it splits, else
+    untiled; else v5 where it gives ``Rules.wide_min_groups`` threadgroups, else v3."""
     setting, source = gemm_setting()
+    r = rules()
     shape = f"batch={batch}, M={M}, P={P}, K={K}"
     what = f"{product} ({shape})" if product else shape
     if setting != "auto":
         return Choice(setting, GEMM_KERNELS[setting], f"{what}: forced by {source}={setting}")
     work = batch * M * P * K
     side = min(M, P, K)
-    if side < TILED_MIN_SIDE:
+    if side < r.tiled_min_side:
         name = "M" if M == side else ("P" if P == side else "K")
         kind = " (a reduction to one row)" if M == 1 else ""
-        return _untiled(f"{what}: auto, {name}={side} < {TILED_MIN_SIDE}{kind}: a tile would be "
+        return _untiled(f"{what}: auto, {name}={side} < {r.tiled_min_side}{kind}: a tile would be "
                         f"mostly padding", batch * M * P, K)
-    if work < TILED_MIN_WORK:
-        return _untiled(f"{what}: auto, batch·M·P·K = {work} < {TILED_MIN_WORK}: too small to "
+    if work < r.tiled_min_work:
+        return _untiled(f"{what}: auto, batch·M·P·K = {work} < {r.tiled_min_work}: too small to "
                         f"tile", batch * M * P, K)
     tiles = batch * -(-M // TILE) * -(-P // TILE)
     rows = dict(batch=batch, M=M, P=P, block=block or max(M, 1), b_block=b_block)
     wide = gemm_tiles(**rows, tile=WIDE_TILE)
     slices = wide_slices(**rows, K=K, has_bias=has_bias)[0]
     split = f" over {slices} slices of K" if slices > 1 else ""
-    if tiles < TILED_MIN_TILES:
-        why = (f"{what}: auto, {tiles} 32x32 tiles of C < {TILED_MIN_TILES}: too few "
+    if tiles < r.tiled_min_tiles:
+        why = (f"{what}: auto, {tiles} 32x32 tiles of C < {r.tiled_min_tiles}: too few "
                f"threadgroups for a K of {K}")
         if slices > 1 and not _splits_rows(batch * M * P, K):
             return Choice("v5", GEMM_KERNELS["v5"], f"{why}; v5: {wide} 128x128 tile(s){split}")
         return _untiled(why, batch * M * P, K)
-    reason = (f"{what}: auto, batch·M·P·K = {work} >= {TILED_MIN_WORK}, M, P, K >= "
-              f"{TILED_MIN_SIDE} and {tiles} 32x32 tiles: tiled")
-    if wide * slices >= WIDE_MIN_GROUPS:
+    reason = (f"{what}: auto, batch·M·P·K = {work} >= {r.tiled_min_work}, M, P, K >= "
+              f"{r.tiled_min_side} and {tiles} 32x32 tiles: tiled")
+    if wide * slices >= r.wide_min_groups:
         return Choice("v5", GEMM_KERNELS["v5"], f"{reason}, v5: {wide} 128x128 tile(s){split}, "
-                                                f"{wide * slices} threadgroups >= {WIDE_MIN_GROUPS}")
+                                                f"{wide * slices} threadgroups >= "
+                                                f"{r.wide_min_groups}")
     return Choice("v3", GEMM_KERNELS["v3"], f"{reason}, v3: {wide * slices} 128x128 "
-                                            f"threadgroup(s) < {WIDE_MIN_GROUPS}")
+                                            f"threadgroup(s) < {r.wide_min_groups}")
 
 
 def _splits_rows(elements: int, K: int) -> bool:
     """Whether v4 takes an untiled product of ``elements`` elements over ``K``: fewer than
-    :data:`SPLIT_MAX_ELEMENTS` (where v1's thread an element would leave most cores idle) over
-    a K of at least :data:`SPLIT_MIN_K`."""
-    return elements < SPLIT_MAX_ELEMENTS and K >= SPLIT_MIN_K
+    ``Rules.split_max_elements`` (where v1's thread an element would leave most cores idle)
+    over a K of at least ``Rules.split_min_k``."""
+    r = rules()
+    return elements < r.split_max_elements and K >= r.split_min_k
 
 
 def _untiled(reason: str, elements: int, K: int) -> Choice:
     """An untiled product: v4 where :func:`_splits_rows`, else v1."""
     if _splits_rows(elements, K):
+        r = rules()
         return Choice("v4", GEMM_KERNELS["v4"],
-                      f"{reason}; {elements} element(s) < {SPLIT_MAX_ELEMENTS} over K = {K} >= "
-                      f"{SPLIT_MIN_K}: v4, K split over {SPLIT_THREADS // SPLIT_COLUMNS} slices")
+                      f"{reason}; {elements} element(s) < {r.split_max_elements} over K = {K} "
+                      f">= {r.split_min_k}: v4, K split over {SPLIT_THREADS // SPLIT_COLUMNS} "
+                      f"slices")
     return Choice("v1", GEMM_KERNELS["v1"], reason)
 
 
@@ -440,12 +518,13 @@ def gemm_tiles(*, batch: int, M: int, P: int, block: int, b_block: int, tile: in
 def wide_slices(*, batch: int, M: int, P: int, K: int, block: int, b_block: int,
                 has_bias: bool) -> tuple:
     """(slices, k per slice) of a v5 product: one slice (k per slice 0) unless C has fewer than
-    :data:`WIDE_SPLIT_TILES` tiles and no bias; then enough slices for that many threadgroups,
-    each at least :data:`WIDE_MIN_SLICE` k (a multiple of :data:`WIDE_K`)."""
+    ``Rules.wide_split_tiles`` tiles and no bias; then enough slices for that many threadgroups,
+    each at least ``Rules.wide_min_slice`` k (a multiple of :data:`WIDE_K`)."""
+    r = rules()
     tiles = gemm_tiles(batch=batch, M=M, P=P, block=block, b_block=b_block, tile=WIDE_TILE)
-    if has_bias or tiles >= WIDE_SPLIT_TILES:
+    if has_bias or tiles >= r.wide_split_tiles:
         return 1, 0
-    slices = min(-(-WIDE_SPLIT_TILES // max(tiles, 1)), K // WIDE_MIN_SLICE)
+    slices = min(-(-r.wide_split_tiles // max(tiles, 1)), K // r.wide_min_slice)
     if slices < 2:
         return 1, 0
     k_split = -(-K // slices)
@@ -465,36 +544,3 @@ def gemm_threads(choice: Choice, *, batch: int, M: int, P: int, block: int, b_bl
     tile, threads = TILED[choice.version]
     tiles = gemm_tiles(batch=batch, M=M, P=P, block=block, b_block=b_block, tile=tile)
     return threads * tiles * (slices if choice.version == "v5" else 1)
-
-
-@contextlib.contextmanager
-def forced(version: str | None):
-    """Set :data:`GEMM` to ``version`` inside the block."""
-    global GEMM
-    if version is not None and str(version).strip().lower() not in _SETTINGS:
-        raise ValueError(f"forced: expected one of {', '.join(_SETTINGS)} or None, "
-                         f"got {version!r}")
-    previous, GEMM = GEMM, version
-    try:
-        yield
-    finally:
-        GEMM = previous
-
-
-#: every setting of this module the rules read (its upper-case names that are not functions)
-_KNOBS = tuple(name for name, value in list(globals().items())
-               if name.isupper() and not callable(value) and not name.startswith("_")
-               and name != "V2_ENTRIES")
-_KNOB_VALUES = operator.itemgetter(*_KNOBS)
-
-
-def settings() -> tuple:
-    """Everything the rules read besides the sizes, as one hashable value (a dict as its
-    items): the two environment variables and this module's upper-case settings. The host keeps
-    an op's plan per value, so that changing any of them takes effect on the next call; where
-    one is unhashable (a list), the host keys the plan by its repr."""
-    values = _KNOB_VALUES(globals())
-    if dict in map(type, values):
-        values = tuple([tuple(value.items()) if type(value) is dict else value
-                        for value in values])
-    return os.environ.get(GEMM_ENV), os.environ.get(RECURRENCE_ENV), values
