@@ -6,8 +6,6 @@ and returns NumPy arrays of the inputs' dtype.
 
 from __future__ import annotations
 
-import numpy as np
-
 from . import registry
 from .results import ForwardResult, GradientResult
 from .validation import checked_problem, forward_problem, gradient_problem
@@ -43,27 +41,6 @@ def op_info(op: str) -> tuple:
 def op_name(cell: str, gradients: bool) -> str:
     """The rnngrad function name of a cell's forward or gradient op."""
     return FORWARD_OPS[cell] + ("_gradients" if gradients else "")
-
-
-def final(seq, D, H):
-    """Each direction's state after its last processing step, [N,D·H]."""
-    if seq.shape[0] == 0:
-        return np.zeros(seq.shape[1:])
-    if D == 1:
-        return seq[-1]
-    return np.concatenate([seq[-1, :, :H], seq[0, :, H:]], axis=-1)
-
-
-def add_to_final(seq, value, D):
-    """``seq[·]`` at each direction's last processing step ``+= value`` [N,D·H], in place
-    (the index :func:`final` reads); ``seq`` [T,N,D·H] is a NumPy array or a tensor."""
-    if D == 1:
-        seq[-1] += value
-    else:
-        H = seq.shape[-1] // 2
-        seq[-1, :, :H] += value[:, :H]
-        seq[0, :, H:] += value[:, H:]
-    return seq
 
 
 # MPSGraph's gradient orders (SEMANTICS.md §3.2); MPSGraph's forward order is h, c, z_state.

@@ -12,8 +12,8 @@ import dataclasses
 
 import numpy as np
 
-from .. import api
-from ..api import FORWARD_OPS, final
+from .. import api, states
+from ..api import FORWARD_OPS
 
 
 def to_numpy(value, name, ndim=None):
@@ -34,21 +34,20 @@ def stacked_to_sided(a, name, D, N, H):
         return None
     if a.shape != (D, N, H):
         raise ValueError(f"{name}: expected shape {(D, N, H)}, got {a.shape}")
-    return np.ascontiguousarray(a.transpose(1, 0, 2).reshape(N, D * H))  # [N,DH]
+    return np.ascontiguousarray(states.sided(a, D))  # [N,DH]
 
 
 def sided_to_stacked(a, D, H):
     """[N,D·H] (rnngrad) → [D,N,H] (PyTorch / ONNX)."""
     if a is None:
         return None
-    N = a.shape[0]
-    return np.ascontiguousarray(a.reshape(N, D, H).transpose(1, 0, 2))  # [D,N,H]
+    return np.ascontiguousarray(states.stacked(a, D))  # [D,N,H]
 
 
 def final_state(seq, D, H):
     """Each direction's state after its last processing step, [D,N,H], from rnngrad's
     [T,N,D·H] output (processing order for a unidirectional op, aligned for a bidirectional one)."""
-    return sided_to_stacked(final(seq, D, H), D, H)
+    return sided_to_stacked(states.final(seq, D), D, H)
 
 
 @dataclasses.dataclass

@@ -38,6 +38,7 @@ from typing import Optional
 import numpy as np
 
 from ..descriptors import Activation, GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
+from . import parameters
 from ._common import call_forward, call_gradients, final_state, sided_to_stacked, stacked_to_sided, to_numpy
 
 __all__ = ["TorchRNN", "TorchGradients", "from_module", "from_state_dict", "MODES"]
@@ -168,23 +169,15 @@ class TorchRNN:
         return output, h_n
 
     def parameter_gradients(self, grads) -> dict:
-        """PyTorch's parameter gradients, by parameter name, from an rnngrad GradientResult."""
-        D, G, H = self.D, self.G, self.H
-        GH = G * H
-        dR = grads.recurrent_weight.reshape(D, GH, H)
-        out = {}
-        for d, suffix in enumerate(("_l0", "_l0_reverse")[:D]):
-            out[f"weight_ih{suffix}"] = grads.input_weight[d * GH:(d + 1) * GH]
-            out[f"weight_hh{suffix}"] = dR[d]
-            if not self.has_bias:
-                continue
-            db = grads.bias.reshape(-1)[d * GH:(d + 1) * GH]  # [GH]
-            out[f"bias_ih{suffix}"] = db.copy()
-            db_hh = db.copy()
-            if self.cell == "gru" and grads.secondary_bias is not None:
-                db_hh[2 * H:] = grads.secondary_bias[d * H:(d + 1) * H]  # b_hn
-            out[f"bias_hh{suffix}"] = db_hh
-        return out
+        """PyTorch's parameter gradients, by parameter name, from an rnngrad GradientResult
+        (each an array of its own)."""
+        sides = parameters.parameter_gradients(
+            {name: getattr(grads, name) for name in ("input_weight", "recurrent_weight", "bias",
+                                                    "secondary_bias")},
+            D=self.D, H=self.H, secondary=self.secondary_bias is not None)
+        names = parameters.names(0, self.D, bias=self.has_bias)
+        return {name: np.array(sides[d][kind])
+                for name, (d, kind) in zip(names, map(parameters.direction_kinds, names))}
 
     def input_gradients(self, grads):
         """(grad of input, grad of h_0, grad of c_0) in PyTorch's layout (None where no initial
@@ -257,22 +250,14 @@ def from_state_dict(mode, state_dict, *, batch_first=False) -> TorchRNN:
         if params[f"weight_ih{suffix}"].shape[0] != G * H:
             raise ValueError(f"weight_ih{suffix}: expected {G * H} rows for {mode} with hidden "
                              f"size {H}, got shape {params[f'weight_ih{suffix}'].shape}")
-    W = np.concatenate([params[f"weight_ih{s}"] for s in suffixes], axis=0)  # [DGH,I]
-    R = np.stack([params[f"weight_hh{s}"] for s in suffixes])  # [D,GH,H]
-    bias = secondary = None
-    if has_bias:
-        blocks, seconds = [], []
-        for s in suffixes:
-            b_ih, b_hh = params[f"bias_ih{s}"], params[f"bias_hh{s}"]
-            if cell == "gru":  # r, z: summed; n: b_in here, b_hn inside the reset product
-                blocks.append(np.concatenate([b_ih[:2 * H] + b_hh[:2 * H], b_ih[2 * H:]]))
-                seconds.append(b_hh[2 * H:])
-            else:
-                blocks.append(b_ih + b_hh)
-        bias = np.concatenate(blocks)  # [DGH]
-        secondary = np.concatenate(seconds) if seconds else None  # [DH]
-    return TorchRNN(mode=mode, descriptor=_descriptor(mode, D == 2), input_weight=W,
-                    recurrent_weight=R if D == 2 else R[0], bias=bias, secondary_bias=secondary,
+    # PyTorch's GRU: b_hn sits inside the reset product, the op's secondary bias
+    args = parameters.op_arguments(
+        parameters.sides({k: params[k] for k in parameters.names(0, D, bias=has_bias)}, D),
+        H=H, secondary=cell == "gru" and has_bias)
+    return TorchRNN(mode=mode, descriptor=_descriptor(mode, D == 2),
+                    input_weight=np.ascontiguousarray(args["input_weight"]),
+                    recurrent_weight=np.ascontiguousarray(args["recurrent_weight"]),
+                    bias=args.get("bias"), secondary_bias=args.get("secondary_bias"),
                     has_bias=has_bias, batch_first=bool(batch_first))
 
 

@@ -24,7 +24,8 @@ import mlx.core as mx
 import numpy as np
 
 import rnngrad
-from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS, add_to_final
+from rnngrad import states
+from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS
 from rnngrad.descriptors import DESCRIPTORS
 
 __all__ = ["single_gate_rnn", "gru", "lstm", "RNNOutput", "LSTMOutput", "INPUTS"]
@@ -60,25 +61,12 @@ class LSTMOutput(NamedTuple):
     final_cell: mx.array
 
 
-def _final(seq: np.ndarray, initial, D: int) -> np.ndarray:
-    """Each direction's last state [N,D·H] of ``seq`` [T,N,D·H]; the initial state (or zeros)
-    when T = 0."""
-    T, N, DH = seq.shape
-    if T == 0:
-        return np.zeros((N, DH), seq.dtype) if initial is None else \
-            np.array(initial, seq.dtype).reshape(N, DH)
-    if D == 1:
-        return seq[-1].copy()  # [N,H]
-    H = DH // 2
-    return np.concatenate([seq[-1, :, :H], seq[0, :, H:]], axis=-1)  # [N,2H]
-
-
 def _cell_gradient(gc: np.ndarray, gcn: np.ndarray, D: int) -> np.ndarray:
     """The per-step cell gradient [T,N,D·H] with the final cell's added at each direction's
     last processing step (the final-cell form alone when T = 0)."""
     if gc.shape[0] == 0:
         return gcn
-    return add_to_final(gc.copy(), gcn, D)  # [T,N,DH]
+    return states.add_to_final(gc.copy(), gcn, D)  # [T,N,DH]
 
 
 @functools.lru_cache(maxsize=256)
@@ -94,10 +82,10 @@ def _op(cell: str, descriptor, backend, names: tuple):
         given = {n: np.asarray(a) for n, a in zip(names, arrays)}
         result = _FORWARD[cell](**given, descriptor=training, backend=backend)
         h = result.state  # [T,N,DH]
-        outs = [h, _final(h, given.get("init_state"), D)]
+        outs = [h, states.final(h, D, given.get("init_state"))]
         if lstm:
             c = result.cell  # [T,N,DH]
-            outs = [h, c, outs[1], _final(c, given.get("init_cell"), D)]
+            outs = [h, c, outs[1], states.final(c, D, given.get("init_cell"))]
         # z_state rides along as a last output: the vjp reads it (callers drop it)
         return tuple(_to_mx(o) for o in outs + [result.z_state])
 

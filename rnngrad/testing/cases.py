@@ -21,7 +21,8 @@ from typing import Optional
 import numpy as np
 
 from .. import api
-from ..api import FORWARD_OPS, OPS, final, op_info, op_name  # noqa: F401  (toolkit names)
+from .. import states
+from ..api import FORWARD_OPS, OPS, op_info, op_name  # noqa: F401  (toolkit names)
 from ..descriptors import Activation, DESCRIPTORS, GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 
 CELLS = ("single_gate", "gru", "lstm")
@@ -104,11 +105,11 @@ class Case:
         total = float(np.sum(np.asarray(self.source_gradient, np.float64) * out.state))
         if self.state_gradient is not None:
             total += float(np.sum(np.asarray(self.state_gradient, np.float64).reshape(-1, self.D * self.H)
-                                  * final(out.state, self.D, self.H)))
+                                  * states.final(out.state, self.D)))
         if self.cell_gradient is not None:
             cg = np.asarray(self.cell_gradient, np.float64)
             per_step = cg.ndim == 3 and cg.shape[0] == self.T and self.T != 1
-            target = out.cell if per_step else final(out.cell, self.D, self.H)
+            target = out.cell if per_step else states.final(out.cell, self.D)
             total += float(np.sum(cg.reshape(target.shape) * target))
         return total
 
@@ -234,5 +235,5 @@ def _repr_case(case):
     return "\n".join(lines)
 
 
-__all__ = ["Case", "random_case", "random_descriptor", "final", "CELLS", "PARAMETERS",
+__all__ = ["Case", "random_case", "random_descriptor", "CELLS", "PARAMETERS",
            "SingleGateRNNDescriptor", "GRUDescriptor", "LSTMDescriptor"]
