@@ -26,7 +26,11 @@ def final(seq, D: int, initial=None, xp=np):
             return xp.zeros((N, DH), dtype=seq.dtype)
         return xp.concatenate([initial.reshape(N, DH)], axis=-1)  # [N,DH], a copy
     if D == 1:
-        return xp.concatenate([seq[-1]], axis=-1)  # [N,H], a copy in every array library
+        last = seq[-1]  # [N,H]
+        try:
+            return last.copy()  # NumPy, CuPy
+        except AttributeError:
+            return xp.concatenate([last], axis=-1)  # torch, MLX: a copy
     H = DH // 2
     return xp.concatenate([seq[-1, :, :H], seq[0, :, H:]], axis=-1)  # [N,2H]
 

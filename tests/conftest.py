@@ -110,3 +110,22 @@ def metal_rules(request):
     stack = contextlib.ExitStack()
     request.addfinalizer(stack.close)
     return lambda **changes: stack.enter_context(versions.overrides(**changes))
+
+
+@pytest.fixture
+def op_calls(monkeypatch):
+    """The ops rnngrad.torch runs from here on, as a list of ``(cell, gradients, descriptor,
+    given, result)``: every call of ``rnngrad.torch._compute``'s op (its arguments as the
+    backend's arrays, and the backend's result)."""
+    pytest.importorskip("torch")
+    from rnngrad.torch import _compute
+
+    calls = []
+    original = _compute.run_checked
+
+    def spy(cell, gradients, descriptor, backend, given):
+        out = original(cell, gradients, descriptor, backend, given)
+        calls.append((cell, gradients, descriptor, given, out))
+        return out
+    monkeypatch.setattr(_compute, "run_checked", spy)
+    return calls

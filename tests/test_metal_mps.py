@@ -653,7 +653,7 @@ def test_metal_mps_custom_operators_pass_opcheck(cell):
     """torch.ops.rnngrad.* on the stand-in's tensors (backend None: metal-mps): PyTorch's
     operator checks, among them that no output shares memory with an input or another output
     (the host makes each result apart on this device)."""
-    from rnngrad.torch import functions
+    from rnngrad.torch import functions, ops
 
     desc = random_descriptor(np.random.default_rng(len(cell)), cell, bidirectional=True)
     case = random_case(7, cell, descriptor=desc, T=3, N=2, H=3, I=2, dtype=np.float32,
@@ -663,7 +663,7 @@ def test_metal_mps_custom_operators_pass_opcheck(cell):
         if name in given:
             given[name] = torch.from_numpy(np.array(value)).requires_grad_()
     code = functions.descriptor_code(desc)
-    forward, backward = functions.OPS[cell]
+    forward, backward = ops.OPS[cell]
     detached = [None if t is None else t.detach() for t in given.values()]
     with contexts.mps_standin("cpu"):
         torch.library.opcheck(forward, (*given.values(), code, None, True))

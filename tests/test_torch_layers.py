@@ -15,7 +15,7 @@ from rnngrad.testing import compare_array
 torch = pytest.importorskip("torch")
 import rnngrad.torch as rt  # noqa: E402
 from rnngrad.convert import torch as convert  # noqa: E402
-from rnngrad.torch import _eager  # noqa: E402
+from rnngrad.torch import _layer as routes, _route  # noqa: E402
 
 TORCH = {"RNN_TANH": lambda *a, **kw: torch.nn.RNN(*a, nonlinearity="tanh", **kw),
          "RNN_RELU": lambda *a, **kw: torch.nn.RNN(*a, nonlinearity="relu", **kw),
@@ -333,7 +333,7 @@ def test_wrong_input_is_refused_by_name():
         rt.GRU(3, 4, dropout=1.5)
 
 
-# -- the plain eager path: one autograd node a layer (rnngrad.torch._eager) ---------------------
+# -- the one-node route: one autograd node a layer (rnngrad.torch._layer) ---------------------
 
 EAGER_CASES = OPTIONS + [
     ("GRU", dict(num_layers=2, bidirectional=True, batch_first=True)),
@@ -341,12 +341,12 @@ EAGER_CASES = OPTIONS + [
     ("RNN", dict(bias=False, bidirectional=True)), ("LSTM", dict(bias=False, peephole=True))]
 
 
-def _step(layer, x, hx, ups):
+def _step(layer, x, hx, ups, mask=None):
     """Outputs and gradients of Σ ups ⊙ (output, h_n[, c_n]): {name: tensor}."""
     layer.zero_grad(set_to_none=True)
     x = x.detach().clone().requires_grad_(x.requires_grad)
     states = [t.detach().clone().requires_grad_() for t in hx]
-    output, state = layer(x, tuple(states) if len(states) == 2 else states[0])
+    output, state = layer(x, tuple(states) if len(states) == 2 else states[0], mask=mask)
     outs = [output] + (list(state) if len(states) == 2 else [state])
     torch.autograd.backward(outs, ups[:len(outs)])
     got = {"output": output.detach(), "h_n": outs[1].detach(), "input": x.grad,
@@ -366,9 +366,10 @@ ON_CUDA = pytest.param("cuda", marks=[
 
 @pytest.mark.parametrize("device", ["cpu", ON_CUDA])
 @pytest.mark.parametrize("case", EAGER_CASES, ids=_option_id)
-@pytest.mark.parametrize("input_grad", [False, True])
-def test_the_eager_path_gives_what_the_ops_autograd_function_gives(case, input_grad, device,
-                                                                    monkeypatch):
+@pytest.mark.parametrize("input_grad, mask", [(False, None), (True, None), (True, "shared"),
+                                              (False, "per step")])
+def test_the_one_node_route_gives_what_the_general_route_gives(case, input_grad, mask, device,
+                                                                  monkeypatch):
     """One node a layer, the bias sum and the directions' concatenations made inside it,
     computes bit for bit the outputs and gradients of the op's autograd.Function on
     op_parameters (whose results are checked against torch.nn above); without the input's
@@ -391,13 +392,17 @@ def test_the_eager_path_gives_what_the_ops_autograd_function_gives(case, input_g
                        dtype=torch.float64)] + \
         [torch.randn(L * D, N, H, generator=g, dtype=torch.float64) for _ in range(2)]
     ups = [u.to(device, dtype) for u in ups]
+    if mask is not None:  # [N,DH], or per step [T,N,DH] ([N,T,DH] batch-first)
+        shape = (N, D * H) if mask == "shared" else ((N, T) if layer.batch_first else (T, N)) \
+            + (D * H,)
+        mask = (torch.rand(shape, generator=g) > 0.3).to(device, dtype)
     calls = []
-    forward = _eager._forward
-    monkeypatch.setattr(_eager, "_forward", lambda *a: calls.append(1) or forward(*a))
-    got = _step(layer, x, hx, ups)
-    assert len(calls) == L  # the eager path ran, one call a layer
-    monkeypatch.setattr(_eager, "serves", lambda *a: False)
-    want = _step(layer, x, hx, ups)
+    forward = routes._forward
+    monkeypatch.setattr(routes, "_forward", lambda *a: calls.append(1) or forward(*a))
+    got = _step(layer, x, hx, ups, mask)
+    assert len(calls) == L  # the one-node route ran, one call a layer
+    monkeypatch.setattr(_route, "one_node", lambda *a: False)
+    want = _step(layer, x, hx, ups, mask)
     assert len(calls) == L and set(got) == set(want)
     for key, value in want.items():
         if value is None:
@@ -406,7 +411,7 @@ def test_the_eager_path_gives_what_the_ops_autograd_function_gives(case, input_g
             torch.testing.assert_close(got[key], value, rtol=0, atol=0, msg=key)
 
 
-def test_the_eager_path_refuses_a_gradient_of_a_gradient():
+def test_the_one_node_route_refuses_a_gradient_of_a_gradient():
     layer = _layer("LSTM", dict(bidirectional=True), seed=10)
     x = torch.randn(3, 2, 2, dtype=torch.float64)
     (first,) = torch.autograd.grad(layer(x)[0].sum(), layer.weight_hh_l0, create_graph=True)

@@ -15,7 +15,7 @@ import rnngrad
 
 torch = pytest.importorskip("torch")
 import rnngrad.torch as rt  # noqa: E402
-from rnngrad.torch import functions  # noqa: E402
+from rnngrad.torch import functions, ops  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 G = {"single_gate": 1, "gru": 3, "lstm": 4}
@@ -47,10 +47,11 @@ def _inputs(cell, T=3, N=2, I=2, H=3, seed=0):
 def test_opcheck_forward_and_backward_operators(cell):
     given = _inputs(cell)
     code = functions.descriptor_code(DESCRIPTORS[cell])
-    forward, backward = functions.OPS[cell]
+    forward, backward = ops.OPS[cell]
     detached = [None if t is None else t.detach() for t in given.values()]
-    torch.library.opcheck(forward, (*given.values(), code, "reference", True))
-    torch.library.opcheck(forward, (*detached, code, "reference", False))  # inference: no z_state
+    for training in (True, False):  # training=False keeps no z_state: its backward makes it
+        torch.library.opcheck(forward, (*given.values(), code, "reference", training))
+        torch.library.opcheck(forward, (*detached, code, "reference", training))
     out = forward(*given.values(), code, "reference", True)
     names = functions.INPUTS[cell]
     needs = [name != "mask" for name in names]
@@ -68,18 +69,28 @@ def test_opcheck_forward_and_backward_operators(cell):
 
 def test_the_descriptor_code_gives_back_the_descriptor():
     for cell, desc in DESCRIPTORS.items():
-        assert functions._decode(cell, functions.descriptor_code(desc)) == desc
+        assert ops.decode(cell, functions.descriptor_code(desc)) == desc
     with pytest.raises(ValueError, match="descriptor: unknown option 'colour'"):
-        functions._decode("gru", "colour=1")
+        ops.decode("gru", "colour=1")
 
 
-def test_a_backward_without_z_state_says_how_to_get_it():
-    given = _inputs("gru")
-    forward, _ = functions.OPS["gru"]
-    code = functions.descriptor_code(DESCRIPTORS["gru"])
-    h, h_n, z = forward(*given.values(), code, "reference", False)
-    with pytest.raises(RuntimeError, match="z_state: the forward ran with training=False"):
-        h.sum().backward()
+@pytest.mark.parametrize("cell", list(G))
+def test_an_inference_forward_is_differentiable_as_a_training_one(cell):
+    """A forward with training=False keeps no z_state; its gradients (the backward makes the
+    z_state again) are those of the training forward, bit for bit."""
+    code = functions.descriptor_code(DESCRIPTORS[cell])
+    forward, _ = ops.OPS[cell]
+    grads = []
+    for training in (True, False):
+        given = _inputs(cell)
+        out = forward(*given.values(), code, "reference", training)
+        assert (out[-1].numel() > 0) == training
+        g = torch.Generator().manual_seed(2)
+        torch.autograd.backward(out[:-1], [torch.randn(o.shape, generator=g, dtype=o.dtype)
+                                           for o in out[:-1]])
+        grads.append({k: t.grad for k, t in given.items() if t is not None and k != "mask"})
+    for name, want in grads[0].items():
+        torch.testing.assert_close(grads[1][name], want, rtol=0, atol=0, msg=name)
 
 
 def _model(cls, dtype=torch.float64, backend="reference", **kw):
@@ -202,7 +213,7 @@ def test_opcheck_on_cuda_tensors_through_metal_cuda(cell):
     given = {k: None if v is None else v.detach().float().cuda().requires_grad_(k != "mask")
              for k, v in _inputs(cell).items()}
     code = functions.descriptor_code(DESCRIPTORS[cell])
-    forward, backward = functions.OPS[cell]
+    forward, backward = ops.OPS[cell]
     detached = [None if t is None else t.detach() for t in given.values()]
     torch.library.opcheck(forward, (*given.values(), code, "metal-cuda", True))
     torch.library.opcheck(forward, (*detached, code, "metal-cuda", False))

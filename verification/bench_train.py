@@ -96,26 +96,27 @@ def _step(req):
 
 
 def _replace_ops_by_their_results(cell, run):
-    """Make rnngrad's ops, as ``rnngrad.torch`` calls them, and the weight-gradient product it
-    computes itself when the source needs no gradient (dAᵀ source, compute taken off the op),
-    return what they returned in one run of ``run`` at once: what is left of a layer step is
-    the glue."""
-    from rnngrad.torch import _device, functions
+    """Make rnngrad's ops, as ``rnngrad.torch`` calls them (``rnngrad.torch._compute``), and
+    the weight-gradient product it computes itself when the source needs no gradient (dAᵀ
+    source, compute taken off the op), return what they returned in one run of ``run`` at once:
+    what is left of a layer step is the glue."""
+    from rnngrad.torch import _compute, _device
 
     results = {}
-    slots = ((functions._FORWARD, cell, "forward"), (functions._GRADIENTS, cell, "gradients"),
-             (vars(_device), "transposed_product", "product"))
-    for table, key, kind in slots:
-        op = table[key]
+    op, product = _compute.run_checked, _device.transposed_product
 
-        def spy(*args, _op=op, _kind=kind, **kwargs):
-            results[_kind] = _op(*args, **kwargs)
-            return results[_kind]
-        table[key] = spy
+    def spy_op(cell, gradients, *args):
+        results[gradients] = op(cell, gradients, *args)
+        return results[gradients]
+
+    def spy_product(*args):
+        results["product"] = product(*args)
+        return results["product"]
+    _compute.run_checked, _device.transposed_product = spy_op, spy_product
     run()
-    for table, key, kind in slots:
-        if kind in results:
-            table[key] = lambda *args, _kind=kind, **kwargs: results[_kind]
+    _compute.run_checked = lambda cell, gradients, *args: results[gradients]
+    _device.transposed_product = (lambda *args: results["product"]) if "product" in results \
+        else product
 
 
 def worker_main(request_json):

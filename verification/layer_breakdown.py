@@ -100,12 +100,11 @@ def _spied(cell, req):
 
 def _glue(cell, req):
     """bench_train.py's "glue" step, its stand-ins for the ops put in place around each step
-    only (they replace rnngrad.torch's tables of ops, which the other runs use)."""
+    only (they replace the functions rnngrad.torch calls, which the other runs use)."""
     from bench_train import _step
-    from rnngrad.torch import _device, functions
+    from rnngrad.torch import _compute, _device
 
-    slots = ((functions._FORWARD, cell), (functions._GRADIENTS, cell),
-             (vars(_device), "transposed_product"))
+    slots = ((vars(_compute), "run_checked"), (vars(_device), "transposed_product"))
     real = [table[key] for table, key in slots]
     run = _step(dict(req, impl="glue"))
     stand_ins = [table[key] for table, key in slots]

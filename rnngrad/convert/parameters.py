@@ -29,13 +29,17 @@ import numpy as np
 
 #: the kinds of parameter of one direction, in PyTorch's order of registration
 KINDS = ("weight_ih", "weight_hh", "bias_ih", "bias_hh", "peephole")
+#: the op argument whose gradient each kind of parameter takes its own from
+ARGUMENT = {"weight_ih": "input_weight", "weight_hh": "recurrent_weight", "bias_ih": "bias",
+            "bias_hh": "bias", "peephole": "peephole"}
 _NAME = re.compile(r"^(weight_ih|weight_hh|bias_ih|bias_hh|peephole)_l(\d+)(_reverse)?$")
 
 
 def names(layer: int, D: int, *, bias: bool, peephole: bool = False) -> list:
     """The parameter names of layer ``layer``, in PyTorch's order of registration: each
     direction's weight_ih, weight_hh, [bias_ih, bias_hh], [peephole] in turn."""
-    kinds = [k for k in KINDS if (bias or not k.startswith("bias")) and (peephole or k != "peephole")]
+    kinds = [k for k in KINDS
+             if (bias or not k.startswith("bias")) and (peephole or k != "peephole")]
     return [f"{kind}_l{layer}{'_reverse' if d else ''}" for d in range(D) for kind in kinds]
 
 
@@ -49,11 +53,11 @@ def direction_kinds(name: str) -> tuple:
     return (1 if match.group(3) else 0), match.group(1)
 
 
-def sides(named: dict, D: int) -> list:
-    """``[{kind: array}]`` per direction from ``{parameter name: array}`` (one layer's)."""
+def sides(values, kinds, D: int) -> list:
+    """``[{kind: array}]`` per direction from one layer's parameter ``values`` and the
+    ``(direction, kind)`` of each (:func:`direction_kinds` of its name)."""
     out = [{} for _ in range(D)]
-    for name, value in named.items():
-        d, kind = direction_kinds(name)
+    for (d, kind), value in zip(kinds, values):
         out[d][kind] = value
     return out
 
@@ -63,22 +67,27 @@ def op_arguments(sides: list, *, H: int, secondary: bool, xp=np) -> dict:
     peephole where given) from each direction's ``{kind: array}``; ``secondary``: the GRU's
     ``bias_hh`` candidate block is the secondary bias (module docstring). With one direction
     the parameters themselves, no copy."""
-    D = len(sides)
     first = sides[0]
-    one = (lambda parts: parts[0]) if D == 1 else xp.concatenate
-    out = {"input_weight": one([s["weight_ih"] for s in sides]),  # [DGH,I]
-           "recurrent_weight": first["weight_hh"] if D == 1
-           else xp.stack([s["weight_hh"] for s in sides])}  # [GH,H] or [2,GH,H]
-    if "bias_ih" in first:
-        if secondary:  # r, z summed; candidate: b_in here, b_hn the secondary bias
-            out["bias"] = one([xp.concatenate([s["bias_ih"][:2 * H] + s["bias_hh"][:2 * H],
-                                               s["bias_ih"][2 * H:]]) for s in sides])  # [D3H]
-            out["secondary_bias"] = one([s["bias_hh"][2 * H:] for s in sides])  # [DH]
-        else:
-            out["bias"] = one([s["bias_ih"] + s["bias_hh"] for s in sides])  # [DGH]
-    if "peephole" in first:
-        out["peephole"] = first["peephole"] if D == 1 \
-            else xp.stack([s["peephole"] for s in sides])  # [4H] or [2,4H]
+    if len(sides) == 1:  # the parameters themselves: [GH,I], [GH,H]
+        out = {"input_weight": first["weight_ih"], "recurrent_weight": first["weight_hh"]}
+        if "bias_ih" in first:
+            b_ih, b_hh = first["bias_ih"], first["bias_hh"]
+            if secondary:  # r, z summed; candidate: b_in here, b_hn the secondary bias
+                out["bias"] = xp.concatenate([b_ih[:2 * H] + b_hh[:2 * H], b_ih[2 * H:]])  # [3H]
+                out["secondary_bias"] = b_hh[2 * H:]  # [H]
+            else:
+                out["bias"] = b_ih + b_hh  # [GH]
+        if "peephole" in first:
+            out["peephole"] = first["peephole"]  # [4H]
+        return out
+    sides = [op_arguments([side], H=H, secondary=secondary, xp=xp) for side in sides]
+    out = {"input_weight": xp.concatenate([s["input_weight"] for s in sides]),  # [2GH,I]
+           "recurrent_weight": xp.stack([s["recurrent_weight"] for s in sides])}  # [2,GH,H]
+    for name in ("bias", "secondary_bias"):
+        if name in sides[0]:
+            out[name] = xp.concatenate([s[name] for s in sides])  # [2GH], [2H]
+    if "peephole" in sides[0]:
+        out["peephole"] = xp.stack([s["peephole"] for s in sides])  # [2,4H]
     return out
 
 

@@ -251,8 +251,9 @@ def from_state_dict(mode, state_dict, *, batch_first=False) -> TorchRNN:
             raise ValueError(f"weight_ih{suffix}: expected {G * H} rows for {mode} with hidden "
                              f"size {H}, got shape {params[f'weight_ih{suffix}'].shape}")
     # PyTorch's GRU: b_hn sits inside the reset product, the op's secondary bias
+    names = parameters.names(0, D, bias=has_bias)
     args = parameters.op_arguments(
-        parameters.sides({k: params[k] for k in parameters.names(0, D, bias=has_bias)}, D),
+        parameters.sides([params[k] for k in names], map(parameters.direction_kinds, names), D),
         H=H, secondary=cell == "gru" and has_bias)
     return TorchRNN(mode=mode, descriptor=_descriptor(mode, D == 2),
                     input_weight=np.ascontiguousarray(args["input_weight"]),

@@ -6,11 +6,12 @@ layers.
     output, h_n = layer(x)                                             # rnngrad's ops inside
     output.sum().backward()                                            # rnngrad's gradient ops
 
-- :mod:`rnngrad.torch.functions`: the operators ``torch.ops.rnngrad.single_gate_rnn``,
-  ``gru``, ``lstm`` and their ``*_backward`` (``torch.library.custom_op``: fake implementations
-  for torch.compile, torch.export and meta tensors, a registered autograd formula), and
-  ``single_gate_rnn``, ``gru``, ``lstm`` on tensors in rnngrad's layouts, differentiable
-  (``SingleGateRNNFunction``, ``GRUFunction``, ``LSTMFunction``.apply too);
+- :mod:`rnngrad.torch.ops`: the operators ``torch.ops.rnngrad.single_gate_rnn``, ``gru``,
+  ``lstm`` and their ``*_backward`` (``torch.library.custom_op``: schemas, fake implementations
+  for torch.compile, torch.export and meta tensors, a registered autograd formula);
+- :mod:`rnngrad.torch.functions`: ``single_gate_rnn``, ``gru``, ``lstm`` on tensors in
+  rnngrad's layouts, differentiable (``SingleGateRNNFunction``, ``GRUFunction``,
+  ``LSTMFunction``.apply too);
 - :mod:`rnngrad.torch.layers`: ``RNN``, ``GRU``, ``LSTM`` with PyTorch's constructor, call
   conventions and parameters (``PackedSequence`` input too), plus MPSGraph's options;
   ``from_torch(module)`` and ``layer.to_torch()``.
@@ -24,6 +25,10 @@ on the ``metal-mps`` backend (rnngrad's Metal kernels through ``torch.mps.compil
 PyTorch 2.7 or later), where they are; meta tensors give shapes only; any other device is an
 error that names the backends that would serve it. PyTorch is imported only when this package
 is (``pip install 'rnngrad[torch]'``).
+
+Inside: ``_device`` (device → backend, tensors ⇄ arrays), ``_compute`` (the one forward and
+backward on arrays), ``_route`` (which route a call takes), ``_layer`` (one layer, by route),
+``_internals`` (PyTorch's private internals, each with its public fallback).
 """
 
 from rnngrad.torch._device import CUDA_BACKEND, MPS_BACKEND

@@ -1,5 +1,5 @@
 """Where a call runs: the tensors' device picks the rnngrad backend, and tensors cross into the
-backend's arrays and back without copies.
+backend's arrays and back without copies (:class:`Arrays`, one per kind of device).
 
 - CPU tensors: the chosen CPU backend (``backend=None`` picks as everywhere in rnngrad). A
   tensor becomes a NumPy array sharing its memory (``Tensor.numpy()``); results come back as
@@ -10,15 +10,17 @@ backend's arrays and back without copies.
   both crossings go through DLPack's stream handshake, which orders PyTorch's stream and the
   backend's.
 - MPS tensors: the ``metal-mps`` backend, where it is available (PyTorch 2.7 or later on a
-  Mac). Tensors cross as they are (``rnngrad.backends.metal.mps.tensors``) and results come back as tensors on
-  the device: nothing goes through the host. The same holds for the tensors of a device that
-  ``rnngrad.backends.metal.harness.contexts.mps_standin`` runs ``metal-mps`` on (CPU or CUDA tensors,
-  without a Mac).
+  Mac). Tensors cross as they are (:mod:`rnngrad.backends.metal.mps.tensors`) and results come
+  back as tensors on the device: nothing goes through the host. The same holds for the tensors
+  of a device that ``rnngrad.backends.metal.harness.contexts.mps_standin`` runs ``metal-mps``
+  on (CPU or CUDA tensors, without a Mac).
 - Any other device (``meta``, XLA …), CUDA without ``metal-cuda`` or MPS without
   ``metal-mps``: a ``RuntimeError`` naming the device and the backends that would serve it.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
@@ -26,6 +28,7 @@ import torch
 import rnngrad
 from rnngrad import registry
 from rnngrad.backends.metal.mps import tensors
+from rnngrad.torch import _internals
 
 #: the backend that runs on CUDA devices, taking and returning device arrays
 CUDA_BACKEND = "metal-cuda"
@@ -43,7 +46,7 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in AUTOCAST_DTYPES else dtype
 
 
-def _cuda_reason(backend: str = CUDA_BACKEND) -> str:
+def _reason(backend: str) -> str:
     """Why ``backend`` is not available here, as the registry says it."""
     for name, ok, _, reason in registry.status():
         if name == backend:
@@ -57,7 +60,7 @@ def cpu_backends() -> tuple:
 
 def takes_tensors(device: torch.device) -> bool:
     """Whether tensors on ``device`` go to ``metal-mps`` as they are: MPS tensors, and those of
-    the device the stand-in runs on (``rnngrad.backends.metal.harness.contexts.mps_standin``)."""
+    the device the stand-in runs on."""
     return device.type in tensors.DEVICES
 
 
@@ -87,7 +90,7 @@ def backend_for(device: torch.device, backend):
         if MPS_BACKEND not in rnngrad.available_backends():
             raise RuntimeError(
                 f"tensors on {device}: no rnngrad backend available here runs on MPS devices "
-                f"(the {MPS_BACKEND!r} backend would: {_cuda_reason(MPS_BACKEND)}); the "
+                f"(the {MPS_BACKEND!r} backend would: {_reason(MPS_BACKEND)}); the "
                 f"available backends {cpu_backends()} run on the CPU: move the tensors there "
                 f"with .cpu()")
         return MPS_BACKEND
@@ -104,8 +107,8 @@ def backend_for(device: torch.device, backend):
         if CUDA_BACKEND not in rnngrad.available_backends():
             raise RuntimeError(
                 f"tensors on {device}: no rnngrad backend available here runs on CUDA devices "
-                f"(the {CUDA_BACKEND!r} backend would: {_cuda_reason()}); the available backends "
-                f"{cpu_backends()} run on the CPU: move the tensors there with .cpu()")
+                f"(the {CUDA_BACKEND!r} backend would: {_reason(CUDA_BACKEND)}); the available "
+                f"backends {cpu_backends()} run on the CPU: move the tensors there with .cpu()")
         return CUDA_BACKEND
     here = rnngrad.available_backends()
     state = {b: "available" if b in here else "not available here"
@@ -143,19 +146,116 @@ def check_served(given: dict, device: torch.device):
                         f"CPU backends compute in float64")
 
 
+# -- the arrays of each kind of device -----------------------------------------------------------
+
+class Arrays:
+    """The arrays a backend takes for the tensors of one kind of device, and the way back:
+    ``xp`` (their array module), ``view(t)`` (a tensor's memory as one, no copy), ``tensor(a)``
+    (a result's memory as a tensor, no copy), ``copied(a)`` (a tensor of a copy) and ``on(device)``
+    (the block in which new arrays are made on that device)."""
+
+    xp = np
+
+    @staticmethod
+    def view(t):
+        return t.detach().numpy()  # shares memory, any strides
+
+    @staticmethod
+    def tensor(a):
+        return from_numpy(a)  # replaced by from_numpy itself below: one call less
+
+    @staticmethod
+    def copied(a):
+        return torch.from_numpy(np.array(a))
+
+    @staticmethod
+    def on(device):
+        return contextlib.nullcontext()
+
+
+class _Cuda(Arrays):
+    """A CUDA device's arrays: CuPy views of the tensors (``metal-cuda`` takes and returns CuPy
+    arrays), tensors over the results' memory through DLPack."""
+
+    def __init__(self):
+        import cupy
+
+        self.xp = cupy
+
+    @staticmethod
+    def view(t):
+        return _cupy_view(t.detach())
+
+    @staticmethod
+    def tensor(a):
+        return _from_cupy(a)
+
+    @staticmethod
+    def copied(a):
+        return _from_cupy(a.copy())
+
+    def on(self, device):
+        """The block in which CuPy makes its arrays on ``device`` (the backend runs where its
+        arrays are; the arrays it makes here go to the same GPU)."""
+        return self.xp.cuda.Device(device.index)
+
+
+class _Tensors(Arrays):
+    """Tensors ``metal-mps`` takes where they are (MPS tensors, or those of its stand-in's
+    device): the backend's arrays are the tensors themselves."""
+
+    xp = torch
+
+    @staticmethod
+    def view(t):
+        return t.detach()
+
+    @staticmethod
+    def tensor(a):
+        return a
+
+    @staticmethod
+    def copied(a):
+        return a.clone()
+
+
+_ARRAYS = {"cpu": Arrays()}
+_TENSORS = _Tensors()
+
+
+def arrays_of(device: torch.device) -> Arrays:
+    """The :class:`Arrays` of ``device``'s tensors."""
+    kind = device.type
+    if kind in tensors.DEVICES:  # takes_tensors, inlined: a call per op argument
+        return _TENSORS
+    arrays = _ARRAYS.get(kind)
+    if arrays is None:
+        arrays = _ARRAYS[kind] = _Cuda()
+    return arrays
+
+
 def to_array(t, device: torch.device):
     """The backend's view of tensor ``t`` (None stays None), sharing its memory (a float32
     copy for float16 and bfloat16)."""
     if t is None:
         return None
-    t = t.detach()
     if t.dtype in AUTOCAST_DTYPES:
-        t = t.float()
-    if takes_tensors(device):
-        return t  # as it is: metal-mps takes tensors (rnngrad.backends.metal.mps.tensors)
-    if device.type == "cpu":
-        return t.numpy()  # shares memory, any strides; rnngrad copies only what is not C-contiguous
-    return _cupy_view(t)
+        t = t.detach().float()
+    return arrays_of(device).view(t)
+
+
+def to_arrays(named: dict, device: torch.device) -> dict:
+    """{argument: the backend's view of the tensor} for the tensors of ``named`` that are
+    not None (see :func:`to_array`)."""
+    return {k: to_array(t, device) for k, t in named.items() if t is not None}
+
+
+def to_tensor(a, device: torch.device, dtype: torch.dtype = None) -> torch.Tensor:
+    """A tensor sharing the memory of the backend's result ``a`` (a tensor stays itself), cast
+    to ``dtype`` when given (float16 and bfloat16 results come back from float32)."""
+    if not isinstance(a, torch.Tensor):
+        a = from_numpy(a) if device.type == "cpu" else _from_cupy(a)
+    return a if dtype is None or a.dtype == dtype else a.to(dtype)
 
 
 _CUPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int32: np.int32,
@@ -172,7 +272,7 @@ def _cupy_view(t: torch.Tensor):
 
     dtype = _CUPY_DTYPES.get(t.dtype)
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    if dtype is None or torch._C._cuda_getCurrentRawStream(index) != 0:
+    if dtype is None or _internals.raw_stream(index) != 0:
         return cupy.from_dlpack(t)
     size = t.element_size()
     extent = 0 if t.numel() == 0 else size * (1 + sum((n - 1) * s for n, s in
@@ -180,12 +280,6 @@ def _cupy_view(t: torch.Tensor):
     memory = cupy.cuda.UnownedMemory(t.data_ptr(), extent, t, index)
     return cupy.ndarray(tuple(t.shape), dtype, cupy.cuda.MemoryPointer(memory, 0),
                         tuple(size * s for s in t.stride()))
-
-
-def to_arrays(named: dict, device: torch.device) -> dict:
-    """{argument: the backend's view of the tensor} for the tensors of ``named`` that are
-    not None (see :func:`to_array`)."""
-    return {k: to_array(t, device) for k, t in named.items() if t is not None}
 
 
 def placeholder(shape, dtype: torch.dtype, device: torch.device):
@@ -199,26 +293,6 @@ def placeholder(shape, dtype: torch.dtype, device: torch.device):
 def transposed_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """aᵀ b for a [K,M], b [K,N] (a weight gradient: flat(dA)ᵀ flat(source))."""
     return a.t().mm(b)
-
-
-def namespace(device: torch.device):
-    """The array module of the backend's arrays on ``device``: NumPy, CuPy, or for tensors
-    (metal-mps) rnngrad.backends.metal.mps.tensors' namespace."""
-    if takes_tensors(device):
-        return tensors._Namespace(device)
-    if device.type == "cpu":
-        return np
-    import cupy
-
-    return cupy
-
-
-def to_tensor(a, device: torch.device, dtype: torch.dtype = None) -> torch.Tensor:
-    """A tensor sharing the memory of the backend's result ``a`` (a tensor stays itself), cast
-    to ``dtype`` when given (float16 and bfloat16 results come back from float32)."""
-    if not isinstance(a, torch.Tensor):
-        a = from_numpy(a) if device.type == "cpu" else _from_cupy(a)
-    return a if dtype is None or a.dtype == dtype else a.to(dtype)
 
 
 def from_numpy(a) -> torch.Tensor:
@@ -236,6 +310,9 @@ def _from_cupy(a) -> torch.Tensor:
     """A CUDA tensor over CuPy array ``a``'s memory: DLPack without the stream handshake while
     PyTorch works on the legacy default stream (the backend has waited for its results), with it
     otherwise."""
-    if torch._C._cuda_getCurrentRawStream(a.device.id) == 0:
-        return torch._C._from_dlpack(a.__dlpack__())
+    if _internals.raw_stream(a.device.id) == 0:
+        return _internals.from_dlpack_unsynchronised(a)
     return torch.from_dlpack(a)
+
+
+Arrays.tensor = staticmethod(from_numpy)

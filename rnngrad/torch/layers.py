@@ -15,15 +15,15 @@ PyTorch's conventions, as ``torch.nn.RNN`` / ``GRU`` / ``LSTM``:
   the same weights as the ``torch.nn`` module, and state dicts are interchangeable;
 - dropout on the output of every layer but the last, in training mode.
 
-The op of each layer and direction (SEMANTICS.md, with ``rnngrad.convert.torch``'s mapping):
-``input_weight`` = the directions' ``weight_ih`` concatenated, ``recurrent_weight`` = their
-``weight_hh`` (stacked when bidirectional), ``bias`` = ``bias_ih + bias_hh``, except the GRU's
-candidate block with a secondary bias: ``bias_ih``'s alone, and ``bias_hh``'s candidate block
-(PyTorch's ``b_hn``) is the op's ``secondary_bias``. Plain eager calls of CPU tensors in float32
-or float64 without a mask run each layer as one autograd node that makes these arguments inside
-it (``rnngrad.torch._eager``); every other call (torch.compile, torch.export, torch.func's
-transforms, CUDA, autocast, float16 and bfloat16, masks, packed sequences) makes them with
-tensor operations and runs the op's operators.
+Each layer, all its directions, is one op (SEMANTICS.md) with ``rnngrad.convert.parameters``'
+mapping: ``input_weight`` = the directions' ``weight_ih`` concatenated, ``recurrent_weight`` =
+their ``weight_hh`` (stacked when bidirectional), ``bias`` = ``bias_ih + bias_hh``, except the
+GRU's candidate block with a secondary bias: ``bias_ih``'s alone, and ``bias_hh``'s candidate
+block (PyTorch's ``b_hn``) is the op's ``secondary_bias``. One layer stack (:meth:`_stack`) runs
+the layers, for padded, unbatched and packed input alike, each layer by one of the routes of
+``rnngrad.torch._layer``: one autograd node a layer for plain eager calls
+(``rnngrad.torch._route.one_node``), the op's operator on differentiable arguments for every
+other call, each direction over the padded batch for a ``PackedSequence``.
 
 MPSGraph's options (keyword-only), defaults giving PyTorch's cells:
 
@@ -60,14 +60,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import rnngrad
+from rnngrad.convert import parameters
 from rnngrad.convert import torch as convert
-from rnngrad.torch import _eager, functions
+from rnngrad.torch import _layer, _route, functions, ops
 
 __all__ = ["RNN", "GRU", "LSTM", "from_torch"]
 
 _GATES = {"single_gate": 1, "gru": 3, "lstm": 4}
 _LOW = (torch.float16, torch.bfloat16)
 _TORCH_MODULES = {"single_gate": "RNN", "gru": "GRU", "lstm": "LSTM"}
+_AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
 class _RNNBase(nn.Module):
@@ -108,15 +110,18 @@ class _RNNBase(nn.Module):
         D, G, H = self.num_directions, _GATES[self.cell], hidden_size
         factory = {"device": device, "dtype": dtype}
         self._flat_weights_names = []
-        #: per layer: {parameter kind: [name of each direction's]}
-        self._layer_names = [{kind: [kind + sfx for sfx in self._suffixes(k)]
-                              for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh",
-                                           "peephole")} for k in range(num_layers)]
-        #: per layer: the names of its parameters in the order rnngrad.torch._eager takes them
-        self._step_names = [_eager.parameter_names(self, k) for k in range(num_layers)]
-        #: … and which of them the gradient op reads (all but the biases)
-        self._step_reads = [[i for i, name in enumerate(names) if not name.startswith("bias_")]
+        #: per layer: its parameters' names, in PyTorch's order of registration
+        self._step_names = [parameters.names(k, D, bias=bias, peephole=self._has_peephole())
+                            for k in range(num_layers)]
+        #: … the (direction, kind) of each, read from its name
+        self._step_kinds = [[parameters.direction_kinds(n) for n in names]
                             for names in self._step_names]
+        #: … the op argument whose gradient each takes its own from
+        self._step_arguments = [[parameters.ARGUMENT[kind] for _, kind in kinds]
+                                for kinds in self._step_kinds]
+        #: … and which of them the gradient op reads (all but the biases)
+        self._step_reads = [[i for i, (_, kind) in enumerate(kinds) if not kind.startswith("bias")]
+                            for kinds in self._step_kinds]
         for k in range(num_layers):
             layer_input = input_size if k == 0 else D * H
             for suffix in self._suffixes(k):
@@ -142,12 +147,11 @@ class _RNNBase(nn.Module):
     def descriptor(self, value):
         # the operators take the descriptor as a string, made here once and not at each call
         # (torch.compile sees a constant)
-        value = functions._descriptor(self.cell, value)
+        value = functions.checked_descriptor(self.cell, value)
         #: the op's descriptor without and with z_state (the op's training forward)
-        self._descriptors = (functions._with_outputs(value, False),
-                             functions._with_outputs(value, True))
-        self._code = functions.descriptor_code(value)
-        self._one_direction_code = functions.descriptor_code(
+        self._descriptors = (ops.with_outputs(value, False), ops.with_outputs(value, True))
+        self._code = ops.descriptor_code(value)
+        self._one_direction_code = ops.descriptor_code(
             dataclasses.replace(value, bidirectional=False, reverse=False))
         self._descriptor = value
 
@@ -205,34 +209,15 @@ class _RNNBase(nn.Module):
     def op_parameters(self, k: int, direction=None) -> dict:
         """The op's parameter arguments of layer ``k`` (rnngrad's layouts, SEMANTICS.md §2), made
         from the module's parameters by differentiable tensor operations (autograd takes each
-        gradient back to its parameter): input_weight, recurrent_weight, bias, secondary_bias
-        (GRU), peephole (LSTM). With ``direction`` (0 or 1), those of that direction alone, for a
-        unidirectional op."""
-        H, params = self.hidden_size, self._parameters
-        names = self._layer_names[k]
-        sides = range(self.num_directions) if direction is None else (direction,)
-        D = len(sides)
-        if D == 1:  # the parameters themselves, no copy
-            d = sides[0]
-            out = {"input_weight": params[names["weight_ih"][d]],  # [GH,I]
-                   "recurrent_weight": params[names["weight_hh"][d]]}  # [GH,H]
-        else:
-            out = {"input_weight": torch.cat([params[n] for n in names["weight_ih"]]),  # [2GH,I]
-                   "recurrent_weight": torch.stack([params[n] for n in names["weight_hh"]])}
-        if self.bias:
-            b_ih = [params[names["bias_ih"][d]] for d in sides]
-            b_hh = [params[names["bias_hh"][d]] for d in sides]
-            one = (lambda ts: ts[0]) if D == 1 else torch.cat
-            if self._secondary():  # r, z: summed; candidate: b_in here, b_hn the secondary bias
-                out["bias"] = one([torch.cat([i[:2 * H] + h[:2 * H], i[2 * H:]])
-                                   for i, h in zip(b_ih, b_hh)])  # [D3H]
-                out["secondary_bias"] = one([h[2 * H:] for h in b_hh])  # [DH]
-            else:
-                out["bias"] = one([i + h for i, h in zip(b_ih, b_hh)])  # [DGH]
-        if self._has_peephole():
-            p = [params[names["peephole"][d]] for d in sides]
-            out["peephole"] = p[0] if D == 1 else torch.stack(p)  # [4H] or [2,4H]
-        return out
+        gradient back to its parameter; ``rnngrad.convert.parameters``): input_weight,
+        recurrent_weight, bias, secondary_bias (GRU), peephole (LSTM). With ``direction`` (0 or
+        1), those of that direction alone, for a unidirectional op."""
+        sides = parameters.sides([self._parameters[n] for n in self._step_names[k]],
+                                 self._step_kinds[k], self.num_directions)
+        if direction is not None:
+            sides = [sides[direction]]
+        return parameters.op_arguments(sides, H=self.hidden_size, secondary=self._secondary(),
+                                       xp=torch)
 
     # -- the call -----------------------------------------------------------------------------
     def _initial(self, hx, N, batched, dtype):
@@ -279,7 +264,7 @@ class _RNNBase(nn.Module):
         in it (as ``torch.nn``'s layers on CUDA; see ``rnngrad.torch.functions``)."""
         weight = self._parameters["weight_ih_l0"]
         kind = "cpu" if input.is_cpu else input.device.type
-        if kind in functions._AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
+        if kind in _AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
             low = torch.get_autocast_dtype(kind)
             if input.dtype in (torch.float32, low) and weight.dtype in (torch.float32, low):
                 return low
@@ -305,74 +290,41 @@ class _RNNBase(nn.Module):
         x = input if batched else input.unsqueeze(1)  # [T,N,I] or [N,T,I]
         if batched and self.batch_first:
             x = x.transpose(0, 1)  # [T,N,I], a view: rnngrad makes it contiguous once
-        N = x.shape[1]
-        h0, c0 = self._initial(hx, N, batched, dtype)
+        h0, c0 = self._initial(hx, x.shape[1], batched, dtype)
         m = self._mask(mask, batched, dtype)
-        D, H = self.num_directions, self.hidden_size
-        if m is None and _eager.serves(self, x, h0, c0, dtype):
-            return self._forward_eager(x, h0, c0, batched)
-        finals_h, finals_c = [], []
-        inputs = functions.INPUTS[self.cell]
-        for k in range(self.num_layers):
-            given = dict.fromkeys(inputs)
-            given.update(self.op_parameters(k), source=x, mask=m)
-            if h0 is not None:
-                given["init_state"] = _sided(h0[k * D:(k + 1) * D])
-            if c0 is not None:
-                given["init_cell"] = _sided(c0[k * D:(k + 1) * D])
-            out = functions.run(self.cell, given, self._code, self.backend)
-            x = out.state  # [T,N,DH]
-            if self.dropout and self.training and k < self.num_layers - 1:
-                x = F.dropout(x, self.dropout, training=True)
-            finals_h.append(out.final_state)
-            if self.cell == "lstm":
-                finals_c.append(out.final_cell)
-        output = x.transpose(0, 1) if batched and self.batch_first else x
-        if not batched:
-            output = output.squeeze(1)
-        h_n = _stacked(finals_h, D, H, batched)
-        if self.cell == "lstm":
-            return output, (h_n, _stacked(finals_c, D, H, batched))
-        return output, h_n
-
-    def _forward_eager(self, x, h0, c0, batched):
-        """:meth:`forward` on ``rnngrad.torch._eager``'s path: one autograd node a layer."""
-        D, L = self.num_directions, self.num_layers
-        finals_h, finals_c = [], []
-        for k in range(L):
-            hk = h0 if h0 is None or L == 1 else h0[k * D:(k + 1) * D]  # [D,N,H]
-            ck = c0 if c0 is None or L == 1 else c0[k * D:(k + 1) * D]
-            x, h_n, c_n = _eager.run(self, x, hk, ck, k)  # [T,N,DH], [D,N,H]
-            if self.dropout and self.training and k < L - 1:
-                x = F.dropout(x, self.dropout, training=True)
-            finals_h.append(h_n)
-            finals_c.append(c_n)
-        output = x.transpose(0, 1) if batched and self.batch_first else x
-        h_n = finals_h[0] if L == 1 else torch.cat(finals_h)  # [LD,N,H]
-        c_n = finals_c[0] if L == 1 else torch.cat(finals_c) if self.cell == "lstm" else None
+        one_node = _route.one_node(self, x, (h0, c0), m, dtype)
+        run = _layer.one_node if one_node else _layer.general
+        output, h_n, c_n = self._stack(x, h0, c0, lambda k, x, hk, ck: run(self, k, x, hk, ck, m))
+        if batched and self.batch_first:
+            output = output.transpose(0, 1)
         if not batched:
             output, h_n = output.squeeze(1), h_n.squeeze(1)
             c_n = None if c_n is None else c_n.squeeze(1)
         return (output, (h_n, c_n)) if self.cell == "lstm" else (output, h_n)
 
+    def _stack(self, x, h0, c0, run_layer):
+        """The layers in turn, ``run_layer(k, x, h0_k, c0_k)`` each (``rnngrad.torch._layer``),
+        with dropout between them in training: (output [T,N,D·H], h_n [L·D,N,H], c_n or
+        None)."""
+        D, L = self.num_directions, self.num_layers
+        finals_h, finals_c = [], []
+        for k in range(L):
+            hk = h0 if h0 is None or L == 1 else h0[k * D:(k + 1) * D]  # [D,N,H]
+            ck = c0 if c0 is None or L == 1 else c0[k * D:(k + 1) * D]
+            x, h_n, c_n = run_layer(k, x, hk, ck)  # [T,N,DH], [D,N,H]
+            if self.dropout and self.training and k < L - 1:
+                x = F.dropout(x, self.dropout, training=True)
+            finals_h.append(h_n)
+            finals_c.append(c_n)
+        h_n = finals_h[0] if L == 1 else torch.cat(finals_h)  # [LD,N,H]
+        c_n = None if self.cell != "lstm" else finals_c[0] if L == 1 else torch.cat(finals_c)
+        return x, h_n, c_n
+
     def _forward_packed(self, packed, hx, mask):
-        """``torch.nn``'s semantics for a ``PackedSequence``, from rnngrad's unidirectional op.
-
-        MPSGraph's ops have no sequence lengths, so each layer and direction runs the op once
-        over the padded batch [T_max,N,·] (batch rows never mix in a recurrence) and the lengths
-        are applied around it, with differentiable indexing:
-
-        - forward direction: the op runs from step 0; sequence n's final state is its state at
-          step L_n − 1, gathered; its steps past L_n are zeroed in the output;
-        - reverse direction: each sequence's first L_n steps are reversed in place (a
-          per-row time gather; the padding stays after them), the op runs from step 0, so it
-          starts at each sequence's own end; the same gather puts its outputs back in input
-          time, the final state is the state at step L_n − 1, and the padding is zeroed.
-
-        The padding holds zeros and every output computed from it is dropped, so nothing from
-        it reaches a result, and its gradients are zero: nothing reaches any gradient either.
-        ``h_0``/``c_0`` and ``h_n``/``c_n`` are in the batch's original order, the output has
-        the input's ``batch_sizes`` and indices, as ``torch.nn``."""
+        """``torch.nn``'s semantics for a ``PackedSequence``: the layer stack over the padded
+        batch, each layer by ``rnngrad.torch._layer.packed``. ``h_0``/``c_0`` and ``h_n``/``c_n``
+        are in the batch's original order, the output has the input's ``batch_sizes`` and
+        indices, as ``torch.nn``."""
         if mask is not None:
             raise ValueError("mask: not supported with a PackedSequence input (the lengths "
                              "already say which steps count); pass a padded tensor to use it")
@@ -387,53 +339,19 @@ class _RNNBase(nn.Module):
                              f"{self.input_size}] data, got shape {tuple(data.shape)}")
         dtype = self._dtype(data)
         x, lengths = nn.utils.rnn.pad_packed_sequence(packed)  # [T,N,I], original order
-        T, N = x.shape[0], x.shape[1]
-        h0, c0 = self._initial(hx, N, True, dtype)
-        device = x.device
-        steps = torch.arange(T, device=device).unsqueeze(1)  # [T,1]
-        ends = lengths.to(device).unsqueeze(0)  # [1,N]
-        valid = (steps < ends).unsqueeze(-1)  # [T,N,1]
-        flip = torch.where(steps < ends, ends - 1 - steps, steps)  # [T,N], an involution
-        last = (lengths.to(device) - 1).view(1, N, 1)  # [1,N,1]
-        D, H = self.num_directions, self.hidden_size
-        inputs = functions.INPUTS[self.cell]
-        lstm = self.cell == "lstm"
-        finals_h, finals_c = [], []
-        for k in range(self.num_layers):
-            outputs = []
-            for d in range(D):
-                given = dict.fromkeys(inputs)
-                source = x if d == 0 else _time_gather(x, flip)
-                given.update(self.op_parameters(k, d), source=source)
-                j = k * D + d
-                if h0 is not None:
-                    given["init_state"] = h0[j]
-                if c0 is not None:
-                    given["init_cell"] = c0[j]
-                out = functions.run(self.cell, given, self._one_direction_code, self.backend)
-                states = [out.state] + ([out.cell] if lstm else [])
-                finals = [s.gather(0, last.expand(1, N, H))[0] for s in states]  # [N,H]
-                finals_h.append(finals[0])
-                if lstm:
-                    finals_c.append(finals[1])
-                h = out.state if d == 0 else _time_gather(out.state, flip)  # [T,N,H]
-                outputs.append(h * valid)
-            x = outputs[0] if D == 1 else torch.cat(outputs, dim=-1)  # [T,N,DH]
-            if self.dropout and self.training and k < self.num_layers - 1:
-                x = F.dropout(x, self.dropout, training=True)
+        h0, c0 = self._initial(hx, x.shape[1], True, dtype)
+        output, h_n, c_n = self._stack(
+            x, h0, c0, lambda k, x, hk, ck: _layer.packed(self, k, x, hk, ck, lengths))
         order = packed.sorted_indices
-        sorted_x = x if order is None else x.index_select(1, order)
+        sorted_x = output if order is None else output.index_select(1, order)
         sorted_lengths = lengths if order is None else lengths[order.cpu()]
         out_data = nn.utils.rnn.pack_padded_sequence(sorted_x, sorted_lengths).data
         output = type(packed)(out_data, packed.batch_sizes, packed.sorted_indices,
                               packed.unsorted_indices)
-        h_n = torch.stack(finals_h)  # [LD,N,H]
-        if lstm:
-            return output, (h_n, torch.stack(finals_c))
-        return output, h_n
+        return (output, (h_n, c_n)) if self.cell == "lstm" else (output, h_n)
 
     def __getstate__(self):
-        # without the NumPy views of the parameters (rnngrad.torch._eager), made again when used
+        # without the NumPy views of the parameters (rnngrad.torch._layer), made again when used
         return {k: v for k, v in self.__dict__.items() if k != "_array_views"}
 
     # -- conversion ---------------------------------------------------------------------------
@@ -471,26 +389,6 @@ class _RNNBase(nn.Module):
 
     def _torch_state_dict(self) -> dict:
         return {k: v.detach().clone() for k, v in self.state_dict().items()}
-
-
-def _time_gather(a, index):
-    """``a`` [T,N,F] with row n's step t taken from step ``index[t, n]``."""
-    return a.gather(0, index.unsqueeze(-1).expand(-1, -1, a.shape[-1]))
-
-
-def _sided(a):
-    """[D,N,H] (PyTorch's states) → [N,D·H] (rnngrad's), differentiable; a view for D = 1."""
-    D, N, H = a.shape
-    return a[0] if D == 1 else a.transpose(0, 1).reshape(N, D * H)
-
-
-def _stacked(finals, D, H, batched):
-    """The layers' final states [N,D·H] → PyTorch's h_n [L·D,N,H] ([L·D,H] unbatched)."""
-    if len(finals) == 1 and D == 1:
-        h_n = finals[0].unsqueeze(0)  # [1,N,H]
-    else:
-        h_n = torch.cat([f.view(f.shape[0], D, H).transpose(0, 1) for f in finals])  # [LD,N,H]
-    return h_n if batched else h_n.squeeze(1)
 
 
 def _activation(value, name):
