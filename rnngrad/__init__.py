@@ -16,6 +16,7 @@ from .api import (
     lstm_gradients,
     single_gate_rnn,
     single_gate_rnn_gradients,
+    synchronize,
 )
 from .descriptors import Activation, GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 from .registry import available_backends
@@ -24,5 +25,5 @@ from .results import ForwardResult, GradientResult
 __all__ = [
     "Activation", "SingleGateRNNDescriptor", "GRUDescriptor", "LSTMDescriptor",
     "single_gate_rnn", "single_gate_rnn_gradients", "gru", "gru_gradients", "lstm",
-    "lstm_gradients", "available_backends", "ForwardResult", "GradientResult",
+    "lstm_gradients", "available_backends", "ForwardResult", "GradientResult", "synchronize",
 ]

@@ -6,6 +6,8 @@ and returns NumPy arrays of the inputs' dtype.
 
 from __future__ import annotations
 
+import sys
+
 from . import registry
 from .results import ForwardResult, GradientResult
 from .validation import checked_problem, forward_problem, gradient_problem
@@ -99,6 +101,19 @@ def run_checked(cell, gradients: bool, descriptor, backend, given: dict):
     _, implementation = registry.resolve(backend, cell, "gradients" if gradients else "forward",
                                          problem.dtype, problem.on_gpu, problem)
     return implementation(problem)
+
+
+def synchronize() -> None:
+    """Wait for every GPU rnngrad has run ops on, and raise
+    ``rnngrad.backends.metal.IncompleteDispatch`` for any op that did not finish there.
+
+    On a GPU an op returns once its work is queued, and its completion is checked on the GPU
+    after it; a failure is raised at the next rnngrad call on that device, here, or at exit
+    (``RNNGRAD_LAUNCH_BLOCKING=1`` checks each op before it returns). Nothing to do where no
+    GPU backend has run."""
+    metal = sys.modules.get("rnngrad.backends.metal.backends")
+    if metal is not None:
+        metal.synchronize()
 
 
 def single_gate_rnn(source, recurrent_weight, input_weight=None, bias=None, init_state=None,

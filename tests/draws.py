@@ -109,3 +109,20 @@ def option_variants(cell):
             out.append({f.name: True})
     out.append({"bidirectional": True, "reverse": True, "training": True})
     return out
+
+
+def deferring_device(**options):
+    """The CPU target completing ops as the CUDA target does: ``finish`` (nothing to wait for:
+    calls here are synchronous) and zeroed arenas (the harness's new memory is zeroed), beside
+    its own ``check_marks``; with ``RNNGRAD_LAUNCH_BLOCKING=0`` the host then does not wait for
+    an op, and a failure is raised at a later call or ``rnngrad.synchronize()``."""
+    from rnngrad.backends.metal.harness import cpu
+
+    class DeferringDevice(cpu.Device):
+        def zeros(self, nbytes):
+            return self.buffer(int(nbytes))
+
+        def finish(self, handles):
+            del handles[:]
+
+    return DeferringDevice(**options)

@@ -20,6 +20,7 @@ from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 from rnngrad.descriptors import Activation
 from rnngrad.backends.metal import library, versions
 from rnngrad.backends.metal.backends import EMULATED_BACKEND, EMULATED_HOST
+from rnngrad.backends.metal.harness import cpu as metalcompute
 from rnngrad.backends.metal.harness.contexts import emulated_device
 from rnngrad.testing import check_case
 from draws import ALL_OPTIONAL, conditioned, option_variants
@@ -300,28 +301,59 @@ def test_v2_entry_points_match_the_reference(cell, H, peephole, monkeypatch):
     assert ran == {(k, 512 if k.endswith("_512") else 1024) for k in V2_SHAPES[(cell, H, peephole)]}
 
 
-@pytest.mark.parametrize("cell", CELLS)
-def test_v2_entries_decline_another_threadgroup_size_and_v1_runs(cell, monkeypatch):
-    """A device that gives v2's pipelines smaller threadgroups than the host asks for (as a Mac
-    may): each v2 dispatch is declined by all its threadgroups, the host notes it and runs the op
-    with v1, whose results match the reference; from then on the rule runs v1 for it."""
-    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+class _Untold(metalcompute.Device):
+    """A harness device whose functions, like metalcompute's, neither tell their threadgroup
+    size nor prepare their calls: the host learns of a size only from the marks."""
+
+    def kernel(self, source):
+        library = super().kernel(source)
+        return type("Library", (), {"function": lambda _, name: _Call(library.function(name))})()
+
+
+class _Call:
+    def __init__(self, function):
+        self._function = function
+
+    def __call__(self, count, *buffers):
+        return self._function(count, *buffers)
+
+
+def _v2_case(cell):
     rng = np.random.default_rng(3)
-    case = random_case(rng, cell, T=3, N=2, H=64, I=3, dtype=np.float32, optional=ALL_OPTIONAL,
+    return random_case(rng, cell, T=3, N=2, H=64, I=3, dtype=np.float32, optional=ALL_OPTIONAL,
                        descriptor=random_descriptor(rng, cell, bidirectional=True, training=True,
                                                     **({"reset_after": True} if cell == "gru"
                                                        else {})))
-    with emulated_device(max_threads_per_threadgroup=256) as dev:
-        assert_matches(case, True)
-        kernels = [d.kernel for d in dev.trace if not d.kernel.startswith("strided")]
-        declined = dict(EMULATED_HOST.declined)
-        dev.trace.clear()
-        assert_matches(case, True)
-        again = [d.kernel for d in dev.trace if not d.kernel.startswith("strided")]
-    v2 = [k for k in kernels if "_v2_" in k]
-    assert set(declined) == set(v2) and set(declined.values()) == {256}, declined
-    assert f"{cell}_forward" in kernels and f"{cell}_backward" in kernels
-    assert again == [f"{cell}_forward", f"{cell}_backward"]  # v1 only, no declined dispatch
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_v2_entries_in_another_threadgroup_size_run_v1(cell, monkeypatch):
+    """A device whose pipelines get smaller threadgroups than v2 asks for (as a Mac may). Where
+    its functions say their size, the host runs v1 for those entries before any dispatch; where
+    they do not (metalcompute), each v2 dispatch is declined by all its threadgroups, the host
+    notes it and runs the op again with v1. Either way the results match the reference, the
+    entries are noted with the size, and from then on the rule runs v1 for them."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v2")
+    case = _v2_case(cell)
+    wanted = {versions.recurrence(cell=cell, direction=direction, D=2, N=2, H=64,
+                                  peephole=cell == "lstm").kernel
+              for direction in ("forward", "backward")}
+    assert all("_v2_" in k for k in wanted)
+    for device, declined_at_run_time in ((metalcompute.Device(max_threads_per_threadgroup=256),
+                                          False),
+                                         (_Untold(max_threads_per_threadgroup=256), True)):
+        with EMULATED_HOST.using(device) as dev:
+            assert_matches(case, True)
+            kernels = [d.kernel for d in dev.trace if not d.kernel.startswith("strided")]
+            declined = dict(EMULATED_HOST.declined)
+            dev.trace.clear()
+            assert_matches(case, True)
+            again = [d.kernel for d in dev.trace if not d.kernel.startswith("strided")]
+        assert set(declined) == wanted and set(declined.values()) == {256}, declined
+        ran_v2 = {k for k in kernels if "_v2_" in k}
+        assert ran_v2 == (wanted if declined_at_run_time else set()), kernels
+        assert f"{cell}_forward" in kernels and f"{cell}_backward" in kernels
+        assert again == [f"{cell}_forward", f"{cell}_backward"]  # v1 only, no declined dispatch
 
 
 def checked_case(rng, cell, T, N, H, threads, optional=ALL_OPTIONAL, **fixed):

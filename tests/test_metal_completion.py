@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import rnngrad
 from rnngrad.backends.metal import IncompleteDispatch, library
 from rnngrad.backends.metal.harness import cpu as metalcompute
 from rnngrad.backends.metal import completion
@@ -19,7 +20,7 @@ from rnngrad.backends.metal.backends import EMULATED_BACKEND, EMULATED_HOST
 from rnngrad.backends.metal.harness.contexts import emulated_device
 from rnngrad.testing.cases import CELLS, random_case, random_descriptor
 
-from draws import ALL_OPTIONAL, recurrence_kernel, threadgroups_of
+from draws import ALL_OPTIONAL, deferring_device, recurrence_kernel, threadgroups_of
 
 pytestmark = [pytest.mark.skipif(EMULATED_BACKEND.probe() is not None,
                                  reason=f"metal-emulated unavailable: {EMULATED_BACKEND.probe()}"),
@@ -131,6 +132,47 @@ def test_fault_free_runs_and_injections_elsewhere_change_nothing(cell):
             got = case.gradients(backend=BACKEND)
         assert got.names == want.names
         assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("failure", FAILURES)
+def test_an_op_that_did_not_wait_raises_at_the_next_call_or_synchronize(cell, failure,
+                                                                      monkeypatch):
+    """With RNNGRAD_LAUNCH_BLOCKING=0 on a device that checks marks itself (the CUDA target's
+    way), an op returns without waiting; the same injected failures, at every dispatch, raise
+    IncompleteDispatch at the next rnngrad call on the device (a failed forward: the gradient
+    op, which then does not start) or at rnngrad.synchronize() (a failed gradient op), naming
+    the op, the kernel and the dispatch, and saying it was found late."""
+    monkeypatch.setenv(completion.LAUNCH_BLOCKING_ENV, "0")
+    case = _case(cell)
+    dispatches = _dispatches(case)
+    first, count = {}, {}
+    for i, (_, op, _) in enumerate(dispatches):
+        first.setdefault(op, i)
+        count[op] = count.get(op, 0) + 1
+    for i, (kernel, op, groups) in enumerate(dispatches):
+        device = deferring_device(**small_groups(), **FAILURES[failure](i, groups))
+        with EMULATED_HOST.using(device), pytest.raises(IncompleteDispatch) as info:
+            case.gradients(backend=BACKEND)
+            rnngrad.synchronize()
+        err, message = info.value, str(info.value)
+        assert err.late and "Detected after the op had returned" in message
+        assert (err.kernel, err.op, err.dispatch) == (kernel, op, i - first[op]), message
+        assert err.sizes == dict(T=3, N=3, I=4, H=6, D=2)
+        # the failed op ran to its end; the one after it did not start
+        assert len(device.trace) == first[op] + count[op]
+        if "timed out" in failure:
+            assert err.reported == metalcompute.TIMEOUT_ERROR
+        else:
+            ran = groups // 2 if "part-way" in failure else 0
+            assert err.missing == (ran,) and err.reported is None
+    # nothing is left over: the next op on a healthy device runs
+    with EMULATED_HOST.using(deferring_device(**small_groups())):
+        got = case.gradients(backend=BACKEND)
+        rnngrad.synchronize()
+    with emulated_device(**small_groups()):
+        want = case.gradients(backend=BACKEND)
+    assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
 
 
 def test_a_failed_chunk_of_a_split_sequence_is_named_by_its_steps(monkeypatch):

@@ -12,6 +12,7 @@ import types
 import numpy as np
 import pytest
 
+from rnngrad import registry
 from rnngrad.backends.metal import apple, backends, device, library
 from rnngrad.backends.metal.harness import contexts
 from rnngrad.testing import assert_matches_reference
@@ -79,8 +80,16 @@ class _FakeMetalcompute(types.ModuleType):
             return self._inner.buffer(data)
 
 
-def test_metalcompute_s_adapter_runs_an_op_with_the_required_part_alone(monkeypatch):
+@pytest.fixture
+def fake_metalcompute(monkeypatch):
     monkeypatch.setitem(sys.modules, "metalcompute", _FakeMetalcompute("metalcompute"))
+    registry.reprobe("metal")
+    yield
+    monkeypatch.undo()
+    registry.reprobe("metal")
+
+
+def test_metalcompute_s_adapter_runs_an_op_with_the_required_part_alone(fake_metalcompute):
     adapter = apple.Device()
     assert isinstance(adapter, device.Device) and device.optional_methods(adapter) == ()
     assert apple.unavailable(backends.HOST) is None
@@ -103,6 +112,7 @@ def test_the_cuda_target_implements_the_whole_interface():
 
     dev = cuda.Device(timing=False)
     assert isinstance(dev, device.Device)
-    assert set(device.optional_methods(dev)) == {"finish", "zeros", "full", "fetch", "wrap",
-                                                 "constant"}
+    assert set(device.optional_methods(dev)) == {
+        "finish", "zeros", "full", "fetch", "wrap", "constant", "check_marks", "fault",
+        "clear_fault", "synchronize", "capturing", "persistent"}
     assert isinstance(dev.kernel(library.source()).function("strided_gemm"), device.Function)

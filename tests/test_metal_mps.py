@@ -22,6 +22,7 @@ Every test name holds ``metal_mps``: ``python -m pytest -k metal_mps`` runs them
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import numpy as np
@@ -446,6 +447,45 @@ def test_metal_mps_a_dispatch_stopped_part_way_raises_incomplete_dispatch(cell, 
                 assert "no threadgroup finished" in message
             else:
                 assert err.missing == tuple(range(ran, groups)), message
+
+
+def _as_tensors(case):
+    """``case`` with its arrays as CPU tensors: what the CPU stand-in takes as MPS tensors."""
+    as_tensor = lambda a: None if a is None else torch.from_numpy(np.ascontiguousarray(a))  # noqa: E731
+    return dataclasses.replace(
+        case, inputs={k: as_tensor(v) for k, v in case.inputs.items()},
+        source_gradient=as_tensor(case.source_gradient),
+        state_gradient=as_tensor(case.state_gradient), cell_gradient=as_tensor(case.cell_gradient))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+def test_metal_mps_ops_on_tensors_do_not_wait_and_a_stop_is_raised_late(cell, monkeypatch):
+    """Ops on the device's tensors return without reading their marks (the copy to the host is
+    queued behind them); a dispatch of either op run part-way or not at all is raised at the
+    next call (the gradient op, after a failed forward) or at rnngrad.synchronize(), naming its
+    kernel, op and dispatch, and saying it was found late; RNNGRAD_LAUNCH_BLOCKING=1 raises it
+    in the op itself, as for host arrays."""
+    monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v1")
+    case = _as_tensors(_completion_case(cell))
+    small = dict(max_threads_per_threadgroup=32)
+    dispatches = _op_dispatches(_completion_case(cell), **small)
+    for number, (kernel, op, index, groups) in enumerate(dispatches):
+        for blocking in ("0", "1"):
+            monkeypatch.setenv("RNNGRAD_LAUNCH_BLOCKING", blocking)
+            with contexts.mps_standin("cpu", stop=(number, groups // 2), **small):
+                with pytest.raises(IncompleteDispatch) as info:
+                    case.gradients(backend=BACKEND)
+                    rnngrad.synchronize()
+            err = info.value
+            assert (err.kernel, err.op, err.dispatch) == (kernel, op, index), str(err)
+            assert err.late == (blocking == "0")
+    monkeypatch.setenv("RNNGRAD_LAUNCH_BLOCKING", "0")
+    with contexts.mps_standin("cpu", **small):
+        got = case.gradients(backend=BACKEND)
+        rnngrad.synchronize()
+    with contexts.mps_standin("cpu", **small):
+        want = _completion_case(cell).gradients(backend=BACKEND)
+    assert all(np.asarray(g).tobytes() == w.tobytes() for g, w in zip(got, want))
 
 
 @pytest.mark.parametrize("cell", CELLS)

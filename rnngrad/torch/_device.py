@@ -6,9 +6,10 @@ backend's arrays and back without copies (:class:`Arrays`, one per kind of devic
   tensors sharing the NumPy arrays' memory (``torch.from_numpy``).
 - CUDA tensors: the ``metal-cuda`` backend, where it is available. A tensor becomes a CuPy array
   over its memory (that backend takes CuPy arrays and returns them), and results come back
-  through DLPack: nothing goes through the host. On a stream other than the legacy default one
-  both crossings go through DLPack's stream handshake, which orders PyTorch's stream and the
-  backend's.
+  through DLPack: nothing goes through the host. Around an op (:meth:`Arrays.on`) CuPy works on
+  PyTorch's current stream and allocates through PyTorch's caching allocator, so the op's
+  kernels queue behind PyTorch's work, its outputs and scratch are PyTorch's memory (a CUDA
+  graph's pool while one is captured), and the op returns without waiting for the GPU.
 - MPS tensors: the ``metal-mps`` backend, where it is available (PyTorch 2.7 or later on a
   Mac). Tensors cross as they are (:mod:`rnngrad.backends.metal.mps.tensors`) and results come
   back as tensors on the device: nothing goes through the host. The same holds for the tensors
@@ -181,6 +182,8 @@ class _Cuda(Arrays):
         import cupy
 
         self.xp = cupy
+        self._streams = {}  # (device index, PyTorch's stream handle) -> CuPy's view of it
+        self._allocators = {}  # device index -> malloc through PyTorch's caching allocator
 
     @staticmethod
     def view(t):
@@ -194,10 +197,38 @@ class _Cuda(Arrays):
     def copied(a):
         return _from_cupy(a.copy())
 
+    @contextlib.contextmanager
     def on(self, device):
-        """The block in which CuPy makes its arrays on ``device`` (the backend runs where its
-        arrays are; the arrays it makes here go to the same GPU)."""
-        return self.xp.cuda.Device(device.index)
+        """The block of an op on ``device``: CuPy on that GPU, on PyTorch's current stream, its
+        allocations from PyTorch's caching allocator (module docstring)."""
+        cupy = self.xp
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        handle = _internals.raw_stream(index)
+        stream = self._streams.get((index, handle))
+        if stream is None:
+            if len(self._streams) > 64:
+                self._streams.clear()
+            stream = self._streams[(index, handle)] = cupy.cuda.ExternalStream(handle, index)
+        malloc = self._allocators.get(index)
+        if malloc is None:
+            malloc = self._allocators[index] = _torch_malloc(torch.device("cuda", index), index)
+        with cupy.cuda.Device(index), stream, cupy.cuda.using_allocator(malloc):
+            yield
+
+
+def _torch_malloc(device: torch.device, index: int):
+    """CuPy's malloc through PyTorch's caching allocator on ``device``: each allocation a uint8
+    tensor that the memory keeps alive, on PyTorch's current stream (the op's)."""
+    import cupy
+
+    empty = cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(0, 0, None, index), 0)
+
+    def malloc(nbytes):
+        if nbytes == 0:
+            return empty
+        t = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(t.data_ptr(), nbytes, t, index), 0)
+    return malloc
 
 
 class _Tensors(Arrays):
@@ -264,15 +295,14 @@ _CUPY_DTYPES = {torch.float32: np.float32, torch.float64: np.float64, torch.int3
 
 def _cupy_view(t: torch.Tensor):
     """A CuPy array over CUDA tensor ``t``'s memory (the metal-cuda backend takes and returns
-    CuPy arrays). Made directly from the tensor's address and strides while PyTorch works on the
-    legacy default stream, the one the backend's stream waits for; on another stream through
-    DLPack, which orders the two streams. DLPack's stream handshake costs several times the
-    direct view, and an op takes up to eleven tensors."""
+    CuPy arrays), made directly from the tensor's address and strides: the backend works on
+    PyTorch's current stream (:meth:`_Cuda.on`), so no stream needs ordering, and DLPack's
+    handshake costs several times the direct view (an op takes up to eleven tensors)."""
     import cupy
 
     dtype = _CUPY_DTYPES.get(t.dtype)
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
-    if dtype is None or _internals.raw_stream(index) != 0:
+    if dtype is None:
         return cupy.from_dlpack(t)
     size = t.element_size()
     extent = 0 if t.numel() == 0 else size * (1 + sum((n - 1) * s for n, s in
@@ -307,12 +337,9 @@ def from_numpy(a) -> torch.Tensor:
 
 
 def _from_cupy(a) -> torch.Tensor:
-    """A CUDA tensor over CuPy array ``a``'s memory: DLPack without the stream handshake while
-    PyTorch works on the legacy default stream (the backend has waited for its results), with it
-    otherwise."""
-    if _internals.raw_stream(a.device.id) == 0:
-        return _internals.from_dlpack_unsynchronised(a)
-    return torch.from_dlpack(a)
+    """A CUDA tensor over CuPy array ``a``'s memory, through DLPack without the stream
+    handshake: the backend made it on PyTorch's current stream (:meth:`_Cuda.on`)."""
+    return _internals.from_dlpack_unsynchronised(a)
 
 
 Arrays.tensor = staticmethod(from_numpy)

@@ -42,8 +42,8 @@ def one_node(layer, x, states, mask, dtype) -> bool:
     """Whether ``layer``'s call on input ``x`` [T,N,I], initial ``states`` and ``mask``
     (tensors or None) in ``dtype`` runs each layer as one autograd node: a plain call, every
     tensor and parameter of ``dtype`` (the mask of any) on ``x``'s device; on the CPU float32
-    or float64 without autocast, on CUDA float32 through ``metal-cuda`` on PyTorch's legacy
-    default stream; never for tensors ``metal-mps`` takes."""
+    or float64 without autocast, on CUDA float32 through ``metal-cuda``; never for tensors
+    ``metal-mps`` takes."""
     if _internals.transforming():  # first: Dynamo traces what follows
         return False
     device = x.device
@@ -67,9 +67,7 @@ def one_node(layer, x, states, mask, dtype) -> bool:
 
 
 def _cuda_ready(layer, device) -> bool:
-    """``metal-cuda`` chosen (or nothing) and available, PyTorch on the legacy default stream
-    (the backend's own waits for it), no autocast."""
+    """``metal-cuda`` chosen (or nothing) and available, no autocast."""
     return (layer.backend in (None, _device.CUDA_BACKEND)
-            and _internals.raw_stream(device.index) == 0
             and not torch.is_autocast_enabled("cuda")
             and _device.CUDA_BACKEND in rnngrad.available_backends())

@@ -22,7 +22,9 @@ MetalHost` on its own device; what makes each available here; ``backend=None``'s
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 import threading
 
 import numpy as np
@@ -226,3 +228,32 @@ MPS_BACKEND = registry.Backend(
     gpu=True,
     device=lambda: MPS_HOST.device.deviceName,
 )
+
+
+def hosts() -> tuple:
+    """Every Metal host of this process that has made its device."""
+    every = (HOST, EMULATED_HOST, CUDA_HOST, MPS_HOST, *_CUDA_HOSTS.values())
+    return tuple(host for host in every if host._device is not None)
+
+
+def synchronize() -> None:
+    """Wait for every Metal device rnngrad has run ops on, and raise
+    :class:`~rnngrad.backends.metal.IncompleteDispatch` for the first op found unfinished (the
+    others' devices are waited for all the same)."""
+    failure = None
+    for host in hosts():
+        try:
+            host.synchronize()
+        except Exception as exc:  # noqa: BLE001 (every device is waited for first)
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
+@atexit.register
+def _at_exit():
+    """An op found unfinished only at exit is reported on stderr: never silent."""
+    try:
+        synchronize()
+    except Exception as exc:  # noqa: BLE001
+        print(f"rnngrad: at exit: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -10,6 +10,13 @@ binds its status buffer, waits, and checks the marks; a missing or wrong mark ra
 the dispatch and the threadgroups, and nothing is returned. A v2 entry whose threadgroups
 declined the device's size raises :class:`Declined`, which the host answers by running v1.
 
+Where the device checks marks itself (``device.check_marks``: the CUDA target, a check kernel
+queued behind the op) the host does not wait for an op at all unless ``RNNGRAD_LAUNCH_BLOCKING``
+is 1 (:func:`launch_blocking`): the op returns once its dispatches and their check are queued,
+and a failure is raised at the next rnngrad call on that device, at ``rnngrad.synchronize()``
+or at exit, as CUDA reports a faulting kernel at a later call
+(``MetalHost.check_late``).
+
 Cost: one 8-byte store per threadgroup, one barrier at the end of the kernels that had none
 there, ``8·ceil(count/32)`` bytes of marks per dispatch and their check; on metalcompute (and
 the CPU harness) a status buffer per dispatch copied from host zeros and read back on its own,
@@ -20,11 +27,34 @@ op's dispatches.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+from ...problem import on_gpu
 from . import library
 from .errors import IncompleteDispatch, ranges
 from .schedule import BUDGET_ENV
+
+#: environment variable: 1 checks every op's marks before it returns (the host waits for the
+#: GPU), 0 never waits where the device can check them itself; unset: the device says
+LAUNCH_BLOCKING_ENV = "RNNGRAD_LAUNCH_BLOCKING"
+
+
+def launch_blocking(device, problem) -> bool:
+    """Whether ``problem``'s op waits for its dispatches and checks their marks before it
+    returns: always for host (NumPy) inputs, whose results are read back anyway; where
+    ``$RNNGRAD_LAUNCH_BLOCKING`` is 1; and on a device that runs calls synchronously (the CPU
+    harness) unless the variable is 0. An op that does not wait needs a device with
+    ``check_marks``."""
+    value = os.environ.get(LAUNCH_BLOCKING_ENV, "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{LAUNCH_BLOCKING_ENV}: expected 0 or 1, got {value!r}")
+    if value == "1" or not on_gpu(problem.source) and getattr(device, "asynchronous", False):
+        return True
+    if value == "0":
+        return False
+    return not getattr(device, "asynchronous", False)
 
 #: bytes of one status arena (see Runs); a dispatch that needs more gets an arena of its own
 ARENA_BYTES = 1 << 18
@@ -87,10 +117,16 @@ class Runs:
                           H=problem.H, D=problem.D)
         self.count = 0  # dispatches opened
         self._pending = []  # [(handle, run)] not yet waited on
-        self._finish = getattr(host.device, "finish", None)
-        self._arena_zeros = getattr(host.device, "zeros", None) if self._finish else None
+        device = host.device
+        self._finish = getattr(device, "finish", None)
+        self._arena_zeros = getattr(device, "zeros", None) if self._finish else None
         #: whether the op's new buffers are slices of arenas and slabs (see new)
         self.slices = self._arena_zeros is not None
+        #: the device's own check of the marks, where the op does not wait (launch_blocking)
+        self._check_marks = getattr(device, "check_marks", None) \
+            if self.slices and not launch_blocking(device, problem) else None
+        if hasattr(device, "events"):  # events to wait on, only where the op waits
+            device.events = self._check_marks is None
         #: whether a slice is a (buffer, byte offset) pair rather than a buffer of its own: on a
         #: device that binds pairs (its functions' prepared calls) and reads marks by fetch
         self.pairs = False
@@ -128,7 +164,7 @@ class Runs:
                   else function(count, *buffers, status))
         self._pending.append((handle, dict(kernel=kernel, count=count, status=where,
                                            marks=marks, steps=steps, span=span,
-                                           number=self.count)))
+                                           number=self.count, size=size)))
         self.count += 1
 
     def _status(self, nbytes):
@@ -248,9 +284,14 @@ class Runs:
 
     def wait(self, check=True):
         """Wait on the runs in flight (if any), drop them, and check their completion marks in
-        order."""
+        order; where the op does not wait, queue the device's check of them instead."""
         pending, self._pending = self._pending, []
         if not pending:
+            return
+        if self._check_marks is not None:
+            if check:
+                self._defer([run for _, run in pending])
+            self._arenas = []
             return
         # What each run reported: the harness's runs have completed by now (calls there are
         # synchronous); metalcompute 0.2.9's handles report nothing.
@@ -274,7 +315,21 @@ class Runs:
         for run, said, words in zip(runs, reported, self._words(runs, read)):
             self._check(reported=said, words=words, **run)
 
-    def _check(self, kernel, count, status, marks, steps, span, number, reported, words):
+    def _defer(self, runs):
+        """Queue the device's check of ``runs``' marks, one per arena they are in, each under a
+        serial number the host keeps a description for (``MetalHost.remember``)."""
+        by_arena = {}
+        for run in runs:
+            index, offset = run["status"]
+            by_arena.setdefault(index, []).append(run)
+        for index, group in by_arena.items():
+            rows = tuple((run["status"][1] // 4, run["marks"], run["marks"], run["size"],
+                          run["steps"]) for run in group)
+            serial = self.host.remember(self.op, self.sizes, group)
+            self._check_marks((self._arenas[index][0], 0), self.host.check_table(rows), serial)
+
+    def _check(self, kernel, count, status, marks, steps, span, number, reported, words,
+               size=None):
         # The usual case in a few array operations: every threadgroup of one size marked, with
         # the steps asked for, and nothing past them (what the full analysis below would pass).
         size = int(words[0, 1]) if len(words) else 0

@@ -94,11 +94,27 @@ class GPUDevice(Device, Protocol):
     ``results_apart``             True where results must not share memory (tensors that
                                   PyTorch's operators return); missing: False
     ``trace``                     the newest dispatches, for tools and tests
+    ``check_marks(marks, table,   queue a check of an op's completion marks on the device; the
+    serial)``, ``fault()``,       first op found wrong is what ``fault()`` says, without a wait,
+    ``clear_fault()``,            and ``synchronize()`` waits for every call. With ``finish`` and
+    ``synchronize()``             ``zeros``, an op need not wait for its dispatches (completion
+                                  checked later: ``MetalHost.check_late``); missing: every op
+                                  waits and the host reads the marks
+    ``asynchronous``              True where calls run after they return (a GPU): ops then do
+                                  not wait unless ``RNNGRAD_LAUNCH_BLOCKING=1``; missing: False
+    ``events``                    set by the host: whether calls record events to wait on
+                                  (``finish``); off while the device checks marks itself
+    ``capturing()``               whether the calls are being captured into a CUDA graph (the
+                                  host keeps such ops' descriptions); missing: never
+    ``persistent()``              a block whose allocations outlive any op (the host's kept
+                                  constants), whatever allocator a caller made current
     ============================  ===============================================================
     """
 
     array_module: Any
     results_apart: bool
+    asynchronous: bool
+    events: bool
 
     def finish(self, handles: list) -> None: ...
 
@@ -112,8 +128,22 @@ class GPUDevice(Device, Protocol):
 
     def constant(self, data: Any) -> Any: ...
 
+    def check_marks(self, marks: Any, table: Any, serial: int) -> None: ...
+
+    def fault(self) -> Any: ...
+
+    def clear_fault(self) -> None: ...
+
+    def synchronize(self) -> None: ...
+
+    def capturing(self) -> bool: ...
+
+    def persistent(self) -> Any: ...
+
 
 def optional_methods(device) -> Sequence[str]:
     """The optional methods of :class:`GPUDevice` that ``device`` has."""
-    return tuple(name for name in ("finish", "zeros", "full", "fetch", "wrap", "constant")
+    return tuple(name for name in ("finish", "zeros", "full", "fetch", "wrap", "constant",
+                                   "check_marks", "fault", "clear_fault", "synchronize",
+                                   "capturing", "persistent")
                  if callable(getattr(device, name, None)))

@@ -26,11 +26,16 @@ class IncompleteDispatch(RuntimeError):
             threadgroup left one, the grid's size is unknown to the host and this is every
             slot of the status buffer, ``range(ceil(count / 32))``.
         reported: what the device reported about the run (``handle.error``), or None.
+        late: True where the op had returned before its marks were checked (the GPU's check,
+            read at a later rnngrad call on the device, at ``rnngrad.synchronize()`` or at
+            exit); ``missing`` then names the first threadgroup found wrong.
     """
 
     def __init__(self, message: str, *, kernel: str, op: str, sizes: dict, dispatch: int,
-                 steps: tuple[int, int] | None, missing: tuple[int, ...], reported: str | None):
+                 steps: tuple[int, int] | None, missing: tuple[int, ...], reported: str | None,
+                 late: bool = False):
         super().__init__(message)
+        self.late = late
         self.kernel = kernel
         self.op = op
         self.sizes = dict(sizes)

@@ -44,6 +44,7 @@ import numpy as np
 
 from ...problem import ForwardArrays, GradientArrays, address, on_gpu
 from . import completion, library, schedule, versions
+from .errors import IncompleteDispatch
 from .mps.tensors import TensorArray
 from .plan import INPUT, KEPT, NEW, Constant, Plan, signature
 
@@ -58,6 +59,9 @@ CONSTANTS_KEPT = 256
 BIND_ALIGN = 16
 #: op plans a host keeps (see MetalHost.plan), least recently used dropped first
 PLANS_KEPT = 64
+#: descriptions of the newest ops whose marks the device checks after they return (see
+#: MetalHost.remember); those captured into a CUDA graph are all kept
+DESCRIBED_KEPT = 4096
 
 
 class MetalHost:
@@ -85,6 +89,11 @@ class MetalHost:
         #: work budget of one recurrence dispatch in units; None: $RNNGRAD_METAL_DISPATCH_BUDGET,
         #: else DISPATCH_BUDGET (module docstring)
         self.dispatch_budget = None
+        #: ops whose marks the device checks after they return, by serial: (op, sizes, runs)
+        self._serial = 0
+        self._described = collections.OrderedDict()
+        self._captured = {}
+        self._tables = {}  # check_marks' tables, by their rows
 
     # -- device and kernels -------------------------------------------------------------------
     @property
@@ -207,12 +216,16 @@ class MetalHost:
                           lambda: make(np.array([values], struct).view(np.uint8)))
 
     def _kept(self, key, make):
-        """The constant buffer under ``key``, made by ``make()`` when not kept (LRU)."""
+        """The constant buffer under ``key``, made by ``make()`` when not kept (LRU), in the
+        device's own memory where a caller's allocator may be current (``device.persistent``:
+        it outlives the op)."""
         kept = self._constants
         if key in kept:
             kept.move_to_end(key)
             return kept[key]
-        buf = kept[key] = make()
+        persistent = getattr(self.device, "persistent", None)
+        with persistent() if persistent is not None else contextlib.nullcontext():
+            buf = kept[key] = make()
         while len(kept) > CONSTANTS_KEPT:
             kept.popitem(last=False)
         return buf
@@ -225,6 +238,81 @@ class MetalHost:
         if make is None:
             return self.device.buffer(np.full(n, value, F32))
         return make(4 * n) if value == 0 else make(n, value)
+
+    # -- completion checked after the op returned (completion.Runs._defer) -----------------------
+    def remember(self, op: str, sizes: dict, runs: list) -> int:
+        """A serial number for an op whose marks the device checks after it returns, and its
+        description kept under it (the newest :data:`DESCRIBED_KEPT`, and every one captured
+        into a CUDA graph, whose replays report it)."""
+        self._serial += 1
+        entry = (op, dict(sizes), [{k: run[k] for k in ("kernel", "count", "span", "number")}
+                                   for run in runs])
+        capturing = getattr(self.device, "capturing", None)
+        if capturing is not None and capturing():
+            self._captured[self._serial] = entry
+        else:
+            described = self._described
+            described[self._serial] = entry
+            if len(described) > DESCRIBED_KEPT:
+                described.popitem(last=False)
+        return self._serial
+
+    def check_table(self, rows: tuple) -> np.ndarray:
+        """The uint32 table [n, 5] of ``rows`` for ``device.check_marks``, made once."""
+        table = self._tables.get(rows)
+        if table is None:
+            if len(self._tables) >= CONSTANTS_KEPT:
+                self._tables.clear()
+            table = self._tables[rows] = np.array(rows, np.uint32).reshape(-1, 5)
+        return table
+
+    def check_late(self, wait: bool = False) -> None:
+        """Raise :class:`~rnngrad.backends.metal.IncompleteDispatch` for an op that returned
+        before its marks were checked and that the device has since found unfinished; with
+        ``wait``, wait for the device first (``rnngrad.synchronize()``), so every op issued
+        before is checked."""
+        device = self._device
+        fault = getattr(device, "fault", None)
+        if fault is None:
+            return
+        if wait:
+            device.synchronize()
+        found = fault()
+        if found is None:
+            return
+        device.clear_fault()
+        raise self._late(*found)
+
+    def _late(self, serial, row, group, word, reported=None) -> IncompleteDispatch:
+        entry = self._described.get(serial) or self._captured.get(serial)
+        if entry is None:
+            return IncompleteDispatch(
+                f"an op on {self.name} (serial {serial}, no longer described) did not finish on "
+                f"the device, detected after it returned; its outputs, and anything computed "
+                f"from them since, are not to be trusted", kernel="", op="", sizes={},
+                dispatch=row, steps=None, missing=(group,), reported=None, late=True)
+        op, sizes, runs = entry
+        run = runs[row]
+        what = (f"reported: {reported}" if reported
+                else "declined this device's threadgroups" if word == library.DECLINED
+                else f"left no completion mark from threadgroup {group}" if word == 0
+                else f"left a wrong mark (0x{word:08x}) from threadgroup {group}")
+        size = ", ".join(f"{k}={v}" for k, v in sizes.items() if v is not None)
+        return IncompleteDispatch(
+            f"{op}: kernel {run['kernel']} did not finish on the device (dispatch "
+            f"{run['number']} of the op, counting from 0; {run['count']} threads; problem "
+            f"{size}): it {what}. Detected after the op had returned, at a later rnngrad call on "
+            f"{self.name}, rnngrad.synchronize() or exit: its outputs, and anything computed from "
+            f"them since, are not to be trusted. Set {completion.LAUNCH_BLOCKING_ENV}=1 to "
+            f"check each op before it returns.", kernel=run["kernel"], op=op, sizes=sizes,
+            dispatch=run["number"], steps=run["span"], missing=() if reported else (group,),
+            reported=reported, late=True)
+
+    def synchronize(self) -> None:
+        """Wait for the device, if this host has made one, and raise for any op found
+        unfinished (:meth:`check_late`)."""
+        if self._device is not None:
+            self.check_late(wait=True)
 
     def runs(self, op, problem) -> completion.Runs:
         """The dispatches of one op (a context manager; see :class:`~rnngrad.backends.metal.completion.Runs`)."""
@@ -281,16 +369,40 @@ class MetalHost:
             return plan
         make = schedule.gradients_plan if problem.gradients else schedule.forward_plan
         plan = make(self, problem)
+        refused = self._refused(plan)
+        if refused:  # made again without the v2 entries this device would run in other sizes
+            for kernel, threads in refused.items():
+                self.declined[kernel] = threads
+                _LOG.warning("%s: %s runs in threadgroups of %d threads here, not the size the "
+                             "rule chose it for; the host runs v1 for it on this device",
+                             self.name, kernel, threads)
+            return self.plan(problem)
         plans[key] = plan
         while len(plans) > PLANS_KEPT:
             plans.popitem(last=False)
         return plan
+
+    def _refused(self, plan) -> dict:
+        """{v2 entry point: the threadgroup size the device's function says it runs in} for the
+        v2 dispatches of ``plan`` whose size is not the one the rule chose the entry for; empty
+        where the device's functions do not say (metalcompute: the kernels decline at run time,
+        :class:`~rnngrad.backends.metal.completion.Declined`)."""
+        refused = {}
+        for kernel, *_ in plan.launches:
+            if "_v2_" not in kernel:
+                continue
+            size = getattr(self.function(kernel), "threadgroup_size", None)
+            want = versions.V2_THREADS_512 if kernel.endswith("_512") else versions.V2_THREADS
+            if size is not None and size() != want:
+                refused[kernel] = size()
+        return refused
 
     def _call(self, problem) -> dict:
         """Run ``problem``'s op by its plan (:meth:`_run`); where a v2 entry point declines the
         device's threadgroups, note it in :attr:`declined` and run the op again, by a plan that
         runs v1 for it."""
         with self._lock:
+            self.check_late()  # an earlier op found unfinished since it returned
             while True:
                 try:
                     return self._run(problem)

@@ -64,6 +64,7 @@ device ("metal-cuda") runs so; ``rnngrad.backends.metal.harness.contexts.cuda_de
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 
@@ -183,8 +184,12 @@ class Device:
         self._cuda = cp.cuda.Device(cp.cuda.runtime.getDevice() if device_index == -1 else device_index)
         with self._cuda:
             props = cp.cuda.runtime.getDeviceProperties(self._cuda.id)
-            # blocking: ordered after the legacy default stream's work (module docstring)
-            self.stream = cp.cuda.Stream(non_blocking=False)
+            # where check_marks records the first op that did not finish: pinned host memory,
+            # which kernels write directly (unified addressing) and the host reads without a wait
+            self._fault_memory = cp.cuda.alloc_pinned_memory(64)
+        self._fault_words = np.frombuffer(self._fault_memory, np.uint64, count=8)
+        self._fault_words[:] = 0
+        self._tables = {}  # check_marks' tables on the GPU, by their bytes
         self.deviceName = props["name"].decode()
         self.fast_math = bool(fast_math)
         self.check_each_dispatch = bool(check_each_dispatch)
@@ -196,11 +201,73 @@ class Device:
         except ValueError as exc:
             raise error(str(exc)) from None
         self.broken = None  # why the CUDA context is unusable, once a kernel faulted
+        #: record an event after every call (for finish; the host turns it off while it checks
+        #: completion on the GPU instead: check_marks)
+        self.events = True
         self._lock = threading.Lock()
         self._staging = (None, 0, 0)  # (pinned host block, its address, bytes handed out): fetch
 
     def __repr__(self) -> str:
         return f"metalcompute.Device({self.deviceName}, CUDA device {self._cuda.id})"
+
+    #: calls run on the GPU after they return (the host then checks completion without a wait)
+    asynchronous = True
+    #: each result in memory of its own, not a slice of an op's slab: a CUDA graph's pool
+    #: (PyTorch's, while rnngrad.torch runs an op) knows a tensor by its allocation's address
+    results_apart = True
+
+    @property
+    def stream(self):
+        """The stream every call, copy and fill of the device goes on: CuPy's current stream of
+        its GPU (``rnngrad.torch`` makes it PyTorch's current stream around an op)."""
+        return _cupy().cuda.get_current_stream(self._cuda.id)
+
+    def capturing(self) -> bool:
+        """Whether the current stream is being captured into a CUDA graph."""
+        return self.stream.is_capturing()
+
+    @contextlib.contextmanager
+    def persistent(self):
+        """A block whose allocations come from CuPy's own pool whatever allocator is current
+        (the host's kept constants outlive any op, and a caller's allocator may be a graph's
+        pool); an error inside a CUDA graph's capture, which could not fill them."""
+        cp = _cupy()
+        if self.capturing():
+            raise error("a kept buffer (constants of a new op signature) would be made inside a "
+                        "CUDA graph's capture, where its contents are never written: run the op "
+                        "once before the capture (a warm-up, as torch.cuda.graph asks)")
+        with cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
+            yield
+
+    def check_marks(self, marks, table: np.ndarray, serial: int) -> None:
+        """Queue on the stream a check of an op's completion marks: ``marks`` (a buffer or a
+        ``(buffer, byte offset)`` pair) holds, per row of ``table`` (uint32 [n, 5]: word offset,
+        marks, threadgroups, threadgroup size, steps), one (DONE | steps, size) pair a
+        threadgroup and zeros past them. The first op whose marks differ (``serial``, the row
+        and threadgroup, the word found) is recorded where :meth:`fault` reads it, without a
+        wait; the check runs in CUDA graphs' replays as any call. Not in metalcompute's API."""
+        cp = _cupy()
+        key = table.tobytes()
+        on_gpu = self._tables.get(key)
+        if on_gpu is None:
+            with self.persistent():
+                on_gpu = self._tables[key] = cp.asarray(table.reshape(-1))
+        with self._cuda:
+            _check_kernel()((1,), (256,), (np.uint64(_pointer(marks)), on_gpu,
+                                           np.uint32(table.shape[0]), np.uint64(serial),
+                                           np.uint64(self._fault_memory.ptr)),
+                            stream=self.stream)
+
+    def fault(self):
+        """``(serial, row, threadgroup, word)`` of the first op whose marks :meth:`check_marks`
+        found wrong, or None: what the GPU has written so far (no wait)."""
+        words = self._fault_words
+        if not words[0]:
+            return None
+        return tuple(int(w) for w in words[:4])
+
+    def clear_fault(self) -> None:
+        self._fault_words[:] = 0
 
     def kernel(self, source: str) -> "Kernel":
         """Compile an MSL source string (NVRTC; CuPy caches the binary)."""
@@ -331,16 +398,20 @@ class Device:
             del handles[:]
 
     def synchronize(self) -> None:
+        """Wait for everything queued on the GPU (every stream)."""
         self._check_usable()
         try:
-            self.stream.synchronize()
+            self._cuda.synchronize()
         except Exception as exc:
             raise self._fault("a kernel of this device", exc) from None
 
     def _wait(self, handle) -> None:
         self._check_usable()
         try:
-            handle.event.synchronize()
+            if handle.event is None:  # a call made with events off: wait for the stream
+                self.stream.synchronize()
+            else:
+                handle.event.synchronize()
         except Exception as exc:
             raise self._fault(f"kernel '{handle.function.name}' (count {handle.dispatch.count}, "
                               f"threadgroup size {handle.dispatch.threadgroup_size})", exc) from None
@@ -501,18 +572,20 @@ class Prepared:
         cp = _cupy()
         stream = device.stream
         with device._cuda:
+            start = end = None
             if device.timing:
                 start, end = cp.cuda.Event(), cp.cuda.Event()
                 start.record(stream)
-            else:
-                start, end = None, cp.cuda.Event(disable_timing=True)
+            elif device.events or device.check_each_dispatch:
+                end = cp.cuda.Event(disable_timing=True)
             if self.n_tg:
                 try:
                     _launch_params(function._pointer, self.n_tg, self.tg, stream, self._address)
                 except Exception as exc:
                     raise error(f"kernel '{function.name}' (count {self.count}, threadgroup size "
                                 f"{self.tg}): launch failed: {exc}") from None
-            end.record(stream)
+            if end is not None:
+                end.record(stream)
         record = Dispatch(function.name, self.count, self.tg, self.n_tg,
                           function.threadgroup_memory, (start, end) if start is not None else None)
         device.trace.append(record)
@@ -520,6 +593,42 @@ class Prepared:
         if device.check_each_dispatch:
             device._wait(handle)
         return handle
+
+
+#: Device.check_marks: every mark word of an op against its table (per dispatch: word offset,
+#: marks, threadgroups, threadgroup size, steps); the first wrong word of the first failing op is
+#: recorded in fault[1..3] (dispatch, threadgroup, word) and then its serial in fault[0]
+_CHECK_SOURCE = r"""
+extern "C" __global__ void rnngrad_check_marks(const unsigned int* marks,
+                                               const unsigned int* table, unsigned int n,
+                                               unsigned long long serial,
+                                               unsigned long long* fault) {
+    for (unsigned int d = 0; d < n; ++d) {
+        const unsigned int* row = table + 5 * d;
+        unsigned int offset = row[0], words = 2 * row[1], groups = row[2];
+        for (unsigned int w = threadIdx.x; w < words; w += blockDim.x) {
+            unsigned int g = w >> 1;
+            unsigned int want = g < groups ? ((w & 1u) ? row[3] : (0x80000000u | row[4])) : 0u;
+            unsigned int got = marks[offset + w];
+            if (got != want && atomicCAS(fault + 4, 0ull, 1ull) == 0ull) {
+                fault[1] = d;
+                fault[2] = g;
+                fault[3] = got;
+                __threadfence_system();
+                atomicExch(fault, serial);
+            }
+        }
+    }
+}
+"""
+
+_CHECK = []  # the compiled kernel, made on first use
+
+
+def _check_kernel():
+    if not _CHECK:
+        _CHECK.append(_cupy().RawKernel(_CHECK_SOURCE, "rnngrad_check_marks"))
+    return _CHECK[0]
 
 
 #: out[k, j, i] = a[k, i, j] for a C-contiguous float32 a [batch, rows, cols]: Device.wrap's copy
@@ -607,7 +716,8 @@ class Constant:
         self._device, self._buffer = device, None
 
     def buffer(self):
-        """The bytes as a GPU buffer (made once)."""
+        """The bytes as a GPU buffer (made once, kept: in the device's own memory)."""
         if self._buffer is None:
-            self._buffer = self._device.buffer(self.bytes)
+            with self._device.persistent():
+                self._buffer = self._device.buffer(self.bytes)
         return self._buffer

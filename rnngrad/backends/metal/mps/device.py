@@ -90,6 +90,8 @@ class Device:
         self.torch_device = torch.device(device)
         self.poison = bool(poison)
         self.trace = dispatch.Trace(trace_limit)
+        self._checks = []  # (marks copied to the host, table, serial, event): see check_marks
+        self._fault = None
         #: the array module of the buffers and results (the host's ``xp``)
         self.array_module = tensors._Namespace(self.torch_device)
         if compile_shader is None:
@@ -162,6 +164,62 @@ class Device:
             torch.mps.synchronize()
         elif self.torch_device.type == "cuda":
             torch.cuda.synchronize(self.torch_device)
+        self._found(wait=True)
+
+    #: calls run in PyTorch's stream after they return (the host then checks completion
+    #: without a wait)
+    asynchronous = True
+
+    def check_marks(self, marks, table, serial: int) -> None:
+        """Queue, behind the op's calls in PyTorch's stream, a copy of its completion marks to
+        the host and an event after it; :meth:`fault` checks them once the event has passed,
+        without a wait (``marks``: a tensor or a ``(tensor, byte offset)`` pair; ``table``:
+        see ``msl.dispatch.first_wrong_mark``)."""
+        torch = self._torch()
+        buf, offset = marks if type(marks) is tuple else (marks, 0)
+        words = int((table[:, 0] + 2 * table[:, 1]).max()) if len(table) else 0
+        on_host = torch.empty(4 * words, dtype=torch.uint8,
+                              pin_memory=self.torch_device.type == "cuda")
+        on_host.copy_(buf[offset:offset + 4 * words], non_blocking=True)
+        event = self._event()
+        self._checks.append((on_host, table, serial, event))
+        self._found()
+
+    def _event(self):
+        """An event recorded now in PyTorch's stream of the device, or None where copies to the
+        host are synchronous (CPU tensors)."""
+        torch = self._torch()
+        kind = self.torch_device.type
+        if kind == "mps":
+            event = torch.mps.Event()
+        elif kind == "cuda":
+            event = torch.cuda.Event()
+        else:
+            return None
+        event.record()
+        return event
+
+    def _found(self, wait=False):
+        """Check the queued marks whose copies have arrived (all of them with ``wait``)."""
+        while self._checks:
+            on_host, table, serial, event = self._checks[0]
+            if event is not None and not wait and not event.query():
+                return
+            if event is not None:
+                event.synchronize()
+            self._checks.pop(0)
+            found = dispatch.first_wrong_mark(on_host.numpy().view(np.uint32), table)
+            if found is not None and self._fault is None:
+                self._fault = (serial, *found)
+
+    def fault(self):
+        """``(serial, row, threadgroup, word)`` of the first op whose marks :meth:`check_marks`
+        found wrong so far (no wait), or None."""
+        self._found()
+        return self._fault
+
+    def clear_fault(self) -> None:
+        self._fault = None
 
 
 class Library:

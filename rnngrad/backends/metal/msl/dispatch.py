@@ -106,3 +106,27 @@ class Prepared:
         for i, b in zip(self.open, bound):
             buffers[i] = self._at(*b) if type(b) is tuple else b
         return self.function(self.count, *buffers)
+
+
+#: a threadgroup's completion mark, first word: this bit and the steps it ran (common.metal)
+DONE = 0x80000000
+
+
+def first_wrong_mark(words, table):
+    """``(row, threadgroup, word)`` of the first mark word of ``words`` (uint32, an op's status
+    marks) that differs from what ``table`` (uint32 [n, 5] per dispatch: word offset, marks,
+    threadgroups, threadgroup size, steps) expects, or None: (DONE | steps, size) for each of a
+    dispatch's threadgroups, zeros past them. What a device's ``check_marks`` computes."""
+    import numpy as np
+
+    for row, (offset, marks, groups, size, steps) in enumerate(table.tolist()):
+        got = np.asarray(words[offset:offset + 2 * marks], np.uint32).reshape(marks, 2)
+        want = np.zeros((marks, 2), np.uint32)
+        want[:groups, 0] = DONE | steps
+        want[:groups, 1] = size
+        wrong = np.flatnonzero((got != want).any(axis=1))
+        if wrong.size:
+            g = int(wrong[0])
+            word = int(got[g, 0] if got[g, 0] != want[g, 0] else got[g, 1])
+            return row, g, word
+    return None

@@ -89,6 +89,7 @@ Dispatch trace
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import mmap
 import operator
@@ -265,9 +266,42 @@ class Device:
         except ValueError as exc:
             raise error(str(exc)) from None
         self._dispatches = 0
+        self._fault = None
+        #: what each dispatch since the last check_marks reported (the newest)
+        self._reported = collections.deque(maxlen=4096)
 
     def __repr__(self) -> str:
         return f"metalcompute.Device({self.deviceName}, schedule={self.schedule!r})"
+
+    def check_marks(self, marks, table, serial: int) -> None:
+        """The CUDA target's check of an op's completion marks (``marks``: a buffer or a
+        ``(buffer, byte offset)`` pair; ``table``: see ``msl.dispatch.first_wrong_mark``), made
+        at once: calls here have finished when they return. The first op found wrong is what
+        :meth:`fault` says. Not in metalcompute's API: the host checks completion so where it
+        does not wait for an op (``RNNGRAD_LAUNCH_BLOCKING=0``)."""
+        buf, offset = marks if type(marks) is tuple else (marks, 0)
+        words = int((table[:, 0] + 2 * table[:, 1]).max()) if len(table) else 0
+        found = dispatch.first_wrong_mark(
+            np.frombuffer(buf, np.uint32, count=words, offset=offset), table)
+        # what the op's dispatches (the table's, the newest) reported, as a GPU's errors
+        reported = list(self._reported)[-len(table):]
+        self._reported.clear()
+        said = next(((row, text) for row, text in enumerate(reported) if text), None)
+        if said is not None and (found is None or said[0] <= found[0]):
+            found = (said[0], 0, 0, said[1])
+        if found is not None and self._fault is None:
+            self._fault = (int(serial), *found)
+
+    def fault(self):
+        """``(serial, row, threadgroup, word[, reported])`` of the first op :meth:`check_marks`
+        found wrong (with what a dispatch reported, where it did), or None."""
+        return self._fault
+
+    def clear_fault(self) -> None:
+        self._fault = None
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: calls here are synchronous."""
 
     def kernel(self, source: str) -> "Kernel":
         """Compile an MSL source string (cached)."""
@@ -381,6 +415,7 @@ class Function:
         if device.timeout == number:
             reported = TIMEOUT_ERROR
             injected.append("reported a timeout")
+        device._reported.append(reported)
         launch.schedule = SCHEDULES[device.schedule]
         launch.seed = (device.seed * 1_000_003 + number) & (2 ** 64 - 1)
         device._dispatches += 1
