@@ -72,7 +72,7 @@ def measure(args) -> list:
                 for impl in IMPLS:
                     req = dict(impl=impl, cell=cell, T=T, N=N, I=I, H=H, dtype="float32",
                                threads=args.threads, backend=backend, input_grad=True,
-                               device=args.device)
+                               device=args.device, compile=args.compile)
                     if impl in workers:
                         workers[impl].switch(req)
                     else:
@@ -137,6 +137,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cells", nargs="+", default=list(CELL_NAMES), choices=list(CELL_NAMES))
     parser.add_argument("--backend", default=None,
                         help="rnngrad backend (default: numba on cpu, metal-cuda on cuda)")
+    parser.add_argument("--compile", default=None, metavar="MODE",
+                        help="torch.compile(mode=MODE) the layer and torch.nn's module (such as "
+                             "reduce-overhead: CUDA graphs); the bare ops stay as they are")
     add_timing_arguments(parser, passes=7)
     args = parser.parse_args(argv)
     blas = blas_lines()
@@ -145,7 +148,8 @@ def main(argv=None) -> int:
     load_after = os.getloadavg()
     print("\n".join(blas))
     print(f"{args.device}, float32, {args.threads} threads, {args.passes} alternating passes, "
-          f"x needing its gradient; load average before {load_before[0]:.1f}, after "
+          f"x needing its gradient, {f'torch.compile(mode={args.compile!r})' if args.compile else 'eager'}"
+          f"; load average before {load_before[0]:.1f}, after "
           f"{load_after[0]:.1f} ({os.cpu_count()} CPUs)")
     print("\n".join(table(rows, args.device)))
     if args.json:

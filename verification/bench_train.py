@@ -83,11 +83,12 @@ def _step(req):
     dy = torch.randn(T, N, H, device=device)
     params = list(layer.parameters())
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    model = torch.compile(layer, mode=req["compile"]) if req.get("compile") else layer
 
     def run():
         for p in params:
             p.grad = None
-        output, _ = layer(x)
+        output, _ = model(x)
         output.backward(dy)
         sync()
     if req["impl"] == "glue":
