@@ -10,7 +10,7 @@ import sys
 
 from . import registry
 from .results import ForwardResult, GradientResult
-from .validation import checked_problem, forward_problem, gradient_problem
+from .validation import checked_problem
 
 #: each cell's forward op; its gradient op is the same name + "_gradients"
 FORWARD_OPS = {"single_gate": "single_gate_rnn", "gru": "gru", "lstm": "lstm"}
@@ -78,14 +78,14 @@ def gradient_entries(problem, original, out) -> list:
 
 
 def run_forward(cell, descriptor, backend, **given) -> ForwardResult:
-    problem, _ = forward_problem(cell, descriptor, **given)
+    problem, _ = checked_problem(cell, descriptor, given, False)
     _, implementation = registry.resolve(backend, cell, "forward", problem.dtype, problem.on_gpu,
                                          problem)
     return forward_result(problem, implementation(problem))
 
 
 def run_gradients(cell, descriptor, backend, **given) -> GradientResult:
-    problem, original = gradient_problem(cell, descriptor, **given)
+    problem, original = checked_problem(cell, descriptor, given, True)
     _, implementation = registry.resolve(backend, cell, "gradients", problem.dtype, problem.on_gpu,
                                          problem)
     return GradientResult(gradient_entries(problem, original, implementation(problem)))

@@ -11,6 +11,8 @@ a dtype (Python lists, floats) take that common dtype; when no input has one, fl
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .descriptors import DESCRIPTORS, z_width
@@ -275,21 +277,24 @@ SIGNATURES_KEPT = 256
 
 def checked_problem(cell, descriptor, given: dict, gradients: bool):
     """:func:`_build` for callers that run one signature many times (a layer in a training loop):
-    when every array of ``given`` is a C-contiguous NumPy array and there is no mask, the
-    checks run once per signature (cell, kind, descriptor, each array's name, shape and dtype)
-    and a signature seen before gives the same Problem without them (the arrays reshaped as the
-    checks reshaped them). Anything else is checked as every call is."""
+    when every array of ``given`` is a C-contiguous NumPy or CuPy array and there is no mask,
+    the checks run once per signature (cell, kind, descriptor, each array's type, name, shape
+    and dtype) and a signature seen before gives the same Problem without them (the arrays
+    reshaped as the checks reshaped them). Anything else is checked as every call is."""
     if descriptor is None:
         return _build(cell, descriptor, given, gradients)
     # the descriptor by its id: the cache holds it, so no other object takes that id meanwhile
     key = [cell, gradients, id(descriptor)]
+    cupy = sys.modules.get("cupy")
+    kinds = (np.ndarray, cupy.ndarray) if cupy is not None else (np.ndarray,)
     for name, value in given.items():
-        if type(value) is not np.ndarray or not value.flags.c_contiguous or name == "mask":
+        kind = type(value)
+        if kind not in kinds or not value.flags.c_contiguous or name == "mask":
             if value is None:
                 return checked_problem(cell, descriptor, {k: v for k, v in given.items()
                                                           if v is not None}, gradients)
             return _build(cell, descriptor, given, gradients)
-        key += (name, value.shape, value.dtype)
+        key += (name, kind, value.shape, value.dtype)
     key = tuple(key)
     plan = _SIGNATURES.get(key)
     if plan is None:

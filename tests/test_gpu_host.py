@@ -19,7 +19,7 @@ from rnngrad.testing.cases import random_case  # noqa: E402
 
 
 def test_phases_time_an_op_and_are_restored_after_the_block():
-    originals = (api.forward_problem, api.gradient_problem, metal_host.MetalHost.plan,
+    originals = (api.checked_problem, metal_host.MetalHost.plan,
                  completion.Runs.launch, cuda.Device.finish, metal_host.MetalHost.words)
     case = random_case(np.random.default_rng(4), "gru", T=3, N=2, H=5, I=3, dtype=np.float32)
     totals = {}
@@ -27,24 +27,24 @@ def test_phases_time_an_op_and_are_restored_after_the_block():
         case.gradients(backend="metal-emulated")
     assert set(totals) == {"checks", "plan", "launch", "marks read"}  # no CUDA device: no finish
     assert all(v > 0 for v in totals.values())
-    assert (api.forward_problem, api.gradient_problem, metal_host.MetalHost.plan,
+    assert (api.checked_problem, metal_host.MetalHost.plan,
             completion.Runs.launch, cuda.Device.finish, metal_host.MetalHost.words) == originals
 
 
 def test_a_nested_call_of_a_phase_counts_once(monkeypatch):
     spans = {}
 
-    def slow(cell, descriptor, depth=0, **given):
+    def slow(cell, descriptor, given, gradients, depth=0):
         start = time.perf_counter()
         time.sleep(0.02)
         if depth == 0:  # through the timer again
-            api.forward_problem(cell, descriptor, depth=1)
+            api.checked_problem(cell, descriptor, given, gradients, depth=1)
         spans[depth] = time.perf_counter() - start
 
-    monkeypatch.setattr(api, "forward_problem", slow)
+    monkeypatch.setattr(api, "checked_problem", slow)
     totals = {}
     with gpu_host.timed_phases(totals):
-        api.forward_problem("gru", None)
+        api.checked_problem("gru", None, {}, False)
     assert sorted(spans) == [0, 1]
     # the outer call's time (which holds the inner one's), not the two added
     assert spans[0] <= totals["checks"] < spans[0] + spans[1] / 2

@@ -43,7 +43,7 @@ def _lstm(T, N, H, I):
 
 def test_op_work_counts_recurrence_and_projection():
     case = _lstm(T=10, N=3, H=5, I=7)
-    problem = rg.api.forward_problem("lstm", case.descriptor, **case.inputs)[0]
+    problem = rg.validation.forward_problem("lstm", case.descriptor, **case.inputs)[0]
     D = 2 if case.descriptor.bidirectional else 1
     assert host.op_work(problem) == 10 * D * 3 * 4 * 5 * (5 + 7)
 
@@ -53,7 +53,7 @@ def test_small_ops_go_to_the_next_backend_and_large_ones_to_the_gpu(stand_in_met
     small.forward(backend=None)
     small.gradients(backend=None)
     assert stand_in_metal == []  # numba (or the reference) ran them
-    problem = rg.api.forward_problem("lstm", small.descriptor, **small.inputs)[0]
+    problem = rg.validation.forward_problem("lstm", small.descriptor, **small.inputs)[0]
     assert "too small for the GPU's dispatch cost" in host.metal_suits(problem)
     monkeypatch.setenv(host.MIN_WORK_ENV, "0")  # every op on the GPU
     small.forward(backend=None)
@@ -69,7 +69,7 @@ def test_small_ops_go_to_the_next_backend_and_large_ones_to_the_gpu(stand_in_met
 
 
 def test_the_default_threshold_and_a_named_backend(stand_in_metal):
-    problem = rg.api.forward_problem("lstm", _lstm(3, 2, 4, 3).descriptor,
+    problem = rg.validation.forward_problem("lstm", _lstm(3, 2, 4, 3).descriptor,
                                      **_lstm(3, 2, 4, 3).inputs)[0]
     assert host.op_work(problem) < host.METAL_MIN_WORK
     # 1000x8x128x128 LSTM: 1000·8·512·256 ≈ 1.0·10**9 multiply-adds, well past 2**24.

@@ -9,7 +9,7 @@ synchronised GPU to a synchronised GPU. This splits that time by where the host 
 timing each phase with ``time.perf_counter`` around the functions that do it:
 
 =============  ====================================================================
-checks         the public functions' input checks (``api.forward_problem``, ...)
+checks         the public functions' input checks (``api.checked_problem``)
 plan           the op's plan lookup (``MetalHost.plan``)
 launch         the dispatches' launches (``completion.Runs.launch``: status slice, CUDA launch)
 GPU wait       the host blocked until the GPU ran the op's kernels (``finish``)
@@ -32,8 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 #: the phases timed, in the table's order: (label, module path, attribute)
-PHASES = (("checks", "rnngrad.api", "forward_problem"),
-          ("checks", "rnngrad.api", "gradient_problem"),
+PHASES = (("checks", "rnngrad.api", "checked_problem"),
           ("plan", "rnngrad.backends.metal.host", "MetalHost.plan"),
           ("launch", "rnngrad.backends.metal.completion", "Runs.launch"),
           ("GPU wait", "rnngrad.backends.metal.cuda", "Device.finish"),

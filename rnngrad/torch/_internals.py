@@ -106,7 +106,8 @@ def raw_stream(index: int) -> int:
 
 def from_dlpack_unsynchronised(array) -> torch.Tensor:
     """A tensor over ``array``'s memory through DLPack, without the stream handshake (the
-    caller has ordered the streams)."""
+    caller made it on PyTorch's current stream; stream -1 asks the producer for no
+    synchronisation, which a CUDA graph's capture could not take)."""
     if _FROM_DLPACK is not None:
-        return _FROM_DLPACK(array.__dlpack__())
+        return _FROM_DLPACK(array.__dlpack__(stream=-1))
     return torch.utils.dlpack.from_dlpack(array)

@@ -66,7 +66,9 @@ def _probe_emulated():
 def _cuda_device():
     from . import cuda
 
-    return cuda.Device(timing=False)  # no Dispatch.seconds: one CUDA event a dispatch, not two
+    # no Dispatch.seconds (no timing events) and new buffers left as they are: the tests'
+    # devices (harness.contexts.cuda_device) poison them with NaN
+    return cuda.Device(timing=False, poison=False)
 
 
 def _probe_cuda():
@@ -158,7 +160,7 @@ def cuda_host(problem) -> MetalHost:
                 from . import cuda
 
                 host = _CUDA_HOSTS[index] = MetalHost(
-                    lambda: cuda.Device(index, timing=False), "metal-cuda")
+                    lambda: cuda.Device(index, timing=False, poison=False), "metal-cuda")
     return host
 
 
