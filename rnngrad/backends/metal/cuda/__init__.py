@@ -255,10 +255,11 @@ class Device:
         if on_gpu is None:
             with self.persistent():
                 on_gpu = self._tables[key] = cp.asarray(table.reshape(-1))
-        args = _CheckArgs(_pointer(marks), on_gpu.data.ptr, table.shape[0], serial,
-                          self._fault_memory.ptr)
         with self._cuda:
-            _launch_params(_check_function(), 1, 256, self.stream, args.address)
+            _check_kernel()((1,), (256,), (np.uint64(_pointer(marks)), on_gpu,
+                                           np.uint32(table.shape[0]), np.uint64(serial),
+                                           np.uint64(self._fault_memory.ptr)),
+                            stream=self.stream)
 
     def fault(self):
         """``(serial, row, threadgroup, word)`` of the first op whose marks :meth:`check_marks`
@@ -624,36 +625,13 @@ extern "C" __global__ void rnngrad_check_marks(const unsigned int* marks,
 }
 """
 
-_CHECK = {}  # CUDA device index -> the compiled kernel's CUfunction, made on first use
+_CHECK = []  # the compiled kernel, made on first use
 
 
-def _check_function() -> int:
-    cp = _cupy()
-    index = cp.cuda.runtime.getDevice()
-    if index not in _CHECK:
-        kernel = cp.RawKernel(_CHECK_SOURCE, "rnngrad_check_marks")
-        kernel.compile()
-        _CHECK[index] = (kernel, kernel.kernel.ptr)
-    return _CHECK[index][1]
-
-
-class _CheckArgs(ctypes.Structure):
-    """The check kernel's parameters by value, and the array of their addresses that
-    cuLaunchKernel takes (one launch without CuPy's argument marshalling)."""
-
-    _fields_ = [("marks", ctypes.c_uint64), ("table", ctypes.c_uint64), ("n", ctypes.c_uint32),
-                ("serial", ctypes.c_uint64), ("fault", ctypes.c_uint64),
-                ("pointers", ctypes.c_void_p * 5)]
-
-    def __init__(self, marks, table, n, serial, fault):
-        super().__init__(marks, table, n, serial, fault)
-        base = ctypes.addressof(self)
-        for i, name in enumerate(("marks", "table", "n", "serial", "fault")):
-            self.pointers[i] = base + getattr(_CheckArgs, name).offset
-
-    @property
-    def address(self) -> int:
-        return ctypes.addressof(self) + _CheckArgs.pointers.offset
+def _check_kernel():
+    if not _CHECK:
+        _CHECK.append(_cupy().RawKernel(_CHECK_SOURCE, "rnngrad_check_marks"))
+    return _CHECK[0]
 
 
 #: out[k, j, i] = a[k, i, j] for a C-contiguous float32 a [batch, rows, cols]: Device.wrap's copy
