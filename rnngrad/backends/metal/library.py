@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from . import versions
+from .harness import translate
 
 #: the shared header, first in the library source
 HEADER = "common.metal"
@@ -129,9 +130,11 @@ _PARAM = re.compile(
 
 
 def signatures(text: str) -> dict:
-    """{kernel name: [(parameter name, attribute)]} parsed from MSL source (for tests and tools)."""
+    """{kernel name: [(parameter name, attribute)]} parsed from MSL source (for tests and tools),
+    its ``instantiate_*`` macros expanded (:func:`translate.expand`)."""
     out = {}
-    for match in re.finditer(r"kernel\s+void\s+(\w+)\s*\((.*?)\)\s*\{", text, re.S):
+    pattern = r"kernel\s+void\s+(\w+)\s*\((.*?)\)\s*\{"
+    for match in re.finditer(pattern, translate.expand(text), re.S):
         params = []
         for piece in match.group(2).split(","):
             m = _PARAM.search(" ".join(piece.split()))
