@@ -46,7 +46,7 @@
 //                                    a unit, 8 a pair, RG_PAIR_WHOLE_512 rounds of each row held
 //   v3 gru_backward_v3 (reset_after only): one dispatch a step, threadgroups of 256 over tiles
 //      of up to 16 rows of one direction × a block of units: first the carry of the step
-//      before, m ⊙ (lhs R) over the 3H gate rows (common.metal, rs_product) added to the
+//      before, m ⊙ (lhs R) over the 3H gate rows (v3_tiles.metal, rs_product) added to the
 //      dh ⊙ keep that phase A left in dhn; then phase A for each (row, unit) of the tile.
 //      T + 1 dispatches, the last one the carry alone.
 //

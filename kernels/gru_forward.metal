@@ -35,7 +35,7 @@
 //   v3 gru_forward_v3 (reset_after only): one dispatch a step, threadgroups of 256 over tiles
 //      of up to 16 rows of one direction × a block of units; the three gate products are one
 //      product whose columns are the units × gates z, r, o (and an empty fourth)
-//      (common.metal, rs_product); then gru_cell_after for each (row, unit).
+//      (v3_tiles.metal, rs_product); then gru_cell_after for each (row, unit).
 //
 // Buffers of gru_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
 //   index  type                        name  layout

@@ -40,7 +40,7 @@
 //                                              RG_PAIR_WHOLE_512 rounds of each row held
 //   v3 lstm_backward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16
 //      rows of one direction × a block of units: first the carry of the step before,
-//      dh_next = m ⊙ (dA R) over the 4H gate rows, dA read back from dx (common.metal,
+//      dh_next = m ⊙ (dA R) over the 4H gate rows, dA read back from dx (v3_tiles.metal,
 //      rs_product); then phase A (lstm_cell_gradients) for each (row, unit) of the tile.
 //      T + 1 dispatches, the last one the carry alone.
 //

@@ -29,7 +29,7 @@
 //                                        at H = 128
 //   v3 lstm_forward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16 rows
 //      of one direction × a block of units; the four gate products are one product whose
-//      columns are the units × gates i, f, z, o (common.metal, rs_product); then lstm_cell for
+//      columns are the units × gates i, f, z, o (v3_tiles.metal, rs_product); then lstm_cell for
 //      each (row, unit) of the tile.
 //
 // Buffers of lstm_forward (count = D·N·H, or D·N·1024: a threadgroup a row)

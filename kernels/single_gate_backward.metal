@@ -33,7 +33,7 @@
 //                                            of each row held
 //   v3 single_gate_backward_v3: one dispatch a step, threadgroups of 256 over tiles of up to
 //      16 rows of one direction × a block of units: first the carry of the step before,
-//      dh_next = m ⊙ (da R) for the tile, da read back from dx (common.metal, rs_product); then
+//      dh_next = m ⊙ (da R) for the tile, da read back from dx (v3_tiles.metal, rs_product); then
 //      phase A for each (row, unit) of the tile. T + 1 dispatches, the last one the carry alone.
 //
 // Buffers of single_gate_backward (count = D·N·H, or D·N·1024: a threadgroup a row)

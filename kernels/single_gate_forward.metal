@@ -11,7 +11,7 @@
 //      memory. R comes transposed, so consecutive j read consecutive addresses. One barrier per
 //      step. Correct for every shape and threadgroup size.
 //   v2 single_gate_forward_v2_<body>[_512]: one row a threadgroup of 1024 threads (512 for a
-//      _512 entry), all of the dispatch's steps (common.metal's v2 helpers). Per step, S lanes
+//      _512 entry), all of the dispatch's steps (v2_rows.metal's helpers). Per step, S lanes
 //      a unit split (h[t−1] ⊙ m) Rᵀ over k, their sums meet in threadgroup memory, and thread
 //      u < H runs unit u's activation and stages h[t] ⊙ m for the next step (two barriers a
 //      step). R comes as it is (k contiguous). Every entry needs S · H <= threads and declines
@@ -23,7 +23,7 @@
 //        single_gate_forward_v2_held_512   the held body in threadgroups of 512 (H <= 64)
 //   v3 single_gate_forward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16
 //      rows of one direction × a block of units (p.unit_blocks blocks): the tile's
-//      (h[t−1] ⊙ m) Rᵀ as a staged, register-blocked product (common.metal, rs_product), then
+//      (h[t−1] ⊙ m) Rᵀ as a staged, register-blocked product (v3_tiles.metal, rs_product), then
 //      the activation for each (row, unit) of the tile.
 //
 // Buffers of single_gate_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
