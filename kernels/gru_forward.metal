@@ -519,8 +519,6 @@ kernel void gru_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
                            uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
-    uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint s = p.s_begin;
     if (p.reset_after == 0) {
         return;  // its o gate reads r of every unit: no completion mark, the host reports it
     }
@@ -529,20 +527,11 @@ kernel void gru_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
     }
     uint2 mine = rg_rows(p.s_end > p.s_begin ? rs_tiles(p) : 0u, p.count, tpg, tgid);
     for (uint t = mine.x; t < mine.y; ++t) {
-        RsTile g = rs_tile(p, t, 4u, tpg);
-        uint d = g.d;
-        uint at = g.n0 * DH + d * H;
-        device const float* hp = h;  // read only here: h[t−1], the previous step's output
-        device const float* a = s == 0 ? h0 + at : hp + rg_out_time(p, d, s - 1) * N * DH + at;
-        uint4 gates = uint4(p.gate0 * H, p.gate1 * H, p.gate2 * H, 0u);
-        device const float* m = mask + rg_mask_step(p, s) + at;
-        rs_product(stage, red, g, H, a, m, true, DH, R + d * 3 * H * H,
-                   4u, gates, 3u, lid, tpg);
+        RsTile g = rs_forward_tile(stage, red, p, t, 3u, h0, h, mask, R, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
-            uint r = e / g.units, u = e % g.units;
-            gru_cell_after(p, x, bias, h0, b2, h, zs, s, d * N + g.n0 + r, g.u0 + u,
-                           float3(rs_sum(red, g, r, 4 * u), rs_sum(red, g, r, 4 * u + 1),
-                                  rs_sum(red, g, r, 4 * u + 2)));
+            uint r = e / g.units, u = e % g.units, row = g.d * p.N + g.n0 + r;
+            gru_cell_after(p, x, bias, h0, b2, h, zs, p.s_begin, row, g.u0 + u,
+                           rs_unit_sums(red, g, r, u).xyz);
         }
     }
     threadgroup_barrier(mem_flags::mem_device);

@@ -310,30 +310,16 @@ kernel void single_gate_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
                                     uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
-    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 1 * p.H, DGH = p.D * 1 * p.H;
-    uint s = p.s_begin, c = p.s_end;  // step s (none when s_end = s_begin), the carry of step c
     if (!rs_fits(p, 1u)) {
         return;  // a unit block wider than the tile: no completion mark, the host reports it
     }
     uint2 mine = rg_rows(rs_tiles(p), p.count, tpg, tgid);
     for (uint t = mine.x; t < mine.y; ++t) {
-        RsTile g = rs_tile(p, t, 1u, tpg);
-        uint d = g.d;
-        if (c < p.T) {  // none at c = T: dhn holds the host's
-            device const float* a = dx + (rg_x_time(p, d, c) * N + g.n0) * DGH + d * GH;
-            rs_product(stage, red, g, GH, a, a, false, DGH, Rt + d * H * GH, 1u, uint4(0u), 1u,
-                       lid, tpg);
-        }
+        RsTile g = rs_backward_tile(stage, red, p, t, 1u, dx, Rt, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
-            uint r = e / g.units, u = e % g.units;
-            uint row = d * N + g.n0 + r, j = g.u0 + u;
-            uint own = (g.n0 + r) * DH + d * H + j;
-            if (c < p.T) {
-                float carry = rs_sum(red, g, r, u) * mask[rg_mask_step(p, c) + own];
-                dhn[own] = carry;
-            }
-            if (c > s) {
-                single_gate_da(p, h0, mask, dy, zs, dx, rhs, dhn, s, row, j);
+            uint3 at = rs_carry(p, g, red, e, mask, dhn, false);  // row, unit, dhn's index
+            if (p.s_end > p.s_begin) {
+                single_gate_da(p, h0, mask, dy, zs, dx, rhs, dhn, p.s_begin, at.x, at.y);
             }
         }
     }

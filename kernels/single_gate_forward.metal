@@ -251,25 +251,15 @@ kernel void single_gate_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
                                    uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
-    uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint s = p.s_begin;
     if (!rs_fits(p, 1u)) {
         return;  // a unit block wider than the tile: no completion mark, the host reports it
     }
     uint2 mine = rg_rows(p.s_end > p.s_begin ? rs_tiles(p) : 0u, p.count, tpg, tgid);
     for (uint t = mine.x; t < mine.y; ++t) {
-        RsTile g = rs_tile(p, t, 1u, tpg);
-        uint d = g.d;
-        uint at = g.n0 * DH + d * H;
-        device const float* hp = h;  // read only here: h[t−1], the previous step's output
-        device const float* a = s == 0 ? h0 + at : hp + rg_out_time(p, d, s - 1) * N * DH + at;
-        uint4 gates = uint4(0u);
-        device const float* m = mask + rg_mask_step(p, s) + at;
-        rs_product(stage, red, g, H, a, m, true, DH, R + d * H * H,
-                   1u, gates, 1u, lid, tpg);
+        RsTile g = rs_forward_tile(stage, red, p, t, 1u, h0, h, mask, R, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
-            uint r = e / g.units, u = e % g.units;
-            single_gate_cell(p, x, bias, h, zs, s, d * N + g.n0 + r, g.u0 + u, rs_sum(red, g, r, u));
+            uint r = e / g.units, u = e % g.units, row = g.d * p.N + g.n0 + r;
+            single_gate_cell(p, x, bias, h, zs, p.s_begin, row, g.u0 + u, rs_sum(red, g, r, u));
         }
     }
     threadgroup_barrier(mem_flags::mem_device);

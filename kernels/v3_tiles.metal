@@ -295,3 +295,63 @@ inline float rs_sum(threadgroup const float* red, RsTile g, uint r, uint c) {
     }
     return s;
 }
+
+// The G sums of unit u in row r of a tile whose units have 4 columns (cpu = 4), in gate order.
+inline float4 rs_unit_sums(threadgroup const float* red, RsTile g, uint r, uint u) {
+    return float4(rs_sum(red, g, r, 4 * u), rs_sum(red, g, r, 4 * u + 1),
+                  rs_sum(red, g, r, 4 * u + 2), rs_sum(red, g, r, 4 * u + 3));
+}
+
+// Tile t of a v3 forward's step s = p.s_begin, its product left in red (rs_sum): (h[t−1] ⊙ m) Rᵀ
+// for the rows of the tile, h[t−1] = h0 at s = 0, R [D,G·H,H] as given. A single gate's columns
+// are its units; the G > 1 gates of a unit are its columns 4u + k, k in the cell's order (the
+// blocks gate0.. of the packed layout), so that the cell finds a unit's gates together.
+inline RsTile rs_forward_tile(threadgroup float4* stage, threadgroup float* red,
+                              constant RecurrenceParams& p, uint t, uint G, device const float* h0,
+                              device const float* h, device const float* mask,
+                              device const float* R, uint lid, uint tpg) {
+    uint H = p.H, DH = p.D * p.H, s = p.s_begin;
+    uint cpu = G == 1 ? 1u : 4u;
+    RsTile g = rs_tile(p, t, cpu, tpg);
+    uint at = g.n0 * DH + g.d * H;
+    device const float* a = s == 0 ? h0 + at : h + rg_out_time(p, g.d, s - 1) * p.N * DH + at;
+    uint4 gates = G == 1 ? uint4(0u) : uint4(p.gate0 * H, p.gate1 * H, p.gate2 * H,
+                                              G == 4 ? p.gate3 * H : 0u);
+    rs_product(stage, red, g, H, a, mask + rg_mask_step(p, s) + at, true, DH, R + g.d * G * H * H,
+               cpu, gates, G, lid, tpg);
+    return g;
+}
+
+// Tile t of a v3 backward dispatch, for the carry of step c = p.s_end (none at c = T, where dhn
+// holds the host's): the product lhs R for the rows of the tile left in red (rs_carry), lhs
+// [T,N,D·G·H] in input time, Rt [D,H,G·H]. Every thread calls it (rs_product ends with a
+// barrier).
+inline RsTile rs_backward_tile(threadgroup float4* stage, threadgroup float* red,
+                               constant RecurrenceParams& p, uint t, uint G,
+                               device const float* lhs, device const float* Rt, uint lid,
+                               uint tpg) {
+    uint GH = G * p.H, DGH = p.D * G * p.H, c = p.s_end;
+    RsTile g = rs_tile(p, t, 1u, tpg);
+    if (c < p.T) {
+        device const float* a = lhs + (rg_x_time(p, g.d, c) * p.N + g.n0) * DGH + g.d * GH;
+        rs_product(stage, red, g, GH, a, a, false, DGH, Rt + g.d * p.H * GH, 1u, uint4(0u), 1u,
+                   lid, tpg);
+    }
+    return g;
+}
+
+// Item e of tile g of a v3 backward: the carry of step p.s_end for its (row, unit),
+// dh_next = m ⊙ (lhs R), into dhn where p.s_end < T (added to what the GRU's phase A kept there:
+// `add`); returns its row, unit and index in dhn, for the phase A that follows.
+inline uint3 rs_carry(constant RecurrenceParams& p, RsTile g, threadgroup const float* red,
+                      uint e, device const float* mask, device float* dhn, bool add) {
+    uint DH = p.D * p.H, c = p.s_end;
+    uint r = e / g.units, u = e % g.units;
+    uint row = g.d * p.N + g.n0 + r, j = g.u0 + u;
+    uint own = (g.n0 + r) * DH + g.d * p.H + j;
+    if (c < p.T) {
+        float carry = rs_sum(red, g, r, u) * mask[rg_mask_step(p, c) + own];
+        dhn[own] = add ? dhn[own] + carry : carry;
+    }
+    return uint3(row, j, own);
+}
