@@ -12,7 +12,7 @@
 //      (consecutive j read consecutive addresses). One barrier per step. Correct for every
 //      shape and threadgroup size.
 //   v2 lstm_forward_v2_<body>[_512]: one row a threadgroup of 1024 threads (512 for a _512
-//      entry), all of the dispatch's steps (lstm_forward_v2_row). Per step, S lanes a unit
+//      entry), all of the dispatch's steps (lstm_forward_v2_run). Per step, S lanes a unit
 //      split the four gates' products over k; lane k < 4 of the unit then finishes gate k, the
 //      four activations meet by simd_shuffle, and lane 0 writes c[t], h[t] and the next step's
 //      stage (two buffers alternate: one barrier a step). R comes as it is (k contiguous). Every
@@ -67,6 +67,19 @@
 //   10     device float*               zs        [T,N,D·4H] output time (written when p.training)
 //   11     device uint2*               status    [ceil(count/32)] completion marks (common.metal)
 
+// An entry point of this file: `name` with the buffers of the tables above, the recurrent weight
+// named W (Rt in v1, R in v2 and v3); its body follows.
+#define instantiate_lstm_forward(name, W)                                                          \
+    kernel void name(                                                                              \
+            constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],       \
+            device const float* bias [[buffer(2)]], device const float* W [[buffer(3)]],           \
+            device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],            \
+            device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],    \
+            device float* h [[buffer(8)]], device float* c [[buffer(9)]],                          \
+            device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],                  \
+            uint lid [[thread_position_in_threadgroup]],                                           \
+            uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]])
+
 // The cell update of v1 and v3 for (row, j) at processing step s, from the four gates'
 // recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the cell's order i, f, z, o: writes
 // z_state (when training), c[t] and h[t]; returns h[t].
@@ -114,21 +127,7 @@ inline float lstm_cell(constant RecurrenceParams& p, device const float* x,
     return ht;
 }
 
-kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
-                         device const float* x [[buffer(1)]],
-                         device const float* bias [[buffer(2)]],
-                         device const float* Rt [[buffer(3)]],
-                         device const float* h0 [[buffer(4)]],
-                         device const float* c0 [[buffer(5)]],
-                         device const float* mask [[buffer(6)]],
-                         device const float* peephole [[buffer(7)]],
-                         device float* h [[buffer(8)]],
-                         device float* c [[buffer(9)]],
-                         device float* zs [[buffer(10)]],
-                         device uint2* status [[buffer(11)]],
-                         uint lid [[thread_position_in_threadgroup]],
-                         uint tgid [[threadgroup_position_in_grid]],
-                         uint tpg [[threads_per_threadgroup]]) {
+instantiate_lstm_forward(lstm_forward, Rt) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
@@ -165,10 +164,11 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The one-row body of the v2 entry points: thread lid is lane lid mod S of unit lid / S; the
-// unit's lanes run its cell and keep c[t] in registers. Unlike the other one-row bodies, the
-// cell runs on the product's SIMD-groups, so that a SIMD-group's long cell (four activations)
-// overlaps the others' products rather than following all of them after a second barrier.
+// The v2 entry points' one-row body, where its conditions hold (rg_declines): thread lid is lane
+// lid mod S of unit lid / S; the unit's lanes run its cell and keep c[t] in registers. Unlike the
+// other one-row bodies, the cell runs on the product's SIMD-groups, so that a SIMD-group's long
+// cell (four activations) overlaps the others' products rather than following all of them after a
+// second barrier.
 // SPREAD (S >= 4; every entry point runs it): lane k < 4 of the unit finishes gate k (x' + bias,
 // peephole term, activation, z_state) and the four activations meet on every such lane through
 // simd_shuffle; lanes 0 .. 3 each find c[t] (the same arithmetic on the same values) for the
@@ -179,14 +179,22 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
 // four rows of R stay in registers, the rest read at every step after them, in rg_dots' order
 // (the sums bitwise those of HW = 0): the rows whole at H = 64 (HW = 2), half at H = 128.
 template <bool SPREAD, bool FULL, uint HW>
-inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float* x,
+inline void lstm_forward_v2_run(uint threads, constant RecurrenceParams& p, device const float* x,
                                 device const float* bias, device const float* R,
                                 device const float* h0, device const float* c0,
                                 device const float* mask, device const float* peephole,
                                 device float* h, device float* c, device float* zs,
-                                device uint2* status, threadgroup float* stage,
-                                threadgroup float* after, uint row, uint lid, uint tgid,
-                                uint tpg) {
+                                device uint2* status, threadgroup float4* staged,
+                                threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
+    bool fits = rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT
+                && (!SPREAD || rg_slices(p.H, tpg) >= 4)
+                && (!FULL || rg_full(p.H, rg_slices(p.H, tpg), tpg));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
+    }
+    threadgroup float* stage = (threadgroup float*)staged;
+    threadgroup float* after = (threadgroup float*)nexts;
+    uint row = rg_group_rows(p, tpg, tgid).x;
     uint H = p.H, GH = 4 * p.H;
     RgRow r = rg_row(p, row);
     uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
@@ -332,124 +340,25 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
 }
 
 // ---------------------------------------------------------------------------------------------
-// The v2 entry points: the one-row body where its conditions hold (rg_declines).
-template <bool SPREAD, bool FULL, uint HW>
-inline void lstm_forward_v2_run(uint threads,
-                                constant RecurrenceParams& p, device const float* x,
-                                device const float* bias, device const float* R,
-                                device const float* h0, device const float* c0,
-                                device const float* mask, device const float* peephole,
-                                device float* h, device float* c, device float* zs,
-                                device uint2* status, threadgroup float4* staged,
-                                threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
-    uint S = rg_slices(p.H, tpg);
-    bool fits = rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT && (!SPREAD || S >= 4)
-                && (!FULL || rg_full(p.H, S, tpg));
-    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
-        return;
+// `name`: an entry point compiled for threadgroups of `threads` that calls
+// lstm_forward_v2_run with the template arguments after them.
+#define instantiate_lstm_forward_v2(name, threads, ...)                                            \
+    [[max_total_threads_per_threadgroup(threads)]] instantiate_lstm_forward(name, R) {             \
+        threadgroup float4 staged[RG_STAGE / 4]; /* 16-byte aligned: rg_dots reads float4 */       \
+        threadgroup float4 nexts[RG_NEXT / 4];   /* the stage's other buffer */                    \
+        lstm_forward_v2_run<__VA_ARGS__>(threads, p, x, bias, R, h0, c0, mask, peephole, h, c, zs, \
+                                         status, staged, nexts, lid, tgid, tpg);                   \
     }
-    lstm_forward_v2_row<SPREAD, FULL, HW>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
-                                          (threadgroup float*)staged, (threadgroup float*)nexts,
-                                          rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
-}
 
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_forward_v2_spread(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
-        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
-        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
-        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
-    lstm_forward_v2_run<true, false, 0>(RG_THREADS, p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                        status, staged, nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_forward_v2_full(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
-        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
-        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
-        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
-    lstm_forward_v2_run<true, true, 0>(RG_THREADS, p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                       status, staged, nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void lstm_forward_v2_spread_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
-        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
-        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
-        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
-    lstm_forward_v2_run<true, false, 0>(RG_THREADS_512, p, x, bias, R, h0, c0, mask, peephole, h, c,
-                                        zs, status, staged, nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void lstm_forward_v2_full_whole_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
-        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
-        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
-        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
-    lstm_forward_v2_run<true, true, 2>(RG_THREADS_512, p, x, bias, R, h0, c0, mask, peephole, h, c,
-                                       zs, status, staged, nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void lstm_forward_v2_full_held_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
-        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
-        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
-        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
-    lstm_forward_v2_run<true, true, RG_LSTM_HOLD_512>(RG_THREADS_512, p, x, bias, R, h0, c0, mask,
-                                                      peephole, h, c, zs, status, staged, nexts,
-                                                      lid, tgid, tpg);
-}
+instantiate_lstm_forward_v2(lstm_forward_v2_spread, RG_THREADS, true, false, 0)
+instantiate_lstm_forward_v2(lstm_forward_v2_full, RG_THREADS, true, true, 0)
+instantiate_lstm_forward_v2(lstm_forward_v2_spread_512, RG_THREADS_512, true, false, 0)
+instantiate_lstm_forward_v2(lstm_forward_v2_full_whole_512, RG_THREADS_512, true, true, 2)
+instantiate_lstm_forward_v2(lstm_forward_v2_full_held_512, RG_THREADS_512,
+                            true, true, RG_LSTM_HOLD_512)
 
 [[max_total_threads_per_threadgroup(256)]]
-kernel void lstm_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
-                            device const float* x [[buffer(1)]],
-                            device const float* bias [[buffer(2)]],
-                            device const float* R [[buffer(3)]],
-                            device const float* h0 [[buffer(4)]],
-                            device const float* c0 [[buffer(5)]],
-                            device const float* mask [[buffer(6)]],
-                            device const float* peephole [[buffer(7)]],
-                            device float* h [[buffer(8)]],
-                            device float* c [[buffer(9)]],
-                            device float* zs [[buffer(10)]],
-                            device uint2* status [[buffer(11)]],
-                            uint lid [[thread_position_in_threadgroup]],
-                            uint tgid [[threadgroup_position_in_grid]],
-                            uint tpg [[threads_per_threadgroup]]) {
+instantiate_lstm_forward(lstm_forward_v3, R) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
     if (!rs_fits(p, 4u)) {

@@ -67,6 +67,18 @@
 //                                            out: init_state gradient
 //   9      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
+// An entry point of this file: `name` with the buffers of the tables above, the recurrent weight
+// named W (R in v1, Rt in v2 and v3); its body follows.
+#define instantiate_single_gate_backward(name, W)                                                  \
+    kernel void name(                                                                              \
+            constant RecurrenceParams& p [[buffer(0)]], device const float* W [[buffer(1)]],       \
+            device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],          \
+            device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],            \
+            device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],                       \
+            device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],                   \
+            uint lid [[thread_position_in_threadgroup]],                                           \
+            uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]])
+
 // Phase A of v1 and v3 for (row, j) at processing step s: da = (dy + dh_next) ⊙ f'(a)
 // into dx, and h[t−1] ⊙ m into rhs (the right factor of dR); returns da.
 inline float single_gate_da(constant RecurrenceParams& p, device const float* h0,
@@ -88,19 +100,7 @@ inline float single_gate_da(constant RecurrenceParams& p, device const float* h0
     return da;
 }
 
-kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
-                                 device const float* R [[buffer(1)]],
-                                 device const float* h0 [[buffer(2)]],
-                                 device const float* mask [[buffer(3)]],
-                                 device const float* dy [[buffer(4)]],
-                                 device const float* zs [[buffer(5)]],
-                                 device float* dx [[buffer(6)]],
-                                 device float* rhs [[buffer(7)]],
-                                 device float* dhn [[buffer(8)]],
-                                 device uint2* status [[buffer(9)]],
-                                 uint lid [[thread_position_in_threadgroup]],
-                                 uint tgid [[threadgroup_position_in_grid]],
-                                 uint tpg [[threads_per_threadgroup]]) {
+instantiate_single_gate_backward(single_gate_backward, R) {
     uint N = p.N, H = p.H, DH = p.D * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
@@ -132,19 +132,27 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The one-row body of the v2 entry points: thread u < H runs unit u's phase A and keeps its
-// dh_next in a register (dhn read once and written once); in phase B thread lid is lane lid
-// mod S of unit lid / S. HOLD: the thread's share of Rᵀ's row in registers. PW > 0 (not HOLD;
-// rg_pairs): 2S lanes own units j and j + H / 2 (rg_pair_sums), the first PW rounds of each
-// row held.
+// The v2 entry points' one-row body, where its conditions hold (rg_declines): thread u < H runs
+// unit u's phase A and keeps its dh_next in a register (dhn read once and written once); in phase B
+// thread lid is lane lid mod S of unit lid / S. HOLD: the thread's share of Rᵀ's row in registers.
+// PW > 0 (not HOLD; rg_pairs): 2S lanes own units j and j + H / 2 (rg_pair_sums), the first PW
+// rounds of each row held.
 template <bool HOLD, uint PW>
-inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
-                                        device const float* h0, device const float* mask,
-                                        device const float* dy, device const float* zs,
-                                        device float* dx, device float* rhs, device float* dhn,
-                                        device uint2* status, threadgroup float* stage,
-                                        threadgroup float* sums, uint row, uint lid, uint tgid,
-                                        uint tpg) {
+inline void single_gate_backward_v2_run(uint threads, constant RecurrenceParams& p,
+                                        device const float* Rt, device const float* h0,
+                                        device const float* mask, device const float* dy,
+                                        device const float* zs, device float* dx, device float* rhs,
+                                        device float* dhn, device uint2* status,
+                                        threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
+    bool fits = rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE
+                && (!HOLD || rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg)))
+                && (PW == 0 || rg_pairs(p.H, rg_slices(p.H, tpg), tpg));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
+    }
+    threadgroup float* stage = (threadgroup float*)staged;
+    threadgroup float* sums = stage + p.H;
+    uint row = rg_group_rows(p, tpg, tgid).x;
     uint H = p.H;
     RgRow r = rg_row(p, row);
     const bool PAIR = PW > 0;
@@ -216,98 +224,23 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
 }
 
 // ---------------------------------------------------------------------------------------------
-// The v2 entry points: the one-row body where its conditions hold (rg_declines).
-template <bool HOLD, uint PW>
-inline void single_gate_backward_v2_run(uint threads,
-                                        constant RecurrenceParams& p, device const float* Rt,
-                                        device const float* h0, device const float* mask,
-                                        device const float* dy, device const float* zs,
-                                        device float* dx, device float* rhs, device float* dhn,
-                                        device uint2* status, threadgroup float4* staged, uint lid,
-                                        uint tgid, uint tpg) {
-    uint S = rg_slices(p.H, tpg);
-    bool fits = rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE
-                && (!HOLD || rg_holds(p.H, RG_HOLD, S)) && (PW == 0 || rg_pairs(p.H, S, tpg));
-    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
-        return;
+// `name`: an entry point compiled for threadgroups of `threads` that calls
+// single_gate_backward_v2_run with the template arguments after them.
+#define instantiate_single_gate_backward_v2(name, threads, ...)                                    \
+    [[max_total_threads_per_threadgroup(threads)]] instantiate_single_gate_backward(name, Rt) {    \
+        threadgroup float4 staged[RG_STAGE / 4]; /* 16-byte aligned: rg_dots reads float4 */       \
+        single_gate_backward_v2_run<__VA_ARGS__>(threads, p, Rt, h0, mask, dy, zs, dx, rhs, dhn,   \
+                                                 status, staged, lid, tgid, tpg);                  \
     }
-    threadgroup float* stage = (threadgroup float*)staged;
-    single_gate_backward_v2_row<HOLD, PW>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, stage,
-                                          stage + p.H, rg_group_rows(p, tpg, tgid).x, lid, tgid,
-                                          tpg);
-}
 
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_backward_v2_held(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
-        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    single_gate_backward_v2_run<true, 0>(RG_THREADS, p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                         staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_backward_v2_paired(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
-        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    single_gate_backward_v2_run<false, 1>(RG_THREADS, p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                          staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_backward_v2_streamed(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
-        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    single_gate_backward_v2_run<false, 0>(RG_THREADS, p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                          staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void single_gate_backward_v2_paired_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
-        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    single_gate_backward_v2_run<false, RG_PAIR_HOLD_512>(RG_THREADS_512, p, Rt, h0, mask, dy, zs,
-                                                         dx, rhs, dhn, status, staged, lid, tgid,
-                                                         tpg);
-}
+instantiate_single_gate_backward_v2(single_gate_backward_v2_held, RG_THREADS, true, 0)
+instantiate_single_gate_backward_v2(single_gate_backward_v2_paired, RG_THREADS, false, 1)
+instantiate_single_gate_backward_v2(single_gate_backward_v2_streamed, RG_THREADS, false, 0)
+instantiate_single_gate_backward_v2(single_gate_backward_v2_paired_512, RG_THREADS_512,
+                                    false, RG_PAIR_HOLD_512)
 
 [[max_total_threads_per_threadgroup(256)]]
-kernel void single_gate_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
-                                    device const float* Rt [[buffer(1)]],
-                                    device const float* h0 [[buffer(2)]],
-                                    device const float* mask [[buffer(3)]],
-                                    device const float* dy [[buffer(4)]],
-                                    device const float* zs [[buffer(5)]],
-                                    device float* dx [[buffer(6)]],
-                                    device float* rhs [[buffer(7)]],
-                                    device float* dhn [[buffer(8)]],
-                                    device uint2* status [[buffer(9)]],
-                                    uint lid [[thread_position_in_threadgroup]],
-                                    uint tgid [[threadgroup_position_in_grid]],
-                                    uint tpg [[threads_per_threadgroup]]) {
+instantiate_single_gate_backward(single_gate_backward_v3, Rt) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
     if (!rs_fits(p, 1u)) {

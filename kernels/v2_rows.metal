@@ -459,7 +459,7 @@ inline void rg_pair_sums(threadgroup float* sums, thread const float4 (*held)[W]
     }
 }
 
-// A backward's product with S lanes a unit: the lanes of unit j meet their shares of its sum
+// A product with S lanes a unit: the lanes of unit j meet their shares of its sum
 // (rg_lane_total) and lane 0 writes sums[j]. Every lane of a SIMD-group with a unit calls it.
 inline void rg_unit_sum(threadgroup float* sums, float dot, uint j, uint lane, uint S, bool unit) {
     dot = rg_lane_total(dot, S);

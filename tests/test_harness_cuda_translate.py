@@ -83,6 +83,35 @@ def test_the_cuda_target_defines_every_name_it_exports():
 
 # -- the instantiate_* macros: expanded by the tools as the C preprocessor would ------------------
 
+def _tokens(text):
+    return re.sub(r"\s+", "", translate.mask(text))
+
+
+def test_instantiate_macros_expand_as_the_c_preprocessor_expands_them():
+    """kernels/ through translate.expand and through the C++ compiler's preprocessor give the
+    same program (other macros left unexpanded on both sides), with the source's lines kept."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from rnngrad.backends.metal.harness.cpu import _loader
+
+    try:
+        cxx = _loader.compiler()[0]
+    except translate.CompileError as exc:
+        pytest.skip(str(exc))
+    others = re.compile(r"(?m)^[ \t]*#[ \t]*(?:include|define[ \t]+(?!instantiate_)\w+[ \t(]).*$")
+    source = others.sub("", library.source())
+    assert "instantiate_" in source and shutil.which(cxx)
+    done = subprocess.run([cxx, "-E", "-P", "-x", "c++", "-"], input=source, capture_output=True,
+                          text=True, check=True)
+    expanded = translate.expand(source)
+    assert _tokens(expanded) == _tokens(done.stdout)
+    assert len(expanded.splitlines()) == len(source.splitlines())
+    assert "instantiate_" not in translate.mask(expanded)
+
+
 NESTED = """#include <metal_stdlib>
 using namespace metal;
 #define instantiate_sig(name, W) \\
