@@ -169,16 +169,16 @@ instantiate_lstm_forward(lstm_forward, Rt) {
 // other one-row bodies, the cell runs on the product's SIMD-groups, so that a SIMD-group's long
 // cell (four activations) overlaps the others' products rather than following all of them after a
 // second barrier.
-// SPREAD (S >= 4; every entry point runs it): lane k < 4 of the unit finishes gate k (x' + bias,
-// peephole term, activation, z_state) and the four activations meet on every such lane through
-// simd_shuffle; lanes 0 .. 3 each find c[t] (the same arithmetic on the same values) for the
-// next step's peephole terms, and lane 0 alone h[t].
+// S >= 4: lane k < 4 of the unit finishes gate k (x' + bias, peephole term, activation,
+// z_state) and the four activations meet on every such lane through simd_shuffle; lanes 0 .. 3
+// each find c[t] (the same arithmetic on the same values) for the next step's peephole terms,
+// and lane 0 alone h[t].
 // FULL (rg_full: every thread a unit's, float4 reads): no per-step test of the unit, of an idle
 // SIMD-group or of H's alignment, whose operands ptxas otherwise kept in local memory.
 // HW > 0 (FULL, in the 512-thread entries): the first HW rounds of the thread's share of its
 // four rows of R stay in registers, the rest read at every step after them, in rg_dots' order
 // (the sums bitwise those of HW = 0): the rows whole at H = 64 (HW = 2), half at H = 128.
-template <bool SPREAD, bool FULL, uint HW>
+template <bool FULL, uint HW>
 inline void lstm_forward_v2_run(uint threads, constant RecurrenceParams& p, device const float* x,
                                 device const float* bias, device const float* R,
                                 device const float* h0, device const float* c0,
@@ -186,8 +186,7 @@ inline void lstm_forward_v2_run(uint threads, constant RecurrenceParams& p, devi
                                 device float* h, device float* c, device float* zs,
                                 device uint2* status, threadgroup float4* staged,
                                 threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
-    bool fits = rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT
-                && (!SPREAD || rg_slices(p.H, tpg) >= 4)
+    bool fits = rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT && rg_slices(p.H, tpg) >= 4
                 && (!FULL || rg_full(p.H, rg_slices(p.H, tpg), tpg));
     if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
         return;
@@ -211,22 +210,14 @@ inline void lstm_forward_v2_run(uint threads, constant RecurrenceParams& p, devi
         }
     }
     RgRow z = rg_row_of(p, row, GH);  // x' and z_state: [T, N, D·4H]
-    // the gate lanes' inputs: gate k's on lane 0 (SPREAD: on lane k, in slot 0)
-    uint gk = SPREAD ? min(lane, 3u) : 0u;  // SPREAD: the lane's gate
-    uint qk = p.gate0 * H + ju;
-    if (SPREAD) {
-        qk = gk == 0 ? q[0] : (gk == 1 ? q[1] : (gk == 2 ? q[2] : q[3]));
-    }
-    bool gate = unit && (SPREAD ? lane < 4 : lane == 0);
-    float bk[4], pw[4], xb[4], cp = 0.0f, mj = 0.0f;
-    #pragma unroll
-    for (uint k = 0; k < 4; ++k) {
-        uint qq = SPREAD ? qk : q[k];
-        bool mine = gate && (!SPREAD || k == 0);
-        bk[k] = mine ? bias[r.d * GH + qq] : 0.0f;
-        pw[k] = mine && p.has_peephole != 0 ? peephole[r.d * GH + qq] : 0.0f;
-        xb[k] = mine && p.s_end > p.s_begin ? x[z.x0 + p.s_begin * z.xs + qq] : 0.0f;
-    }
+    // the gate lanes' inputs: gate k's on lane k
+    uint gk = min(lane, 3u);  // the lane's gate
+    uint qk = gk == 0 ? q[0] : (gk == 1 ? q[1] : (gk == 2 ? q[2] : q[3]));
+    bool gate = unit && lane < 4;
+    float cp = 0.0f, mj = 0.0f;
+    float bk = gate ? bias[r.d * GH + qk] : 0.0f;
+    float pw = gate && p.has_peephole != 0 ? peephole[r.d * GH + qk] : 0.0f;
+    float xb = gate && p.s_end > p.s_begin ? x[z.x0 + p.s_begin * z.xs + qk] : 0.0f;
     if (gate) {
         mj = mask[r.at + j];
         if (p.s_end > p.s_begin) {
@@ -272,58 +263,32 @@ inline void lstm_forward_v2_run(uint threads, constant RecurrenceParams& p, devi
             }
             rg_lane_totals<4>(dots, S);
             // lstm_cell's arithmetic, in its order
-            float a[4], act[4];
-            if (SPREAD) {
-                float mine = 0.0f, am = 0.0f;
-                if (gate) {
-                    float dk = gk == 0 ? dots[0] : (gk == 1 ? dots[1] : (gk == 2 ? dots[2] : dots[3]));
-                    am = (xb[0] + bk[0]) + dk;
-                    if (peep) {
-                        am += pw[0] * cp;
-                    }
-                    mine = rg_activate(rg_act(p, gk), am);
-                    if (training) {
-                        zs[z.o0 + s * z.os + qk] = am;
-                    }
-                    if (s + 1 < p.s_end) {
-                        xb[0] = x[z.x0 + (s + 1) * z.xs + qk];  // in flight over the barrier
-                    }
+            float act[4], mine = 0.0f, am = 0.0f;
+            if (gate) {
+                float dk = gk == 0 ? dots[0] : (gk == 1 ? dots[1] : (gk == 2 ? dots[2] : dots[3]));
+                am = (xb + bk) + dk;
+                if (peep) {
+                    am += pw * cp;
                 }
-                uint first = (lid & 31u) - lane;  // the unit's lane 0 in its SIMD-group
-                #pragma unroll
-                for (uint k = 0; k < 4; ++k) {
-                    act[k] = simd_shuffle(mine, (ushort)(first + k));
+                mine = rg_activate(rg_act(p, gk), am);
+                if (training) {
+                    zs[z.o0 + s * z.os + qk] = am;
+                }
+                if (s + 1 < p.s_end) {
+                    xb = x[z.x0 + (s + 1) * z.xs + qk];  // in flight over the barrier
                 }
             }
+            uint first = (lid & 31u) - lane;  // the unit's lane 0 in its SIMD-group
+            #pragma unroll
+            for (uint k = 0; k < 4; ++k) {
+                act[k] = simd_shuffle(mine, (ushort)(first + k));
+            }
             if (gate) {
-                if (!SPREAD) {
-                    #pragma unroll
-                    for (uint k = 0; k < 4; ++k) {
-                        a[k] = (xb[k] + bk[k]) + dots[k];
-                        if (peep) {
-                            a[k] += pw[k] * cp;
-                        }
-                        act[k] = rg_activate(rg_act(p, k), a[k]);
-                    }
-                }
                 float ct = act[1] * cp + act[0] * act[2];
                 if (lane == 0) {
                     float ht = act[3] * rg_activate(p.act4, ct);
                     if (s + 1 < p.s_end) {
-                        if (!SPREAD) {
-                            // the next step's x', in flight over the barrier
-                            #pragma unroll
-                            for (uint k = 0; k < 4; ++k) {
-                                xb[k] = x[z.x0 + (s + 1) * z.xs + q[k]];
-                            }
-                        }
                         next[j] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + j] : mj);
-                    }
-                    if (training && !SPREAD) {
-                        #pragma unroll
-                        for (uint k = 0; k < 4; ++k) {
-                            zs[z.o0 + s * z.os + q[k]] = a[k];
-                        }
                     }
                     uint out = r.o0 + s * r.os + j;
                     c[out] = ct;
@@ -350,12 +315,11 @@ inline void lstm_forward_v2_run(uint threads, constant RecurrenceParams& p, devi
                                          status, staged, nexts, lid, tgid, tpg);                   \
     }
 
-instantiate_lstm_forward_v2(lstm_forward_v2_spread, RG_THREADS, true, false, 0)
-instantiate_lstm_forward_v2(lstm_forward_v2_full, RG_THREADS, true, true, 0)
-instantiate_lstm_forward_v2(lstm_forward_v2_spread_512, RG_THREADS_512, true, false, 0)
-instantiate_lstm_forward_v2(lstm_forward_v2_full_whole_512, RG_THREADS_512, true, true, 2)
-instantiate_lstm_forward_v2(lstm_forward_v2_full_held_512, RG_THREADS_512,
-                            true, true, RG_LSTM_HOLD_512)
+instantiate_lstm_forward_v2(lstm_forward_v2_spread, RG_THREADS, false, 0)
+instantiate_lstm_forward_v2(lstm_forward_v2_full, RG_THREADS, true, 0)
+instantiate_lstm_forward_v2(lstm_forward_v2_spread_512, RG_THREADS_512, false, 0)
+instantiate_lstm_forward_v2(lstm_forward_v2_full_whole_512, RG_THREADS_512, true, 2)
+instantiate_lstm_forward_v2(lstm_forward_v2_full_held_512, RG_THREADS_512, true, RG_LSTM_HOLD_512)
 
 [[max_total_threads_per_threadgroup(256)]]
 instantiate_lstm_forward(lstm_forward_v3, R) {
