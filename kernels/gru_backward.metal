@@ -278,7 +278,7 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
 // their results) and keeps its dh_next and its sum of dq in registers (dhn and prow read once
 // and written once), the next step's inputs loaded a step ahead. In phase C thread lid is lane
 // lid mod S of unit lid / S over Rᵀ's row j (3H long), the first two float4 of its share held
-// (held whole, it spilled).
+// (held whole, it would crowd the step's values out of registers).
 // AHEAD (7H floats of threadgroup memory more): the 3H threads past the product's find the next
 // step's activations and derivatives (gru_backward_ahead) while the product runs, so that
 // phase A is a few multiplications.

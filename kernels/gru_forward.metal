@@ -329,8 +329,8 @@ inline bool gru_forward_v2_spread_fits(constant RecurrenceParams& p, uint tpg, u
 // Bitwise gru_forward_v2_run's results. At H = 128 in 512 threads the two-barrier body waited at
 // its barriers behind the cell on H / 32 SIMD-groups (verification/PERFORMANCE.md). Of the W + 1
 // rounds of each row a lane's share covers, W are held in registers and the last in threadgroup
-// memory (tail: 12 floats a thread), which leaves registers for the step's values (held whole,
-// ptxas spilled).
+// memory (tail: 12 floats a thread), which leaves registers for the step's values (held whole, the
+// rows would not).
 template <uint W>
 inline void gru_forward_v2_spread_run(uint threads, constant RecurrenceParams& p,
                                       device const float* x, device const float* bias,

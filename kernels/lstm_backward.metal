@@ -202,7 +202,7 @@ instantiate_lstm_backward(lstm_backward, R) {
             device const float* dA = dx + (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
             device const float* Rd = R + d * GH * H;
             float acc = 0.0f;
-            // 16 loads of the chain in flight: ptxas unrolled by 4, and the backward ran slower
+            // 16 loads of the chain in flight, more than the compiler's own unrolling keeps
             #pragma unroll 16
             for (uint q = 0; q < GH; ++q) {
                 acc += dA[q] * Rd[q * H + j];
@@ -256,16 +256,16 @@ inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
 // The v2 entry points' one-row body, where its conditions hold (rg_declines): thread u < H runs
 // unit u's phase A and keeps what crosses steps in registers (dh_next, dc_next, the peephole
 // partials: dhn, dcn and prow read once and written once; c[t−1] is the next step's c[t]); in
-// phase B thread lid is lane lid mod S of unit lid / S over Rᵀ's row (4H long; holding any of
-// it in registers spilled).
+// phase B thread lid is lane lid mod S of unit lid / S over Rᵀ's row (4H long, read at every
+// step: the step's values need the registers).
 // AHEAD (11H floats of threadgroup memory more; 6H <= tpg): the threads past the product's (or
 // the product's, after it) find the next step's activations and derivatives
 // (lstm_backward_ahead) while the product runs, so that phase A, on the step's critical path,
 // is a few multiplications.
 // PEEP (p.has_peephole): without a peephole, its weights and partial sums take no registers.
 // PW > 0 (rg_pairs, in the _512 entries; not AHEAD): 2S lanes own units j and j + H / 2
-// (rg_pair_sums), the first PW rounds of each row held (at 64 registers a thread it
-// spilled).
+// (rg_pair_sums), the first PW rounds of each row held (the 512-thread entries have the
+// registers for them).
 template <bool AHEAD, bool PEEP, uint PW>
 inline void lstm_backward_v2_run(uint threads, constant RecurrenceParams& p, device const float* Rt,
                                  device const float* h0, device const float* c0,

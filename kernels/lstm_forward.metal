@@ -174,7 +174,7 @@ instantiate_lstm_forward(lstm_forward, Rt) {
 // each find c[t] (the same arithmetic on the same values) for the next step's peephole terms,
 // and lane 0 alone h[t].
 // FULL (rg_full: every thread a unit's, float4 reads): no per-step test of the unit, of an idle
-// SIMD-group or of H's alignment, whose operands ptxas otherwise kept in local memory.
+// SIMD-group or of H's alignment, whose operands would otherwise stay live across the step.
 // HW > 0 (FULL, in the 512-thread entries): the first HW rounds of the thread's share of its
 // four rows of R stay in registers, the rest read at every step after them, in rg_dots' order
 // (the sums bitwise those of HW = 0): the rows whole at H = 64 (HW = 2), half at H = 128.

@@ -33,8 +33,8 @@ struct RgAcc {
 #define RG_STAGE 6144
 
 // Lanes per unit at most: more shorten a unit's chain of multiply-adds, but every SIMD-group
-// that holds a unit also runs the step's own work; 8 ran faster than 16
-// (verification/PERFORMANCE.md).
+// that holds a unit also runs the step's own work (8 is the best of those tried on NVIDIA GPUs:
+// verification/PERFORMANCE.md).
 #define RG_LANES 8
 
 // Lanes per unit: the largest power of two S <= RG_LANES with S · units <= tpg (at least 1);
@@ -89,8 +89,8 @@ inline void rg_rounds(thread RgAcc<G, B>& acc, uint ng, uint nb, threadgroup con
 
 // rg_dots' float4 reads (K, ldv and every offset multiples of 4) from this lane's block at k on:
 // the rounds at k, k + 4S, ... below K, in order. With one row's sums (G · B <= 4) and at least
-// eight rounds, two a loop, so that the weight loads of both are in flight together (with four
-// or fewer, two a loop measured slower).
+// eight rounds, two a loop, so that the weight loads of both are in flight together (in shorter
+// products two a loop did not pay: verification/PERFORMANCE.md).
 template <uint G, uint B>
 inline void rg_dots_float4(thread RgAcc<G, B>& acc, uint ng, uint nb, threadgroup const float* v,
                            uint ldv, device const float* w, thread const uint* off, uint k, uint K,
@@ -202,20 +202,20 @@ inline void rg_stage_hm(threadgroup float* stage, constant RecurrenceParams& p,
     }
 }
 
-// float4 of a weight row a thread of the one-row body holds at most (rg_hold): a single gate's
-// row RG_HOLD (H <= 128 at S = 8), each of the GRU forward's three RG_HOLD / 2 (H <= 64). More
-// spilled in the CUDA translation's 64 registers a thread; the 512-thread entries, with 128,
-// hold more:
+// float4 of a weight row a thread of the one-row body holds at most (rg_hold), sized to what a
+// thread's registers keep beside the step's values (64 a thread at 1024 threads in the CUDA
+// translation; the 512-thread entries, with 128, hold more): a single gate's row RG_HOLD
+// (H <= 128 at S = 8), each of the GRU forward's three RG_HOLD / 2 (H <= 64);
 #define RG_HOLD 4
 // each of the GRU forward's three rows in gru_forward_v2_spread_512 (its whole share at
 // H <= 128, S = 4): RG_HOLD_512 − 1 float4 in registers, the last in threadgroup memory;
 #define RG_HOLD_512 8
 // each of the LSTM forward's four rows in lstm_forward_v2_full_held_512 (half its share at
-// H = 128; with 5, ptxas spills);
+// H = 128);
 #define RG_LSTM_HOLD_512 4
 // each of the two rows of Rᵀ in the single gate's paired_512 entry; the GRU's and the LSTM's
-// hold their whole share at H = 128 (8 float4 a row), the faster of 4, 6 and 8 for each
-// (verification/PERFORMANCE.md).
+// hold their whole share at H = 128 (8 float4 a row). Each is the fastest of the sizes tried
+// (verification/PERFORMANCE.md, "Tried and left out").
 #define RG_PAIR_HOLD_512 4
 #define RG_PAIR_WHOLE_512 8
 
@@ -374,7 +374,7 @@ inline bool rg_full(uint H, uint S, uint tpg) {
 }
 
 // Whether a backward's one-row body can give 2S lanes two units (rg_pair_sums): rg_full, and
-// 2S within RG_LANES (16 lanes spilled more and ran slower).
+// 2S within RG_LANES (wider pairs did not pay: verification/PERFORMANCE.md).
 inline bool rg_pairs(uint H, uint S, uint tpg) {
     return rg_full(H, S, tpg) && 2 * S <= RG_LANES;
 }
