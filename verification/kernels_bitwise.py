@@ -6,7 +6,8 @@
     python verification/kernels_bitwise.py --compare before.json after.json
 
 It runs whichever rnngrad the interpreter imports (each checkout in an environment of its own,
-``pip install -e <checkout>``), on ``metal-emulated``: fixed seeded problems of every cell with
+``pip install -e <checkout>``; the host's test context and the version rules' settings are
+found where either layout keeps them), on ``metal-emulated``: fixed seeded problems of every cell with
 every option that changes a kernel's code path (each descriptor option and activation,
 bidirectional, reverse, every optional input, a per-step mask, the LSTM's peephole and per-step
 cell gradient, the GRU's reset_after), under each forced version (``RNNGRAD_METAL_RECURRENCE``
@@ -56,7 +57,7 @@ class Run:
     optional: dict          # optional inputs (rnngrad.testing.cases.random_case)
     env: dict               # RNNGRAD_METAL_* variables
     device: dict = dataclasses.field(default_factory=dict)  # harness Device options
-    knobs: dict = dataclasses.field(default_factory=dict)   # versions module settings
+    knobs: dict = dataclasses.field(default_factory=dict)   # version rules' settings
     cell_gradient_form: str = "per_step"
 
 
@@ -113,11 +114,11 @@ def runs() -> list:
                                dict(T=3, N=N, I=3, H=H), optionals[k % 3],
                                dict(RNNGRAD_METAL_RECURRENCE="v3"),
                                device=dict(max_threads_per_threadgroup=threads),
-                               knobs=dict(V3_MIN_TILES=min_tiles)))
+                               knobs=dict(v3_min_tiles=min_tiles)))
     for gemm in ("v1", "v3", "v4", "v5", "auto"):
         for cell in CELLS:
             # K = T·N = 1024 in the weight gradients: v5 splits it
-            out.append(Run(f"gemm-{gemm}/{cell}", cell, dict(bidirectional=True), 
+            out.append(Run(f"gemm-{gemm}/{cell}", cell, dict(bidirectional=True),
                            dict(T=64, N=16, I=9, H=5), dict(ALL, bias=cell != "gru"),
                            dict(RNNGRAD_METAL_RECURRENCE="packed", RNNGRAD_METAL_GEMM=gemm)))
     return out
@@ -136,32 +137,53 @@ def _digest(arrays) -> str:
 
 
 @contextlib.contextmanager
-def _settings(run: Run):
+def _knobs(knobs: dict):
+    """The version rules' settings inside the block: versions.overrides where the rules have
+    it, else the module's upper-case settings."""
     from rnngrad.backends.metal import versions
 
+    if hasattr(versions, "overrides"):
+        with versions.overrides(**knobs):
+            yield
+        return
+    saved = {name: getattr(versions, name.upper()) for name in knobs}
+    for name, value in knobs.items():
+        setattr(versions, name.upper(), value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(versions, name.upper(), value)
+
+
+@contextlib.contextmanager
+def _settings(run: Run):
     names = ("RNNGRAD_METAL_RECURRENCE", "RNNGRAD_METAL_GEMM", "RNNGRAD_METAL_DISPATCH_BUDGET")
     saved = {name: os.environ.get(name) for name in names}
-    knobs = {name: getattr(versions, name) for name in run.knobs}
     for name in names:
         os.environ.pop(name, None)
     os.environ.update(run.env)
-    for name, value in run.knobs.items():
-        setattr(versions, name, value)
     try:
-        yield
+        with _knobs(run.knobs):
+            yield
     finally:
         for name, value in saved.items():
             os.environ.pop(name, None)
             if value is not None:
                 os.environ[name] = value
-        for name, value in knobs.items():
-            setattr(versions, name, value)
+
+
+def _emulated_device(**options):
+    try:
+        from rnngrad.backends.metal.harness.contexts import emulated_device
+    except ImportError:  # before the host's test contexts had a module of their own
+        from rnngrad.backends.metal.host import emulated_device
+    return emulated_device(**options)
 
 
 def execute(run: Run) -> dict:
     """{inputs, outputs: hashes; kernels: the entry points the trace shows}."""
     from rnngrad import api
-    from rnngrad.backends.metal.host import emulated_device
     from rnngrad.descriptors import DESCRIPTORS
     from rnngrad.testing.cases import FORWARD_OPS, random_case
 
@@ -172,7 +194,7 @@ def execute(run: Run) -> dict:
     inputs = [case.inputs[k] for k in sorted(case.inputs)] + [
         case.source_gradient, case.state_gradient, case.cell_gradient]
     backend = "metal-emulated"
-    with _settings(run), emulated_device(**run.device) as dev:
+    with _settings(run), _emulated_device(**run.device) as dev:
         forward = list(case.forward(backend))
         h, c, z = case.training_forward(backend)
         grad_op = getattr(api, FORWARD_OPS[run.cell] + "_gradients")
