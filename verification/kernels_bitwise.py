@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import os
 import sys
@@ -39,6 +40,8 @@ ALL = dict(input_weight=True, bias=True, init_state=True, init_cell=True, mask=T
            cell_gradient=True)
 NONE = {name: False for name in ALL}
 PER_STEP_MASK = dict(ALL, mask_per_step=True)
+#: no input weight: the recurrences add the bias to x' themselves (with one, the projection does)
+NO_PROJECTION = dict(ALL, input_weight=False)
 #: (N, H, versions.V3_MIN_TILES, threads a threadgroup at most) of v3's runs: the widest unit
 #: blocks (workers in two rounds over 32 threads), two row tiles a direction with k in slices,
 #: the narrowest blocks
@@ -79,7 +82,7 @@ def _variants(cell: str) -> list:
 def runs() -> list:
     """Every run, in a fixed order."""
     out = []
-    optionals = (ALL, NONE, PER_STEP_MASK)
+    optionals = (ALL, NONE, PER_STEP_MASK, NO_PROJECTION)
     for grid in ("packed", "rows"):
         for cell in CELLS:
             for i, options in enumerate(_variants(cell)):
@@ -87,7 +90,7 @@ def runs() -> list:
                 options.setdefault("bidirectional", i % 2 == 1)
                 budget = {"RNNGRAD_METAL_DISPATCH_BUDGET": "1"} if i % 5 == 4 else {}
                 out.append(Run(f"{grid}/{cell}/{i}", cell, options,
-                               dict(T=3, N=3, I=3, H=5), optionals[i % 3],
+                               dict(T=3, N=3, I=3, H=5), optionals[i % 4],
                                dict(RNNGRAD_METAL_RECURRENCE=grid, **budget),
                                cell_gradient_form="per_step" if i % 2 else "final"))
     for cell in CELLS:
@@ -101,17 +104,20 @@ def runs() -> list:
                                dict(RNNGRAD_METAL_RECURRENCE="v2")))
                 out.append(Run(f"v2/{cell}/H{H}/peephole{int(peephole)}/reverse-split", cell,
                                dict(fixed, reverse=True),
-                               dict(T=3, N=2, I=3, H=H), dict(optional, mask_per_step=True),
+                               dict(T=3, N=2, I=3, H=H),
+                               dict(optional, mask_per_step=True, input_weight=False),
                                dict(RNNGRAD_METAL_RECURRENCE="v2",
                                     RNNGRAD_METAL_DISPATCH_BUDGET="1"),
                                cell_gradient_form="final"))
     for N, H, min_tiles, threads in V3_TILINGS:
         for cell in CELLS:
-            for k, reset_after in enumerate((True, False) if cell == "gru" else (None,)):
+            resets = (True, False) if cell == "gru" else (None,)
+            for k, (reset_after, optional) in enumerate(
+                    itertools.product(resets, (ALL, NO_PROJECTION))):
                 fixed = {} if reset_after is None else dict(reset_after=reset_after)
                 out.append(Run(f"v3/{cell}/N{N}H{H}/{k}", cell,
                                dict(fixed, bidirectional=True, training=True),
-                               dict(T=3, N=N, I=3, H=H), optionals[k % 3],
+                               dict(T=3, N=N, I=3, H=H), optional,
                                dict(RNNGRAD_METAL_RECURRENCE="v3"),
                                device=dict(max_threads_per_threadgroup=threads),
                                knobs=dict(v3_min_tiles=min_tiles)))
