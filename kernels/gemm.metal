@@ -43,25 +43,27 @@
 //      Any threadgroup of whole SIMD-groups up to 256; the host gives 256 threads a tile and
 //      slice.
 //
-// Buffers of strided_gemm (count = batch·M·P, a thread an element of C)
+// Buffers of strided_gemm and strided_gemm_blocked
+// Buffers of strided_gemm_split and strided_gemm_wide
+// (count, the threads the host dispatched: strided_gemm batch·M·P, a thread an element of C;
+// strided_gemm_blocked GB_THREADS · tiles; strided_gemm_split GS_THREADS · batch · M ·
+// ⌈P / GS_COLS⌉; strided_gemm_wide GW_THREADS · tiles · slices: versions.py counts them)
 //   index  type                        name    layout
 //   0      constant GemmParams&        p       scalars
 //   1      device const float*         A       strided by p.a_batch, p.a_row, p.a_k
 //   2      device const float*         B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
-//   3      device const float*         bias    [P] (read only when p.has_bias)
-//   4      device float*               C       [batch, M, P]
+//   3      device const float*         bias    [P] (read only when p.has_bias; by the first
+//                                              slice of K in strided_gemm_wide)
+//   4      device float*               C       [batch, M, P]; strided_gemm_wide:
+//                                              [slices, batch, M, P]
 //   5      device uint2*               status  [ceil(count/32)] completion marks (steps: K)
 
-kernel void strided_gemm(constant GemmParams& p [[buffer(0)]],
-                         device const float* A [[buffer(1)]],
-                         device const float* B [[buffer(2)]],
-                         device const float* bias [[buffer(3)]],
-                         device float* C [[buffer(4)]],
-                         device uint2* status [[buffer(5)]],
-                         uint gid [[thread_position_in_grid]],
-                         uint lid [[thread_position_in_threadgroup]],
-                         uint tgid [[threadgroup_position_in_grid]],
-                         uint tpg [[threads_per_threadgroup]]) {
+kernel void strided_gemm(
+        constant GemmParams& p [[buffer(0)]], device const float* A [[buffer(1)]],
+        device const float* B [[buffer(2)]], device const float* bias [[buffer(3)]],
+        device float* C [[buffer(4)]], device uint2* status [[buffer(5)]],
+        uint gid [[thread_position_in_grid]], uint lid [[thread_position_in_threadgroup]],
+        uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]]) {
     if (gid < p.count) {  // the grid is padded to whole threadgroups
         uint j = gid % p.P;
         uint rest = gid / p.P;
@@ -71,7 +73,7 @@ kernel void strided_gemm(constant GemmParams& p [[buffer(0)]],
         device const float* bb = B + b * p.b_batch + j * p.b_col + (i / p.block) * p.b_block;
         float total = 0.0f;
         float chunk = 0.0f;
-        // 16 loads of each factor in flight (ptxas unrolled by 4, and small products ran slower)
+        // 16 loads of each factor in flight, more than the compiler's own unrolling keeps
         #pragma unroll 16
         for (uint k = 0; k < p.K; ++k) {
             chunk += a[k * p.a_k] * bb[k * p.b_k];
@@ -102,25 +104,13 @@ enum GemmBlock : uint {
     GB_GROUP = 4,           // staged chunks summed before they join the running total (128 k)
 };
 
-// Buffers of strided_gemm_blocked (count = GB_THREADS · tiles: versions.py counts the tiles)
-//   index  type                        name    layout
-//   0      constant GemmParams&        p       scalars (p.count: the threads dispatched)
-//   1      device const float*         A       strided by p.a_batch, p.a_row, p.a_k
-//   2      device const float*         B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
-//   3      device const float*         bias    [P] (read only when p.has_bias)
-//   4      device float*               C       [batch, M, P]
-//   5      device uint2*               status  [ceil(count/32)] completion marks (steps: K)
-
 [[max_total_threads_per_threadgroup(256)]]
-kernel void strided_gemm_blocked(constant GemmParams& p [[buffer(0)]],
-                                 device const float* A [[buffer(1)]],
-                                 device const float* B [[buffer(2)]],
-                                 device const float* bias [[buffer(3)]],
-                                 device float* C [[buffer(4)]],
-                                 device uint2* status [[buffer(5)]],
-                                 uint lid [[thread_position_in_threadgroup]],
-                                 uint tgid [[threadgroup_position_in_grid]],
-                                 uint tpg [[threads_per_threadgroup]]) {
+kernel void strided_gemm_blocked(
+        constant GemmParams& p [[buffer(0)]], device const float* A [[buffer(1)]],
+        device const float* B [[buffer(2)]], device const float* bias [[buffer(3)]],
+        device float* C [[buffer(4)]], device uint2* status [[buffer(5)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float As[GB_K * GB_LD];  // [k][i] chunk of the tile's A rows, transposed
     threadgroup float Bs[GB_K * GB_LD];  // [k][j] chunk of the tile's B columns
 
@@ -235,25 +225,13 @@ enum GemmSplit : uint {
     GS_THREADS = 1024,      // 32 slices of K; the kernel's threadgroup limit
 };
 
-// Buffers of strided_gemm_split (count = GS_THREADS · batch · M · ⌈P / GS_COLS⌉)
-//   index  type                        name    layout
-//   0      constant GemmParams&        p       scalars (p.count: the threads dispatched)
-//   1      device const float*         A       strided by p.a_batch, p.a_row, p.a_k
-//   2      device const float*         B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
-//   3      device const float*         bias    [P] (read only when p.has_bias)
-//   4      device float*               C       [batch, M, P]
-//   5      device uint2*               status  [ceil(count/32)] completion marks (steps: K)
-
 [[max_total_threads_per_threadgroup(1024)]]
-kernel void strided_gemm_split(constant GemmParams& p [[buffer(0)]],
-                               device const float* A [[buffer(1)]],
-                               device const float* B [[buffer(2)]],
-                               device const float* bias [[buffer(3)]],
-                               device float* C [[buffer(4)]],
-                               device uint2* status [[buffer(5)]],
-                               uint lid [[thread_position_in_threadgroup]],
-                               uint tgid [[threadgroup_position_in_grid]],
-                               uint tpg [[threads_per_threadgroup]]) {
+kernel void strided_gemm_split(
+        constant GemmParams& p [[buffer(0)]], device const float* A [[buffer(1)]],
+        device const float* B [[buffer(2)]], device const float* bias [[buffer(3)]],
+        device float* C [[buffer(4)]], device uint2* status [[buffer(5)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float sums[GS_THREADS];  // [slice][column] of one block
     uint blocks = (p.P + GS_COLS - 1) / GS_COLS;
     uint2 mine = rg_rows(p.batch * p.M * blocks, p.count, tpg, tgid);
@@ -391,25 +369,13 @@ inline void gw_store4(threadgroup float* st, bool by_k, uint q, float4 v) {
     }
 }
 
-// Buffers of strided_gemm_wide (count = GW_THREADS · tiles · slices: versions.py counts them)
-//   index  type                        name    layout
-//   0      constant GemmParams&        p       scalars (p.count: the threads dispatched)
-//   1      device const float*         A       strided by p.a_batch, p.a_row, p.a_k
-//   2      device const float*         B       strided by p.b_batch, p.b_k, p.b_col, p.b_block
-//   3      device const float*         bias    [P] (read only when p.has_bias, by slice 0)
-//   4      device float*               C       [slices, batch, M, P]
-//   5      device uint2*               status  [ceil(count/32)] completion marks (steps: K)
-
 [[max_total_threads_per_threadgroup(256)]]
-kernel void strided_gemm_wide(constant GemmParams& p [[buffer(0)]],
-                              device const float* A [[buffer(1)]],
-                              device const float* B [[buffer(2)]],
-                              device const float* bias [[buffer(3)]],
-                              device float* C [[buffer(4)]],
-                              device uint2* status [[buffer(5)]],
-                              uint lid [[thread_position_in_threadgroup]],
-                              uint tgid [[threadgroup_position_in_grid]],
-                              uint tpg [[threads_per_threadgroup]]) {
+kernel void strided_gemm_wide(
+        constant GemmParams& p [[buffer(0)]], device const float* A [[buffer(1)]],
+        device const float* B [[buffer(2)]], device const float* bias [[buffer(3)]],
+        device float* C [[buffer(4)]], device uint2* status [[buffer(5)]],
+        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
+        uint tpg [[threads_per_threadgroup]]) {
     threadgroup float4 As[2 * GW_K * GW_LD4];  // two chunks of the tile's A rows, [k][i]
     threadgroup float4 Bs[2 * GW_K * GW_LD4];  // two chunks of its B columns, [k][j]
     threadgroup float* as = (threadgroup float*)As;

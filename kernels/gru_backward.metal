@@ -26,7 +26,7 @@
 //      over to the next dispatch. Correct for every shape and threadgroup size.
 //   v2 gru_backward_v2_<body>[_512], with reset_after only (without it, phase B's da_r reads
 //      da_o of every unit): one row a threadgroup of 1024 threads (512 for a _512 entry), all
-//      of the dispatch's steps (gru_backward_v2_row). Thread u < H runs unit u's phase A, stages
+//      of the dispatch's steps (gru_backward_v2_run). Thread u < H runs unit u's phase A, stages
 //      lhs (da_z, da_r, dq) and keeps dh_next and Σ dq in registers; in phase C, lhs·R, S lanes
 //      a unit split the 3H gate rows and their sums meet in threadgroup memory (two barriers a
 //      step). Rᵀ [D,H,3H] comes instead of R (the gate index contiguous). Every entry needs
@@ -46,7 +46,7 @@
 //                                    a unit, 8 a pair, RG_PAIR_WHOLE_512 rounds of each row held
 //   v3 gru_backward_v3 (reset_after only): one dispatch a step, threadgroups of 256 over tiles
 //      of up to 16 rows of one direction × a block of units: first the carry of the step
-//      before, m ⊙ (lhs R) over the 3H gate rows (common.metal, rs_product) added to the
+//      before, m ⊙ (lhs R) over the 3H gate rows (v3_tiles.metal, rs_product) added to the
 //      dh ⊙ keep that phase A left in dhn; then phase A for each (row, unit) of the tile.
 //      T + 1 dispatches, the last one the carry alone.
 //
@@ -90,6 +90,20 @@
 //   11     device float*               work  [D·N,H] scratch: g
 //   12     device float*               prow  [D·N,H] in: zeros; out: Σ_t dq per row (reset_after)
 //   13     device uint2*               status  [ceil(count/32)] completion marks (common.metal)
+
+// An entry point of this file: `name` with the buffers of the tables above, the recurrent weight
+// named W (R in v1, Rt in v2 and v3); its body follows.
+#define instantiate_gru_backward(name, W)                                                          \
+    kernel void name(                                                                              \
+            constant RecurrenceParams& p [[buffer(0)]], device const float* W [[buffer(1)]],       \
+            device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],          \
+            device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],            \
+            device const float* hfwd [[buffer(6)]], device float* dx [[buffer(7)]],                \
+            device float* lhs [[buffer(8)]], device float* rhs [[buffer(9)]],                      \
+            device float* dhn [[buffer(10)]], device float* work [[buffer(11)]],                   \
+            device float* prow [[buffer(12)]], device uint2* status [[buffer(13)]],                \
+            uint lid [[thread_position_in_threadgroup]],                                           \
+            uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]])
 
 // Phase A of v1 and v3 for (row, j) at processing step s: the element-wise gate gradients
 // of unit j. Writes dx (da_z, da_o, and da_r with reset_after), lhs, rhs and, with reset_after,
@@ -167,23 +181,7 @@ inline float gru_kept(constant RecurrenceParams& p, device const float* dy,
     return dh * keep;
 }
 
-kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
-                         device const float* R [[buffer(1)]],
-                         device const float* h0 [[buffer(2)]],
-                         device const float* mask [[buffer(3)]],
-                         device const float* dy [[buffer(4)]],
-                         device const float* zs [[buffer(5)]],
-                         device const float* hfwd [[buffer(6)]],
-                         device float* dx [[buffer(7)]],
-                         device float* lhs [[buffer(8)]],
-                         device float* rhs [[buffer(9)]],
-                         device float* dhn [[buffer(10)]],
-                         device float* work [[buffer(11)]],
-                         device float* prow [[buffer(12)]],
-                         device uint2* status [[buffer(13)]],
-                         uint lid [[thread_position_in_threadgroup]],
-                         uint tgid [[threadgroup_position_in_grid]],
-                         uint tpg [[threads_per_threadgroup]]) {
+instantiate_gru_backward(gru_backward, R) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
@@ -257,7 +255,7 @@ kernel void gru_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The activations of step t that gru_backward_v2_row<true>'s phase A reads, and their
+// The activations of step t that gru_backward_v2_run<true>'s phase A reads, and their
 // derivatives (none depends on dh_next), unit u's at pre[GRU_PRE·u]: slot k = f_k(a_k) and slot
 // 3 + k = f_k'(a_k) for gate k < 3 (z, r, o), gru_gate_gradients' arithmetic. The 3H items go
 // to the threads from `first` on. Unit-major, the pitch odd for no bank conflicts.
@@ -275,25 +273,36 @@ inline void gru_backward_ahead(constant RecurrenceParams& p, uint zt, device con
     }
 }
 
-// The one-row body of the v2 entry points (reset_after): thread u < H runs unit u's phase A
-// (gru_gate_gradients' and gru_kept's arithmetic, bitwise their results) and keeps its dh_next
-// and its sum of dq in registers (dhn and prow read once and written once), the next step's
-// inputs loaded a step ahead. In phase C thread lid is lane lid mod S of unit lid / S over Rᵀ's
-// row j (3H long), the first two float4 of its share held (held whole, it spilled).
+// The v2 entry points' one-row body, where its conditions hold (rg_declines; reset_after):
+// thread u < H runs unit u's phase A (gru_gate_gradients' and gru_kept's arithmetic, bitwise
+// their results) and keeps its dh_next and its sum of dq in registers (dhn and prow read once
+// and written once), the next step's inputs loaded a step ahead. In phase C thread lid is lane
+// lid mod S of unit lid / S over Rᵀ's row j (3H long), the first two float4 of its share held
+// (held whole, it would crowd the step's values out of registers).
 // AHEAD (7H floats of threadgroup memory more): the 3H threads past the product's find the next
 // step's activations and derivatives (gru_backward_ahead) while the product runs, so that
 // phase A is a few multiplications.
 // PW > 0 (rg_pairs; not AHEAD): 2S lanes own units j and j + H / 2 (rg_pair_sums), the first PW
 // rounds of each row held.
 template <bool AHEAD, uint PW>
-inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
+inline void gru_backward_v2_run(uint threads, constant RecurrenceParams& p, device const float* Rt,
                                 device const float* h0, device const float* mask,
                                 device const float* dy, device const float* zs,
                                 device const float* hfwd, device float* dx, device float* lhs,
-                                device float* rhs, device float* dhn, device float* prow,
-                                device uint2* status, threadgroup float* stage,
-                                threadgroup float* sums, threadgroup float* pre, uint row,
-                                uint lid, uint tgid, uint tpg) {
+                                device float* rhs, device float* dhn, device float* work,
+                                device float* prow, device uint2* status,
+                                threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
+    bool fits = p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 4 * p.H <= RG_STAGE
+                && (!AHEAD || (3 * p.H <= tpg - rg_slices(p.H, tpg) * p.H
+                               && (4 + GRU_PRE) * p.H <= RG_STAGE))
+                && (PW == 0 || rg_pairs(p.H, rg_slices(p.H, tpg), tpg));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
+    }
+    threadgroup float* stage = (threadgroup float*)staged;
+    threadgroup float* sums = stage + 3 * p.H;
+    threadgroup float* pre = stage + 4 * p.H;
+    uint row = rg_group_rows(p, tpg, tgid).x;
     uint H = p.H, GH = 3 * p.H;
     RgRow r = rg_row(p, row);
     const bool PAIR = PW > 0;
@@ -422,116 +431,24 @@ inline void gru_backward_v2_row(constant RecurrenceParams& p, device const float
 }
 
 // ---------------------------------------------------------------------------------------------
-// The v2 entry points: the one-row body where its conditions hold (rg_declines).
-template <bool AHEAD, uint PW>
-inline void gru_backward_v2_run(uint threads,
-                                constant RecurrenceParams& p, device const float* Rt,
-                                device const float* h0, device const float* mask,
-                                device const float* dy, device const float* zs,
-                                device const float* hfwd, device float* dx, device float* lhs,
-                                device float* rhs, device float* dhn, device float* work,
-                                device float* prow, device uint2* status,
-                                threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
-    uint S = rg_slices(p.H, tpg);
-    bool fits = p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 4 * p.H <= RG_STAGE
-                && (!AHEAD || (3 * p.H <= tpg - S * p.H && (4 + GRU_PRE) * p.H <= RG_STAGE))
-                && (PW == 0 || rg_pairs(p.H, S, tpg));
-    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
-        return;
+// `name`: an entry point compiled for threadgroups of `threads` that calls
+// gru_backward_v2_run with the template arguments after them.
+#define instantiate_gru_backward_v2(name, threads, ...)                                            \
+    [[max_total_threads_per_threadgroup(threads)]] instantiate_gru_backward(name, Rt) {            \
+        threadgroup float4 staged[RG_STAGE / 4]; /* 16-byte aligned: rg_dots reads float4 */       \
+        gru_backward_v2_run<__VA_ARGS__>(threads, p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs,     \
+                                         dhn, work, prow, status, staged, lid, tgid, tpg);         \
     }
-    threadgroup float* stage = (threadgroup float*)staged;
-    gru_backward_v2_row<AHEAD, PW>(p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, status,
-                                   stage, stage + 3 * p.H, stage + 4 * p.H, rg_group_rows(p, tpg,
-                                   tgid).x, lid, tgid, tpg);
-}
 
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void gru_backward_v2_ahead(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device const float* hfwd [[buffer(6)]], device float* dx [[buffer(7)]],
-        device float* lhs [[buffer(8)]], device float* rhs [[buffer(9)]],
-        device float* dhn [[buffer(10)]], device float* work [[buffer(11)]],
-        device float* prow [[buffer(12)]], device uint2* status [[buffer(13)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    gru_backward_v2_run<true, 0>(RG_THREADS, p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, work,
-                                 prow, status, staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void gru_backward_v2_paired(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device const float* hfwd [[buffer(6)]], device float* dx [[buffer(7)]],
-        device float* lhs [[buffer(8)]], device float* rhs [[buffer(9)]],
-        device float* dhn [[buffer(10)]], device float* work [[buffer(11)]],
-        device float* prow [[buffer(12)]], device uint2* status [[buffer(13)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    gru_backward_v2_run<false, 1>(RG_THREADS, p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn,
-                                  work, prow, status, staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void gru_backward_v2_streamed(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device const float* hfwd [[buffer(6)]], device float* dx [[buffer(7)]],
-        device float* lhs [[buffer(8)]], device float* rhs [[buffer(9)]],
-        device float* dhn [[buffer(10)]], device float* work [[buffer(11)]],
-        device float* prow [[buffer(12)]], device uint2* status [[buffer(13)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    gru_backward_v2_run<false, 0>(RG_THREADS, p, Rt, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn,
-                                  work, prow, status, staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void gru_backward_v2_paired_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device const float* hfwd [[buffer(6)]], device float* dx [[buffer(7)]],
-        device float* lhs [[buffer(8)]], device float* rhs [[buffer(9)]],
-        device float* dhn [[buffer(10)]], device float* work [[buffer(11)]],
-        device float* prow [[buffer(12)]], device uint2* status [[buffer(13)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    gru_backward_v2_run<false, RG_PAIR_WHOLE_512>(RG_THREADS_512, p, Rt, h0, mask, dy, zs, hfwd, dx,
-                                                 lhs, rhs, dhn, work, prow, status, staged, lid,
-                                                 tgid, tpg);
-}
+instantiate_gru_backward_v2(gru_backward_v2_ahead, RG_THREADS, true, 0)
+instantiate_gru_backward_v2(gru_backward_v2_paired, RG_THREADS, false, 1)
+instantiate_gru_backward_v2(gru_backward_v2_streamed, RG_THREADS, false, 0)
+instantiate_gru_backward_v2(gru_backward_v2_paired_512, RG_THREADS_512, false, RG_PAIR_WHOLE_512)
 
 [[max_total_threads_per_threadgroup(256)]]
-kernel void gru_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
-                            device const float* Rt [[buffer(1)]],
-                            device const float* h0 [[buffer(2)]],
-                            device const float* mask [[buffer(3)]],
-                            device const float* dy [[buffer(4)]],
-                            device const float* zs [[buffer(5)]],
-                            device const float* hfwd [[buffer(6)]],
-                            device float* dx [[buffer(7)]],
-                            device float* lhs [[buffer(8)]],
-                            device float* rhs [[buffer(9)]],
-                            device float* dhn [[buffer(10)]],
-                            device float* work [[buffer(11)]],
-                            device float* prow [[buffer(12)]],
-                            device uint2* status [[buffer(13)]],
-                            uint lid [[thread_position_in_threadgroup]],
-                            uint tgid [[threadgroup_position_in_grid]],
-                            uint tpg [[threads_per_threadgroup]]) {
+instantiate_gru_backward(gru_backward_v3, Rt) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
-    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
-    uint s = p.s_begin, c = p.s_end;  // step s (none when s_end = s_begin), the carry of step c
     if (p.reset_after == 0) {
         return;  // its da_r reads da_o of every unit: no completion mark, the host reports it
     }
@@ -540,24 +457,13 @@ kernel void gru_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
     }
     uint2 mine = rg_rows(rs_tiles(p), p.count, tpg, tgid);
     for (uint t = mine.x; t < mine.y; ++t) {
-        RsTile g = rs_tile(p, t, 1u, tpg);
-        uint d = g.d;
-        if (c < p.T) {  // none at c = T: dhn holds the host's
-            device const float* a = lhs + (rg_x_time(p, d, c) * N + g.n0) * DGH + d * GH;
-            rs_product(stage, red, g, GH, a, a, false, DGH, Rt + d * H * GH, 1u, uint4(0u), 1u,
-                       lid, tpg);
-        }
+        RsTile g = rs_backward_tile(stage, red, p, t, 3u, lhs, Rt, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
-            uint r = e / g.units, u = e % g.units;
-            uint row = d * N + g.n0 + r, j = g.u0 + u;
-            uint own = (g.n0 + r) * DH + d * H + j;
-            if (c < p.T) {
-                float carry = rs_sum(red, g, r, u) * mask[rg_mask_step(p, c) + own];
-                dhn[own] = dhn[own] + carry;
-            }
-            if (c > s) {
-                gru_gate_gradients(p, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, s, row, j);
-                dhn[own] = gru_kept(p, dy, zs, dhn, s, row, j);
+            uint3 at = rs_carry(p, g, red, e, mask, dhn, true);  // row, unit, dhn's index
+            if (p.s_end > p.s_begin) {
+                gru_gate_gradients(p, h0, mask, dy, zs, hfwd, dx, lhs, rhs, dhn, prow, p.s_begin,
+                                   at.x, at.y);
+                dhn[at.z] = gru_kept(p, dy, zs, dhn, p.s_begin, at.x, at.y);
             }
         }
     }

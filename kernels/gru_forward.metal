@@ -19,9 +19,9 @@
 //   v2 gru_forward_v2_<body>[_512], with reset_after only (without it a step's o gate reads r
 //      of every unit of the row): one row a threadgroup of 1024 threads (512 for a _512 entry),
 //      all of the dispatch's steps. Per step, S lanes a unit split the three gates' products
-//      over k. R comes as it is (k contiguous). In the two-barrier body (gru_forward_v2_row)
+//      over k. R comes as it is (k contiguous). In the two-barrier body (gru_forward_v2_run)
 //      the sums meet in threadgroup memory and thread u < H runs unit u's cell; in the spread
-//      body (gru_forward_v2_spread) the unit's lanes run its cell, one barrier a step. Every
+//      body (gru_forward_v2_spread_run) the unit's lanes run its cell, one barrier a step. Every
 //      entry needs reset_after, S · H <= threads and 3H <= RG_NEXT, and declines otherwise
 //      (rg_declines).
 //        gru_forward_v2_streamed      the three rows of R read at every step (two barriers)
@@ -35,7 +35,7 @@
 //   v3 gru_forward_v3 (reset_after only): one dispatch a step, threadgroups of 256 over tiles
 //      of up to 16 rows of one direction × a block of units; the three gate products are one
 //      product whose columns are the units × gates z, r, o (and an empty fourth)
-//      (common.metal, rs_product); then gru_cell_after for each (row, unit).
+//      (v3_tiles.metal, rs_product); then gru_cell_after for each (row, unit).
 //
 // Buffers of gru_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
 //   index  type                        name  layout
@@ -65,6 +65,18 @@
 //   7      device float*               h     [T,N,D·H] output time
 //   8      device float*               zs    [T,N,D·Z·H] output time, Z = 3 or 4 (reset_after)
 //   9      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
+
+// An entry point of this file: `name` with the buffers of the tables above, the recurrent weight
+// named W (Rt in v1, R in v2 and v3); its body follows.
+#define instantiate_gru_forward(name, W)                                                           \
+    kernel void name(                                                                              \
+            constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],       \
+            device const float* bias [[buffer(2)]], device const float* W [[buffer(3)]],           \
+            device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],          \
+            device const float* b2 [[buffer(6)]], device float* h [[buffer(7)]],                   \
+            device float* zs [[buffer(8)]], device uint2* status [[buffer(9)]],                    \
+            uint lid [[thread_position_in_threadgroup]],                                           \
+            uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]])
 
 // The step of v1 and v3 with reset_after (the v2 bodies repeat its arithmetic, bitwise) for
 // (row, j) at processing step s, from the three gates' recurrent products (h[t−1] ⊙ m) R_kᵀ of
@@ -102,19 +114,7 @@ inline float gru_cell_after(constant RecurrenceParams& p, device const float* x,
     return ht;
 }
 
-kernel void gru_forward(constant RecurrenceParams& p [[buffer(0)]],
-                        device const float* x [[buffer(1)]],
-                        device const float* bias [[buffer(2)]],
-                        device const float* Rt [[buffer(3)]],
-                        device const float* h0 [[buffer(4)]],
-                        device const float* mask [[buffer(5)]],
-                        device const float* b2 [[buffer(6)]],
-                        device float* h [[buffer(7)]],
-                        device float* zs [[buffer(8)]],
-                        device uint2* status [[buffer(9)]],
-                        uint lid [[thread_position_in_threadgroup]],
-                        uint tgid [[threadgroup_position_in_grid]],
-                        uint tpg [[threads_per_threadgroup]]) {
+instantiate_gru_forward(gru_forward, Rt) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 3 * p.H, DGH = p.D * 3 * p.H;
     uint ZH = p.Z * p.H, DZH = p.D * p.Z * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
@@ -210,17 +210,26 @@ inline void gru_forward_v2_dots(thread float* d3, thread const float4 (*held)[W 
     }
 }
 
-// The two-barrier one-row body (reset_after): thread lid is lane lid mod S of unit lid / S in
-// the three gates' product; thread u < H runs unit u's cell with h[t−1] (its own h[t] of the
-// step before), the biases and the next step's x' in registers. W > 0: the thread's share of
-// R's three rows, W float4 of each, held in registers; W = 0: read at every step.
+// The two-barrier one-row body, where its conditions hold (rg_declines; reset_after): thread lid is
+// lane lid mod S of unit lid / S in the three gates' product; thread u < H runs unit u's cell with
+// h[t−1] (its own h[t] of the step before), the biases and the next step's x' in registers. W > 0:
+// the thread's share of R's three rows, W float4 of each, held in registers; W = 0: read at every
+// step.
 template <uint W>
-inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float* x,
+inline void gru_forward_v2_run(uint threads, constant RecurrenceParams& p, device const float* x,
                                device const float* bias, device const float* R,
                                device const float* h0, device const float* mask,
                                device const float* b2, device float* h, device float* zs,
-                               device uint2* status, threadgroup float* stage,
-                               threadgroup float* sums, uint row, uint lid, uint tgid, uint tpg) {
+                               device uint2* status, threadgroup float4* staged,
+                               threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
+    bool fits = p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 3 * p.H <= RG_NEXT
+                && (W == 0 || rg_holds(p.H, W, rg_slices(p.H, tpg)));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
+    }
+    threadgroup float* stage = (threadgroup float*)staged;
+    threadgroup float* sums = (threadgroup float*)nexts;
+    uint row = rg_group_rows(p, tpg, tgid).x;
     uint H = p.H, GH = 3 * p.H;
     RgRow r = rg_row(p, row);
     RgRow xr = rg_row_of(p, row, GH);  // x': [T, N, D·3H]
@@ -303,24 +312,40 @@ inline void gru_forward_v2_row(constant RecurrenceParams& p, device const float*
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The spread body (gru_forward_v2_spread_512): gru_forward_v2_row with the cell on the
-// product's lanes (S >= 4), one barrier a step: after the lane totals every lane of unit j has
-// its three sums, and lane k < 3 holds gate k's x' and bias; lanes 0 and 1 find z and r side by
-// side, lane 2 a_o and o, and every lane of the unit gets them by simd_shuffle and finds h[t].
-// The stage alternates between two buffers (stage, other), so that lane 0 writes the next
-// step's while other SIMD-groups may still read this one's. Bitwise gru_forward_v2_row's
-// results. At H = 128 in 512 threads the two-barrier body waited at its barriers behind the
-// cell on H / 32 SIMD-groups (verification/PERFORMANCE.md). Of the W + 1 rounds of each row a
-// lane's share covers, W are held in registers and the last in threadgroup memory (tail: 12
-// floats a thread), which leaves registers for the step's values (held whole, ptxas spilled).
+// The spread body's conditions: the two-barrier body's, the rows whole in RG_HOLD_512 float4 a
+// lane, S >= 4, and 12 floats a thread of threadgroup memory for the rows' last round.
+inline bool gru_forward_v2_spread_fits(constant RecurrenceParams& p, uint tpg, uint tgid) {
+    uint S = rg_slices(p.H, tpg);
+    return p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 3 * p.H <= RG_NEXT
+           && rg_holds(p.H, RG_HOLD_512, S) && S >= 4 && 12 * tpg <= RG_STAGE;
+}
+
+// The spread body (gru_forward_v2_spread_512), where gru_forward_v2_spread_fits holds
+// (rg_declines): gru_forward_v2_run with the cell on the product's lanes (S >= 4), one barrier a
+// step: after the lane totals every lane of unit j has its three sums, and lane k < 3 holds gate
+// k's x' and bias; lanes 0 and 1 find z and r side by side, lane 2 a_o and o, and every lane of the
+// unit gets them by simd_shuffle and finds h[t]. The stage alternates between two buffers (stage,
+// other), so that lane 0 writes the next step's while other SIMD-groups may still read this one's.
+// Bitwise gru_forward_v2_run's results. At H = 128 in 512 threads the two-barrier body waited at
+// its barriers behind the cell on H / 32 SIMD-groups (verification/PERFORMANCE.md). Of the W + 1
+// rounds of each row a lane's share covers, W are held in registers and the last in threadgroup
+// memory (tail: 12 floats a thread), which leaves registers for the step's values (held whole, the
+// rows would not).
 template <uint W>
-inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const float* x,
-                                  device const float* bias, device const float* R,
-                                  device const float* h0, device const float* mask,
-                                  device const float* b2, device float* h, device float* zs,
-                                  device uint2* status, threadgroup float* stage,
-                                  threadgroup float* other, threadgroup float4* tail, uint row,
-                                  uint lid, uint tgid, uint tpg) {
+inline void gru_forward_v2_spread_run(uint threads, constant RecurrenceParams& p,
+                                      device const float* x, device const float* bias,
+                                      device const float* R, device const float* h0,
+                                      device const float* mask, device const float* b2,
+                                      device float* h, device float* zs, device uint2* status,
+                                      threadgroup float4* staged, threadgroup float4* nexts,
+                                      uint lid, uint tgid, uint tpg) {
+    if (rg_declines(gru_forward_v2_spread_fits(p, tpg, tgid), threads, status, lid, tgid, tpg)) {
+        return;
+    }
+    threadgroup float* stage = (threadgroup float*)nexts;  // the stage's two buffers
+    threadgroup float* other = stage + p.H;
+    threadgroup float4* tail = staged;
+    uint row = rg_group_rows(p, tpg, tgid).x;
     uint H = p.H, GH = 3 * p.H;
     RgRow r = rg_row(p, row);
     RgRow xr = rg_row_of(p, row, GH);
@@ -405,122 +430,25 @@ inline void gru_forward_v2_spread(constant RecurrenceParams& p, device const flo
 }
 
 // ---------------------------------------------------------------------------------------------
-// The v2 entry points: a one-row body where its conditions hold (rg_declines).
-template <uint W>
-inline void gru_forward_v2_run(uint threads, constant RecurrenceParams& p,
-                               device const float* x, device const float* bias,
-                               device const float* R, device const float* h0,
-                               device const float* mask, device const float* b2, device float* h,
-                               device float* zs, device uint2* status, threadgroup float4* staged,
-                               threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
-    bool fits = p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 3 * p.H <= RG_NEXT
-                && (W == 0 || rg_holds(p.H, W, rg_slices(p.H, tpg)));
-    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
-        return;
+// `name`: an entry point compiled for threadgroups of `threads` that calls `run` (the two
+// bodies have a helper each).
+#define instantiate_gru_forward_v2(name, threads, run)                                             \
+    [[max_total_threads_per_threadgroup(threads)]] instantiate_gru_forward(name, R) {              \
+        threadgroup float4 staged[RG_STAGE / 4]; /* the stage (spread: its rows' tail) */          \
+        threadgroup float4 nexts[RG_NEXT / 4];   /* the sums (spread: the stage) */                \
+        run(threads, p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts, lid, tgid, tpg);   \
     }
-    gru_forward_v2_row<W>(p, x, bias, R, h0, mask, b2, h, zs, status, (threadgroup float*)staged,
-                          (threadgroup float*)nexts, rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
-}
 
-// The spread body's conditions: the two-barrier body's, the rows whole in RG_HOLD_512 float4 a
-// lane, S >= 4, and 12 floats a thread of threadgroup memory for the rows' last round.
-inline void gru_forward_v2_spread_run(uint threads, constant RecurrenceParams& p,
-                                      device const float* x, device const float* bias,
-                                      device const float* R, device const float* h0,
-                                      device const float* mask, device const float* b2,
-                                      device float* h, device float* zs, device uint2* status,
-                                      threadgroup float4* staged, threadgroup float4* nexts,
-                                      uint lid, uint tgid, uint tpg) {
-    uint S = rg_slices(p.H, tpg);
-    bool fits = p.reset_after != 0 && rg_one_pass(p, tpg, tgid) && 3 * p.H <= RG_NEXT
-                && rg_holds(p.H, RG_HOLD_512, S) && S >= 4 && 12 * tpg <= RG_STAGE;
-    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
-        return;
-    }
-    threadgroup float* sums = (threadgroup float*)nexts;  // the stage's two buffers
-    gru_forward_v2_spread<RG_HOLD_512 - 1>(p, x, bias, R, h0, mask, b2, h, zs, status, sums,
-                                           sums + p.H, staged, rg_group_rows(p, tpg, tgid).x, lid,
-                                           tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void gru_forward_v2_streamed(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
-        device const float* b2 [[buffer(6)]], device float* h [[buffer(7)]],
-        device float* zs [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the three gates' sums
-    gru_forward_v2_run<0>(RG_THREADS, p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts,
-                          lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void gru_forward_v2_streamed_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
-        device const float* b2 [[buffer(6)]], device float* h [[buffer(7)]],
-        device float* zs [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the three gates' sums
-    gru_forward_v2_run<0>(RG_THREADS_512, p, x, bias, R, h0, mask, b2, h, zs, status, staged, nexts,
-                          lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void gru_forward_v2_held_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
-        device const float* b2 [[buffer(6)]], device float* h [[buffer(7)]],
-        device float* zs [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the three gates' sums
-    gru_forward_v2_run<RG_HOLD / 2>(RG_THREADS_512, p, x, bias, R, h0, mask, b2, h, zs, status,
-                                    staged, nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void gru_forward_v2_spread_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
-        device const float* b2 [[buffer(6)]], device float* h [[buffer(7)]],
-        device float* zs [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // the rows' last round (tail)
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's two buffers
-    gru_forward_v2_spread_run(RG_THREADS_512, p, x, bias, R, h0, mask, b2, h, zs, status, staged,
-                              nexts, lid, tgid, tpg);
-}
+instantiate_gru_forward_v2(gru_forward_v2_streamed, RG_THREADS, gru_forward_v2_run<0>)
+instantiate_gru_forward_v2(gru_forward_v2_streamed_512, RG_THREADS_512, gru_forward_v2_run<0>)
+instantiate_gru_forward_v2(gru_forward_v2_held_512, RG_THREADS_512, gru_forward_v2_run<RG_HOLD / 2>)
+instantiate_gru_forward_v2(gru_forward_v2_spread_512, RG_THREADS_512,
+                           gru_forward_v2_spread_run<RG_HOLD_512 - 1>)
 
 [[max_total_threads_per_threadgroup(256)]]
-kernel void gru_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
-                           device const float* x [[buffer(1)]],
-                           device const float* bias [[buffer(2)]],
-                           device const float* R [[buffer(3)]],
-                           device const float* h0 [[buffer(4)]],
-                           device const float* mask [[buffer(5)]],
-                           device const float* b2 [[buffer(6)]],
-                           device float* h [[buffer(7)]],
-                           device float* zs [[buffer(8)]],
-                           device uint2* status [[buffer(9)]],
-                           uint lid [[thread_position_in_threadgroup]],
-                           uint tgid [[threadgroup_position_in_grid]],
-                           uint tpg [[threads_per_threadgroup]]) {
+instantiate_gru_forward(gru_forward_v3, R) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
-    uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint s = p.s_begin;
     if (p.reset_after == 0) {
         return;  // its o gate reads r of every unit: no completion mark, the host reports it
     }
@@ -529,20 +457,11 @@ kernel void gru_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
     }
     uint2 mine = rg_rows(p.s_end > p.s_begin ? rs_tiles(p) : 0u, p.count, tpg, tgid);
     for (uint t = mine.x; t < mine.y; ++t) {
-        RsTile g = rs_tile(p, t, 4u, tpg);
-        uint d = g.d;
-        uint at = g.n0 * DH + d * H;
-        device const float* hp = h;  // read only here: h[t−1], the previous step's output
-        device const float* a = s == 0 ? h0 + at : hp + rg_out_time(p, d, s - 1) * N * DH + at;
-        uint4 gates = uint4(p.gate0 * H, p.gate1 * H, p.gate2 * H, 0u);
-        device const float* m = mask + rg_mask_step(p, s) + at;
-        rs_product(stage, red, g, H, a, m, true, DH, R + d * 3 * H * H,
-                   4u, gates, 3u, lid, tpg);
+        RsTile g = rs_forward_tile(stage, red, p, t, 3u, h0, h, mask, R, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
-            uint r = e / g.units, u = e % g.units;
-            gru_cell_after(p, x, bias, h0, b2, h, zs, s, d * N + g.n0 + r, g.u0 + u,
-                           float3(rs_sum(red, g, r, 4 * u), rs_sum(red, g, r, 4 * u + 1),
-                                  rs_sum(red, g, r, 4 * u + 2)));
+            uint r = e / g.units, u = e % g.units, row = g.d * p.N + g.n0 + r;
+            gru_cell_after(p, x, bias, h0, b2, h, zs, p.s_begin, row, g.u0 + u,
+                           rs_unit_sums(red, g, r, u).xyz);
         }
     }
     threadgroup_barrier(mem_flags::mem_device);

@@ -19,7 +19,7 @@
 //      only the thread owning (row, j) touches them; they and prow carry over to the next
 //      dispatch. Correct for every shape and threadgroup size.
 //   v2 lstm_backward_v2_<body>[_512]: one row a threadgroup of 1024 threads (512 for a _512
-//      entry), all of the dispatch's steps (lstm_backward_v2_row). Thread u < H runs unit u's
+//      entry), all of the dispatch's steps (lstm_backward_v2_run). Thread u < H runs unit u's
 //      phase A, stages dA and keeps dh_next, dc_next and the peephole partials in registers;
 //      in phase B, dA R, S lanes a unit split the 4H gate rows and their sums meet in
 //      threadgroup memory (two barriers a step). Rᵀ [D,H,4H] comes instead of R (the gate index
@@ -40,7 +40,7 @@
 //                                              RG_PAIR_WHOLE_512 rounds of each row held
 //   v3 lstm_backward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16
 //      rows of one direction × a block of units: first the carry of the step before,
-//      dh_next = m ⊙ (dA R) over the 4H gate rows, dA read back from dx (common.metal,
+//      dh_next = m ⊙ (dA R) over the 4H gate rows, dA read back from dx (v3_tiles.metal,
 //      rs_product); then phase A (lstm_cell_gradients) for each (row, unit) of the tile.
 //      T + 1 dispatches, the last one the carry alone.
 //
@@ -91,6 +91,21 @@
 //                                                out: init_cell gradient
 //   14     device float*               prow      [D·N,4H] in: zeros; out: Σ_t da ⊙ c[t−1] per row
 //   15     device uint2*               status    [ceil(count/32)] completion marks (common.metal)
+
+// An entry point of this file: `name` with the buffers of the tables above, the recurrent weight
+// named W (R in v1, Rt in v2 and v3); its body follows.
+#define instantiate_lstm_backward(name, W)                                                         \
+    kernel void name(                                                                              \
+            constant RecurrenceParams& p [[buffer(0)]], device const float* W [[buffer(1)]],       \
+            device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],            \
+            device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],    \
+            device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],            \
+            device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],          \
+            device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],                     \
+            device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],                    \
+            device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],                \
+            uint lid [[thread_position_in_threadgroup]],                                           \
+            uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]])
 
 // Phase A of v1 and v3 for (row, j) at processing step s: the cell chain of unit j. Writes
 // da of the four gates (dx), dc_next (dcn), the peephole partials (prow) and h[t−1] ⊙ m (rhs);
@@ -164,25 +179,7 @@ inline float4 lstm_cell_gradients(constant RecurrenceParams& p, device const flo
     return da;
 }
 
-kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
-                          device const float* R [[buffer(1)]],
-                          device const float* h0 [[buffer(2)]],
-                          device const float* c0 [[buffer(3)]],
-                          device const float* mask [[buffer(4)]],
-                          device const float* peephole [[buffer(5)]],
-                          device const float* dy [[buffer(6)]],
-                          device const float* zs [[buffer(7)]],
-                          device const float* cfwd [[buffer(8)]],
-                          device const float* cg [[buffer(9)]],
-                          device float* dx [[buffer(10)]],
-                          device float* rhs [[buffer(11)]],
-                          device float* dhn [[buffer(12)]],
-                          device float* dcn [[buffer(13)]],
-                          device float* prow [[buffer(14)]],
-                          device uint2* status [[buffer(15)]],
-                          uint lid [[thread_position_in_threadgroup]],
-                          uint tgid [[threadgroup_position_in_grid]],
-                          uint tpg [[threads_per_threadgroup]]) {
+instantiate_lstm_backward(lstm_backward, R) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
@@ -205,7 +202,7 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
             device const float* dA = dx + (rg_x_time(p, d, s) * N + n) * DGH + d * GH;
             device const float* Rd = R + d * GH * H;
             float acc = 0.0f;
-            // 16 loads of the chain in flight: ptxas unrolled by 4, and the backward ran slower
+            // 16 loads of the chain in flight, more than the compiler's own unrolling keeps
             #pragma unroll 16
             for (uint q = 0; q < GH; ++q) {
                 acc += dA[q] * Rd[q * H + j];
@@ -218,7 +215,7 @@ kernel void lstm_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The activations of step t that lstm_backward_v2_row<true>'s phase A reads, and their
+// The activations of step t that lstm_backward_v2_run<true>'s phase A reads, and their
 // derivatives (none depends on dh_next), unit u's at pre[LSTM_PRE·u]: slot k = f_k(a_k) and
 // slot 4 + k = f_k'(a_k) for gate k < 4, slot 8 = g(c[t]), slot 9 = g'(c[t]), slot 10 = h[t−1],
 // lstm_cell_gradients' arithmetic. The 6H items go to the threads from `first` on. Unit-major,
@@ -256,28 +253,39 @@ inline void lstm_backward_ahead(constant RecurrenceParams& p, RgRow r, RgRow z,
     }
 }
 
-// The one-row body of the v2 entry points: thread u < H runs unit u's phase A and keeps what
-// crosses steps in registers (dh_next, dc_next, the peephole partials: dhn, dcn and prow read
-// once and written once; c[t−1] is the next step's c[t]); in phase B thread lid is lane lid
-// mod S of unit lid / S over Rᵀ's row (4H long; holding any of it in registers spilled).
+// The v2 entry points' one-row body, where its conditions hold (rg_declines): thread u < H runs
+// unit u's phase A and keeps what crosses steps in registers (dh_next, dc_next, the peephole
+// partials: dhn, dcn and prow read once and written once; c[t−1] is the next step's c[t]); in
+// phase B thread lid is lane lid mod S of unit lid / S over Rᵀ's row (4H long, read at every
+// step: the step's values need the registers).
 // AHEAD (11H floats of threadgroup memory more; 6H <= tpg): the threads past the product's (or
 // the product's, after it) find the next step's activations and derivatives
 // (lstm_backward_ahead) while the product runs, so that phase A, on the step's critical path,
 // is a few multiplications.
 // PEEP (p.has_peephole): without a peephole, its weights and partial sums take no registers.
 // PW > 0 (rg_pairs, in the _512 entries; not AHEAD): 2S lanes own units j and j + H / 2
-// (rg_pair_sums), the first PW rounds of each row held (at 64 registers a thread it spilled).
+// (rg_pair_sums), the first PW rounds of each row held (the 512-thread entries have the
+// registers for them).
 template <bool AHEAD, bool PEEP, uint PW>
-inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
+inline void lstm_backward_v2_run(uint threads, constant RecurrenceParams& p, device const float* Rt,
                                  device const float* h0, device const float* c0,
                                  device const float* mask, device const float* peephole,
                                  device const float* dy, device const float* zs,
-                                 device const float* cfwd, device const float* cg,
-                                 device float* dx, device float* rhs, device float* dhn,
-                                 device float* dcn, device float* prow, device uint2* status,
-                                 threadgroup float* stage, threadgroup float* sums,
-                                 threadgroup float* pre, uint row, uint lid, uint tgid,
-                                 uint tpg) {
+                                 device const float* cfwd, device const float* cg, device float* dx,
+                                 device float* rhs, device float* dhn, device float* dcn,
+                                 device float* prow, device uint2* status,
+                                 threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
+    bool fits = rg_one_pass(p, tpg, tgid) && 5 * p.H <= RG_STAGE
+                && (!AHEAD || (6 * p.H <= tpg && 16 * p.H <= RG_STAGE))
+                && PEEP == (p.has_peephole != 0)
+                && (PW == 0 || rg_pairs(p.H, rg_slices(p.H, tpg), tpg));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
+    }
+    threadgroup float* stage = (threadgroup float*)staged;
+    threadgroup float* sums = stage + 4 * p.H;
+    threadgroup float* pre = stage + 5 * p.H;
+    uint row = rg_group_rows(p, tpg, tgid).x;
     uint H = p.H, GH = 4 * p.H;
     RgRow r = rg_row(p, row);
     RgRow z = rg_row_of(p, row, GH);  // z_state and dA: [T, N, D·4H]
@@ -426,185 +434,40 @@ inline void lstm_backward_v2_row(constant RecurrenceParams& p, device const floa
 }
 
 // ---------------------------------------------------------------------------------------------
-// The v2 entry points: the one-row body where its conditions hold (rg_declines).
-template <bool AHEAD, bool PEEP, uint PW>
-inline void lstm_backward_v2_run(uint threads,
-                                 constant RecurrenceParams& p, device const float* Rt,
-                                 device const float* h0, device const float* c0,
-                                 device const float* mask, device const float* peephole,
-                                 device const float* dy, device const float* zs,
-                                 device const float* cfwd, device const float* cg, device float* dx,
-                                 device float* rhs, device float* dhn, device float* dcn,
-                                 device float* prow, device uint2* status,
-                                 threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
-    bool fits = rg_one_pass(p, tpg, tgid) && 5 * p.H <= RG_STAGE
-                && (!AHEAD || (6 * p.H <= tpg && 16 * p.H <= RG_STAGE))
-                && PEEP == (p.has_peephole != 0)
-                && (PW == 0 || rg_pairs(p.H, rg_slices(p.H, tpg), tpg));
-    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
-        return;
+// `name`: an entry point compiled for threadgroups of `threads` that calls
+// lstm_backward_v2_run with the template arguments after them.
+#define instantiate_lstm_backward_v2(name, threads, ...)                                           \
+    [[max_total_threads_per_threadgroup(threads)]] instantiate_lstm_backward(name, Rt) {           \
+        threadgroup float4 staged[RG_STAGE / 4]; /* 16-byte aligned: rg_dots reads float4 */       \
+        lstm_backward_v2_run<__VA_ARGS__>(threads, p, Rt, h0, c0, mask, peephole, dy, zs, cfwd,    \
+                                          cg, dx, rhs, dhn, dcn, prow, status, staged, lid, tgid,  \
+                                          tpg);                                                    \
     }
-    threadgroup float* stage = (threadgroup float*)staged;
-    lstm_backward_v2_row<AHEAD, PEEP, PW>(p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs,
-                                          dhn, dcn, prow, status, stage, stage + 4 * p.H,
-                                          stage + 5 * p.H, rg_group_rows(p, tpg, tgid).x, lid, tgid,
-                                          tpg);
-}
 
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_backward_v2_ahead(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
-        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
-        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
-        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
-        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
-        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
-        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    lstm_backward_v2_run<true, false, 0>(RG_THREADS, p, Rt, h0, c0, mask, peephole, dy, zs, cfwd,
-                                         cg, dx, rhs, dhn, dcn, prow, status, staged, lid, tgid,
-                                         tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_backward_v2_ahead_peephole(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
-        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
-        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
-        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
-        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
-        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
-        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    lstm_backward_v2_run<true, true, 0>(RG_THREADS, p, Rt, h0, c0, mask, peephole, dy, zs, cfwd, cg,
-                                        dx, rhs, dhn, dcn, prow, status, staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_backward_v2_streamed(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
-        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
-        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
-        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
-        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
-        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
-        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    lstm_backward_v2_run<false, false, 0>(RG_THREADS, p, Rt, h0, c0, mask, peephole, dy, zs, cfwd,
-                                          cg, dx, rhs, dhn, dcn, prow, status, staged, lid, tgid,
-                                          tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_backward_v2_streamed_peephole(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
-        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
-        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
-        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
-        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
-        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
-        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    lstm_backward_v2_run<false, true, 0>(RG_THREADS, p, Rt, h0, c0, mask, peephole, dy, zs, cfwd,
-                                         cg, dx, rhs, dhn, dcn, prow, status, staged, lid, tgid,
-                                         tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void lstm_backward_v2_paired_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
-        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
-        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
-        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
-        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
-        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
-        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    lstm_backward_v2_run<false, false, RG_PAIR_WHOLE_512>(RG_THREADS_512, p, Rt, h0, c0, mask,
-                                                         peephole, dy, zs, cfwd, cg, dx, rhs, dhn,
-                                                         dcn, prow, status, staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void lstm_backward_v2_paired_peephole_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* c0 [[buffer(3)]],
-        device const float* mask [[buffer(4)]], device const float* peephole [[buffer(5)]],
-        device const float* dy [[buffer(6)]], device const float* zs [[buffer(7)]],
-        device const float* cfwd [[buffer(8)]], device const float* cg [[buffer(9)]],
-        device float* dx [[buffer(10)]], device float* rhs [[buffer(11)]],
-        device float* dhn [[buffer(12)]], device float* dcn [[buffer(13)]],
-        device float* prow [[buffer(14)]], device uint2* status [[buffer(15)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    lstm_backward_v2_run<false, true, RG_PAIR_WHOLE_512>(RG_THREADS_512, p, Rt, h0, c0, mask,
-                                                        peephole, dy, zs, cfwd, cg, dx, rhs, dhn,
-                                                        dcn, prow, status, staged, lid, tgid, tpg);
-}
+instantiate_lstm_backward_v2(lstm_backward_v2_ahead, RG_THREADS, true, false, 0)
+instantiate_lstm_backward_v2(lstm_backward_v2_ahead_peephole, RG_THREADS, true, true, 0)
+instantiate_lstm_backward_v2(lstm_backward_v2_streamed, RG_THREADS, false, false, 0)
+instantiate_lstm_backward_v2(lstm_backward_v2_streamed_peephole, RG_THREADS, false, true, 0)
+instantiate_lstm_backward_v2(lstm_backward_v2_paired_512, RG_THREADS_512,
+                             false, false, RG_PAIR_WHOLE_512)
+instantiate_lstm_backward_v2(lstm_backward_v2_paired_peephole_512, RG_THREADS_512,
+                             false, true, RG_PAIR_WHOLE_512)
 
 [[max_total_threads_per_threadgroup(256)]]
-kernel void lstm_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
-                             device const float* Rt [[buffer(1)]],
-                             device const float* h0 [[buffer(2)]],
-                             device const float* c0 [[buffer(3)]],
-                             device const float* mask [[buffer(4)]],
-                             device const float* peephole [[buffer(5)]],
-                             device const float* dy [[buffer(6)]],
-                             device const float* zs [[buffer(7)]],
-                             device const float* cfwd [[buffer(8)]],
-                             device const float* cg [[buffer(9)]],
-                             device float* dx [[buffer(10)]],
-                             device float* rhs [[buffer(11)]],
-                             device float* dhn [[buffer(12)]],
-                             device float* dcn [[buffer(13)]],
-                             device float* prow [[buffer(14)]],
-                             device uint2* status [[buffer(15)]],
-                             uint lid [[thread_position_in_threadgroup]],
-                             uint tgid [[threadgroup_position_in_grid]],
-                             uint tpg [[threads_per_threadgroup]]) {
+instantiate_lstm_backward(lstm_backward_v3, Rt) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
-    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H, DGH = p.D * 4 * p.H;
-    uint s = p.s_begin, c = p.s_end;  // step s (none when s_end = s_begin), the carry of step c
     if (!rs_fits(p, 1u)) {
         return;  // a unit block wider than the tile: no completion mark, the host reports it
     }
     uint2 mine = rg_rows(rs_tiles(p), p.count, tpg, tgid);
     for (uint t = mine.x; t < mine.y; ++t) {
-        RsTile g = rs_tile(p, t, 1u, tpg);
-        uint d = g.d;
-        if (c < p.T) {  // none at c = T: dhn holds the host's
-            device const float* a = dx + (rg_x_time(p, d, c) * N + g.n0) * DGH + d * GH;
-            rs_product(stage, red, g, GH, a, a, false, DGH, Rt + d * H * GH, 1u, uint4(0u), 1u,
-                       lid, tpg);
-        }
+        RsTile g = rs_backward_tile(stage, red, p, t, 4u, dx, Rt, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
-            uint r = e / g.units, u = e % g.units;
-            uint row = d * N + g.n0 + r, j = g.u0 + u;
-            uint own = (g.n0 + r) * DH + d * H + j;
-            if (c < p.T) {
-                float carry = rs_sum(red, g, r, u) * mask[rg_mask_step(p, c) + own];
-                dhn[own] = carry;
-            }
-            if (c > s) {
-                lstm_cell_gradients(p, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn,
-                                    dcn, prow, s, row, j);
+            uint3 at = rs_carry(p, g, red, e, mask, dhn, false);  // row, unit, dhn's index
+            if (p.s_end > p.s_begin) {
+                lstm_cell_gradients(p, h0, c0, mask, peephole, dy, zs, cfwd, cg, dx, rhs, dhn, dcn,
+                                    prow, p.s_begin, at.x, at.y);
             }
         }
     }

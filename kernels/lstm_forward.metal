@@ -12,7 +12,7 @@
 //      (consecutive j read consecutive addresses). One barrier per step. Correct for every
 //      shape and threadgroup size.
 //   v2 lstm_forward_v2_<body>[_512]: one row a threadgroup of 1024 threads (512 for a _512
-//      entry), all of the dispatch's steps (lstm_forward_v2_row). Per step, S lanes a unit
+//      entry), all of the dispatch's steps (lstm_forward_v2_run). Per step, S lanes a unit
 //      split the four gates' products over k; lane k < 4 of the unit then finishes gate k, the
 //      four activations meet by simd_shuffle, and lane 0 writes c[t], h[t] and the next step's
 //      stage (two buffers alternate: one barrier a step). R comes as it is (k contiguous). Every
@@ -29,7 +29,7 @@
 //                                        at H = 128
 //   v3 lstm_forward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16 rows
 //      of one direction × a block of units; the four gate products are one product whose
-//      columns are the units × gates i, f, z, o (common.metal, rs_product); then lstm_cell for
+//      columns are the units × gates i, f, z, o (v3_tiles.metal, rs_product); then lstm_cell for
 //      each (row, unit) of the tile.
 //
 // Buffers of lstm_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
@@ -66,6 +66,19 @@
 //   9      device float*               c         [T,N,D·H] output time
 //   10     device float*               zs        [T,N,D·4H] output time (written when p.training)
 //   11     device uint2*               status    [ceil(count/32)] completion marks (common.metal)
+
+// An entry point of this file: `name` with the buffers of the tables above, the recurrent weight
+// named W (Rt in v1, R in v2 and v3); its body follows.
+#define instantiate_lstm_forward(name, W)                                                          \
+    kernel void name(                                                                              \
+            constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],       \
+            device const float* bias [[buffer(2)]], device const float* W [[buffer(3)]],           \
+            device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],            \
+            device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],    \
+            device float* h [[buffer(8)]], device float* c [[buffer(9)]],                          \
+            device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],                  \
+            uint lid [[thread_position_in_threadgroup]],                                           \
+            uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]])
 
 // The cell update of v1 and v3 for (row, j) at processing step s, from the four gates'
 // recurrent products (h[t−1] ⊙ m) R_kᵀ of unit j in the cell's order i, f, z, o: writes
@@ -114,21 +127,7 @@ inline float lstm_cell(constant RecurrenceParams& p, device const float* x,
     return ht;
 }
 
-kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
-                         device const float* x [[buffer(1)]],
-                         device const float* bias [[buffer(2)]],
-                         device const float* Rt [[buffer(3)]],
-                         device const float* h0 [[buffer(4)]],
-                         device const float* c0 [[buffer(5)]],
-                         device const float* mask [[buffer(6)]],
-                         device const float* peephole [[buffer(7)]],
-                         device float* h [[buffer(8)]],
-                         device float* c [[buffer(9)]],
-                         device float* zs [[buffer(10)]],
-                         device uint2* status [[buffer(11)]],
-                         uint lid [[thread_position_in_threadgroup]],
-                         uint tgid [[threadgroup_position_in_grid]],
-                         uint tpg [[threads_per_threadgroup]]) {
+instantiate_lstm_forward(lstm_forward, Rt) {
     uint N = p.N, H = p.H, DH = p.D * p.H, GH = 4 * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
@@ -165,28 +164,36 @@ kernel void lstm_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The one-row body of the v2 entry points: thread lid is lane lid mod S of unit lid / S; the
-// unit's lanes run its cell and keep c[t] in registers. Unlike the other one-row bodies, the
-// cell runs on the product's SIMD-groups, so that a SIMD-group's long cell (four activations)
-// overlaps the others' products rather than following all of them after a second barrier.
-// SPREAD (S >= 4; every entry point runs it): lane k < 4 of the unit finishes gate k (x' + bias,
-// peephole term, activation, z_state) and the four activations meet on every such lane through
-// simd_shuffle; lanes 0 .. 3 each find c[t] (the same arithmetic on the same values) for the
-// next step's peephole terms, and lane 0 alone h[t].
+// The v2 entry points' one-row body, where its conditions hold (rg_declines): thread lid is lane
+// lid mod S of unit lid / S; the unit's lanes run its cell and keep c[t] in registers. Unlike the
+// other one-row bodies, the cell runs on the product's SIMD-groups, so that a SIMD-group's long
+// cell (four activations) overlaps the others' products rather than following all of them after a
+// second barrier.
+// S >= 4: lane k < 4 of the unit finishes gate k (x' + bias, peephole term, activation,
+// z_state) and the four activations meet on every such lane through simd_shuffle; lanes 0 .. 3
+// each find c[t] (the same arithmetic on the same values) for the next step's peephole terms,
+// and lane 0 alone h[t].
 // FULL (rg_full: every thread a unit's, float4 reads): no per-step test of the unit, of an idle
-// SIMD-group or of H's alignment, whose operands ptxas otherwise kept in local memory.
+// SIMD-group or of H's alignment, whose operands would otherwise stay live across the step.
 // HW > 0 (FULL, in the 512-thread entries): the first HW rounds of the thread's share of its
 // four rows of R stay in registers, the rest read at every step after them, in rg_dots' order
 // (the sums bitwise those of HW = 0): the rows whole at H = 64 (HW = 2), half at H = 128.
-template <bool SPREAD, bool FULL, uint HW>
-inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float* x,
+template <bool FULL, uint HW>
+inline void lstm_forward_v2_run(uint threads, constant RecurrenceParams& p, device const float* x,
                                 device const float* bias, device const float* R,
                                 device const float* h0, device const float* c0,
                                 device const float* mask, device const float* peephole,
                                 device float* h, device float* c, device float* zs,
-                                device uint2* status, threadgroup float* stage,
-                                threadgroup float* after, uint row, uint lid, uint tgid,
-                                uint tpg) {
+                                device uint2* status, threadgroup float4* staged,
+                                threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
+    bool fits = rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT && rg_slices(p.H, tpg) >= 4
+                && (!FULL || rg_full(p.H, rg_slices(p.H, tpg), tpg));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
+    }
+    threadgroup float* stage = (threadgroup float*)staged;
+    threadgroup float* after = (threadgroup float*)nexts;
+    uint row = rg_group_rows(p, tpg, tgid).x;
     uint H = p.H, GH = 4 * p.H;
     RgRow r = rg_row(p, row);
     uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
@@ -203,22 +210,14 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
         }
     }
     RgRow z = rg_row_of(p, row, GH);  // x' and z_state: [T, N, D·4H]
-    // the gate lanes' inputs: gate k's on lane 0 (SPREAD: on lane k, in slot 0)
-    uint gk = SPREAD ? min(lane, 3u) : 0u;  // SPREAD: the lane's gate
-    uint qk = p.gate0 * H + ju;
-    if (SPREAD) {
-        qk = gk == 0 ? q[0] : (gk == 1 ? q[1] : (gk == 2 ? q[2] : q[3]));
-    }
-    bool gate = unit && (SPREAD ? lane < 4 : lane == 0);
-    float bk[4], pw[4], xb[4], cp = 0.0f, mj = 0.0f;
-    #pragma unroll
-    for (uint k = 0; k < 4; ++k) {
-        uint qq = SPREAD ? qk : q[k];
-        bool mine = gate && (!SPREAD || k == 0);
-        bk[k] = mine ? bias[r.d * GH + qq] : 0.0f;
-        pw[k] = mine && p.has_peephole != 0 ? peephole[r.d * GH + qq] : 0.0f;
-        xb[k] = mine && p.s_end > p.s_begin ? x[z.x0 + p.s_begin * z.xs + qq] : 0.0f;
-    }
+    // the gate lanes' inputs: gate k's on lane k
+    uint gk = min(lane, 3u);  // the lane's gate
+    uint qk = gk == 0 ? q[0] : (gk == 1 ? q[1] : (gk == 2 ? q[2] : q[3]));
+    bool gate = unit && lane < 4;
+    float cp = 0.0f, mj = 0.0f;
+    float bk = gate ? bias[r.d * GH + qk] : 0.0f;
+    float pw = gate && p.has_peephole != 0 ? peephole[r.d * GH + qk] : 0.0f;
+    float xb = gate && p.s_end > p.s_begin ? x[z.x0 + p.s_begin * z.xs + qk] : 0.0f;
     if (gate) {
         mj = mask[r.at + j];
         if (p.s_end > p.s_begin) {
@@ -264,58 +263,32 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
             }
             rg_lane_totals<4>(dots, S);
             // lstm_cell's arithmetic, in its order
-            float a[4], act[4];
-            if (SPREAD) {
-                float mine = 0.0f, am = 0.0f;
-                if (gate) {
-                    float dk = gk == 0 ? dots[0] : (gk == 1 ? dots[1] : (gk == 2 ? dots[2] : dots[3]));
-                    am = (xb[0] + bk[0]) + dk;
-                    if (peep) {
-                        am += pw[0] * cp;
-                    }
-                    mine = rg_activate(rg_act(p, gk), am);
-                    if (training) {
-                        zs[z.o0 + s * z.os + qk] = am;
-                    }
-                    if (s + 1 < p.s_end) {
-                        xb[0] = x[z.x0 + (s + 1) * z.xs + qk];  // in flight over the barrier
-                    }
+            float act[4], mine = 0.0f, am = 0.0f;
+            if (gate) {
+                float dk = gk == 0 ? dots[0] : (gk == 1 ? dots[1] : (gk == 2 ? dots[2] : dots[3]));
+                am = (xb + bk) + dk;
+                if (peep) {
+                    am += pw * cp;
                 }
-                uint first = (lid & 31u) - lane;  // the unit's lane 0 in its SIMD-group
-                #pragma unroll
-                for (uint k = 0; k < 4; ++k) {
-                    act[k] = simd_shuffle(mine, (ushort)(first + k));
+                mine = rg_activate(rg_act(p, gk), am);
+                if (training) {
+                    zs[z.o0 + s * z.os + qk] = am;
+                }
+                if (s + 1 < p.s_end) {
+                    xb = x[z.x0 + (s + 1) * z.xs + qk];  // in flight over the barrier
                 }
             }
+            uint first = (lid & 31u) - lane;  // the unit's lane 0 in its SIMD-group
+            #pragma unroll
+            for (uint k = 0; k < 4; ++k) {
+                act[k] = simd_shuffle(mine, (ushort)(first + k));
+            }
             if (gate) {
-                if (!SPREAD) {
-                    #pragma unroll
-                    for (uint k = 0; k < 4; ++k) {
-                        a[k] = (xb[k] + bk[k]) + dots[k];
-                        if (peep) {
-                            a[k] += pw[k] * cp;
-                        }
-                        act[k] = rg_activate(rg_act(p, k), a[k]);
-                    }
-                }
                 float ct = act[1] * cp + act[0] * act[2];
                 if (lane == 0) {
                     float ht = act[3] * rg_activate(p.act4, ct);
                     if (s + 1 < p.s_end) {
-                        if (!SPREAD) {
-                            // the next step's x', in flight over the barrier
-                            #pragma unroll
-                            for (uint k = 0; k < 4; ++k) {
-                                xb[k] = x[z.x0 + (s + 1) * z.xs + q[k]];
-                            }
-                        }
                         next[j] = ht * (r.ms != 0 ? mask[(s + 1) * r.ms + r.at + j] : mj);
-                    }
-                    if (training && !SPREAD) {
-                        #pragma unroll
-                        for (uint k = 0; k < 4; ++k) {
-                            zs[z.o0 + s * z.os + q[k]] = a[k];
-                        }
                     }
                     uint out = r.o0 + s * r.os + j;
                     c[out] = ct;
@@ -332,147 +305,36 @@ inline void lstm_forward_v2_row(constant RecurrenceParams& p, device const float
 }
 
 // ---------------------------------------------------------------------------------------------
-// The v2 entry points: the one-row body where its conditions hold (rg_declines).
-template <bool SPREAD, bool FULL, uint HW>
-inline void lstm_forward_v2_run(uint threads,
-                                constant RecurrenceParams& p, device const float* x,
-                                device const float* bias, device const float* R,
-                                device const float* h0, device const float* c0,
-                                device const float* mask, device const float* peephole,
-                                device float* h, device float* c, device float* zs,
-                                device uint2* status, threadgroup float4* staged,
-                                threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
-    uint S = rg_slices(p.H, tpg);
-    bool fits = rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT && (!SPREAD || S >= 4)
-                && (!FULL || rg_full(p.H, S, tpg));
-    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
-        return;
+// `name`: an entry point compiled for threadgroups of `threads` that calls
+// lstm_forward_v2_run with the template arguments after them.
+#define instantiate_lstm_forward_v2(name, threads, ...)                                            \
+    [[max_total_threads_per_threadgroup(threads)]] instantiate_lstm_forward(name, R) {             \
+        threadgroup float4 staged[RG_STAGE / 4]; /* 16-byte aligned: rg_dots reads float4 */       \
+        threadgroup float4 nexts[RG_NEXT / 4];   /* the stage's other buffer */                    \
+        lstm_forward_v2_run<__VA_ARGS__>(threads, p, x, bias, R, h0, c0, mask, peephole, h, c, zs, \
+                                         status, staged, nexts, lid, tgid, tpg);                   \
     }
-    lstm_forward_v2_row<SPREAD, FULL, HW>(p, x, bias, R, h0, c0, mask, peephole, h, c, zs, status,
-                                          (threadgroup float*)staged, (threadgroup float*)nexts,
-                                          rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
-}
 
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_forward_v2_spread(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
-        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
-        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
-        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
-    lstm_forward_v2_run<true, false, 0>(RG_THREADS, p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                        status, staged, nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void lstm_forward_v2_full(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
-        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
-        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
-        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
-    lstm_forward_v2_run<true, true, 0>(RG_THREADS, p, x, bias, R, h0, c0, mask, peephole, h, c, zs,
-                                       status, staged, nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void lstm_forward_v2_spread_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
-        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
-        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
-        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
-    lstm_forward_v2_run<true, false, 0>(RG_THREADS_512, p, x, bias, R, h0, c0, mask, peephole, h, c,
-                                        zs, status, staged, nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void lstm_forward_v2_full_whole_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
-        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
-        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
-        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
-    lstm_forward_v2_run<true, true, 2>(RG_THREADS_512, p, x, bias, R, h0, c0, mask, peephole, h, c,
-                                       zs, status, staged, nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void lstm_forward_v2_full_held_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* c0 [[buffer(5)]],
-        device const float* mask [[buffer(6)]], device const float* peephole [[buffer(7)]],
-        device float* h [[buffer(8)]], device float* c [[buffer(9)]],
-        device float* zs [[buffer(10)]], device uint2* status [[buffer(11)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the stage's other buffer
-    lstm_forward_v2_run<true, true, RG_LSTM_HOLD_512>(RG_THREADS_512, p, x, bias, R, h0, c0, mask,
-                                                      peephole, h, c, zs, status, staged, nexts,
-                                                      lid, tgid, tpg);
-}
+instantiate_lstm_forward_v2(lstm_forward_v2_spread, RG_THREADS, false, 0)
+instantiate_lstm_forward_v2(lstm_forward_v2_full, RG_THREADS, true, 0)
+instantiate_lstm_forward_v2(lstm_forward_v2_spread_512, RG_THREADS_512, false, 0)
+instantiate_lstm_forward_v2(lstm_forward_v2_full_whole_512, RG_THREADS_512, true, 2)
+instantiate_lstm_forward_v2(lstm_forward_v2_full_held_512, RG_THREADS_512, true, RG_LSTM_HOLD_512)
 
 [[max_total_threads_per_threadgroup(256)]]
-kernel void lstm_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
-                            device const float* x [[buffer(1)]],
-                            device const float* bias [[buffer(2)]],
-                            device const float* R [[buffer(3)]],
-                            device const float* h0 [[buffer(4)]],
-                            device const float* c0 [[buffer(5)]],
-                            device const float* mask [[buffer(6)]],
-                            device const float* peephole [[buffer(7)]],
-                            device float* h [[buffer(8)]],
-                            device float* c [[buffer(9)]],
-                            device float* zs [[buffer(10)]],
-                            device uint2* status [[buffer(11)]],
-                            uint lid [[thread_position_in_threadgroup]],
-                            uint tgid [[threadgroup_position_in_grid]],
-                            uint tpg [[threads_per_threadgroup]]) {
+instantiate_lstm_forward(lstm_forward_v3, R) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
-    uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint s = p.s_begin;
     if (!rs_fits(p, 4u)) {
         return;  // a unit block wider than the tile: no completion mark, the host reports it
     }
     uint2 mine = rg_rows(p.s_end > p.s_begin ? rs_tiles(p) : 0u, p.count, tpg, tgid);
     for (uint t = mine.x; t < mine.y; ++t) {
-        RsTile g = rs_tile(p, t, 4u, tpg);
-        uint d = g.d;
-        uint at = g.n0 * DH + d * H;
-        device const float* hp = h;  // read only here: h[t−1], the previous step's output
-        device const float* a = s == 0 ? h0 + at : hp + rg_out_time(p, d, s - 1) * N * DH + at;
-        uint4 gates = uint4(p.gate0 * H, p.gate1 * H, p.gate2 * H, p.gate3 * H);
-        device const float* m = mask + rg_mask_step(p, s) + at;
-        rs_product(stage, red, g, H, a, m, true, DH, R + d * 4 * H * H,
-                   4u, gates, 4u, lid, tpg);
+        RsTile g = rs_forward_tile(stage, red, p, t, 4u, h0, h, mask, R, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
-            uint r = e / g.units, u = e % g.units;
-            lstm_cell(p, x, bias, c0, peephole, h, c, zs, s, d * N + g.n0 + r, g.u0 + u,
-                      float4(rs_sum(red, g, r, 4 * u), rs_sum(red, g, r, 4 * u + 1),
-                             rs_sum(red, g, r, 4 * u + 2), rs_sum(red, g, r, 4 * u + 3)));
+            uint r = e / g.units, u = e % g.units, row = g.d * p.N + g.n0 + r;
+            lstm_cell(p, x, bias, c0, peephole, h, c, zs, p.s_begin, row, g.u0 + u,
+                      rs_unit_sums(red, g, r, u));
         }
     }
     threadgroup_barrier(mem_flags::mem_device);

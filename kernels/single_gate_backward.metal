@@ -33,7 +33,7 @@
 //                                            of each row held
 //   v3 single_gate_backward_v3: one dispatch a step, threadgroups of 256 over tiles of up to
 //      16 rows of one direction × a block of units: first the carry of the step before,
-//      dh_next = m ⊙ (da R) for the tile, da read back from dx (common.metal, rs_product); then
+//      dh_next = m ⊙ (da R) for the tile, da read back from dx (v3_tiles.metal, rs_product); then
 //      phase A for each (row, unit) of the tile. T + 1 dispatches, the last one the carry alone.
 //
 // Buffers of single_gate_backward (count = D·N·H, or D·N·1024: a threadgroup a row)
@@ -67,6 +67,18 @@
 //                                            out: init_state gradient
 //   9      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
+// An entry point of this file: `name` with the buffers of the tables above, the recurrent weight
+// named W (R in v1, Rt in v2 and v3); its body follows.
+#define instantiate_single_gate_backward(name, W)                                                  \
+    kernel void name(                                                                              \
+            constant RecurrenceParams& p [[buffer(0)]], device const float* W [[buffer(1)]],       \
+            device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],          \
+            device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],            \
+            device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],                       \
+            device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],                   \
+            uint lid [[thread_position_in_threadgroup]],                                           \
+            uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]])
+
 // Phase A of v1 and v3 for (row, j) at processing step s: da = (dy + dh_next) ⊙ f'(a)
 // into dx, and h[t−1] ⊙ m into rhs (the right factor of dR); returns da.
 inline float single_gate_da(constant RecurrenceParams& p, device const float* h0,
@@ -88,19 +100,7 @@ inline float single_gate_da(constant RecurrenceParams& p, device const float* h0
     return da;
 }
 
-kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
-                                 device const float* R [[buffer(1)]],
-                                 device const float* h0 [[buffer(2)]],
-                                 device const float* mask [[buffer(3)]],
-                                 device const float* dy [[buffer(4)]],
-                                 device const float* zs [[buffer(5)]],
-                                 device float* dx [[buffer(6)]],
-                                 device float* rhs [[buffer(7)]],
-                                 device float* dhn [[buffer(8)]],
-                                 device uint2* status [[buffer(9)]],
-                                 uint lid [[thread_position_in_threadgroup]],
-                                 uint tgid [[threadgroup_position_in_grid]],
-                                 uint tpg [[threads_per_threadgroup]]) {
+instantiate_single_gate_backward(single_gate_backward, R) {
     uint N = p.N, H = p.H, DH = p.D * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
@@ -132,19 +132,27 @@ kernel void single_gate_backward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The one-row body of the v2 entry points: thread u < H runs unit u's phase A and keeps its
-// dh_next in a register (dhn read once and written once); in phase B thread lid is lane lid
-// mod S of unit lid / S. HOLD: the thread's share of Rᵀ's row in registers. PW > 0 (not HOLD;
-// rg_pairs): 2S lanes own units j and j + H / 2 (rg_pair_sums), the first PW rounds of each
-// row held.
+// The v2 entry points' one-row body, where its conditions hold (rg_declines): thread u < H runs
+// unit u's phase A and keeps its dh_next in a register (dhn read once and written once); in phase B
+// thread lid is lane lid mod S of unit lid / S. HOLD: the thread's share of Rᵀ's row in registers.
+// PW > 0 (not HOLD; rg_pairs): 2S lanes own units j and j + H / 2 (rg_pair_sums), the first PW
+// rounds of each row held.
 template <bool HOLD, uint PW>
-inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device const float* Rt,
-                                        device const float* h0, device const float* mask,
-                                        device const float* dy, device const float* zs,
-                                        device float* dx, device float* rhs, device float* dhn,
-                                        device uint2* status, threadgroup float* stage,
-                                        threadgroup float* sums, uint row, uint lid, uint tgid,
-                                        uint tpg) {
+inline void single_gate_backward_v2_run(uint threads, constant RecurrenceParams& p,
+                                        device const float* Rt, device const float* h0,
+                                        device const float* mask, device const float* dy,
+                                        device const float* zs, device float* dx, device float* rhs,
+                                        device float* dhn, device uint2* status,
+                                        threadgroup float4* staged, uint lid, uint tgid, uint tpg) {
+    bool fits = rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE
+                && (!HOLD || rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg)))
+                && (PW == 0 || rg_pairs(p.H, rg_slices(p.H, tpg), tpg));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
+    }
+    threadgroup float* stage = (threadgroup float*)staged;
+    threadgroup float* sums = stage + p.H;
+    uint row = rg_group_rows(p, tpg, tgid).x;
     uint H = p.H;
     RgRow r = rg_row(p, row);
     const bool PAIR = PW > 0;
@@ -216,124 +224,35 @@ inline void single_gate_backward_v2_row(constant RecurrenceParams& p, device con
 }
 
 // ---------------------------------------------------------------------------------------------
-// The v2 entry points: the one-row body where its conditions hold (rg_declines).
-template <bool HOLD, uint PW>
-inline void single_gate_backward_v2_run(uint threads,
-                                        constant RecurrenceParams& p, device const float* Rt,
-                                        device const float* h0, device const float* mask,
-                                        device const float* dy, device const float* zs,
-                                        device float* dx, device float* rhs, device float* dhn,
-                                        device uint2* status, threadgroup float4* staged, uint lid,
-                                        uint tgid, uint tpg) {
-    uint S = rg_slices(p.H, tpg);
-    bool fits = rg_one_pass(p, tpg, tgid) && 2 * p.H <= RG_STAGE
-                && (!HOLD || rg_holds(p.H, RG_HOLD, S)) && (PW == 0 || rg_pairs(p.H, S, tpg));
-    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
-        return;
+// `name`: an entry point compiled for threadgroups of `threads` that calls
+// single_gate_backward_v2_run with the template arguments after them.
+#define instantiate_single_gate_backward_v2(name, threads, ...)                                    \
+    [[max_total_threads_per_threadgroup(threads)]] instantiate_single_gate_backward(name, Rt) {    \
+        threadgroup float4 staged[RG_STAGE / 4]; /* 16-byte aligned: rg_dots reads float4 */       \
+        single_gate_backward_v2_run<__VA_ARGS__>(threads, p, Rt, h0, mask, dy, zs, dx, rhs, dhn,   \
+                                                 status, staged, lid, tgid, tpg);                  \
     }
-    threadgroup float* stage = (threadgroup float*)staged;
-    single_gate_backward_v2_row<HOLD, PW>(p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status, stage,
-                                          stage + p.H, rg_group_rows(p, tpg, tgid).x, lid, tgid,
-                                          tpg);
-}
 
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_backward_v2_held(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
-        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    single_gate_backward_v2_run<true, 0>(RG_THREADS, p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                         staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_backward_v2_paired(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
-        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    single_gate_backward_v2_run<false, 1>(RG_THREADS, p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                          staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_backward_v2_streamed(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
-        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    single_gate_backward_v2_run<false, 0>(RG_THREADS, p, Rt, h0, mask, dy, zs, dx, rhs, dhn, status,
-                                          staged, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void single_gate_backward_v2_paired_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* Rt [[buffer(1)]],
-        device const float* h0 [[buffer(2)]], device const float* mask [[buffer(3)]],
-        device const float* dy [[buffer(4)]], device const float* zs [[buffer(5)]],
-        device float* dx [[buffer(6)]], device float* rhs [[buffer(7)]],
-        device float* dhn [[buffer(8)]], device uint2* status [[buffer(9)]],
-        uint lid [[thread_position_in_threadgroup]], uint tgid [[threadgroup_position_in_grid]],
-        uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    single_gate_backward_v2_run<false, RG_PAIR_HOLD_512>(RG_THREADS_512, p, Rt, h0, mask, dy, zs,
-                                                         dx, rhs, dhn, status, staged, lid, tgid,
-                                                         tpg);
-}
+instantiate_single_gate_backward_v2(single_gate_backward_v2_held, RG_THREADS, true, 0)
+instantiate_single_gate_backward_v2(single_gate_backward_v2_paired, RG_THREADS, false, 1)
+instantiate_single_gate_backward_v2(single_gate_backward_v2_streamed, RG_THREADS, false, 0)
+instantiate_single_gate_backward_v2(single_gate_backward_v2_paired_512, RG_THREADS_512,
+                                    false, RG_PAIR_HOLD_512)
 
 [[max_total_threads_per_threadgroup(256)]]
-kernel void single_gate_backward_v3(constant RecurrenceParams& p [[buffer(0)]],
-                                    device const float* Rt [[buffer(1)]],
-                                    device const float* h0 [[buffer(2)]],
-                                    device const float* mask [[buffer(3)]],
-                                    device const float* dy [[buffer(4)]],
-                                    device const float* zs [[buffer(5)]],
-                                    device float* dx [[buffer(6)]],
-                                    device float* rhs [[buffer(7)]],
-                                    device float* dhn [[buffer(8)]],
-                                    device uint2* status [[buffer(9)]],
-                                    uint lid [[thread_position_in_threadgroup]],
-                                    uint tgid [[threadgroup_position_in_grid]],
-                                    uint tpg [[threads_per_threadgroup]]) {
+instantiate_single_gate_backward(single_gate_backward_v3, Rt) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
-    uint N = p.N, H = p.H, DH = p.D * p.H, GH = 1 * p.H, DGH = p.D * 1 * p.H;
-    uint s = p.s_begin, c = p.s_end;  // step s (none when s_end = s_begin), the carry of step c
     if (!rs_fits(p, 1u)) {
         return;  // a unit block wider than the tile: no completion mark, the host reports it
     }
     uint2 mine = rg_rows(rs_tiles(p), p.count, tpg, tgid);
     for (uint t = mine.x; t < mine.y; ++t) {
-        RsTile g = rs_tile(p, t, 1u, tpg);
-        uint d = g.d;
-        if (c < p.T) {  // none at c = T: dhn holds the host's
-            device const float* a = dx + (rg_x_time(p, d, c) * N + g.n0) * DGH + d * GH;
-            rs_product(stage, red, g, GH, a, a, false, DGH, Rt + d * H * GH, 1u, uint4(0u), 1u,
-                       lid, tpg);
-        }
+        RsTile g = rs_backward_tile(stage, red, p, t, 1u, dx, Rt, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
-            uint r = e / g.units, u = e % g.units;
-            uint row = d * N + g.n0 + r, j = g.u0 + u;
-            uint own = (g.n0 + r) * DH + d * H + j;
-            if (c < p.T) {
-                float carry = rs_sum(red, g, r, u) * mask[rg_mask_step(p, c) + own];
-                dhn[own] = carry;
-            }
-            if (c > s) {
-                single_gate_da(p, h0, mask, dy, zs, dx, rhs, dhn, s, row, j);
+            uint3 at = rs_carry(p, g, red, e, mask, dhn, false);  // row, unit, dhn's index
+            if (p.s_end > p.s_begin) {
+                single_gate_da(p, h0, mask, dy, zs, dx, rhs, dhn, p.s_begin, at.x, at.y);
             }
         }
     }

@@ -11,7 +11,7 @@
 //      memory. R comes transposed, so consecutive j read consecutive addresses. One barrier per
 //      step. Correct for every shape and threadgroup size.
 //   v2 single_gate_forward_v2_<body>[_512]: one row a threadgroup of 1024 threads (512 for a
-//      _512 entry), all of the dispatch's steps (common.metal's v2 helpers). Per step, S lanes
+//      _512 entry), all of the dispatch's steps (v2_rows.metal's helpers). Per step, S lanes
 //      a unit split (h[t−1] ⊙ m) Rᵀ over k, their sums meet in threadgroup memory, and thread
 //      u < H runs unit u's activation and stages h[t] ⊙ m for the next step (two barriers a
 //      step). R comes as it is (k contiguous). Every entry needs S · H <= threads and declines
@@ -23,7 +23,7 @@
 //        single_gate_forward_v2_held_512   the held body in threadgroups of 512 (H <= 64)
 //   v3 single_gate_forward_v3: one dispatch a step, threadgroups of 256 over tiles of up to 16
 //      rows of one direction × a block of units (p.unit_blocks blocks): the tile's
-//      (h[t−1] ⊙ m) Rᵀ as a staged, register-blocked product (common.metal, rs_product), then
+//      (h[t−1] ⊙ m) Rᵀ as a staged, register-blocked product (v3_tiles.metal, rs_product), then
 //      the activation for each (row, unit) of the tile.
 //
 // Buffers of single_gate_forward (count = D·N·H, or D·N·1024: a threadgroup a row)
@@ -52,6 +52,17 @@
 //   7      device float*               zs    [T,N,D·H] output time (written when p.training)
 //   8      device uint2*               status  [ceil(count/32)] completion marks (common.metal)
 
+// An entry point of this file: `name` with the buffers of the tables above, the recurrent weight
+// named W (Rt in v1, R in v2 and v3); its body follows.
+#define instantiate_single_gate_forward(name, W)                                                   \
+    kernel void name(                                                                              \
+            constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],       \
+            device const float* bias [[buffer(2)]], device const float* W [[buffer(3)]],           \
+            device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],          \
+            device float* h [[buffer(6)]], device float* zs [[buffer(7)]],                         \
+            device uint2* status [[buffer(8)]], uint lid [[thread_position_in_threadgroup]],       \
+            uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]])
+
 // The step of v1 and v3 for (row, j) at processing step s, from the recurrent product
 // (h[t−1] ⊙ m) Rᵀ of unit j: writes z_state (when training) and h[t]; returns h[t]. (The v2
 // body repeats its arithmetic with its indices found once.)
@@ -71,18 +82,7 @@ inline float single_gate_cell(constant RecurrenceParams& p, device const float* 
     return ht;
 }
 
-kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
-                                device const float* x [[buffer(1)]],
-                                device const float* bias [[buffer(2)]],
-                                device const float* Rt [[buffer(3)]],
-                                device const float* h0 [[buffer(4)]],
-                                device const float* mask [[buffer(5)]],
-                                device float* h [[buffer(6)]],
-                                device float* zs [[buffer(7)]],
-                                device uint2* status [[buffer(8)]],
-                                uint lid [[thread_position_in_threadgroup]],
-                                uint tgid [[threadgroup_position_in_grid]],
-                                uint tpg [[threads_per_threadgroup]]) {
+instantiate_single_gate_forward(single_gate_forward, Rt) {
     uint N = p.N, H = p.H, DH = p.D * p.H;
     uint2 rows = rg_rows(p.D * N, p.count, tpg, tgid);
     if (rows.x >= rows.y) {
@@ -112,15 +112,24 @@ kernel void single_gate_forward(constant RecurrenceParams& p [[buffer(0)]],
     rg_mark(status, tgid, lid, tpg, p.s_end - p.s_begin);
 }
 
-// The one-row body of the v2 entry points: thread lid is lane lid mod S of unit lid / S in the
-// product; thread u < H runs unit u's cell. HOLD: the thread's share of R's row in registers.
+// The v2 entry points' one-row body, where its conditions hold (rg_declines): thread lid is lane
+// lid mod S of unit lid / S in the product; thread u < H runs unit u's cell. HOLD: the thread's
+// share of R's row in registers.
 template <bool HOLD>
-inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device const float* x,
-                                       device const float* bias, device const float* R,
-                                       device const float* h0, device const float* mask,
-                                       device float* h, device float* zs, device uint2* status,
-                                       threadgroup float* stage, threadgroup float* sums, uint row,
-                                       uint lid, uint tgid, uint tpg) {
+inline void single_gate_forward_v2_run(uint threads, constant RecurrenceParams& p,
+                                       device const float* x, device const float* bias,
+                                       device const float* R, device const float* h0,
+                                       device const float* mask, device float* h, device float* zs,
+                                       device uint2* status, threadgroup float4* staged,
+                                       threadgroup float4* nexts, uint lid, uint tgid, uint tpg) {
+    bool fits = rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT
+                && (!HOLD || rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg)));
+    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
+        return;
+    }
+    threadgroup float* stage = (threadgroup float*)staged;
+    threadgroup float* sums = (threadgroup float*)nexts;
+    uint row = rg_group_rows(p, tpg, tgid).x;
     uint H = p.H;
     RgRow r = rg_row(p, row);
     uint S = rg_slices(H, tpg), lane = lid % S, j = lid / S;
@@ -149,10 +158,7 @@ inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device cons
                 dot = HOLD ? rg_held_dot<RG_HOLD>(held, stage, H, lane, S)
                            : rg_row_dot_held<RG_HOLD / 2>(held, stage, Rj, H, lane, S);
             }
-            dot = rg_lane_total(dot, S);
-            if (unit && lane == 0) {
-                sums[j] = dot;
-            }
+            rg_unit_sum(sums, dot, j, lane, S, unit);
         }
         // Every sum is in, and the stage read before the cells write the next one.
         threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -175,101 +181,33 @@ inline void single_gate_forward_v2_row(constant RecurrenceParams& p, device cons
 }
 
 // ---------------------------------------------------------------------------------------------
-// The v2 entry points: the one-row body where its conditions hold (rg_declines).
-template <bool HOLD>
-inline void single_gate_forward_v2_run(uint threads,
-                                       constant RecurrenceParams& p, device const float* x,
-                                       device const float* bias, device const float* R,
-                                       device const float* h0, device const float* mask,
-                                       device float* h, device float* zs, device uint2* status,
-                                       threadgroup float4* staged, threadgroup float4* nexts,
-                                       uint lid, uint tgid, uint tpg) {
-    bool fits = rg_one_pass(p, tpg, tgid) && p.H <= RG_NEXT
-                && (!HOLD || rg_holds(p.H, RG_HOLD, rg_slices(p.H, tpg)));
-    if (rg_declines(fits, threads, status, lid, tgid, tpg)) {
-        return;
+// `name`: an entry point compiled for threadgroups of `threads` that calls
+// single_gate_forward_v2_run with the template arguments after them.
+#define instantiate_single_gate_forward_v2(name, threads, ...)                                     \
+    [[max_total_threads_per_threadgroup(threads)]] instantiate_single_gate_forward(name, R) {      \
+        threadgroup float4 staged[RG_STAGE / 4]; /* 16-byte aligned: rg_dots reads float4 */       \
+        threadgroup float4 nexts[RG_NEXT / 4];   /* the product's sums */                          \
+        single_gate_forward_v2_run<__VA_ARGS__>(threads, p, x, bias, R, h0, mask, h, zs, status,   \
+                                                staged, nexts, lid, tgid, tpg);                    \
     }
-    single_gate_forward_v2_row<HOLD>(p, x, bias, R, h0, mask, h, zs, status,
-                                     (threadgroup float*)staged, (threadgroup float*)nexts,
-                                     rg_group_rows(p, tpg, tgid).x, lid, tgid, tpg);
-}
 
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_forward_v2_held(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
-        device float* h [[buffer(6)]], device float* zs [[buffer(7)]],
-        device uint2* status [[buffer(8)]], uint lid [[thread_position_in_threadgroup]],
-        uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the product's sums
-    single_gate_forward_v2_run<true>(RG_THREADS, p, x, bias, R, h0, mask, h, zs, status, staged,
-                                     nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS)]]
-kernel void single_gate_forward_v2_streamed(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
-        device float* h [[buffer(6)]], device float* zs [[buffer(7)]],
-        device uint2* status [[buffer(8)]], uint lid [[thread_position_in_threadgroup]],
-        uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the product's sums
-    single_gate_forward_v2_run<false>(RG_THREADS, p, x, bias, R, h0, mask, h, zs, status, staged,
-                                      nexts, lid, tgid, tpg);
-}
-
-[[max_total_threads_per_threadgroup(RG_THREADS_512)]]
-kernel void single_gate_forward_v2_held_512(
-        constant RecurrenceParams& p [[buffer(0)]], device const float* x [[buffer(1)]],
-        device const float* bias [[buffer(2)]], device const float* R [[buffer(3)]],
-        device const float* h0 [[buffer(4)]], device const float* mask [[buffer(5)]],
-        device float* h [[buffer(6)]], device float* zs [[buffer(7)]],
-        device uint2* status [[buffer(8)]], uint lid [[thread_position_in_threadgroup]],
-        uint tgid [[threadgroup_position_in_grid]], uint tpg [[threads_per_threadgroup]]) {
-    threadgroup float4 staged[RG_STAGE / 4];  // 16-byte aligned: rg_dots reads float4
-    threadgroup float4 nexts[RG_NEXT / 4];  // the product's sums
-    single_gate_forward_v2_run<true>(RG_THREADS_512, p, x, bias, R, h0, mask, h, zs, status, staged,
-                                     nexts, lid, tgid, tpg);
-}
+instantiate_single_gate_forward_v2(single_gate_forward_v2_held, RG_THREADS, true)
+instantiate_single_gate_forward_v2(single_gate_forward_v2_streamed, RG_THREADS, false)
+instantiate_single_gate_forward_v2(single_gate_forward_v2_held_512, RG_THREADS_512, true)
 
 [[max_total_threads_per_threadgroup(256)]]
-kernel void single_gate_forward_v3(constant RecurrenceParams& p [[buffer(0)]],
-                                   device const float* x [[buffer(1)]],
-                                   device const float* bias [[buffer(2)]],
-                                   device const float* R [[buffer(3)]],
-                                   device const float* h0 [[buffer(4)]],
-                                   device const float* mask [[buffer(5)]],
-                                   device float* h [[buffer(6)]],
-                                   device float* zs [[buffer(7)]],
-                                   device uint2* status [[buffer(8)]],
-                                   uint lid [[thread_position_in_threadgroup]],
-                                   uint tgid [[threadgroup_position_in_grid]],
-                                   uint tpg [[threads_per_threadgroup]]) {
+instantiate_single_gate_forward(single_gate_forward_v3, R) {
     threadgroup float4 stage[RS_STAGE / 4];  // the staged chunk, k-major (rs_product)
     threadgroup float red[RS_RED];
-    uint N = p.N, H = p.H, DH = p.D * p.H;
-    uint s = p.s_begin;
     if (!rs_fits(p, 1u)) {
         return;  // a unit block wider than the tile: no completion mark, the host reports it
     }
     uint2 mine = rg_rows(p.s_end > p.s_begin ? rs_tiles(p) : 0u, p.count, tpg, tgid);
     for (uint t = mine.x; t < mine.y; ++t) {
-        RsTile g = rs_tile(p, t, 1u, tpg);
-        uint d = g.d;
-        uint at = g.n0 * DH + d * H;
-        device const float* hp = h;  // read only here: h[t−1], the previous step's output
-        device const float* a = s == 0 ? h0 + at : hp + rg_out_time(p, d, s - 1) * N * DH + at;
-        uint4 gates = uint4(0u);
-        device const float* m = mask + rg_mask_step(p, s) + at;
-        rs_product(stage, red, g, H, a, m, true, DH, R + d * H * H,
-                   1u, gates, 1u, lid, tpg);
+        RsTile g = rs_forward_tile(stage, red, p, t, 1u, h0, h, mask, R, lid, tpg);
         for (uint e = lid; e < g.rows * g.units; e += tpg) {
-            uint r = e / g.units, u = e % g.units;
-            single_gate_cell(p, x, bias, h, zs, s, d * N + g.n0 + r, g.u0 + u, rs_sum(red, g, r, u));
+            uint r = e / g.units, u = e % g.units, row = g.d * p.N + g.n0 + r;
+            single_gate_cell(p, x, bias, h, zs, p.s_begin, row, g.u0 + u, rs_sum(red, g, r, u));
         }
     }
     threadgroup_barrier(mem_flags::mem_device);

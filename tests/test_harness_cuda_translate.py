@@ -80,3 +80,86 @@ def test_the_cuda_target_defines_every_name_it_exports():
 
     assert [name for name in cuda.__all__ if not hasattr(cuda, name)] == []
     assert [name for name in cpu.__all__ if not hasattr(cpu, name)] == []
+
+
+# -- the instantiate_* macros: expanded by the tools as the C preprocessor would ------------------
+
+def _tokens(text):
+    return re.sub(r"\s+", "", translate.mask(text))
+
+
+def test_instantiate_macros_expand_as_the_c_preprocessor_expands_them():
+    """kernels/ through translate.expand and through the C++ compiler's preprocessor give the
+    same program (other macros left unexpanded on both sides), with the source's lines kept."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from rnngrad.backends.metal.harness.cpu import _loader
+
+    try:
+        cxx = _loader.compiler()[0]
+    except translate.CompileError as exc:
+        pytest.skip(str(exc))
+    others = re.compile(r"(?m)^[ \t]*#[ \t]*(?:include|define[ \t]+(?!instantiate_)\w+[ \t(]).*$")
+    source = others.sub("", library.source())
+    assert "instantiate_" in source and shutil.which(cxx)
+    done = subprocess.run([cxx, "-E", "-P", "-x", "c++", "-"], input=source, capture_output=True,
+                          text=True, check=True)
+    expanded = translate.expand(source)
+    assert _tokens(expanded) == _tokens(done.stdout)
+    assert len(expanded.splitlines()) == len(source.splitlines())
+    assert "instantiate_" not in translate.mask(expanded)
+
+
+NESTED = """#include <metal_stdlib>
+using namespace metal;
+#define instantiate_sig(name, W) \\
+    kernel void name(device float* W [[buffer(0)]], uint lid [[thread_position_in_threadgroup]])
+#define instantiate_run(name, threads, ...) \\
+    [[max_total_threads_per_threadgroup(threads)]] instantiate_sig(name, y) { \\
+        threadgroup float t[threads]; /* a comment */ \\
+        run<__VA_ARGS__>(y, t, lid); \\
+    }
+template <uint A, uint B> inline void run(device float* y, threadgroup float* t, uint lid) {
+    t[lid] = A + B;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    y[lid] = t[lid];
+}
+instantiate_run(first, 64, 1, 2)
+instantiate_run(second,  // the call may span lines
+                128, 3, 4)
+instantiate_sig(plain, z) { z[lid] = 0.0f; }
+"""
+
+
+def test_an_expansion_keeps_the_lines_and_every_tool_sees_its_entry_points():
+    expanded = translate.expand(NESTED)
+    lines = expanded.splitlines()
+    assert len(lines) == len(NESTED.splitlines())
+    assert lines[14].startswith("[[max_total_threads_per_threadgroup(64)]] kernel void first(")
+    assert "run<1, 2>(y, t, lid);" in lines[14] and "threadgroup float t[64];" in lines[14]
+    assert "run<3, 4>" in lines[15] and lines[16] == ""
+    infos = {k.name: k for k in translate.kernels(translate.prepare(NESTED))}
+    assert {n: k.max_threads for n, k in infos.items()} == {"first": "64", "second": "128",
+                                                           "plain": "1024"}
+    assert [(p.name, p.kind) for p in infos["plain"].params] == [
+        ("z", "buffer"), ("lid", "thread_position_in_threadgroup")]
+    assert infos["second"].needs_fibers and not infos["plain"].needs_fibers
+    assert set(library.signatures(NESTED)) == {"first", "second", "plain"}
+    unit, kernels = _build.translate_source(NESTED)
+    assert "__shared__ float t[128];" in unit and len(kernels) == 3
+
+
+def test_what_the_expander_cannot_expand_is_an_error_naming_the_line():
+    import pytest
+
+    with pytest.raises(translate.CompileError, match=r"program.metal:2: a // comment in the "
+                                                     r"#define of instantiate_k"):
+        translate.expand("#define instantiate_k(name) \\\n  int name; // note \\\n  int b;\n")
+    with pytest.raises(translate.CompileError, match=r"program.metal:1: instantiate_k: # and ##"):
+        translate.expand("#define instantiate_k(name) int name##_v2;\n")
+    with pytest.raises(translate.CompileError,
+                       match=r"program.metal:3: instantiate_k takes 2 argument\(s\), got 1"):
+        translate.expand("#define instantiate_k(name, T) T name;\n\ninstantiate_k(x)\n")

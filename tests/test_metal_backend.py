@@ -85,7 +85,7 @@ def test_buffer_tables_match_signatures_and_launchers():
 
 
 def test_sources_follow_metalcompute_rules():
-    for name in (library.HEADER,) + library.KERNEL_FILES:
+    for name in library.HEADERS + library.KERNEL_FILES:
         code = re.sub(r"//[^\n]*", "", library.read(name))
         assert "#include <metal_stdlib>" in code or name != library.HEADER
         assert not re.search(r"\bdouble\b", code), f"{name}: Metal has no double"

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from rnngrad.backends.metal import library, versions
+from rnngrad.backends.metal.harness import translate
 
 CELLS = ("single_gate", "gru", "lstm")
 DIRECTIONS = ("forward", "backward")
@@ -24,8 +25,9 @@ def _auto_rule(monkeypatch):
 
 
 def compiled_entry_points() -> list:
-    """Every ``kernel void`` of the library source, in source order."""
-    return re.findall(r"kernel\s+void\s+(\w+)\s*\(", library.source())
+    """Every ``kernel void`` of the library source (its ``instantiate_*`` macros expanded, as the
+    C preprocessor would), in source order."""
+    return re.findall(r"kernel\s+void\s+(\w+)\s*\(", translate.expand(library.source()))
 
 
 def reached_by_the_rule() -> dict:
@@ -73,12 +75,12 @@ def test_every_entry_point_has_a_buffer_table_matching_its_signature():
 def test_each_v2_entry_runs_in_the_threadgroup_size_its_name_says():
     """A ``_512`` entry is compiled for threadgroups of at most 512 and asked for 512; the
     others for 1024; each calls the run helper with the same size it declines any other by."""
-    text = library.source()
+    text = translate.expand(library.source())  # an instantiate_* macro's expansion is one line
     for kernel in compiled_entry_points():
         if "_v2_" not in kernel:
             continue
         match = re.search(r"\[\[max_total_threads_per_threadgroup\((\w+)\)\]\]\s*kernel void "
-                          + kernel + r"\((.*?)\{(.*?)\n\}", text, re.S)
+                          + kernel + r"\(([^{]*)\{([^\n]*)\n", text)
         limit, body = match.group(1), match.group(3)
         expected = "RG_THREADS_512" if kernel.endswith("_512") else "RG_THREADS"
         assert limit == expected, kernel

@@ -18,6 +18,13 @@ pytest.importorskip("numba")
 REPO = Path(__file__).resolve().parent.parent
 COMPILE_ONE = ("import numpy as np; from rnngrad.backends.numba import activations as a; "
                "a.activate(a.TANH, np.zeros(3), np.empty(3))")
+#: the installed package's kernel folder, then "ok" if it holds every file the library source joins
+#: and the source declares every entry point
+SHIPPED_KERNELS = ("from rnngrad.backends.metal import library, versions; "
+                   "print(library.kernel_dir()); "
+                   "assert set(library.signatures(library.source())) "
+                   "== set(versions.entry_points()); "
+                   "print('ok')")
 
 
 def _run(cmd, **kwargs):
@@ -60,6 +67,9 @@ def test_editable_install_over_a_used_regular_install_keeps_the_command_working(
 
     _run(pip + [src], env=env, cwd=tmp_path)
     _run([python, "-c", COMPILE_ONE], env=env, cwd=tmp_path)
+    shipped = _run([python, "-c", SHIPPED_KERNELS], env=env, cwd=tmp_path).splitlines()
+    assert Path(shipped[0]).resolve() == (purelib / "rnngrad" / "_kernels").resolve(), shipped
+    assert shipped[1:] == ["ok"], shipped  # every header and kernel file, in one library source
     left = [p for p in (purelib / "rnngrad").rglob("*") if p.suffix in (".nbi", ".nbc")]
     assert left == [], f"kernel cache inside the installed package: {left}"
 

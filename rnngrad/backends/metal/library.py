@@ -2,10 +2,9 @@
 NumPy mirrors of their parameter structs and buffer tables.
 
 metalcompute compiles one source string and does not resolve local ``#include``, so the library
-source is ``kernels/common.metal`` (the shared header: parameter structs, activations, index
-helpers) followed by every kernel file. The sources ship inside the installed package at
-``rnngrad/_kernels/``; in a source checkout or an editable install they are the repository's
-``kernels/`` folder.
+source is the shared headers of ``kernels/`` (:data:`HEADERS`) followed by every kernel file. The
+sources ship inside the installed package at ``rnngrad/_kernels/``; in a source checkout or an
+editable install they are the repository's ``kernels/`` folder.
 """
 
 from __future__ import annotations
@@ -18,10 +17,15 @@ from pathlib import Path
 import numpy as np
 
 from . import versions
+from .harness import translate
 
-#: the shared header, first in the library source
-HEADER = "common.metal"
-#: kernel files, in the order they are appended after the header
+#: the shared headers, first in the library source, in this order: the parameter structs,
+#: activations, index helpers and completion marks; the helpers of the v2 one-row bodies; the
+#: v3 tile product
+HEADERS = ("common.metal", "v2_rows.metal", "v3_tiles.metal")
+#: the header that holds the parameter structs
+HEADER = HEADERS[0]
+#: kernel files, in the order they are appended after the headers
 KERNEL_FILES = (
     "gemm.metal",
     "single_gate_forward.metal",
@@ -120,8 +124,8 @@ def read(name: str) -> str:
 
 @functools.lru_cache(maxsize=None)
 def source() -> str:
-    """The whole library source: the header, then every kernel file."""
-    return "\n".join([read(HEADER)] + [read(name) for name in KERNEL_FILES])
+    """The whole library source: the headers, then every kernel file."""
+    return "\n".join(read(name) for name in HEADERS + KERNEL_FILES)
 
 
 _PARAM = re.compile(
@@ -129,9 +133,11 @@ _PARAM = re.compile(
 
 
 def signatures(text: str) -> dict:
-    """{kernel name: [(parameter name, attribute)]} parsed from MSL source (for tests and tools)."""
+    """{kernel name: [(parameter name, attribute)]} parsed from MSL source (for tests and tools),
+    its ``instantiate_*`` macros expanded (:func:`translate.expand`)."""
     out = {}
-    for match in re.finditer(r"kernel\s+void\s+(\w+)\s*\((.*?)\)\s*\{", text, re.S):
+    pattern = r"kernel\s+void\s+(\w+)\s*\((.*?)\)\s*\{"
+    for match in re.finditer(pattern, translate.expand(text), re.S):
         params = []
         for piece in match.group(2).split(","):
             m = _PARAM.search(" ".join(piece.split()))

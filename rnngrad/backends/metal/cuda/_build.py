@@ -27,9 +27,9 @@ global memory instead, every field is a load that ptxas must repeat after each s
 
 The launcher's ``__launch_bounds__(N, 1)`` carries the kernel's
 ``max_total_threads_per_threadgroup`` and asks for one resident threadgroup a core, no more:
-without that second figure ptxas caps a kernel of 256 threads at 64 registers to keep four on
-a core, and spills (measured: ``lstm_forward_v3`` 64 registers and 20 bytes of spill stores,
-80 registers and none with it), where Metal leaves occupancy to Apple's compiler.
+without that second figure ptxas may cap a kernel's registers to keep several threadgroups on
+a core, and spill (verification/PERFORMANCE.md), where Metal leaves occupancy to Apple's
+compiler.
 """
 
 from __future__ import annotations

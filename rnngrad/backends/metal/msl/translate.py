@@ -1,13 +1,15 @@
 """MSL source → the pieces every harness target needs: parse, rewrite, describe the kernels.
 
 Shared by the CPU and CUDA targets. The source is compiled unchanged except for line-preserving
-rewrites: ``#include <metal_stdlib>`` (and the other ``<metal_*>`` headers) include the stand-in
-header; ``const constant`` collapses to ``constant``; each kernel-scope ``threadgroup T
-name[N]...;`` declaration becomes what the target says (a reference into the CPU arena, a
-``__shared__`` array on CUDA). :func:`kernels` describes every ``kernel void`` entry point: its
-``[[buffer(i)]]`` and builtin parameters, its ``max_total_threads_per_threadgroup`` and whether
-it synchronises (a barrier or SIMD collective in its body or any function it calls). Each target
-then generates its own launchers from those descriptions.
+rewrites: the function-like macros named ``instantiate_*``, which stamp out entry points, are
+expanded (:func:`expand`) so that every tool sees those entry points' signatures; ``#include
+<metal_stdlib>`` (and the other ``<metal_*>`` headers) include the stand-in header; ``const
+constant`` collapses to ``constant``; each kernel-scope ``threadgroup T name[N]...;`` declaration
+becomes what the target says (a reference into the CPU arena, a ``__shared__`` array on CUDA).
+:func:`kernels` describes every ``kernel void`` entry point: its ``[[buffer(i)]]`` and builtin
+parameters, its ``max_total_threads_per_threadgroup`` and whether it synchronises (a barrier or
+SIMD collective in its body or any function it calls). Each target then generates its own launchers
+from those descriptions.
 """
 
 from __future__ import annotations
@@ -61,8 +63,9 @@ class KernelInfo:
     max_threads: str = "1024"  # C++ expression of max_total_threads_per_threadgroup
 
 
-def mask(src: str) -> str:
-    """The source with comments and string/char literals blanked (same length, same lines)."""
+def mask(src: str, strings: bool = True) -> str:
+    """The source with comments and (``strings``) string/char literals blanked (same length,
+    same lines)."""
     out = list(src)
     i, n = 0, len(src)
     while i < n:
@@ -78,6 +81,9 @@ def mask(src: str) -> str:
             while j < n and src[j] != c and src[j] != "\n":
                 j += 2 if src[j] == "\\" else 1
             j = min(j + 1, n)
+            if not strings:
+                i = j
+                continue
         else:
             i += 1
             continue
@@ -182,9 +188,97 @@ def rewrite_threadgroup(src: str, replace) -> str:
     return out
 
 
+#: the name prefix of the function-like macros :func:`expand` expands: macros that stamp out
+#: entry points (MLX's ``instantiate_kernel`` habit), whose signatures every tool must see
+INSTANTIATE = "instantiate_"
+_DEFINE = re.compile(r"(?m)^[ \t]*#[ \t]*define[ \t]+(" + INSTANTIATE + r"\w*)\(([^)]*)\)")
+
+
+def _args(masked: str, code: str, open_: int) -> tuple[list[str], int]:
+    """The arguments (from ``code``) of a macro call whose ``(`` is at ``open_`` in ``masked``
+    (only parentheses nest, as in the C preprocessor), and the index past its ``)``."""
+    close = _match(masked, open_, "(", ")")
+    args, depth, start = [], 0, open_ + 1
+    for j in range(open_ + 1, close - 1):
+        if masked[j] == "(":
+            depth += 1
+        elif masked[j] == ")":
+            depth -= 1
+        elif masked[j] == "," and depth == 0:
+            args.append(code[start:j])
+            start = j + 1
+    args.append(code[start:close - 1])
+    return [" ".join(a.split()) for a in args], close
+
+
+def expand(src: str) -> str:
+    """The source with each ``instantiate_*`` function-like macro (:data:`INSTANTIATE`) expanded
+    where it is called, as the C preprocessor would, and its ``#define`` blanked: the text in
+    which every tool finds the entry points the macros stamp out. Lines are kept: an expansion
+    takes one line, then the call's line breaks. Comments are dropped; a macro body may not use
+    ``#`` or ``##``."""
+    masked, code = mask(src), mask(src, strings=False)
+    macros, out, last = {}, [], 0
+    for m in _DEFINE.finditer(masked):
+        eol = m.end()
+        while True:  # the logical line: physical lines joined by a backslash at their end
+            eol = masked.find("\n", eol)
+            eol = len(masked) if eol < 0 else eol
+            start = src.rfind("\n", 0, eol) + 1
+            if not src[start:eol].rstrip(" \t").endswith("\\"):
+                break
+            if not masked[start:eol].rstrip(" \t").endswith("\\"):
+                raise CompileError(f"{SOURCE_NAME}:{line_of(src, eol)}: a // comment in the "
+                                   f"#define of {m.group(1)} swallows the line after it: use /* */")
+            eol += 1
+        if "#" in masked[m.end():eol]:
+            raise CompileError(f"{SOURCE_NAME}:{line_of(src, m.start())}: {m.group(1)}: # and ## "
+                               f"are not supported in an {INSTANTIATE}* macro")
+        body = " ".join(code[m.end():eol].replace("\\\n", " ").split())
+        macros[m.group(1)] = ([p.strip() for p in m.group(2).split(",")], body)
+        out += [src[last:m.start()], "\n" * src.count("\n", m.start(), eol)]
+        last = eol
+    if not macros:
+        return src
+    src = "".join(out + [src[last:]])
+    calls = re.compile(r"\b(" + "|".join(map(re.escape, macros)) + r")\s*\(")
+
+    def substitute(name: str, args: list[str], line: int, active: frozenset) -> str:
+        params, body = macros[name]
+        named = params[:-1] if params[-1] == "..." else params
+        if len(args) != len(named) and not (named != params and len(args) >= len(named)):
+            raise CompileError(f"{SOURCE_NAME}:{line}: {name} takes {len(named)} argument(s)"
+                               f"{' or more' if named != params else ''}, got {len(args)}")
+        values = dict(zip(named, args), __VA_ARGS__=", ".join(args[len(named):]))
+        pieces, last = [], 0
+        for t in re.finditer(r"\b[A-Za-z_]\w*\b", mask(body)):  # not within a literal
+            pieces += [body[last:t.start()], values.get(t.group(0), t.group(0))]
+            last = t.end()
+        return calls_in("".join(pieces + [body[last:]]), line, active | {name})
+
+    def calls_in(text: str, line: int | None, active: frozenset) -> str:
+        """``text`` with its calls expanded; line None: ``text`` is the source, whose line
+        breaks each call keeps, else one line of an expansion at ``line``."""
+        masked, code = mask(text), mask(text, strings=False)
+        pieces, last = [], 0
+        for call in calls.finditer(masked):
+            if call.start() < last or call.group(1) in active:
+                continue
+            args, close = _args(masked, code, call.end() - 1)
+            at = line_of(text, call.start()) if line is None else line
+            breaks = "\n" * text.count("\n", call.start(), close) if line is None else ""
+            pieces += [text[last:call.start()], substitute(call.group(1), args, at, active) + breaks]
+            last = close
+        return "".join(pieces + [text[last:]])
+
+    return calls_in(src, None, frozenset())
+
+
 def prepare(source: str) -> str:
-    """The rewrites every target makes before its own: the stand-in header, ``const constant``."""
-    src = re.sub(r"#\s*include\s*<(?:metal_\w+|simd/simd\.h)>", '#include "metal_stdlib.h"', source)
+    """The rewrites every target makes before its own: the ``instantiate_*`` macros expanded
+    (:func:`expand`), the stand-in header, ``const constant``."""
+    src = re.sub(r"#\s*include\s*<(?:metal_\w+|simd/simd\.h)>", '#include "metal_stdlib.h"',
+                 expand(source))
     return re.sub(r"\bconst\s+constant\b|\bconstant\s+const\b", "constant", src)
 
 
