@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT / "verification"))
 import kernel_resources as kr  # noqa: E402
 
 from rnngrad.backends.metal import library, versions  # noqa: E402
-from rnngrad.backends.metal.harness import translate  # noqa: E402
+from rnngrad.backends.metal.msl import translate  # noqa: E402
 
 try:
     kr.find_nvrtc(), kr.find_headers()

@@ -12,7 +12,7 @@ import re
 import pytest
 
 from rnngrad.backends.metal import library, versions
-from rnngrad.backends.metal.harness import translate
+from rnngrad.backends.metal.msl import translate
 
 CELLS = ("single_gate", "gru", "lstm")
 DIRECTIONS = ("forward", "backward")

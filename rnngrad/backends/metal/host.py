@@ -55,7 +55,7 @@ _LOG = logging.getLogger(__package__)
 #: recently used dropped first
 CONSTANTS_KEPT = 256
 #: alignment in bytes of a caller's GPU array bound in place (read_only): the float4 reads of
-#: rg_dots (kernels/common.metal) need 16; any other address is copied to a new buffer
+#: rg_dots (kernels/v2_rows.metal) need 16; any other address is copied to a new buffer
 BIND_ALIGN = 16
 #: op plans a host keeps (see MetalHost.plan), least recently used dropped first
 PLANS_KEPT = 64

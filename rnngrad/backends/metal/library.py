@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from . import versions
-from .harness import translate
+from .msl import translate
 
 #: the shared headers, first in the library source, in this order: the parameter structs,
 #: activations, index helpers and completion marks; the helpers of the v2 one-row bodies; the

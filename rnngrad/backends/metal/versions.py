@@ -33,9 +33,10 @@ reset_after (its o gate reads r of every unit within a step) runs v1. On the CPU
 packed.
 
 A v2 entry runs only in the threadgroup size the host chose it for. Where a device gives its
-pipeline another size (a Mac may, for a pipeline that needs more registers), every threadgroup
-of the dispatch marks itself declined (``rg_declines`` in common.metal) and the host runs the
-op again with v1 for that entry, on that device from then on (``declined`` below).
+pipeline another size (a Mac may, for a pipeline that needs more registers), the host runs v1
+for that entry on that device from then on (``declined`` below): before it runs, where the
+device's function says its size; else after every threadgroup of the dispatch has marked
+itself declined (``rg_declines`` in common.metal) and the op is run again.
 
 Matrix products C[batch, M, P] = A·B (+ bias): v1 ``strided_gemm`` (a thread an element), v3
 ``strided_gemm_blocked`` (64×64 tiles), v4 ``strided_gemm_split`` (K over 32 SIMD-groups), v5
@@ -74,7 +75,7 @@ WIDE_TILE, WIDE_K, WIDE_THREADS = 128, 8, 256
 TILED = {"v3": (BLOCKED_TILE, BLOCKED_THREADS), "v5": (WIDE_TILE, WIDE_THREADS)}
 #: columns of C per v4 block (GS_COLS in gemm.metal), threads per block (GS_THREADS)
 SPLIT_COLUMNS, SPLIT_THREADS = 32, 1024
-#: threads of a v2 threadgroup (RG_THREADS in common.metal) and of a ``_512`` entry's
+#: threads of a v2 threadgroup (RG_THREADS in v2_rows.metal) and of a ``_512`` entry's
 V2_THREADS, V2_THREADS_512 = 1024, 512
 #: floats of threadgroup memory a v2 body stages (RG_STAGE) and keeps for its next step
 #: (RG_NEXT); lanes a unit at most (RG_LANES); float4 of a weight row held (RG_HOLD)
@@ -317,7 +318,8 @@ def tile_columns(*, cell: str, direction: str) -> int:
 
 
 def tile_rows(N: int) -> int:
-    """Rows of a v3 tile: 4·⌈N / 4⌉, at most :data:`V3_ROWS` (rs_tile's 4·WR in common.metal)."""
+    """Rows of a v3 tile: 4·⌈N / 4⌉, at most :data:`V3_ROWS` (rs_tile's 4·WR in
+    v3_tiles.metal)."""
     return 4 * min(V3_ROWS // 4, max(1, -(-N // 4)))
 
 
