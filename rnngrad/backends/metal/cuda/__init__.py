@@ -24,11 +24,14 @@ most 32 KiB of threadgroup memory (an error above it, though the GPU has more), 
 Nothing may rely on threadgroups running together: a kernel that waits for another threadgroup
 may hang here as on a Mac.
 
-Calls are asynchronous on one CUDA stream, in order. That stream is a blocking one: it waits
-for work queued before on the legacy default stream (CuPy's and PyTorch's unless told otherwise),
-so a kernel bound to a caller's GPU array in place (:meth:`Device.wrap`) reads it after the
-caller's kernels that wrote it. A fault inside a kernel (an illegal
-address) surfaces when the device waits: :meth:`Device.finish` raises :class:`error` naming the
+Calls, copies and fills are asynchronous, in order, on CuPy's current stream of the device's
+GPU (:attr:`Device.stream`): the caller's stream, so a kernel bound to a caller's GPU array in
+place (:meth:`Device.wrap`) reads it after the caller's kernels that wrote it
+(``rnngrad.torch`` makes it PyTorch's current stream around an op, and its allocations
+PyTorch's). The device never waits unless asked: :meth:`Device.check_marks` queues the check
+of an op's completion marks on the GPU, which records a failed op in pinned host memory that
+:meth:`Device.fault` reads without a wait (in CUDA graphs' replays too). A fault inside a kernel
+(an illegal address) surfaces when the device waits: :meth:`Device.finish` raises :class:`error` naming the
 kernel, and the device refuses every later call, since the CUDA context is then unusable.
 ``Device(check_each_dispatch=True)`` waits after every dispatch instead, so that a fault is
 attributed to exactly one kernel. New buffers are filled with 0xFF bytes (NaN as float32), so a
@@ -57,9 +60,10 @@ Apple's compiler and its fast math remain the Mac's to check.
 threadgroup memory, path ``"cuda"``, and ``seconds``, the kernel's GPU time from CUDA events,
 read when first asked for). It keeps the newest ``Device(trace_limit=...)`` dispatches (4096 by
 default; None keeps every one), so a long training loop holds bounded memory.
-``Device(timing=False)`` records one event per call (the one :meth:`Device.finish` waits on)
-instead of two timing events, and its dispatches' ``seconds`` are None: the Metal backend's own
-device ("metal-cuda") runs so; ``rnngrad.backends.metal.harness.contexts.cuda_device()`` times by default.
+``Device(timing=False)`` records one event per call (the one :meth:`Device.finish` waits on;
+none while ``Device.events`` is off) instead of two timing events, and its dispatches'
+``seconds`` are None: the Metal backend's own device ("metal-cuda") runs so;
+``rnngrad.backends.metal.harness.contexts.cuda_device()`` times by default.
 """
 
 from __future__ import annotations
@@ -72,6 +76,8 @@ import numpy as np
 
 from ..msl import dispatch, translate
 from . import _build
+from ._kernels import _check_kernel, _swaps_last_axes, _transposed_copy
+from ._launch import Constant, _launch_params, _pointer, _struct
 
 __all__ = ["Device", "Kernel", "Function", "Prepared", "RunHandle", "Dispatch", "Constant", "error",
            "get_devices", "available"]
@@ -596,131 +602,3 @@ class Prepared:
         if device.check_each_dispatch:
             device._wait(handle)
         return handle
-
-
-#: Device.check_marks: every mark word of an op against its table (per dispatch: word offset,
-#: marks, threadgroups, threadgroup size, steps); the first wrong word of the first failing op is
-#: recorded in fault[1..3] (dispatch, threadgroup, word) and then its serial in fault[0]
-_CHECK_SOURCE = r"""
-extern "C" __global__ void rnngrad_check_marks(const unsigned int* marks,
-                                               const unsigned int* table, unsigned int n,
-                                               unsigned long long serial,
-                                               unsigned long long* fault) {
-    for (unsigned int d = 0; d < n; ++d) {
-        const unsigned int* row = table + 5 * d;
-        unsigned int offset = row[0], words = 2 * row[1], groups = row[2];
-        for (unsigned int w = threadIdx.x; w < words; w += blockDim.x) {
-            unsigned int g = w >> 1;
-            unsigned int want = g < groups ? ((w & 1u) ? row[3] : (0x80000000u | row[4])) : 0u;
-            unsigned int got = marks[offset + w];
-            if (got != want && atomicCAS(fault + 4, 0ull, 1ull) == 0ull) {
-                fault[1] = d;
-                fault[2] = g;
-                fault[3] = got;
-                __threadfence_system();
-                atomicExch(fault, serial);
-            }
-        }
-    }
-}
-"""
-
-_CHECK = []  # the compiled kernel, made on first use
-
-
-def _check_kernel():
-    if not _CHECK:
-        _CHECK.append(_cupy().RawKernel(_CHECK_SOURCE, "rnngrad_check_marks"))
-    return _CHECK[0]
-
-
-#: out[k, j, i] = a[k, i, j] for a C-contiguous float32 a [batch, rows, cols]: Device.wrap's copy
-#: of a view with its last two axes swapped (as the Metal host binds Rᵀ), a grid-stride loop
-_TRANSPOSE_SOURCE = r"""
-extern "C" __global__ void rnngrad_transpose(const float* a, float* out, unsigned long long batch,
-                                             unsigned long long rows, unsigned long long cols) {
-    unsigned long long n = batch * rows * cols, plane = rows * cols;
-    for (unsigned long long t = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; t < n;
-         t += (unsigned long long)gridDim.x * blockDim.x) {
-        unsigned long long k = t / plane, r = t % plane, i = r / cols, j = r % cols;
-        out[k * plane + j * rows + i] = a[t];
-    }
-}
-"""
-
-
-def _swaps_last_axes(a) -> bool:
-    """Whether ``a`` (a CuPy array) is float32 [.., cols, rows] with its last two axes those of
-    a C-contiguous [.., rows, cols] swapped, starting at that array's first element."""
-    if a.dtype != np.float32 or a.ndim not in (2, 3) or a.size == 0:
-        return False
-    cols, rows = a.shape[-2], a.shape[-1]
-    return (a.strides[-2] == 4 and a.strides[-1] == 4 * cols
-            and (a.ndim == 2 or a.strides[0] == 4 * rows * cols))
-
-
-_TRANSPOSE = []  # the compiled kernel, made on first use
-
-
-def _transposed_copy(a):
-    """A C-contiguous copy of ``a`` (:func:`_swaps_last_axes`) on the current stream: one
-    kernel, whose launch costs the host a fraction of CuPy's general copy."""
-    cp = _cupy()
-    if not _TRANSPOSE:
-        _TRANSPOSE.append(cp.RawKernel(_TRANSPOSE_SOURCE, "rnngrad_transpose"))
-    batch = a.shape[0] if a.ndim == 3 else 1
-    cols, rows = a.shape[-2], a.shape[-1]
-    out = cp.empty(a.shape, cp.float32)
-    n = batch * rows * cols
-    _TRANSPOSE[0]((min(-(-n // 256), 4096),), (256,),
-                  (a, out, np.uint64(batch), np.uint64(rows), np.uint64(cols)))
-    return out
-
-
-def _struct(arg, size: int, kernel: str, index: int) -> np.ndarray:
-    """The bytes of a ``constant T&`` buffer argument (sizeof(T) = ``size``), which the launcher
-    takes by value: a :class:`Constant`'s or host data's own, a GPU buffer's copied back (the
-    stream waits for it)."""
-    if isinstance(arg, Constant):
-        data = arg.bytes
-    elif isinstance(arg, _cupy().ndarray):
-        data = arg.reshape(-1).view(np.uint8).get()
-    else:
-        try:
-            data = np.frombuffer(memoryview(arg).cast("B"), np.uint8)
-        except TypeError:
-            data = np.ascontiguousarray(arg).reshape(-1).view(np.uint8)
-    if data.nbytes < size:
-        raise ValueError(f"kernel '{kernel}': buffer {index} is its `constant` struct: expected "
-                         f"at least {size} bytes (its sizeof), got {data.nbytes}")
-    return data
-
-
-def _pointer(buf) -> int:
-    """The device address a buffer (a CuPy array) or a ``(buffer, byte offset)`` pair binds."""
-    return buf.data.ptr if type(buf) is not tuple else buf[0].data.ptr + buf[1]
-
-
-def _launch_params(function: int, n_tg: int, tg: int, stream, params: int) -> None:
-    """cuLaunchKernel of ``n_tg`` blocks of ``tg`` threads on ``stream``, ``params`` the address
-    of the array of pointers to the parameters' values (every launch of the target)."""
-    _cupy().cuda.driver.launchKernel(function, n_tg, 1, 1, tg, 1, 1, 0, stream.ptr, params, 0)
-
-
-class Constant:
-    """Read-only bytes for kernels' ``constant T&`` parameters (:meth:`Device.constant`): a
-    launcher takes them by value; a kernel that takes the buffer as a pointer gets a GPU copy,
-    made on first use."""
-
-    __slots__ = ("bytes", "_device", "_buffer")
-
-    def __init__(self, device: "Device", data):
-        self.bytes = np.frombuffer(bytes(memoryview(data).cast("B")), np.uint8)
-        self._device, self._buffer = device, None
-
-    def buffer(self):
-        """The bytes as a GPU buffer (made once, kept: in the device's own memory)."""
-        if self._buffer is None:
-            with self._device.persistent():
-                self._buffer = self._device.buffer(self.bytes)
-        return self._buffer
