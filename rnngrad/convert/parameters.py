@@ -98,29 +98,34 @@ def parameter_gradients(grads: dict, *, D: int, H: int, secondary: bool, xp=np) 
     [D,4H] or [4H]). Entries may be views of ``grads``' arrays, and ``bias_ih`` and ``bias_hh``
     may be one array: copy where two must not share memory. With a secondary bias, ``bias_hh``
     is there only when both gradients are."""
-    out = [{} for _ in range(D)]
     weight, recurrent = grads.get("input_weight"), grads.get("recurrent_weight")
     bias, b2, peephole = grads.get("bias"), grads.get("secondary_bias"), grads.get("peephole")
-    GH = None
-    if recurrent is not None:
-        GH = recurrent.shape[-2]
-    elif weight is not None:
-        GH = weight.shape[0] // D
-    elif bias is not None:
-        GH = bias.reshape(-1).shape[0] // D
-    for d, side in enumerate(out):
-        rows = slice(d * GH, (d + 1) * GH) if GH is not None else None
+    if recurrent is not None and recurrent.ndim == 2:
+        recurrent = recurrent[None]  # [1,GH,H]
+    if bias is not None:
+        bias = bias.reshape(-1)  # [DGH]
+    if b2 is not None:
+        b2 = b2.reshape(-1)  # [DH]
+    if peephole is not None:
+        peephole = peephole.reshape(D, -1)  # [D,4H]
+    GH = (recurrent.shape[-2] if recurrent is not None else
+          weight.shape[0] // D if weight is not None else
+          bias.shape[0] // D if bias is not None else 0)
+    out = []
+    for d in range(D):
+        side = {}
         if weight is not None:
-            side["weight_ih"] = weight if D == 1 else weight[rows]  # [GH,I]
+            side["weight_ih"] = weight if D == 1 else weight[d * GH:(d + 1) * GH]  # [GH,I]
         if recurrent is not None:
-            side["weight_hh"] = recurrent.reshape(D, GH, -1)[d]  # [GH,H]
+            side["weight_hh"] = recurrent[d]  # [GH,H]
         if bias is not None:
-            db = bias.reshape(-1)[rows]  # [GH]
+            db = bias if D == 1 else bias[d * GH:(d + 1) * GH]  # [GH]
             side["bias_ih"] = db
             if not secondary:
                 side["bias_hh"] = db
             elif b2 is not None:  # r, z from the bias; the candidate's own
-                side["bias_hh"] = xp.concatenate([db[:2 * H], b2.reshape(-1)[d * H:(d + 1) * H]])
+                side["bias_hh"] = xp.concatenate([db[:2 * H], b2[d * H:(d + 1) * H]])
         if peephole is not None:
-            side["peephole"] = peephole.reshape(D, -1)[d]  # [4H]
+            side["peephole"] = peephole[d]  # [4H]
+        out.append(side)
     return out

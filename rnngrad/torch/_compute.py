@@ -69,7 +69,10 @@ def backward(cell: str, descriptor, backend, given: dict, result, grads: tuple, 
     """
     gh, ghn, gc, gcn = grads
     xp, h, T = arrays.xp, result.h, result.h.shape[0]
-    op = {k: v for k, v in given.items() if k not in ONLY_FOR_GRADIENT or k in wanted}
+    op = dict(given)
+    for name in ONLY_FOR_GRADIENT:
+        if name in op and name not in wanted:
+            del op[name]
     op["z_state"] = result.z_state
     op["source_gradient"] = xp.zeros(h.shape, dtype=h.dtype) if gh is None else gh  # [T,N,DH]
     if ghn is not None:

@@ -149,15 +149,9 @@ def _backward(layer, k, given, result, x, needs, grads, arrays):
     """The gradients of (x, h0, c0, mask, *parameters), None where not needed."""
     D, xp, view, tensor = layer.num_directions, arrays.xp, arrays.view, arrays.tensor
     gh, ghn, gcn = grads
-    kinds, arguments = layer._step_kinds[k], layer._step_arguments[k]
-    need_params = needs[4:]
-    wanted = {argument for argument, need in zip(arguments, need_params) if need}
-    for name, need in zip(("source", "init_state", "init_cell"), needs):
-        if need:
-            wanted.add(name)
+    kinds, need_params = layer._step_kinds[k], needs[4:]
     secondary = layer._secondary()
-    if secondary and "bias" in wanted:
-        wanted.add("secondary_bias")  # bias_hh's candidate block
+    wanted = _wanted(layer, k, needs, secondary)
     out = _compute.backward(
         layer.cell, layer.descriptor, _backend(layer, x), given, result,
         (None if gh is None else view(gh), None if ghn is None else states.sided(view(ghn), D, xp),
@@ -177,6 +171,22 @@ def _backward(layer, k, given, result, x, needs, grads, arrays):
         else:
             back.append(tensor(g))
     return back
+
+
+def _wanted(layer, k, needs, secondary) -> frozenset:
+    """The op arguments whose gradients layer ``k``'s backward needs, given which of (x, h0,
+    c0, mask, *parameters) need one (``needs``), kept on the layer per ``needs``."""
+    kept = layer.__dict__.setdefault("_wanted", {})
+    wanted = kept.get((k, needs))
+    if wanted is None:
+        wanted = {argument for argument, need in zip(layer._step_arguments[k], needs[4:])
+                  if need}
+        wanted |= {name for name, need in zip(("source", "init_state", "init_cell"), needs)
+                   if need}
+        if secondary and "bias" in wanted:
+            wanted.add("secondary_bias")  # bias_hh's candidate block
+        wanted = kept[(k, needs)] = frozenset(wanted)
+    return wanted
 
 
 # -- the op's operator on differentiable arguments ----------------------------------------------

@@ -293,8 +293,8 @@ class _RNNBase(nn.Module):
         h0, c0 = self._initial(hx, x.shape[1], batched, dtype)
         m = self._mask(mask, batched, dtype)
         one_node = _route.one_node(self, x, (h0, c0), m, dtype)
-        run = _layer.one_node if one_node else _layer.general
-        output, h_n, c_n = self._stack(x, h0, c0, lambda k, x, hk, ck: run(self, k, x, hk, ck, m))
+        output, h_n, c_n = self._stack(x, h0, c0, _layer.one_node if one_node else _layer.general,
+                                       m)
         if batched and self.batch_first:
             output = output.transpose(0, 1)
         if not batched:
@@ -302,16 +302,16 @@ class _RNNBase(nn.Module):
             c_n = None if c_n is None else c_n.squeeze(1)
         return (output, (h_n, c_n)) if self.cell == "lstm" else (output, h_n)
 
-    def _stack(self, x, h0, c0, run_layer):
-        """The layers in turn, ``run_layer(k, x, h0_k, c0_k)`` each (``rnngrad.torch._layer``),
-        with dropout between them in training: (output [T,N,D·H], h_n [L·D,N,H], c_n or
-        None)."""
+    def _stack(self, x, h0, c0, run_layer, extra):
+        """The layers in turn, ``run_layer(self, k, x, h0_k, c0_k, extra)`` each
+        (``rnngrad.torch._layer``; ``extra``: the mask, or a packed batch's lengths), with
+        dropout between them in training: (output [T,N,D·H], h_n [L·D,N,H], c_n or None)."""
         D, L = self.num_directions, self.num_layers
         finals_h, finals_c = [], []
         for k in range(L):
             hk = h0 if h0 is None or L == 1 else h0[k * D:(k + 1) * D]  # [D,N,H]
             ck = c0 if c0 is None or L == 1 else c0[k * D:(k + 1) * D]
-            x, h_n, c_n = run_layer(k, x, hk, ck)  # [T,N,DH], [D,N,H]
+            x, h_n, c_n = run_layer(self, k, x, hk, ck, extra)  # [T,N,DH], [D,N,H]
             if self.dropout and self.training and k < L - 1:
                 x = F.dropout(x, self.dropout, training=True)
             finals_h.append(h_n)
@@ -340,8 +340,7 @@ class _RNNBase(nn.Module):
         dtype = self._dtype(data)
         x, lengths = nn.utils.rnn.pad_packed_sequence(packed)  # [T,N,I], original order
         h0, c0 = self._initial(hx, x.shape[1], True, dtype)
-        output, h_n, c_n = self._stack(
-            x, h0, c0, lambda k, x, hk, ck: _layer.packed(self, k, x, hk, ck, lengths))
+        output, h_n, c_n = self._stack(x, h0, c0, _layer.packed, lengths)
         order = packed.sorted_indices
         sorted_x = output if order is None else output.index_select(1, order)
         sorted_lengths = lengths if order is None else lengths[order.cpu()]
@@ -352,7 +351,7 @@ class _RNNBase(nn.Module):
 
     def __getstate__(self):
         # without the NumPy views of the parameters (rnngrad.torch._layer), made again when used
-        return {k: v for k, v in self.__dict__.items() if k != "_array_views"}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_array_views", "_wanted")}
 
     # -- conversion ---------------------------------------------------------------------------
     @classmethod
