@@ -41,14 +41,10 @@ import numpy as np
 
 from .check import fuzz_draws
 from .compare import TOLERANCES, compare_array
+from .layer_problems import (CELLS, FORMS, LOSSES, MODES, STATES, VALUES, Capabilities,  # noqa: F401
+                             Problem, layer_of, problem_values, problems, scenarios)
 
-CELLS = ("rnn", "gru", "lstm")
-FORMS = ("batched", "unbatched", "noncontiguous", "packed")
-STATES = ("random", "none", "zero")
-LOSSES = ("both", "output", "final")
-MODES = ("eval", "train", "sequence")
 _MODES = {"gru": "GRU", "lstm": "LSTM"}
-_GATES = {"rnn": 1, "gru": 3, "lstm": 4}
 # a quantity's tolerance kind (rnngrad.testing.compare) by a stand-in name compare_array knows
 _PROXY = {"output": "state", "state": "source", "parameter": "recurrent_weight"}
 
@@ -67,130 +63,38 @@ class Unsupported(Exception):
     """The factory (or the layer, with NotImplementedError) declined a configuration."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One layer configuration, its inputs and how it is checked. ``repr`` is Python that
-    rebuilds it; the values come from ``seed`` (:func:`problem_values`)."""
-
-    cell: str
-    num_layers: int = 1
-    bidirectional: bool = False
-    batch_first: bool = False
-    bias: bool = True
-    nonlinearity: str = "tanh"
-    dropout: float = 0.0
-    T: int = 2
-    N: int = 1
-    I: int = 1
-    H: int = 1
-    form: str = "batched"
-    lengths: Optional[tuple] = None
-    states: str = "random"
-    loss: str = "both"
-    mode: str = "eval"
-    dtype: str = "float32"
-    seed: int = 0
-
-    @property
-    def D(self) -> int:
-        return 2 if self.bidirectional else 1
-
-    def config(self) -> dict:
-        """The factory's keywords (``torch.nn.RNN`` / ``GRU`` / ``LSTM``'s constructor)."""
-        out = dict(input_size=self.I, hidden_size=self.H, num_layers=self.num_layers,
-                   bias=self.bias, batch_first=self.batch_first, dropout=self.dropout,
-                   bidirectional=self.bidirectional)
-        if self.cell == "rnn":
-            out["nonlinearity"] = self.nonlinearity
-        return out
-
-    def parameter_names(self) -> list:
-        """``torch.nn``'s parameter names, in its order."""
-        names = []
-        for k in range(self.num_layers):
-            for sfx in (f"_l{k}", f"_l{k}_reverse")[:self.D]:
-                names += [f"weight_ih{sfx}", f"weight_hh{sfx}"]
-                if self.bias:
-                    names += [f"bias_ih{sfx}", f"bias_hh{sfx}"]
-        return names
-
-    def summary(self) -> str:
-        c = self.config()
-        keys = ", ".join(f"{k}={v!r}" for k, v in c.items())
-        extra = f", lengths={list(self.lengths)}" if self.lengths else ""
-        return (f"{self.cell} ({keys}); T={self.T} N={self.N}, {self.form} input{extra}, "
-                f"initial states {self.states}, loss on {_LOSS_WORDS[self.loss]}, "
-                f"{self.mode} mode, {self.dtype}")
-
-
-_LOSS_WORDS = {"both": "output and final states", "output": "output only",
-               "final": "final states only"}
-
-
-def problem_values(problem: Problem) -> dict:
-    """The problem's arrays in float64, rounded to its dtype: ``params`` by name, ``x``
-    [T,N,I] time-major, ``h0`` / ``c0`` [L·D,N,H] or None, ``gy`` [T,N,D·H] or None,
-    ``ghn`` / ``gcn`` [L·D,N,H] or None (None: not in the loss)."""
-    rng = np.random.default_rng(problem.seed)
-    D, G, H, L, N, T = problem.D, _GATES[problem.cell], problem.H, problem.num_layers, problem.N, problem.T
-    round_ = lambda a: np.asarray(np.asarray(a, problem.dtype), np.float64)  # noqa: E731
-    params = {}
-    for name in problem.parameter_names():
-        k = int(name.split("_l")[1].split("_")[0])
-        fan = problem.I if k == 0 else D * H
-        if name.startswith("weight_ih"):
-            value = rng.standard_normal((G * H, fan)) * (0.5 / np.sqrt(fan))
-        elif name.startswith("weight_hh"):
-            value = rng.standard_normal((G * H, H)) * (0.5 / np.sqrt(H))
-        else:
-            value = rng.standard_normal(G * H) * 0.3
-        params[name] = round_(value)
-    out = {"params": params, "x": round_(rng.standard_normal((T, N, problem.I)))}
-    for name in ("h0", "c0"):
-        if problem.states == "none" or (name == "c0" and problem.cell != "lstm"):
-            out[name] = None
-        else:
-            out[name] = round_(rng.standard_normal((L * D, N, H)) * 0.5 if problem.states == "random"
-                               else np.zeros((L * D, N, H)))
-    out["gy"] = round_(rng.standard_normal((T, N, D * H))) if problem.loss != "final" else None
-    for name in ("ghn", "gcn"):
-        wanted = problem.loss != "output" and (name == "ghn" or problem.cell == "lstm")
-        out[name] = round_(rng.standard_normal((L * D, N, H))) if wanted else None
-    if problem.lengths:
-        mask = np.arange(T)[:, None] < np.asarray(problem.lengths)[None, :]  # [T,N]
-        out["x"] = out["x"] * mask[..., None]
-        if out["gy"] is not None:
-            out["gy"] = out["gy"] * mask[..., None]
-    return out
-
-
-# -- the reference, composed layer by layer -----------------------------------------------------
-
 def _mode(problem):
     if problem.cell == "rnn":
         return "RNN_RELU" if problem.nonlinearity == "relu" else "RNN_TANH"
     return _MODES[problem.cell]
 
 
-def _reference_batch(problem, params, x, h0, c0, gy, ghn, gcn):
-    """Outputs and gradients of the stacked layers on one time-major batch, in float64."""
+def torch_layer(problem, params, k):
+    """Layer ``k`` of ``torch.nn``-named ``params`` as one rnngrad layer
+    (:class:`rnngrad.convert.torch.TorchRNN`), and a function naming its gradients as the
+    parameters are named."""
     from ..convert.torch import from_state_dict
 
+    own = {n.replace(f"_l{k}", "_l0"): v for n, v in params.items() if layer_of(n) == k}
+    layer = from_state_dict(_mode(problem), own)
+    return layer, lambda g: {n.replace("_l0", f"_l{k}"): v for n, v in g.parameters.items()}
+
+
+def _reference_batch(problem, params, x, h0, c0, gy, ghn, gcn, build):
+    """Outputs and gradients of the stacked layers on one time-major batch, in float64."""
     L, D = problem.num_layers, problem.D
     lstm = problem.cell == "lstm"
     sl = lambda a, k: None if a is None else a[k * D:(k + 1) * D]  # noqa: E731
     layers, inputs, hs, cs = [], [], [], []
     layer_in = x
     for k in range(L):
-        own = {n.replace(f"_l{k}", "_l0"): v for n, v in params.items()
-               if n.split("_l")[1].split("_")[0] == str(k)}
-        layer = from_state_dict(_mode(problem), own)
+        layer, names = build(problem, params, k)
         hx = None if h0 is None else ((sl(h0, k), sl(c0, k)) if lstm else sl(h0, k))
         out, hn = layer.forward(layer_in, hx, backend="reference")
         if lstm:
             hn, cn = hn
             cs.append(cn)
-        layers.append((layer, hx))
+        layers.append((layer, hx, names))
         inputs.append(layer_in)
         hs.append(hn)
         layer_in = out
@@ -198,11 +102,10 @@ def _reference_batch(problem, params, x, h0, c0, gy, ghn, gcn):
     grads, dh0, dc0 = {}, [], []
     upstream = gy
     for k in range(L - 1, -1, -1):
-        layer, hx = layers[k]
+        layer, hx, names = layers[k]
         g = layer.gradients(inputs[k], hx, grad_output=upstream, grad_h_n=sl(ghn, k),
                             grad_c_n=sl(gcn, k) if lstm else None, backend="reference")
-        for name, value in g.parameters.items():
-            grads[name.replace("_l0", f"_l{k}")] = value
+        grads.update(names(g))
         dh0.insert(0, g.h_0)
         dc0.insert(0, g.c_0)
         upstream = g.input
@@ -213,20 +116,22 @@ def _reference_batch(problem, params, x, h0, c0, gy, ghn, gcn):
     return result
 
 
-def reference(problem: Problem, values: dict) -> dict:
+def reference(problem: Problem, values: dict, build=torch_layer) -> dict:
     """The float64 reference: ``output`` [T,N,D·H] (zero past each packed sequence's length),
-    ``h_n``, ``c_n`` [L·D,N,H], gradients ``input`` [T,N,I], ``h_0``, ``c_0`` and ``params``."""
+    ``h_n``, ``c_n`` [L·D,N,H], gradients ``input`` [T,N,I], ``h_0``, ``c_0`` and ``params``.
+    ``build(problem, params, k)``: layer k as rnngrad's layer and its gradients' namer
+    (:func:`torch_layer` for ``torch.nn``'s names)."""
     v = values
     if not problem.lengths:
         return _reference_batch(problem, v["params"], v["x"], v["h0"], v["c0"], v["gy"], v["ghn"],
-                                v["gcn"])
+                                v["gcn"], build)
     T, N = problem.T, problem.N
     parts = []
     for n, length in enumerate(problem.lengths):
         pick = lambda a, t=None: None if a is None else (a[:t, n:n + 1] if t else a[:, n:n + 1])  # noqa: E731
         parts.append(_reference_batch(problem, v["params"], pick(v["x"], length), pick(v["h0"]),
                                       pick(v["c0"]), pick(v["gy"], length), pick(v["ghn"]),
-                                      pick(v["gcn"])))
+                                      pick(v["gcn"]), build))
     def padded(key, width):
         out = np.zeros((T, N, width))
         for n, (length, part) in enumerate(zip(problem.lengths, parts)):
@@ -530,67 +435,6 @@ def module_reproduction(factory, problem, device="cpu") -> str:
             f"{_callable_source(factory, 'factory', role)}\n"
             f"problem = {problem!r}\n"
             f"check_problem(factory, problem, device={device!r})\n")
-
-
-# -- the fixed scenarios ----------------------------------------------------------------------
-
-def scenarios(cell, dtype="float32") -> list:
-    """[(name, Problem)]: one problem per fault class framework layers have shipped, and one
-    whose input holds more than 2¹⁶ elements (33·16·128), bidirectional, two layers."""
-    P = lambda **kw: Problem(cell=cell, dtype=dtype, **kw)  # noqa: E731
-    return [
-        ("batch_first_backward", P(batch_first=True, num_layers=2, T=3, N=2, I=3, H=3, seed=2)),
-        ("initial_states_per_layer", P(num_layers=3, T=3, N=2, I=2, H=3, seed=3)),
-        ("no_bias_given", P(bias=False, num_layers=2, T=3, N=2, I=2, H=2, seed=4)),
-        ("bidirectional", P(bidirectional=True, num_layers=2, T=4, N=2, I=3, H=2, seed=5)),
-        ("final_states_only", P(num_layers=2, bidirectional=True, loss="final", T=3, N=2, I=2, H=2, seed=6)),
-        ("packed_unsorted", P(form="packed", lengths=(2, 4, 1), bidirectional=True, num_layers=2,
-                              batch_first=True, T=4, N=3, I=2, H=2, seed=7)),
-        ("unbatched", P(form="unbatched", num_layers=2, T=3, N=1, I=2, H=3, seed=8)),
-        ("noncontiguous", P(form="noncontiguous", num_layers=2, T=3, N=2, I=3, H=2, seed=9)),
-        ("train_eval_train", P(num_layers=2, dropout=0.5, mode="sequence", T=3, N=4, I=3, H=4, seed=10)),
-        ("dropout_gradients", P(num_layers=3, dropout=0.5, mode="train", T=3, N=4, I=3, H=4, seed=11)),
-        ("over_2_16_elements", P(num_layers=2, bidirectional=True, T=16, N=33, I=128, H=8, seed=1)),
-    ] + ([("relu", P(nonlinearity="relu", num_layers=2, T=3, N=2, I=2, H=3, seed=12))]
-         if cell == "rnn" else [])
-
-
-def problems(cell, *, dtype="float32", max_layers=3, max_size=4, boundary=True):
-    """A hypothesis strategy of :class:`Problem`\\ s of ``cell`` (shrinking to one layer, the
-    default options, batched input, random states, both losses, eval mode, small sizes)."""
-    from hypothesis import strategies as st
-
-    @st.composite
-    def draw(draw):
-        def size(lo, special):
-            pick = draw(st.integers(0, 11))
-            if boundary and special and pick == 11:
-                return draw(st.sampled_from(special))
-            return draw(st.integers(lo, max_size))
-
-        L = draw(st.integers(1, max_layers))
-        form = draw(st.sampled_from(FORMS))
-        T = size(1, ())
-        N = 1 if form == "unbatched" else size(1, (31, 32, 33))
-        lengths = None
-        if form == "packed":
-            lengths = tuple(draw(st.lists(st.integers(1, T), min_size=N, max_size=N)))
-        mode = draw(st.sampled_from(MODES))
-        nonlinearity = draw(st.sampled_from(("tanh", "relu"))) if cell == "rnn" else "tanh"
-        dropout = draw(st.sampled_from((0.0, 0.5))) if L > 1 else 0.0
-        bias = draw(st.sampled_from((True, False)))
-        if nonlinearity == "relu" and mode == "train" and dropout:
-            # without a bias, a dropped input row and zero states put a relu exactly on its kink,
-            # where central differences do not give the derivative
-            bias = True
-        return Problem(
-            cell=cell, num_layers=L, bidirectional=draw(st.booleans()),
-            batch_first=draw(st.booleans()), bias=bias, nonlinearity=nonlinearity, dropout=dropout,
-            T=T, N=N, I=size(1, (31, 32, 33)), H=size(1, (31, 32, 33)), form=form,
-            lengths=lengths, states=draw(st.sampled_from(STATES)), loss=draw(st.sampled_from(LOSSES)),
-            mode=mode, dtype=dtype, seed=draw(st.integers(0, 2**32 - 1)))
-
-    return draw()
 
 
 @dataclasses.dataclass
