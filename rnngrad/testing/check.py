@@ -231,7 +231,19 @@ def _case_repr(case):
 
 def _import_source(fn, name):
     """Python that binds ``name`` to ``fn`` by importing it, or None when ``fn`` cannot be
-    imported by its module and qualified name (a lambda, a nested function, a bound method)."""
+    imported by its module and qualified name (a lambda, a nested function, a bound method).
+    A callable made by a function says how to make it again in ``source``, a pair (import
+    line, expression); a ``functools.partial`` of an importable function is rebuilt from its
+    arguments' reprs."""
+    source = getattr(fn, "source", None)
+    if isinstance(source, tuple) and len(source) == 2:
+        return f"{source[0]}\n{name} = {source[1]}\n"
+    if isinstance(fn, functools.partial):
+        inner = _import_source(fn.func, "_function")
+        args = [repr(a) for a in fn.args] + [f"{k}={v!r}" for k, v in fn.keywords.items()]
+        if inner is None or not all(_evaluates(a) for a in args):
+            return None
+        return f"import functools\n{inner}{name} = functools.partial(_function, {', '.join(args)})\n"
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
         return None
@@ -246,6 +258,17 @@ def _import_source(fn, name):
     if "." not in qualname:
         return f"from {module} import {qualname} as {name}\n"
     return f"import {module}\n{name} = {module}.{qualname}\n"
+
+
+def _evaluates(text):
+    """Whether a repr is Python that rebuilds its value (literals and their containers)."""
+    import ast
+
+    try:
+        ast.literal_eval(text.split("=", 1)[1] if "=" in text.split("(")[0] else text)
+    except (ValueError, SyntaxError):
+        return False
+    return True
 
 
 def _callable_source(fn, name, role):

@@ -62,6 +62,7 @@ def mlx_factory(cell):
 
     factory.__name__ = factory.__qualname__ = f"mlx_{cell}"
     factory.__module__ = __name__
+    factory.source = (f"from {__name__} import mlx_factory", f"mlx_factory({cell!r})")
     return factory
 
 

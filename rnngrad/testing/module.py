@@ -41,6 +41,7 @@ import numpy as np
 
 from .check import fuzz_draws
 from .compare import TOLERANCES, compare_array
+from .arrays import is_array_layer, locator, rnngrad_layer, run_layer
 from .layer_problems import (CELLS, FORMS, LOSSES, MODES, STATES, VALUES, Capabilities,  # noqa: F401
                              Problem, layer_of, problem_values, problems, scenarios)
 
@@ -148,14 +149,19 @@ def reference(problem: Problem, values: dict, build=torch_layer) -> dict:
 
 # -- the layer under test ---------------------------------------------------------------------
 
-def _build(factory, problem, device, values):
+def _make(factory, problem):
+    """The factory's layer for the problem's configuration (Unsupported when it declines)."""
+    try:
+        return factory(**problem.config())
+    except (ValueError, NotImplementedError) as exc:
+        raise Unsupported(f"factory raised {type(exc).__name__}: {exc}") from exc
+
+
+def _build(factory, problem, device, values, module=None):
     """The factory's layer on ``device`` in the problem's dtype, its parameters set."""
     import torch
 
-    try:
-        module = factory(**problem.config())
-    except (ValueError, NotImplementedError) as exc:
-        raise Unsupported(f"factory raised {type(exc).__name__}: {exc}") from exc
+    module = _make(factory, problem) if module is None else module
     module = module.to(device=device, dtype=getattr(torch, problem.dtype))
     names = [n for n, _ in module.named_parameters()]
     if sorted(names) != sorted(values["params"]):
@@ -298,9 +304,32 @@ def _kind(name):
     return "state" if name in ("input", "h_0", "c_0") else "parameter"
 
 
-def compare_runs(got, want, dtype, *, against="reference") -> list:
+def _user_layout(name, a, problem):
+    """A time-major quantity in the layer's own layout (batch-first, unbatched), so that a
+    mismatch's index addresses the user's tensor."""
+    if a is None or problem is None:
+        return a
+    if name in ("output", "input"):
+        return _in_layout(a, problem)
+    return _states_layout(a, problem) if name in ("h_n", "c_n", "h_0", "c_0") else a
+
+
+def _layout_words(name, problem):
+    if problem is None or name not in ("output", "input", "h_n", "c_n", "h_0", "c_0"):
+        return ""
+    width = "I" if name == "input" else "D·H"
+    if name in ("output", "input"):
+        if problem.form == "unbatched":
+            return f" [T,{width}]"
+        return f" [N,T,{width}]" if problem.batch_first else f" [T,N,{width}]"
+    return " [L·D,H]" if problem.form == "unbatched" else " [L·D,N,H]"
+
+
+def compare_runs(got, want, dtype, *, against="reference", problem=None, locate=None) -> list:
     """[Mismatch] between a layer's run and the reference (or another run), each quantity under
-    rnngrad's tolerance for its kind; a missing gradient is a mismatch."""
+    rnngrad's tolerance for its kind; a missing gradient is a mismatch. With ``problem``, the
+    indices are in the layer's own layout; ``locate(name, index)`` adds where a parameter's
+    element is in the framework's own parameters."""
     from .compare import Mismatch
 
     mismatches = []
@@ -314,11 +343,14 @@ def compare_runs(got, want, dtype, *, against="reference") -> list:
             mismatches.append(Mismatch(label, (), np.nan, np.nan, 0.0, 0.0, 0.0, "missing",
                                        f"none computed, {against} has one of shape {w.shape}"))
             continue
+        g, w = _user_layout(name, g, problem), _user_layout(name, w, problem)
         _, m = compare_array(_PROXY[_kind(name)], g, w, dtype)
         if m is not None:
             if m.message is not None and m.kind == "shape":
                 m.message = f"got shape {np.shape(g)}, {against} shape {np.shape(w)}"
-            m.quantity = label
+            m.quantity = label + _layout_words(name, problem)
+            if locate is not None and name in want["params"] and m.message is None:
+                m.quantity += f" (= {locate(name, m.index)})"
             mismatches.append(m)
     return mismatches
 
@@ -370,15 +402,20 @@ def _difference_check(module, problem, values, device, got):
 
 def check_problem(factory, problem: Problem, *, device="cpu"):
     """Check one problem; raise :class:`ModuleMismatch` on a difference, :class:`Unsupported`
-    when the factory or layer declines it."""
+    when the factory or layer declines it. The factory's layer is a ``torch.nn.Module`` or an
+    array layer (:mod:`rnngrad.testing.arrays`)."""
+    layer = _make(factory, problem)
+    if is_array_layer(layer):
+        return _check_array_layer(factory, layer, problem)
     values = problem_values(problem)
-    module = _build(factory, problem, device, values)
+    module = _build(factory, problem, device, values, module=layer)
     dtype = np.dtype(problem.dtype)
     seed = problem.seed % (2**31)
     failures = []
     if problem.mode == "eval":
         module.eval()
-        failures = compare_runs(_run(module, problem, values, device), reference(problem, values), dtype)
+        failures = compare_runs(_run(module, problem, values, device), reference(problem, values), dtype,
+                                problem=problem)
     elif problem.mode == "train":
         if problem.dropout and problem.num_layers > 1:
             # central differences of float32 losses are too coarse for relu's kinks and steep
@@ -392,7 +429,7 @@ def check_problem(factory, problem: Problem, *, device="cpu"):
         else:
             module.train()
             got = _run(module, problem, values, device, seed=seed)
-            failures = compare_runs(got, reference(problem, values), dtype)
+            failures = compare_runs(got, reference(problem, values), dtype, problem=problem)
     else:  # train → eval → train on the same shapes
         module.train()
         first = _run(module, problem, values, device, seed=seed)
@@ -409,6 +446,36 @@ def check_problem(factory, problem: Problem, *, device="cpu"):
         again = _run(module, problem, values, device, seed=seed)
         failures += [_tag(m, "train after eval vs the first train run (same seed)")
                      for m in compare_runs(again, first, dtype, against="the first run")]
+    if failures:
+        raise ModuleMismatch(_message(problem, failures), problem=problem, mismatches=failures)
+
+
+def _check_array_layer(factory, layer, problem):
+    """check_problem for a layer of the array protocol (eval mode only)."""
+    from .compare import Mismatch
+
+    if problem.mode != "eval":
+        raise Unsupported("train mode: array layers are checked in eval mode")
+    names = list(getattr(layer, "parameter_names", ()))
+    required = problem.parameter_names("rnngrad")
+    allowed = problem.parameter_names("rnngrad", secondary_bias=problem.cell == "gru")
+    if not set(required) <= set(names) <= set(allowed):
+        raise AssertionError(f"parameter_names: expected {required}"
+                             f"{' (and secondary_bias_l·)' if problem.cell == 'gru' else ''}, "
+                             f"got {names}")
+    values = problem_values(problem, [n for n in allowed if n in names])
+    try:
+        got = run_layer(layer, problem, values, (_in_layout, _from_layout, _states_layout))
+    except NotImplementedError as exc:
+        raise Unsupported(f"the layer raised NotImplementedError: {exc}") from exc
+    want = reference(problem, values, build=rnngrad_layer(layer.descriptor))
+    dtype = np.dtype(problem.dtype)
+    framework = getattr(factory, "framework", None) or type(layer).__module__.split(".")[0]
+    failures = [Mismatch(n, (), np.nan, np.nan, 0.0, 0.0, 0.0, "dtype",
+                         f"got dtype {d}, expected {dtype}")
+                for n, d in got.pop("dtypes").items() if d != dtype]
+    failures += compare_runs(got, want, dtype, problem=problem,
+                             locate=locator(layer, problem, values, framework))
     if failures:
         raise ModuleMismatch(_message(problem, failures), problem=problem, mismatches=failures)
 
@@ -460,18 +527,23 @@ class ModuleReport:
 
 def check_module(factory, cell, *, device="cpu", max_examples=150, seed=None, dtype="float32",
                  scenarios_first=True, max_layers=3, max_size=4, boundary=True, threads=1,
-                 progress=None) -> ModuleReport:
+                 progress=None, values="contractive", capabilities=None,
+                 after_problem=None) -> ModuleReport:
     """Fuzz a framework RNN layer against rnngrad's float64 reference, composed layer by layer.
 
     factory: ``factory(**config)`` builds a layer from ``torch.nn.RNN`` / ``GRU`` / ``LSTM``'s
         constructor keywords (input_size, hidden_size, num_layers, bias, batch_first, dropout,
-        bidirectional, and nonlinearity for ``"rnn"``; no device or dtype: the checker moves the
-        layer with ``.to(device, dtype)``), with ``torch.nn``'s call convention and parameter
-        names (``torch.nn.LSTM`` itself is one). It may raise ValueError or NotImplementedError
-        for a configuration it does not support, and the layer NotImplementedError for an
-        input form: counted in the report, not failed.
+        bidirectional, and nonlinearity for ``"rnn"``). Either a ``torch.nn.Module`` with
+        ``torch.nn``'s call convention and parameter names (``torch.nn.LSTM`` itself is one; no
+        device or dtype: the checker moves it with ``.to(device, dtype)``), or an array layer
+        of any framework (:mod:`rnngrad.testing.arrays`: arrays in and out, its own VJP,
+        rnngrad's parameter names; no PyTorch needed). It may raise ValueError or
+        NotImplementedError for a configuration it does not support, and the layer
+        NotImplementedError (or :class:`Unsupported`) for an input form: counted in the
+        report, not failed. Its attributes ``capabilities``, ``after_problem`` and ``source``
+        stand in for the knobs of those names and for the reproduction's import line.
     cell: ``"rnn"``, ``"gru"`` or ``"lstm"``.
-    device: where the layer runs (``"cpu"``, ``"mps"``, ``"cuda"``).
+    device: where a torch layer runs (``"cpu"``, ``"mps"``, ``"cuda"``).
     max_examples: problems drawn by hypothesis after the fixed scenarios (:func:`scenarios`).
     seed: makes the draws reproducible (None: a fresh random seed).
     dtype: ``"float32"`` or ``"float64"`` (the reference is float64 on the rounded values).
@@ -482,32 +554,45 @@ def check_module(factory, cell, *, device="cpu", max_examples=150, seed=None, dt
     threads: torch's intra-op threads while the check runs (restored afterwards); None leaves
         torch's setting. The problems are small, where more threads only add synchronisation.
     progress: called with the number of problems checked so far.
+    values: ``"contractive"``, ``"saturating"`` (gates at 0 or 1) or ``"nonfinite"`` (one NaN
+        or infinity in one batch row's input).
+    capabilities: a :class:`Capabilities`: what the layer family can do; nothing else is
+        drawn, and the scenarios that need something else are left out.
+    after_problem: called after every problem (passed or not): where a JIT framework clears
+        its compilation caches.
 
     Returns a :class:`ModuleReport`; raises :class:`ModuleMismatch` (an AssertionError) naming
-    the configuration, the quantity, the index, both values and the tolerance, with a
+    the configuration, the quantity, the index (in the layer's own layout, and for an array
+    layer in the framework's own parameters and gate), both values and the tolerance, with a
     runnable reproduction, for the first failing problem, shrunk.
     """
     if cell not in CELLS:
         raise ValueError(f"cell: expected one of {CELLS}, got {cell!r}")
     if np.dtype(dtype).name not in ("float16", "float32", "float64"):
         raise ValueError(f"dtype: expected float16, float32 or float64, got {dtype!r}")
-    dtype = np.dtype(dtype).name
-    if threads is None:
-        return _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first,
-                             max_layers, max_size, boundary, progress)
-    import torch
-
+    if values not in VALUES:
+        raise ValueError(f"values: expected one of {VALUES}, got {values!r}")
+    knobs = dict(device=device, max_examples=max_examples, seed=seed, dtype=np.dtype(dtype).name,
+                 scenarios_first=scenarios_first, max_layers=max_layers, max_size=max_size,
+                 boundary=boundary, progress=progress, values=values,
+                 capabilities=capabilities or getattr(factory, "capabilities", None),
+                 after_problem=after_problem or getattr(factory, "after_problem", None))
+    try:
+        import torch
+    except ImportError:  # an array layer needs no torch
+        torch = None
+    if threads is None or torch is None:
+        return _check_module(factory, cell, **knobs)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first,
-                             max_layers, max_size, boundary, progress)
+        return _check_module(factory, cell, **knobs)
     finally:
         torch.set_num_threads(saved)
 
 
-def _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first, max_layers,
-                  max_size, boundary, progress):
+def _check_module(factory, cell, *, device, max_examples, seed, dtype, scenarios_first,
+                  max_layers, max_size, boundary, progress, values, capabilities, after_problem):
     start = time.perf_counter()
     checked, unsupported = 0, {}
 
@@ -529,16 +614,19 @@ def _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_fi
                                  f"  on {problem.summary()}\nReproduce with:\n"
                                  f"{module_reproduction(factory, problem, device)}",
                                  problem=problem) from exc
+        finally:
+            if after_problem is not None:
+                after_problem()
         checked += 1
         if progress is not None:
             progress(checked)
 
     count = 0
     if scenarios_first:
-        for label, problem in scenarios(cell, dtype):
+        for label, problem in scenarios(cell, dtype, capabilities):
             count += 1
             try:
-                one(problem, label)
+                one(dataclasses.replace(problem, values=values), label)
             except ModuleMismatch as exc:
                 exc.examples = count
                 raise
@@ -548,12 +636,12 @@ def _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_fi
             count += 1
             return count
         fuzz_draws(problems(cell, dtype=dtype, max_layers=max_layers, max_size=max_size,
-                            boundary=boundary),
+                            boundary=boundary, values=values, capabilities=capabilities),
                    one, ModuleMismatch, max_examples=max_examples, seed=seed, tick=tick)
     return ModuleReport(cell, dtype, str(device), checked, unsupported, time.perf_counter() - start)
 
 
 __all__ = ["check_module", "check_problem", "Problem", "ModuleMismatch", "ModuleReport",
-           "Unsupported", "problem_values", "reference", "scenarios", "problems",
+           "Unsupported", "Capabilities", "torch_layer", "VALUES", "problem_values", "reference", "scenarios", "problems",
            "module_reproduction", "compare_runs", "CELLS", "FORMS", "STATES", "LOSSES", "MODES",
            "DIFFERENCE_TOLERANCES"]
