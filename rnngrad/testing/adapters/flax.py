@@ -1,0 +1,247 @@
+"""Flax's recurrent layers for :func:`rnngrad.testing.check_module` (array protocol, jax VJP)::
+
+    from rnngrad.testing import check_module
+    from rnngrad.testing.adapters.flax import flax_adapter
+    check_module(flax_adapter("gru"), "gru")                       # flax.nnx.RNN(nnx.GRUCell)
+    check_module(flax_adapter("lstm", "OptimizedLSTMCell"), "lstm")
+    check_module(flax_adapter("lstm", api="linen"), "lstm")        # flax.linen.RNN
+
+The layer under test is ``nnx.RNN(cell, time_major=..., return_carry=True)`` (``linen.RNN``
+with ``api="linen"``), wrapped in ``nnx.Bidirectional`` (``linen.Bidirectional``) for two
+directions, the backward one ``reverse=True, keep_order=True``; variable lengths go in as
+``seq_lengths``. Flax stacks no layers (one layer a check), has no dropout between layers and
+no unbatched form. Its layouts and gate orders, rnngrad's names on the right (gates in
+rnngrad's letters, SEMANTICS.md §2.2):
+
+=================  ===========================================================================
+SimpleCell         ``dense_i.kernel`` [I,H] = input_weightᵀ; ``dense_i.bias`` = bias;
+                   ``dense_h.kernel`` [H,H] = recurrent_weightᵀ; ``activation_fn`` tanh or relu
+GRUCell            gates r, z, n (rnngrad ``reset_gate_first=True``: r, z, o), ``reset_after``
+                   (n = tanh(x W_n + b_n + r ⊙ (h R_n))), h' = (1 − z) ⊙ n + z ⊙ h;
+                   ``dense_i.kernel`` [I,3H] = input_weightᵀ, ``dense_i.bias`` = bias,
+                   ``dense_h.kernel`` [H,3H] = recurrent_weightᵀ; no b_hn (``dense_h`` has no
+                   bias, although ``linen.GRUCell``'s docstring names one): no secondary_bias
+LSTMCell           gates i, f, g, o (rnngrad's i, f, z, o): ``i{i,f,g,o}.kernel`` [I,H] = the
+                   gate's rows of input_weight, transposed (``if_`` for f);
+                   ``h{i,f,g,o}.kernel`` [H,H] = its rows of recurrent_weight, transposed;
+                   ``h{i,f,g,o}.bias`` [H] = its block of bias
+OptimizedLSTMCell  ``dense_i.kernel`` [I,4H] = input_weightᵀ; ``dense_h.kernel`` [H,4H] =
+                   recurrent_weightᵀ; ``dense_h.bias`` = bias; gates i, f, g, o
+=================  ===========================================================================
+
+Carries: ``h`` for SimpleCell and GRUCell, ``(c, h)`` for the LSTM cells. Needs flax (and jax
+with float64 enabled, which importing this module does).
+"""
+
+from __future__ import annotations
+
+from ..layer_problems import Capabilities
+from . import _jax
+
+__all__ = ["flax_adapter", "CELLS"]
+
+#: rnngrad cell -> Flax cells that compute it
+CELLS = {"rnn": ("SimpleCell",), "gru": ("GRUCell",), "lstm": ("LSTMCell", "OptimizedLSTMCell")}
+_DEFAULT = {"rnn": "SimpleCell", "gru": "GRUCell", "lstm": "LSTMCell"}
+#: a few sizes, so that jax compiles a few programs per configuration
+SIZES = {"T": (1, 3, 4), "N": (1, 2, 33), "I": (1, 3, 32), "H": (1, 2, 33)}
+
+
+def to_framework(cell_name, params, suffix, H):
+    """Flax's parameters of one direction, {path: array}, from rnngrad's (the one mapping)."""
+    W, R = params[f"input_weight{suffix}"], params[f"recurrent_weight{suffix}"]
+    b = params.get(f"bias{suffix}")
+    if cell_name == "LSTMCell":
+        out = {}
+        for g, gate in enumerate(("i", "f", "g", "o")):
+            rows = slice(g * H, (g + 1) * H)
+            out[f"{'if_' if gate == 'f' else 'i' + gate}.kernel"] = W[rows].T
+            out[f"h{gate}.kernel"] = R[rows].T
+            if b is not None:
+                out[f"h{gate}.bias"] = b[rows]
+        return out
+    out = {"dense_i.kernel": W.T, "dense_h.kernel": R.T}
+    if b is not None:
+        out["dense_h.bias" if cell_name == "OptimizedLSTMCell" else "dense_i.bias"] = b
+    return out
+
+
+class FlaxAdapter:
+    """A factory of array layers computed by Flax's ``RNN`` over one of its cells."""
+
+    def __init__(self, cell, cell_name=None, api="nnx"):
+        if cell not in CELLS:
+            raise ValueError(f"cell: expected one of {tuple(CELLS)}, got {cell!r}")
+        cell_name = cell_name or _DEFAULT[cell]
+        if cell_name not in CELLS[cell]:
+            raise ValueError(f"cell_name: expected one of {CELLS[cell]} for {cell!r}, got {cell_name!r}")
+        if api not in ("nnx", "linen"):
+            raise ValueError(f"api: expected 'nnx' or 'linen', got {api!r}")
+        _jax.enable_x64()
+        self.cell, self.cell_name, self.api = cell, cell_name, api
+        self.framework = f"flax.{api}.{cell_name}"
+        self.capabilities = Capabilities(num_layers=1, dropout=False, unbatched=False,
+                                         noncontiguous=False, no_bias=False, sizes=SIZES)
+        self.source = ("from rnngrad.testing.adapters.flax import flax_adapter",
+                       f"flax_adapter({cell!r}, {cell_name!r}, api={api!r})")
+
+    def after_problem(self):
+        _jax.after_problem()
+
+    def __call__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
+                 dropout=0.0, bidirectional=False, nonlinearity="tanh"):
+        import rnngrad as rg
+
+        if num_layers != 1:
+            raise NotImplementedError("num_layers: Flax's RNN is one layer")
+        if not bias:
+            raise NotImplementedError("bias=False: Flax's cells always have biases")
+        if self.cell == "rnn":
+            if nonlinearity not in ("tanh", "relu"):
+                raise ValueError(f"nonlinearity: expected 'tanh' or 'relu', got {nonlinearity!r}")
+            descriptor = rg.SingleGateRNNDescriptor(activation=nonlinearity)
+        elif self.cell == "gru":
+            descriptor = rg.GRUDescriptor(reset_gate_first=True, reset_after=True)
+        else:
+            descriptor = rg.LSTMDescriptor()
+        D, H, I = 2 if bidirectional else 1, hidden_size, input_size
+        suffixes = ("_l0", "_l0_reverse")[:D]
+        names = [f"{stem}{s}" for s in suffixes for stem in ("input_weight", "recurrent_weight", "bias")]
+        make = self._nnx if self.api == "nnx" else self._linen
+
+        def mapping(params):
+            own = {}
+            for d, s in enumerate(suffixes):
+                prefix = ("forward_rnn.cell.", "backward_rnn.cell.")[d] if D == 2 else "cell."
+                own.update({prefix + k: v for k, v in to_framework(self.cell_name, params, s, H).items()})
+            return own
+
+        key = (self.framework, I, H, D, batch_first, nonlinearity)
+        return _jax.JaxLayer(key, descriptor, names, mapping,
+                             lambda dtype: make(I, H, D, batch_first, nonlinearity, dtype))
+
+    # -- the layer, as a jax function of Flax's parameters -------------------------------------
+
+    def _cell_kwargs(self, nonlinearity):
+        import jax
+
+        return {"activation_fn": jax.nn.relu} if self.cell == "rnn" and nonlinearity == "relu" else {}
+
+    def _carry(self, h0, c0, d, D):
+        """Flax's initial carry of direction d from [D,N,H] states (None: Flax's own zeros)."""
+        if h0 is None:
+            return None
+        H = h0.shape[-1]
+        h = h0[d]
+        if self.cell == "lstm":
+            import jax.numpy as jnp
+
+            c = jnp.zeros_like(h) if c0 is None else c0[d]
+            return (c, h)
+        return h if H else h
+
+    def _finish(self, carries, y, lengths, batch_first):
+        import jax.numpy as jnp
+
+        if self.cell == "lstm":
+            hn = jnp.stack([c[1] for c in carries])
+            cn = jnp.stack([c[0] for c in carries])
+        else:
+            hn, cn = jnp.stack(carries), None
+        return _jax.zero_padded(y, lengths, batch_first), hn, cn
+
+    def _nnx(self, I, H, D, batch_first, nonlinearity, dtype):
+        import jax.numpy as jnp
+        from flax import nnx
+
+        cell_class = getattr(nnx, self.cell_name)
+        kwargs = self._cell_kwargs(nonlinearity)
+
+        def rnn(reverse):
+            cell = cell_class(I, H, rngs=nnx.Rngs(0), param_dtype=dtype, dtype=dtype, **kwargs)
+            return nnx.RNN(cell, time_major=not batch_first, return_carry=True, reverse=reverse,
+                           keep_order=reverse, rngs=False)
+
+        model = nnx.Bidirectional(rnn(False), rnn(True), time_major=not batch_first,
+                                  return_carry=True, rngs=False) if D == 2 else rnn(False)
+        graphdef, state, rest = nnx.split(model, nnx.Param, ...)
+        template = state.to_pure_dict()
+
+        def forward(own, x, h0, c0, lengths):
+            params = nnx.State(state)
+            nnx.replace_by_pure_dict(params, _with(template, own, x.dtype))
+            layer = nnx.merge(graphdef, params, rest)
+            carry = None
+            if h0 is not None:
+                carry = self._carry(h0, c0, 0, D) if D == 1 else (self._carry(h0, c0, 0, D),
+                                                                   self._carry(h0, c0, 1, D))
+            # Flax makes its zero carry with an Rngs; one made inside the trace mutates nothing outside
+            rngs = nnx.Rngs(0) if carry is None else None
+            carries, y = layer(x, initial_carry=carry, seq_lengths=lengths, rngs=rngs)
+            return self._finish(carries if D == 2 else (carries,), y, lengths, batch_first)
+
+        return forward
+
+    def _linen(self, I, H, D, batch_first, nonlinearity, dtype):
+        import jax
+        import jax.numpy as jnp
+        from flax import linen
+
+        cell_class = getattr(linen, self.cell_name)
+        kwargs = self._cell_kwargs(nonlinearity)
+
+        def rnn(reverse):
+            return linen.RNN(cell_class(H, param_dtype=dtype, dtype=dtype, **kwargs),
+                             time_major=not batch_first, return_carry=True, reverse=reverse,
+                             keep_order=reverse)
+
+        model = linen.Bidirectional(rnn(False), rnn(True), time_major=not batch_first,
+                                    return_carry=True) if D == 2 else rnn(False)
+
+        def forward(own, x, h0, c0, lengths):
+            params = _linen_params(own, D)
+            carry = None
+            if h0 is not None:
+                carry = self._carry(h0, c0, 0, D) if D == 1 else (self._carry(h0, c0, 0, D),
+                                                                   self._carry(h0, c0, 1, D))
+            carries, y = model.apply({"params": params}, x, initial_carry=carry, seq_lengths=lengths)
+            return self._finish(carries if D == 2 else (carries,), y, lengths, batch_first)
+
+        return forward
+
+
+def _with(template, own, dtype):
+    """Flax's pure state dict with every parameter replaced by the mapped one (in ``dtype``)."""
+    out = {}
+    for key, value in template.items():
+        if isinstance(value, dict):
+            out[key] = _with(value, {k[len(key) + 1:]: v for k, v in own.items()
+                                     if k.startswith(key + ".")}, dtype)
+        elif key in own:
+            out[key] = own[key].astype(dtype)
+        else:
+            raise ValueError(f"{key}: a Flax parameter without an rnngrad counterpart")
+    return out
+
+
+def _linen_params(own, D):
+    """linen's nested params from the mapping's dotted names."""
+    out = {}
+    rename = {"forward_rnn": "forward_rnn", "backward_rnn": "backward_rnn"}
+    for dotted, value in own.items():
+        parts = dotted.split(".")
+        if parts[0] == "cell":
+            parts = ["cell"] + parts[1:]
+        parts = [rename.get(p, p) for p in parts]
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def flax_adapter(cell, cell_name=None, api="nnx") -> FlaxAdapter:
+    """The factory for ``check_module``: Flax's ``RNN`` over ``cell_name`` (default SimpleCell,
+    GRUCell, LSTMCell for "rnn", "gru", "lstm"; "OptimizedLSTMCell" too), ``api`` "nnx" or
+    "linen"."""
+    return FlaxAdapter(cell, cell_name, api)
