@@ -43,8 +43,8 @@ class Capabilities:
     nonlinearities: those of an ``"rnn"`` layer (``"tanh"``, ``"relu"``).
     no_bias: layers without biases.
     initial_states: initial states given to the layer.
-    sizes: None, or ``{"T": (...), "N": (...), "I": (...), "H": (...)}``: the only sizes drawn
-        (a few buckets, so that a framework that compiles per shape compiles a few times).
+    shapes: None, or a few (T, N, I, H): the only sizes drawn (N is 1 for unbatched input), so
+        that a framework that compiles a program per shape compiles a few.
     """
 
     num_layers: int = 3
@@ -57,7 +57,7 @@ class Capabilities:
     nonlinearities: tuple = ("tanh", "relu")
     no_bias: bool = True
     initial_states: bool = True
-    sizes: Optional[dict] = None
+    shapes: Optional[tuple] = None
 
     def forms(self) -> tuple:
         wanted = {"batched": True, "unbatched": self.unbatched, "noncontiguous": self.noncontiguous,
@@ -236,13 +236,14 @@ def problems(cell, *, dtype="float32", max_layers=3, max_size=4, boundary=True,
 
     caps = capabilities or Capabilities()
     max_layers = max(1, min(max_layers, caps.num_layers))
-    buckets = caps.sizes or {}
 
     @st.composite
     def draw(draw):
+        shape = dict(zip("TNIH", draw(st.sampled_from(tuple(caps.shapes))))) if caps.shapes else {}
+
         def size(dim, lo, special):
-            if dim in buckets:
-                return draw(st.sampled_from(tuple(buckets[dim])))
+            if dim in shape:
+                return shape[dim]
             pick = draw(st.integers(0, 11))
             if boundary and special and pick == 11:
                 return draw(st.sampled_from(special))

@@ -16,6 +16,8 @@ import os
 
 import numpy as np
 
+from ...descriptors import LSTMDescriptor
+
 _COMPILED = {}
 #: memory maps past which the compiled programs are dropped (the system's limit is near 65530)
 MAP_BUDGET = 20000
@@ -66,8 +68,8 @@ def zero_padded(output, lengths, batch_first):
 class JaxLayer:
     """An array layer (:mod:`rnngrad.testing.arrays`) computed by jax."""
 
-    def __init__(self, key, descriptor, parameter_names, to_framework, build):
-        self.key = key
+    def __init__(self, key, descriptor, parameter_names, to_framework, build, *, batch_first):
+        self.key, self.batch_first = key, batch_first
         self.descriptor = descriptor
         self.parameter_names = tuple(parameter_names)
         self._to_framework, self._build = to_framework, build
@@ -88,9 +90,7 @@ class JaxLayer:
                     return forward(to_framework(params), x, h0, c0, lengths)
 
                 out, pull = jax.vjp(fn, params, x, h0, c0)
-                cot = tuple(None if o is None else (jnp.zeros_like(o) if c is None else c)
-                            for o, c in zip(out, cotangents))
-                return out, pull(cot)
+                return out, pull(tuple(None if o is None else c for o, c in zip(out, cotangents)))
 
             _COMPILED[key] = (jax.jit(run), jax.jit(
                 lambda params, x, h0, c0, lengths: forward(to_framework(params), x, h0, c0, lengths)))
@@ -101,7 +101,14 @@ class JaxLayer:
         if cotangents is None:
             y, hn, cn = plain(params, x, h0, c0, lengths)
             return {"output": y, "h_n": hn, "c_n": cn}
-        cot = (cotangents.get("output"), cotangents.get("h_n"), cotangents.get("c_n"))
+        # zeros for the quantities outside the loss: one program serves every loss
+        H = params["recurrent_weight_l0"].shape[1]
+        D = 2 if "recurrent_weight_l0_reverse" in params else 1
+        N = x.shape[0 if self.batch_first else 1]
+        shapes = (x.shape[:-1] + (D * H,), (D, N, H),
+                  (D, N, H) if isinstance(self.descriptor, LSTMDescriptor) else None)
+        cot = tuple(None if s is None else (np.zeros(s, x.dtype) if c is None else c)
+                    for s, c in zip(shapes, (cotangents.get(k) for k in ("output", "h_n", "c_n"))))
         (y, hn, cn), (dp, dx, dh0, dc0) = with_vjp(params, x, h0, c0, lengths, cot)
         return {"output": y, "h_n": hn, "c_n": cn, "input": dx, "h_0": dh0, "c_0": dc0,
                 "params": dp}

@@ -43,8 +43,8 @@ __all__ = ["flax_adapter", "CELLS"]
 #: rnngrad cell -> Flax cells that compute it
 CELLS = {"rnn": ("SimpleCell",), "gru": ("GRUCell",), "lstm": ("LSTMCell", "OptimizedLSTMCell")}
 _DEFAULT = {"rnn": "SimpleCell", "gru": "GRUCell", "lstm": "LSTMCell"}
-#: a few sizes, so that jax compiles a few programs per configuration
-SIZES = {"T": (1, 3, 4), "N": (1, 2, 33), "I": (1, 3, 32), "H": (1, 2, 33)}
+#: a few shapes (T, N, I, H), so that jax compiles a few programs per configuration
+SHAPES = ((1, 1, 1, 1), (3, 2, 3, 2), (4, 33, 32, 33))
 
 
 def to_framework(cell_name, params, suffix, H):
@@ -81,7 +81,7 @@ class FlaxAdapter:
         self.cell, self.cell_name, self.api = cell, cell_name, api
         self.framework = f"flax.{api}.{cell_name}"
         self.capabilities = Capabilities(num_layers=1, dropout=False, unbatched=False,
-                                         noncontiguous=False, no_bias=False, sizes=SIZES)
+                                         noncontiguous=False, no_bias=False, shapes=SHAPES)
         self.source = ("from rnngrad.testing.adapters.flax import flax_adapter",
                        f"flax_adapter({cell!r}, {cell_name!r}, api={api!r})")
 
@@ -118,7 +118,8 @@ class FlaxAdapter:
 
         key = (self.framework, I, H, D, batch_first, nonlinearity)
         return _jax.JaxLayer(key, descriptor, names, mapping,
-                             lambda dtype: make(I, H, D, batch_first, nonlinearity, dtype))
+                             lambda dtype: make(I, H, D, batch_first, nonlinearity, dtype),
+                             batch_first=batch_first)
 
     # -- the layer, as a jax function of Flax's parameters -------------------------------------
 
