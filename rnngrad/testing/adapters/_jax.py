@@ -104,9 +104,9 @@ class JaxLayer:
         # zeros for the quantities outside the loss: one program serves every loss
         H = params["recurrent_weight_l0"].shape[1]
         D = 2 if "recurrent_weight_l0_reverse" in params else 1
-        N = x.shape[0 if self.batch_first else 1]
-        shapes = (x.shape[:-1] + (D * H,), (D, N, H),
-                  (D, N, H) if isinstance(self.descriptor, LSTMDescriptor) else None)
+        state = (D, H) if x.ndim == 2 else (D, x.shape[0 if self.batch_first else 1], H)
+        shapes = (x.shape[:-1] + (D * H,), state,
+                  state if isinstance(self.descriptor, LSTMDescriptor) else None)
         cot = tuple(None if s is None else (np.zeros(s, x.dtype) if c is None else c)
                     for s, c in zip(shapes, (cotangents.get(k) for k in ("output", "h_n", "c_n"))))
         (y, hn, cn), (dp, dx, dh0, dc0) = with_vjp(params, x, h0, c0, lengths, cot)
