@@ -1,0 +1,239 @@
+"""Keras 3's ``SimpleRNN``, ``GRU`` (both ``reset_after``), ``LSTM`` and ``Bidirectional`` for
+:func:`rnngrad.testing.check_module`, on Keras's jax or torch backend (array protocol)::
+
+    # KERAS_BACKEND=jax (or torch) in the environment, before keras is imported
+    from rnngrad.testing import check_module
+    from rnngrad.testing.adapters.keras import keras_adapter
+    check_module(keras_adapter("gru", reset_after=False), "gru")
+
+The layer under test is ``keras.layers.<Cell>(H, return_sequences=True, return_state=True,
+dtype=...)`` (``Bidirectional`` of it for two directions, ``merge_mode="concat"``), called
+through ``stateless_call`` with the parameters rnngrad drew, an ``initial_state`` and, for
+variable lengths, a ``mask``; its gradients come from ``jax.vjp`` (jax backend) or
+``torch.autograd`` (torch backend) of that call. Keras layers are batch-first, one layer each,
+with no unbatched form and no dropout between layers. Layouts, rnngrad's names on the right:
+
+==============  =============================================================================
+SimpleRNN       ``kernel`` [I,H] = input_weightᵀ; ``recurrent_kernel`` [H,H] =
+                recurrent_weightᵀ; ``bias`` [H] = bias; ``activation`` tanh or relu
+GRU             ``kernel`` [I,3H] = input_weightᵀ, ``recurrent_kernel`` [H,3H] =
+                recurrent_weightᵀ, gates z, r, h (rnngrad's z, r, o, its default order);
+                h' = z ⊙ h + (1 − z) ⊙ ĥ (``flip_z=False``). ``reset_after=True``: ``bias``
+                [2,3H] = (input bias, recurrent bias): half of rnngrad's bias in each row for z
+                and r; row 0's h block = bias's o block, row 1's = secondary_bias (inside the
+                reset product). ``reset_after=False``: ``bias`` [3H] = bias, and
+                ĥ = tanh(x W_h + b_h + (r ⊙ h) R_h)
+LSTM            ``kernel`` [I,4H], ``recurrent_kernel`` [H,4H] (transposed), ``bias`` [4H];
+                gates i, f, c, o (rnngrad's i, f, z, o)
+Bidirectional   ``forward_*`` and ``backward_*`` layers: the ``_l0`` and ``_l0_reverse``
+                parameters; initial states [h_fw, (c_fw,) h_bw, (c_bw)]
+==============  =============================================================================
+
+A Keras layer's parameter in a message is named ``forward.kernel`` / ``backward.kernel`` for
+two directions, ``kernel`` for one. Needs keras 3 and its backend (jax, or torch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ...descriptors import GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
+from ..layer_problems import Capabilities
+from . import _jax
+
+__all__ = ["keras_adapter", "SHAPES"]
+
+_CLASSES = {"rnn": "SimpleRNN", "gru": "GRU", "lstm": "LSTM"}
+#: a few shapes (T, N, I, H), so that a compiling backend compiles a few programs
+SHAPES = ((1, 1, 1, 1), (3, 2, 3, 2), (4, 33, 32, 33))
+
+
+def to_framework(cell, params, suffix, H, reset_after, ops):
+    """Keras's parameters of one direction {name: array} from rnngrad's (the one mapping),
+    with ``ops`` (``keras.ops``) so that it runs and differentiates on any backend."""
+    W, R = params[f"input_weight{suffix}"], params[f"recurrent_weight{suffix}"]
+    own = {"kernel": ops.transpose(W), "recurrent_kernel": ops.transpose(R)}
+    b = params.get(f"bias{suffix}")
+    if b is None:
+        return own
+    if cell == "gru" and reset_after:
+        half = b[:2 * H] * 0.5
+        own["bias"] = ops.stack([ops.concatenate([half, b[2 * H:]]),
+                                 ops.concatenate([half, params[f"secondary_bias{suffix}"]])])
+    else:
+        own["bias"] = b
+    return own
+
+
+def _own_name(path):
+    """``bidirectional/forward_gru/gru_cell/kernel`` → ``forward.kernel``; ``kernel`` alone for
+    one direction."""
+    parts = path.split("/")
+    side = next((p.split("_")[0] for p in parts if p.startswith(("forward_", "backward_"))), None)
+    return f"{side}.{parts[-1]}" if side else parts[-1]
+
+
+class KerasAdapter:
+    """A factory of array layers computed by Keras 3 on its current backend."""
+
+    def __init__(self, cell, reset_after=True):
+        import keras
+
+        if cell not in _CLASSES:
+            raise ValueError(f"cell: expected one of {tuple(_CLASSES)}, got {cell!r}")
+        self.backend = keras.backend.backend()
+        if self.backend not in ("jax", "torch"):
+            raise ValueError(f"KERAS_BACKEND: expected jax or torch (the gradients come from "
+                             f"their autodiff), got {self.backend!r}")
+        if self.backend == "jax":
+            _jax.enable_x64()
+        self.cell, self.reset_after = cell, bool(reset_after)
+        option = "" if cell != "gru" else f"(reset_after={self.reset_after})"
+        self.framework = f"keras.layers.{_CLASSES[cell]}{option} on {self.backend}"
+        self.capabilities = Capabilities(num_layers=1, dropout=False, unbatched=False,
+                                         noncontiguous=False, layouts=("batch_first",),
+                                         shapes=SHAPES if self.backend == "jax" else None)
+        self.source = ("from rnngrad.testing.adapters.keras import keras_adapter",
+                       f"keras_adapter({cell!r}, reset_after={self.reset_after!r})")
+
+    def after_problem(self):
+        if self.backend == "jax":
+            _jax.after_problem()
+
+    def __call__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=True,
+                 dropout=0.0, bidirectional=False, nonlinearity="tanh"):
+        if num_layers != 1 or not batch_first:
+            raise NotImplementedError("Keras's layers: one layer, batch-first")
+        if self.cell == "rnn":
+            if nonlinearity not in ("tanh", "relu"):
+                raise ValueError(f"nonlinearity: expected 'tanh' or 'relu', got {nonlinearity!r}")
+            descriptor = SingleGateRNNDescriptor(activation=nonlinearity)
+        elif self.cell == "gru":
+            descriptor = GRUDescriptor(reset_after=self.reset_after)
+        else:
+            descriptor = LSTMDescriptor()
+        D, H = 2 if bidirectional else 1, hidden_size
+        suffixes = ("_l0", "_l0_reverse")[:D]
+        stems = ["input_weight", "recurrent_weight"] + (["bias"] if bias else [])
+        stems += ["secondary_bias"] if bias and self.cell == "gru" and self.reset_after else []
+        names = [f"{stem}{s}" for s in suffixes for stem in stems]
+        config = (input_size, H, D, bias, nonlinearity)
+
+        def mapping(params, ops=None):
+            import keras
+
+            ops = ops or keras.ops
+            own = {}
+            for d, s in enumerate(suffixes):
+                side = ("forward.", "backward.")[d] if D == 2 else ""
+                for k, v in to_framework(self.cell, params, s, H, self.reset_after, ops).items():
+                    own[side + k] = v
+            return own
+
+        build = lambda dtype: self._forward(config, dtype)  # noqa: E731
+        if self.backend == "jax":
+            return _jax.JaxLayer((self.framework,) + config, descriptor, names, mapping, build,
+                                 batch_first=True)
+        return TorchAutogradLayer(descriptor, names, mapping, build)
+
+    def _layer(self, config, dtype):
+        import keras
+
+        I, H, D, bias, nonlinearity = config
+        kwargs = dict(return_sequences=True, return_state=True, use_bias=bias, dtype=dtype.name)
+        if self.cell == "rnn":
+            kwargs["activation"] = nonlinearity
+        if self.cell == "gru":
+            kwargs["reset_after"] = self.reset_after
+        layer = getattr(keras.layers, _CLASSES[self.cell])(H, **kwargs)
+        if D == 2:
+            layer = keras.layers.Bidirectional(layer, merge_mode="concat", dtype=dtype.name)
+        layer.build((None, None, I))
+        return layer
+
+    def _forward(self, config, dtype):
+        """forward(own, x, h0, c0, lengths) → (output, h_n, c_n) of a Keras layer in ``dtype``."""
+        import keras
+
+        ops = keras.ops
+        layer = self._layer(config, dtype)
+        D, lstm = config[2], self.cell == "lstm"
+        paths = [_own_name(v.path) for v in layer.trainable_variables]
+        fixed = [v.value for v in layer.non_trainable_variables]
+
+        def forward(own, x, h0, c0, lengths):
+            initial = None
+            if h0 is not None:
+                initial = []
+                for d in range(D):
+                    initial += [h0[d], c0[d]] if lstm else [h0[d]]
+            mask = None
+            if lengths is not None:
+                mask = ops.arange(x.shape[1])[None, :] < ops.convert_to_tensor(lengths)[:, None]
+            outs, _ = layer.stateless_call([own[p] for p in paths], fixed, x,
+                                           initial_state=initial, mask=mask)
+            y, states = outs[0], outs[1:]
+            per = 2 if lstm else 1
+            hn = ops.stack([states[d * per] for d in range(D)])
+            cn = ops.stack([states[d * per + 1] for d in range(D)]) if lstm else None
+            if lengths is not None:  # Keras carries the last state through masked steps
+                y = ops.where(mask[..., None], y, ops.zeros((), y.dtype))
+            return y, hn, cn
+
+        return forward
+
+
+@dataclasses.dataclass
+class TorchAutogradLayer:
+    """An array layer whose forward is torch code (Keras on torch): gradients by autograd."""
+
+    descriptor: object
+    parameter_names: tuple
+    mapping: object
+    build: object
+
+    def __post_init__(self):
+        self._forwards = {}
+
+    def framework_parameters(self, params):
+        import torch
+
+        own = self.mapping({k: torch.as_tensor(v) for k, v in params.items()})
+        return {k: v.detach().cpu().numpy() for k, v in own.items()}
+
+    def run(self, params, x, *, h0=None, c0=None, lengths=None, cotangents=None):
+        import torch
+
+        dtype = np.dtype(x.dtype)
+        if dtype.name not in self._forwards:
+            self._forwards[dtype.name] = self.build(dtype)
+        forward = self._forwards[dtype.name]
+        leaf = lambda a: None if a is None else torch.tensor(a, requires_grad=True)  # noqa: E731
+        p = {k: leaf(v) for k, v in params.items()}
+        xs, hs, cs = leaf(x), leaf(h0), leaf(c0)
+        with torch.enable_grad():
+            y, hn, cn = forward(self.mapping(p), xs, hs, cs,
+                                None if lengths is None else torch.as_tensor(lengths))
+            out = {"output": y, "h_n": hn, "c_n": cn}
+            numpy = lambda t: None if t is None else t.detach().cpu().numpy()  # noqa: E731
+            if cotangents is None:
+                return {k: numpy(v) for k, v in out.items()}
+            terms = [(out[k] * torch.as_tensor(c)).sum() for k, c in cotangents.items()
+                     if c is not None and out[k] is not None]
+            leaves = [xs] + [t for t in (hs, cs) if t is not None] + list(p.values())
+            grads = torch.autograd.grad(sum(terms[1:], terms[0]), leaves, allow_unused=True)
+        grads = [numpy(g) if g is not None else np.zeros(t.shape, dtype) for g, t in zip(grads, leaves)]
+        result = {k: numpy(v) for k, v in out.items()}
+        result["input"], rest = grads[0], grads[1:]
+        result["h_0"] = rest.pop(0) if hs is not None else None
+        result["c_0"] = rest.pop(0) if cs is not None else None
+        result["params"] = dict(zip(p, rest))
+        return result
+
+
+def keras_adapter(cell, reset_after=True) -> KerasAdapter:
+    """The factory for ``check_module``: Keras 3's layer of ``cell`` ("rnn": SimpleRNN, "gru",
+    "lstm") on the backend Keras was imported with; ``reset_after`` for the GRU."""
+    return KerasAdapter(cell, reset_after)
