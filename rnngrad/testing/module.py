@@ -39,7 +39,7 @@ from typing import Optional
 
 import numpy as np
 
-from .check import fuzz_draws
+from .check import Unsupported, fuzz_draws
 from .compare import TOLERANCES, compare_array
 from .arrays import is_array_layer, locator, rnngrad_layer, run_layer
 from .layer_problems import (CELLS, FORMS, LOSSES, MODES, STATES, VALUES, Capabilities,  # noqa: F401
@@ -60,8 +60,6 @@ class ModuleMismatch(AssertionError):
         self.problem, self.mismatches, self.examples = problem, list(mismatches), None
 
 
-class Unsupported(Exception):
-    """The factory (or the layer, with NotImplementedError) declined a configuration."""
 
 
 def _mode(problem):
