@@ -148,6 +148,12 @@ def input_sensitivity(case, gradients: bool, *, seed: int = 0) -> float:
     return max(inputs, values)
 
 
+def is_ill_conditioned(case, op) -> bool:
+    """Whether ``case`` is too ill-conditioned for its dtype's tolerance on ``op``: its
+    :func:`input_sensitivity` is at least :data:`ILL_CONDITIONED`."""
+    return input_sensitivity(case, op_info(op)[1]) >= ILL_CONDITIONED
+
+
 @contextlib.contextmanager
 def _nudged_activations(nudge):
     """Within the block the reference's cells see every tanh and sigmoid value passed through
@@ -487,8 +493,7 @@ def check_backend(candidate, op, *, max_examples=100, seed=None, forward=None,
         except Unsupported:
             return False
         except ReferenceMismatch as exc:
-            if (ill_conditioned == "skip" and exc.mismatches
-                    and input_sensitivity(case, op_info(op)[1]) >= ILL_CONDITIONED):
+            if ill_conditioned == "skip" and exc.mismatches and is_ill_conditioned(case, op):
                 return False
             raise
         return True
@@ -557,5 +562,5 @@ def fuzz_draws(strategy, check, error, *, max_examples: int, seed, tick) -> None
         raise
 
 
-__all__ = ["Unsupported", "ILL_CONDITIONED", "check_case", "run_candidate", "reference_result", "reproduction", "case_source",
+__all__ = ["Unsupported", "ILL_CONDITIONED", "is_ill_conditioned", "check_case", "run_candidate", "reference_result", "reproduction", "case_source",
            "ReferenceMismatch", "assert_matches_reference", "check_backend"]
