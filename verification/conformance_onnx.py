@@ -66,8 +66,10 @@ def onnx_node(cell, inputs, desc):
     for name, onnx in (("init_state", "initial_h"), ("init_cell", "initial_c")):
         if name in inputs:
             feeds[onnx] = sided_to_stacked(np.asarray(inputs[name]), D, H)
-    if cell == "lstm" and ("initial_h" in feeds) != ("initial_c" in feeds):
-        raise Unsupported("LSTM: the node here takes initial_h and initial_c together")
+    if cell == "lstm" and ("initial_h" in feeds) != ("initial_c" in feeds):  # the node takes both
+        given = feeds.get("initial_h", feeds.get("initial_c"))
+        feeds.setdefault("initial_h", np.zeros_like(given))
+        feeds.setdefault("initial_c", np.zeros_like(given))
     direction = "bidirectional" if D == 2 else ("reverse" if desc.reverse else "forward")
     attrs = {"activations": acts * D}
     if cell == "gru":
