@@ -29,6 +29,11 @@ OptimizedLSTMCell  ``dense_i.kernel`` [I,4H] = input_weightᵀ; ``dense_h.kernel
                    recurrent_weightᵀ; ``dense_h.bias`` = bias; gates i, f, g, o
 =================  ===========================================================================
 
+``linen`` names its denses ``i`` and ``h`` (SimpleCell), and a dense a gate for the other cells:
+``i{r,z,n}`` (with biases) and ``h{r,z,n}`` for GRUCell, whose ``hn.bias`` is b_hn, rnngrad's
+secondary_bias (``reset_after``); ``i{i,f,g,o}`` and ``h{i,f,g,o}`` (``h*`` with biases) for both
+LSTM cells.
+
 Carries: ``h`` for SimpleCell and GRUCell, ``(c, h)`` for the LSTM cells. Needs flax (and jax
 with float64 enabled, which importing this module does).
 """
@@ -47,22 +52,29 @@ _DEFAULT = {"rnn": "SimpleCell", "gru": "GRUCell", "lstm": "LSTMCell"}
 SHAPES = ((1, 1, 1, 1), (3, 2, 3, 2), (4, 33, 32, 33))
 
 
-def to_framework(cell_name, params, suffix, H):
+def to_framework(cell_name, params, suffix, H, api="nnx"):
     """Flax's parameters of one direction, {path: array}, from rnngrad's (the one mapping)."""
     W, R = params[f"input_weight{suffix}"], params[f"recurrent_weight{suffix}"]
-    b = params.get(f"bias{suffix}")
-    if cell_name == "LSTMCell":
+    b, b2 = params.get(f"bias{suffix}"), params.get(f"secondary_bias{suffix}")
+    # a dense layer a gate: nnx's LSTMCell, and linen's GRU and LSTM cells (its
+    # OptimizedLSTMCell keeps LSTMCell's parameters); the others pack the gates in one
+    per_gate = {"LSTMCell": "ifgo", "OptimizedLSTMCell": "ifgo" if api == "linen" else "",
+                "GRUCell": "rzn" if api == "linen" else ""}.get(cell_name, "")
+    if per_gate:
         out = {}
-        for g, gate in enumerate(("i", "f", "g", "o")):
+        for g, gate in enumerate(per_gate):
             rows = slice(g * H, (g + 1) * H)
-            out[f"{'if_' if gate == 'f' else 'i' + gate}.kernel"] = W[rows].T
-            out[f"h{gate}.kernel"] = R[rows].T
-            if b is not None:
-                out[f"h{gate}.bias"] = b[rows]
+            i_name = "if_" if (gate == "f" and api == "nnx") else f"i{gate}"
+            out[f"{i_name}.kernel"], out[f"h{gate}.kernel"] = W[rows].T, R[rows].T
+            if b is not None:  # LSTM: the recurrent denses carry the bias; GRU: the input ones
+                out[f"{'i' + gate if per_gate == 'rzn' else 'h' + gate}.bias"] = b[rows]
+        if b2 is not None:
+            out["hn.bias"] = b2
         return out
-    out = {"dense_i.kernel": W.T, "dense_h.kernel": R.T}
+    i, h = ("dense_i", "dense_h") if api == "nnx" else ("i", "h")
+    out = {f"{i}.kernel": W.T, f"{h}.kernel": R.T}
     if b is not None:
-        out["dense_h.bias" if cell_name == "OptimizedLSTMCell" else "dense_i.bias"] = b
+        out[f"{h}.bias" if cell_name == "OptimizedLSTMCell" else f"{i}.bias"] = b
     return out
 
 
@@ -106,14 +118,18 @@ class FlaxAdapter:
             descriptor = rg.LSTMDescriptor()
         D, H, I = 2 if bidirectional else 1, hidden_size, input_size
         suffixes = ("_l0", "_l0_reverse")[:D]
-        names = [f"{stem}{s}" for s in suffixes for stem in ("input_weight", "recurrent_weight", "bias")]
+        stems = ["input_weight", "recurrent_weight", "bias"]
+        # linen's GRUCell has b_hn (its hn dense has a bias); nnx's has none
+        stems += ["secondary_bias"] if self.cell == "gru" and self.api == "linen" else []
+        names = [f"{stem}{s}" for s in suffixes for stem in stems]
         make = self._nnx if self.api == "nnx" else self._linen
 
         def mapping(params):
             own = {}
             for d, s in enumerate(suffixes):
                 prefix = ("forward_rnn.cell.", "backward_rnn.cell.")[d] if D == 2 else "cell."
-                own.update({prefix + k: v for k, v in to_framework(self.cell_name, params, s, H).items()})
+                own.update({prefix + k: v for k, v in
+                            to_framework(self.cell_name, params, s, H, self.api).items()})
             return own
 
         key = (self.framework, I, H, D, batch_first, nonlinearity)
