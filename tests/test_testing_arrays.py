@@ -207,3 +207,23 @@ def test_a_mismatch_on_tame_problems_is_still_reported():
 
     with pytest.raises(ReferenceMismatch):
         check_backend(off, "gru", max_examples=0, z_state=True)
+
+
+@pytest.mark.parametrize("cell,op", [("gru", "gru"), ("lstm", "lstm")])
+def test_an_array_layer_serves_as_the_ops_for_check_backend(cell, op):
+    from rnngrad.testing.layer_ops import layer_ops, layer_knobs
+
+    forward, gradients = layer_ops(TorchArrays(cell), cell)
+    assert check_backend(forward, op, max_examples=20, seed=7,
+                         **layer_knobs(TorchArrays(cell), cell, forward=True)) > 15
+    assert check_backend(gradients, op + "_gradients", forward=forward, max_examples=20, seed=7,
+                         **layer_knobs(TorchArrays(cell), cell)) > 15
+
+
+def test_an_array_layers_ops_catch_its_fault():
+    from rnngrad.testing.layer_ops import layer_ops, layer_knobs
+
+    forward, gradients = layer_ops(TorchArrays("gru", fault="swapped_gates"), "gru")
+    with pytest.raises(ReferenceMismatch):
+        check_backend(gradients, "gru_gradients", forward=forward, max_examples=10, seed=7,
+                      **layer_knobs(TorchArrays("gru"), "gru"))

@@ -89,7 +89,7 @@ def _training_outputs(case, forward):
     out = forward(**case.inputs, descriptor=desc)
     if hasattr(out, "z_state"):
         return out.state, out.cell, out.z_state
-    out = list(out) + [None]  # a forward of its own may return only h (and c): no z_state
+    out = list(out) + [None, None]  # a forward of its own may return only h (and c): no z_state
     return (out[0], out[1], out[2]) if case.cell == "lstm" else (out[0], None, out[1])
 
 
