@@ -81,8 +81,21 @@ class Capabilities:
         batch_first = problem.batch_first
         if ("batch_first" if batch_first else "time_major") not in self.layouts:
             batch_first = not batch_first
-        return dataclasses.replace(problem, num_layers=layers, batch_first=batch_first,
+        return dataclasses.replace(self._sized(problem), num_layers=layers, batch_first=batch_first,
                                    dropout=problem.dropout if layers > 1 else 0.0)
+
+    def _sized(self, problem):
+        """The problem in the smallest of ``shapes`` that holds it (more sequences get the
+        longest length), or as it is when none does."""
+        if not self.shapes:
+            return problem
+        fits = [s for s in self.shapes if all(a >= b for a, b in zip(s, (problem.T, problem.N,
+                                                                          problem.I, problem.H)))]
+        if not fits or (problem.form == "unbatched" and min(fits)[1] != 1):
+            return problem
+        T, N, I, H = min(fits, key=lambda s: s[0] * s[1] * s[2] * s[3])
+        lengths = problem.lengths and tuple(problem.lengths) + (T,) * (N - problem.N)
+        return dataclasses.replace(problem, T=T, N=N, I=I, H=H, lengths=lengths)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,8 +48,9 @@ __all__ = ["flax_adapter", "CELLS"]
 #: rnngrad cell -> Flax cells that compute it
 CELLS = {"rnn": ("SimpleCell",), "gru": ("GRUCell",), "lstm": ("LSTMCell", "OptimizedLSTMCell")}
 _DEFAULT = {"rnn": "SimpleCell", "gru": "GRUCell", "lstm": "LSTMCell"}
-#: a few shapes (T, N, I, H), so that jax compiles a few programs per configuration
-SHAPES = ((1, 1, 1, 1), (3, 2, 3, 2), (4, 33, 32, 33))
+#: two shapes (T, N, I, H), every size distinct in the second, so that jax compiles two
+#: programs per configuration (the scenarios are fitted into them)
+SHAPES = ((1, 1, 1, 1), (5, 3, 4, 6))
 
 
 def to_framework(cell_name, params, suffix, H, api="nnx"):
@@ -142,7 +143,13 @@ class FlaxAdapter:
     def _cell_kwargs(self, nonlinearity):
         import jax
 
-        return {"activation_fn": jax.nn.relu} if self.cell == "rnn" and nonlinearity == "relu" else {}
+        # rnngrad sets every parameter: Flax's own initializers (an orthogonal one compiles a QR
+        # a shape) are not run
+        zeros = jax.nn.initializers.zeros
+        kwargs = dict(kernel_init=zeros, recurrent_kernel_init=zeros)
+        if self.cell == "rnn" and nonlinearity == "relu":
+            kwargs["activation_fn"] = jax.nn.relu
+        return kwargs
 
     def _carry(self, h0, c0, d, D):
         """Flax's initial carry of direction d from [D,N,H] states (None: Flax's own zeros)."""
