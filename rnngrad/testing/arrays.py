@@ -28,6 +28,8 @@ as rnngrad's op arguments. No PyTorch is needed. The protocol, for a layer built
 ``framework_parameters(params) -> dict`` (optional)
     The framework's own parameters {its name: array} made from rnngrad's: the one mapping. A
     mismatch in a parameter's gradient then also names the framework's parameter and index.
+``gate_names`` (optional)
+    The framework's names of the gates, in rnngrad's packed order (Keras's LSTM: i, f, c, o).
 
 The factory may carry ``capabilities`` (:class:`rnngrad.testing.layer_problems.Capabilities`),
 ``after_problem()`` (called after every problem: clear compilation caches there) and
@@ -139,12 +141,15 @@ def run_layer(layer, problem, values, layouts) -> dict:
     return got
 
 
-def gate_of(descriptor, cell, name, index, H) -> str:
-    """rnngrad's gate letter of a packed parameter's element (empty for the single gate)."""
+def gate_of(layer, cell, name, index, H) -> str:
+    """The gate of a packed parameter's element: the layer's own name for it (``gate_names``,
+    in rnngrad's packed order), else rnngrad's letter; empty for the single gate."""
     if cell == "rnn" or name.startswith("secondary_bias") or not index:
         return ""
+    descriptor = layer.descriptor
     first = getattr(descriptor, "reset_gate_first", False) or getattr(descriptor, "forget_gate_last", False)
-    return GATES[(cell, bool(first))][index[0] // H]
+    names = getattr(layer, "gate_names", None) or GATES[(cell, bool(first))]
+    return names[index[0] // H]
 
 
 def locator(layer, problem, values, framework="framework"):
@@ -162,7 +167,7 @@ def locator(layer, problem, values, framework="framework"):
         for own, array in mapping(probe).items():
             for at in np.argwhere(_numpy(array) != 0):
                 found.append(f"{own}[{', '.join(str(int(i)) for i in at)}]")
-        gate = gate_of(layer.descriptor, problem.cell, name, tuple(index), problem.H)
+        gate = gate_of(layer, problem.cell, name, tuple(index), problem.H)
         where = " and ".join(found) if found else "no parameter of its own"
         return f"{framework} {where}" + (f", gate {gate}" if gate else "")
 

@@ -348,7 +348,7 @@ def compare_runs(got, want, dtype, *, against="reference", problem=None, locate=
                 m.message = f"got shape {np.shape(g)}, {against} shape {np.shape(w)}"
             m.quantity = label + _layout_words(name, problem)
             if locate is not None and name in want["params"] and m.message is None:
-                m.quantity += f" (= {locate(name, m.index)})"
+                m.where = locate(name, m.index)
             mismatches.append(m)
     return mismatches
 

@@ -68,8 +68,9 @@ def zero_padded(output, lengths, batch_first):
 class JaxLayer:
     """An array layer (:mod:`rnngrad.testing.arrays`) computed by jax."""
 
-    def __init__(self, key, descriptor, parameter_names, to_framework, build, *, batch_first):
-        self.key, self.batch_first = key, batch_first
+    def __init__(self, key, descriptor, parameter_names, to_framework, build, *, batch_first,
+                 gate_names=None):
+        self.key, self.batch_first, self.gate_names = key, batch_first, gate_names
         self.descriptor = descriptor
         self.parameter_names = tuple(parameter_names)
         self._to_framework, self._build = to_framework, build

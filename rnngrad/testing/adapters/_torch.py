@@ -21,6 +21,7 @@ class TorchAutogradLayer:
     parameter_names: tuple
     mapping: object
     build: object
+    gate_names: tuple = None
 
     def __post_init__(self):
         self._forwards = {}

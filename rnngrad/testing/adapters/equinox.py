@@ -77,7 +77,8 @@ class EquinoxAdapter:
         key = (self.framework, input_size, hidden_size, bias)
         return _jax.JaxLayer(key, descriptor, names, lambda p: to_framework(self.cell, p),
                              lambda dtype: self._forward(input_size, hidden_size, bias, dtype),
-                             batch_first=False)
+                             batch_first=False,
+                             gate_names=("r", "z", "n") if self.cell == "gru" else ("i", "f", "g", "o"))
 
     def _forward(self, I, H, bias, dtype):
         import equinox as eqx

@@ -136,7 +136,8 @@ class FlaxAdapter:
         key = (self.framework, I, H, D, batch_first, nonlinearity)
         return _jax.JaxLayer(key, descriptor, names, mapping,
                              lambda dtype: make(I, H, D, batch_first, nonlinearity, dtype),
-                             batch_first=batch_first)
+                             batch_first=batch_first,
+                             gate_names={"gru": ("r", "z", "n"), "lstm": ("i", "f", "g", "o")}.get(self.cell))
 
     # -- the layer, as a jax function of Flax's parameters -------------------------------------
 

@@ -133,10 +133,11 @@ class KerasAdapter:
             return own
 
         build = lambda dtype: self._forward(config, dtype)  # noqa: E731
+        gates = {"gru": ("z", "r", "h"), "lstm": ("i", "f", "c", "o")}.get(self.cell)
         if self.backend == "jax":
             return _jax.JaxLayer((self.framework,) + config, descriptor, names, mapping, build,
-                                 batch_first=True)
-        return TorchAutogradLayer(descriptor, names, mapping, build)
+                                 batch_first=True, gate_names=gates)
+        return TorchAutogradLayer(descriptor, names, mapping, build, gates)
 
     def _layer(self, config, dtype):
         import keras
