@@ -65,6 +65,13 @@ def zero_padded(output, lengths, batch_first):
     return jnp.where(alive[..., None], output, jnp.zeros((), output.dtype))
 
 
+class JaxAdapter:
+    """What a jax adapter's factory shares: the per-problem hook."""
+
+    def after_problem(self):
+        after_problem()
+
+
 class JaxLayer:
     """An array layer (:mod:`rnngrad.testing.arrays`) computed by jax."""
 

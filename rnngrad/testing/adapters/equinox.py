@@ -45,7 +45,7 @@ def to_framework(cell, params):
     return own
 
 
-class EquinoxAdapter:
+class EquinoxAdapter(_jax.JaxAdapter):
     """A factory of array layers that run an Equinox cell over time and batch."""
 
     def __init__(self, cell):
@@ -60,9 +60,6 @@ class EquinoxAdapter:
                                          layouts=("time_major",), shapes=SHAPES)
         self.source = ("from rnngrad.testing.adapters.equinox import equinox_adapter",
                        f"equinox_adapter({cell!r})")
-
-    def after_problem(self):
-        _jax.after_problem()
 
     def __call__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, nonlinearity="tanh"):

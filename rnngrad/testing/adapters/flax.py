@@ -79,7 +79,7 @@ def to_framework(cell_name, params, suffix, H, api="nnx"):
     return out
 
 
-class FlaxAdapter:
+class FlaxAdapter(_jax.JaxAdapter):
     """A factory of array layers computed by Flax's ``RNN`` over one of its cells."""
 
     def __init__(self, cell, cell_name=None, api="nnx"):
@@ -97,9 +97,6 @@ class FlaxAdapter:
                                          noncontiguous=False, no_bias=False, shapes=SHAPES)
         self.source = ("from rnngrad.testing.adapters.flax import flax_adapter",
                        f"flax_adapter({cell!r}, {cell_name!r}, api={api!r})")
-
-    def after_problem(self):
-        _jax.after_problem()
 
     def __call__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, nonlinearity="tanh"):
