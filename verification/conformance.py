@@ -45,7 +45,8 @@ FRAMEWORKS = {
 _KERAS = [("keras SimpleRNN", "rnn", "keras_adapter('rnn')"),
           ("keras GRU reset_after=True", "gru", "keras_adapter('gru', reset_after=True)"),
           ("keras GRU reset_after=False", "gru", "keras_adapter('gru', reset_after=False)"),
-          ("keras LSTM", "lstm", "keras_adapter('lstm')")]
+          ("keras LSTM", "lstm", "keras_adapter('lstm')"),
+          ("keras LSTM unroll=True", "lstm", "keras_adapter('lstm', unroll=True)")]
 
 
 def _rows(framework):

@@ -29,7 +29,8 @@ Bidirectional   ``forward_*`` and ``backward_*`` layers: the ``_l0`` and ``_l0_r
                 parameters; initial states [h_fw, (c_fw,) h_bw, (c_bw)]
 ==============  =============================================================================
 
-A Keras layer's parameter in a message is named ``forward.kernel`` / ``backward.kernel`` for
+``keras_adapter(cell, unroll=True)`` checks Keras's unrolled loop instead of its scan. A Keras
+layer's parameter in a message is named ``forward.kernel`` / ``backward.kernel`` for
 two directions, ``kernel`` for one. Needs keras 3 and its backend (jax, or torch).
 """
 
@@ -78,7 +79,7 @@ def _own_name(path):
 class KerasAdapter:
     """A factory of array layers computed by Keras 3 on its current backend."""
 
-    def __init__(self, cell, reset_after=True):
+    def __init__(self, cell, reset_after=True, unroll=False):
         import keras
 
         if cell not in _CLASSES:
@@ -89,14 +90,17 @@ class KerasAdapter:
                              f"their autodiff), got {self.backend!r}")
         if self.backend == "jax":
             _jax.enable_x64()
-        self.cell, self.reset_after = cell, bool(reset_after)
-        option = "" if cell != "gru" else f"(reset_after={self.reset_after})"
+        self.cell, self.reset_after, self.unroll = cell, bool(reset_after), bool(unroll)
+        options = ([f"reset_after={self.reset_after}"] if cell == "gru" else []) + (
+            ["unroll=True"] if self.unroll else [])
+        option = f"({', '.join(options)})" if options else ""
         self.framework = f"keras.layers.{_CLASSES[cell]}{option} on {self.backend}"
         self.capabilities = Capabilities(num_layers=1, dropout=False, unbatched=False,
                                          noncontiguous=False, layouts=("batch_first",),
                                          shapes=SHAPES if self.backend == "jax" else None)
         self.source = ("from rnngrad.testing.adapters.keras import keras_adapter",
-                       f"keras_adapter({cell!r}, reset_after={self.reset_after!r})")
+                       f"keras_adapter({cell!r}, reset_after={self.reset_after!r}, "
+                       f"unroll={self.unroll!r})")
 
     def after_problem(self):
         if self.backend == "jax":
@@ -119,7 +123,7 @@ class KerasAdapter:
         stems = ["input_weight", "recurrent_weight"] + (["bias"] if bias else [])
         stems += ["secondary_bias"] if bias and self.cell == "gru" and self.reset_after else []
         names = [f"{stem}{s}" for s in suffixes for stem in stems]
-        config = (input_size, H, D, bias, nonlinearity)
+        config = (input_size, H, D, bias, nonlinearity, self.unroll)
 
         def mapping(params, ops=None):
             import keras
@@ -142,11 +146,11 @@ class KerasAdapter:
     def _layer(self, config, dtype):
         import keras
 
-        I, H, D, bias, nonlinearity = config
+        I, H, D, bias, nonlinearity, unroll = config
         # rnngrad sets every parameter: Keras's own initializers (an orthogonal one compiles a QR
         # a shape) are not run
         kwargs = dict(return_sequences=True, return_state=True, use_bias=bias, dtype=dtype.name,
-                      kernel_initializer="zeros", recurrent_initializer="zeros")
+                      kernel_initializer="zeros", recurrent_initializer="zeros", unroll=unroll)
         if self.cell == "rnn":
             kwargs["activation"] = nonlinearity
         if self.cell == "gru":
@@ -189,7 +193,8 @@ class KerasAdapter:
         return forward
 
 
-def keras_adapter(cell, reset_after=True) -> KerasAdapter:
+def keras_adapter(cell, reset_after=True, unroll=False) -> KerasAdapter:
     """The factory for ``check_module``: Keras 3's layer of ``cell`` ("rnn": SimpleRNN, "gru",
-    "lstm") on the backend Keras was imported with; ``reset_after`` for the GRU."""
-    return KerasAdapter(cell, reset_after)
+    "lstm") on the backend Keras was imported with; ``reset_after`` for the GRU; ``unroll``:
+    Keras's unrolled loop instead of its scan."""
+    return KerasAdapter(cell, reset_after, unroll)
