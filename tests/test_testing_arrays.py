@@ -227,3 +227,20 @@ def test_an_array_layers_ops_catch_its_fault():
     with pytest.raises(ReferenceMismatch):
         check_backend(gradients, "gru_gradients", forward=forward, max_examples=10, seed=7,
                       **layer_knobs(TorchArrays("gru"), "gru"))
+
+
+def scaled_gru(scale, **kwargs):
+    """The reference's GRU forward with its h scaled: a fault for a partial to carry."""
+    out = rg.gru(**kwargs, backend="reference")
+    return [out.state * np.asarray(scale, out.state.dtype)] + list(out)[1:]
+
+
+def test_a_partial_of_an_importable_function_reproduces_as_printed():
+    import functools
+
+    with pytest.raises(ReferenceMismatch) as info:
+        check_backend(functools.partial(scaled_gru, 1.01), "gru", max_examples=0, z_state=True)
+    script = str(info.value).split("Reproduce with:\n", 1)[1]
+    assert "functools.partial(_function, 1.01)" in script and "NotImplementedError" not in script
+    with pytest.raises(ReferenceMismatch):
+        exec(script, {})
