@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -76,7 +77,7 @@ def _factory(framework, expression):
 
 
 def _first_discrepancy(exc):
-    text = str(exc)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # Keras's messages carry terminal colours
     lines = [line.strip() for line in text.split("Reproduce with:")[0].splitlines() if line.strip()]
     return " ".join(lines[:2])[:400]
 

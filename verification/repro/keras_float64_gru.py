@@ -1,15 +1,22 @@
-"""Keras 3 on the torch backend: a float64 GRU(reset_after=False) computes in float32.
+"""Keras 3 off TensorFlow: a float64 GRU(reset_after=False) computes part of its arithmetic in
+float32.
 
-keras.ops.matmul of two float64 tensors returns float32 (keras.backend.result_type("float64",
-"float64") is "float32" off TensorFlow), so a layer built with dtype="float64" rounds part of
-its arithmetic to float32: its output is ~1e-8 off a float64 computation of the same GRU,
-where float64 arithmetic would be ~1e-16 off.
+Its output is ~1e-8 off a float64 computation of the same GRU (NumPy below), where float64
+arithmetic would be ~1e-16 off. keras.backend.result_type("float64", "float64") is "float32"
+on the torch and jax backends; on torch, keras.ops.matmul of two float64 tensors returns
+float32. (rnngrad's conformance table finds the same ~1e-8 in every float64 Keras layer on jax,
+and in SimpleRNN, GRU(reset_after=False) and every masked layer on torch.)
 
-    KERAS_BACKEND=torch python verification/repro/keras_torch_float64_matmul.py
+    KERAS_BACKEND=torch python verification/repro/keras_float64_gru.py
+    KERAS_BACKEND=jax python verification/repro/keras_float64_gru.py
 """
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
+if os.environ["KERAS_BACKEND"] == "jax":
+    import jax
+
+    jax.config.update("jax_enable_x64", True)  # float64 at all in jax
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
