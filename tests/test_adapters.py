@@ -47,6 +47,26 @@ def test_equinox_cells_pass(cell, dtype):
     assert check_module(equinox_adapter(cell), cell, max_examples=EXAMPLES, seed=3, dtype=dtype).checked
 
 
+@pytest.mark.parametrize("cell", ["rnn", "gru", "lstm"])
+def test_mlx_layers_pass_through_the_array_protocol(cell):
+    _needs("mlx.core")
+    from rnngrad.testing.adapters.mlx import mlx_adapter
+
+    assert check_module(mlx_adapter(cell), cell, max_examples=EXAMPLES, seed=6).checked
+
+
+def test_mlx_layers_serve_as_ops():
+    _needs("mlx.core")
+    from rnngrad.testing import check_backend
+    from rnngrad.testing.adapters.mlx import mlx_adapter
+    from rnngrad.testing.layer_ops import layer_knobs, layer_ops
+
+    forward, gradients = layer_ops(mlx_adapter("lstm"), "lstm")
+    knobs = layer_knobs(mlx_adapter("lstm"), "lstm")
+    assert check_backend(gradients, "lstm_gradients", forward=forward, max_examples=15, seed=6,
+                         **knobs) > 0
+
+
 def test_a_wrong_mapping_is_caught_and_named_in_flaxs_own_parameters(monkeypatch):
     _needs("flax")
     from rnngrad.testing.adapters import flax as adapter

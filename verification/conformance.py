@@ -31,7 +31,7 @@ FRAMEWORKS = {
     "pytorch": ("torch", [("torch.nn.RNN", "rnn", "torch.nn.RNN"), ("torch.nn.GRU", "gru", "torch.nn.GRU"),
                           ("torch.nn.LSTM", "lstm", "torch.nn.LSTM")]),
     "pytorch-mps": ("torch", [("torch.nn.RNN/GRU/LSTM on mps", "lstm", None)]),
-    "mlx": ("mlx.core", [(f"mlx.nn.{n}", c, f"mlx_factory({c!r})")
+    "mlx": ("mlx.core", [(f"mlx.nn.{n}", c, f"mlx_adapter({c!r})")
                          for n, c in (("RNN", "rnn"), ("GRU", "gru"), ("LSTM", "lstm"))]),
     "keras-jax": ("keras", None), "keras-torch": ("keras", None), "keras-tensorflow": ("tensorflow", None),
     "flax-nnx": ("flax", [(f"flax.nnx.{n}", c, f"flax_adapter({c!r}, {n!r})") for n, c in (
@@ -62,8 +62,8 @@ def _factory(framework, expression):
         import torch
         scope["torch"] = torch
     elif framework == "mlx":
-        from rnngrad.testing.mlx_adapter import mlx_factory
-        scope["mlx_factory"] = mlx_factory
+        from rnngrad.testing.adapters.mlx import mlx_adapter
+        scope["mlx_adapter"] = mlx_adapter
     elif framework.startswith("keras"):
         from rnngrad.testing.adapters.keras import keras_adapter
         scope["keras_adapter"] = keras_adapter
