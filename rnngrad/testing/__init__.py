@@ -21,7 +21,8 @@ of an rnngrad function) against the float64 reference:
 - :mod:`rnngrad.testing.layer_problems`: what :func:`check_module` checks a layer on
   (:class:`Capabilities`, problems, scenarios); :mod:`rnngrad.testing.arrays`: the protocol of
   layers that take and return arrays (any framework, its own VJP);
-  :mod:`rnngrad.testing.adapters`: Flax, Equinox and Keras 3 layers behind that protocol;
+  :mod:`rnngrad.testing.adapters`: Flax, Equinox, Keras 3 and MLX layers behind that protocol;
+  :mod:`rnngrad.testing.layer_ops`: such a layer as :func:`check_backend`'s ops;
 - :mod:`rnngrad.testing.mlx_adapter`: ``mlx.nn.RNN`` / ``GRU`` / ``LSTM`` behind torch.nn's
   conventions, for :func:`check_module`;
 - :mod:`rnngrad.testing.mutants`: copies of the reference with one planted fault each, and a
