@@ -89,7 +89,6 @@ class JaxLayer:
         key = self.key + (np.dtype(dtype).name,)
         if key not in _COMPILED:
             import jax
-            import jax.numpy as jnp
 
             to_framework, forward = self._to_framework, self._build(np.dtype(dtype))
 

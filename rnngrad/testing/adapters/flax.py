@@ -149,18 +149,13 @@ class FlaxAdapter(_jax.JaxAdapter):
             kwargs["activation_fn"] = jax.nn.relu
         return kwargs
 
-    def _carry(self, h0, c0, d, D):
-        """Flax's initial carry of direction d from [D,N,H] states (None: Flax's own zeros)."""
+    def _initial(self, h0, c0, D):
+        """Flax's initial carry from [D,N,H] states: (c, h) for the LSTM cells, a pair of them
+        for two directions; None: Flax's own zeros."""
         if h0 is None:
             return None
-        H = h0.shape[-1]
-        h = h0[d]
-        if self.cell == "lstm":
-            import jax.numpy as jnp
-
-            c = jnp.zeros_like(h) if c0 is None else c0[d]
-            return (c, h)
-        return h if H else h
+        carries = [(c0[d], h0[d]) if self.cell == "lstm" else h0[d] for d in range(D)]
+        return carries[0] if D == 1 else tuple(carries)
 
     def _finish(self, carries, y, lengths, batch_first):
         import jax.numpy as jnp
@@ -173,7 +168,6 @@ class FlaxAdapter(_jax.JaxAdapter):
         return _jax.zero_padded(y, lengths, batch_first), hn, cn
 
     def _nnx(self, I, H, D, batch_first, nonlinearity, dtype):
-        import jax.numpy as jnp
         from flax import nnx
 
         cell_class = getattr(nnx, self.cell_name)
@@ -193,10 +187,7 @@ class FlaxAdapter(_jax.JaxAdapter):
             params = nnx.State(state)
             nnx.replace_by_pure_dict(params, _with(template, own, x.dtype))
             layer = nnx.merge(graphdef, params, rest)
-            carry = None
-            if h0 is not None:
-                carry = self._carry(h0, c0, 0, D) if D == 1 else (self._carry(h0, c0, 0, D),
-                                                                   self._carry(h0, c0, 1, D))
+            carry = self._initial(h0, c0, D)
             # Flax makes its zero carry with an Rngs; one made inside the trace mutates nothing outside
             rngs = nnx.Rngs(0) if carry is None else None
             carries, y = layer(x, initial_carry=carry, seq_lengths=lengths, rngs=rngs)
@@ -205,8 +196,6 @@ class FlaxAdapter(_jax.JaxAdapter):
         return forward
 
     def _linen(self, I, H, D, batch_first, nonlinearity, dtype):
-        import jax
-        import jax.numpy as jnp
         from flax import linen
 
         cell_class = getattr(linen, self.cell_name)
@@ -221,12 +210,8 @@ class FlaxAdapter(_jax.JaxAdapter):
                                     return_carry=True) if D == 2 else rnn(False)
 
         def forward(own, x, h0, c0, lengths):
-            params = _linen_params(own, D)
-            carry = None
-            if h0 is not None:
-                carry = self._carry(h0, c0, 0, D) if D == 1 else (self._carry(h0, c0, 0, D),
-                                                                   self._carry(h0, c0, 1, D))
-            carries, y = model.apply({"params": params}, x, initial_carry=carry, seq_lengths=lengths)
+            carries, y = model.apply({"params": _nested(own)}, x, initial_carry=self._initial(h0, c0, D),
+                                     seq_lengths=lengths)
             return self._finish(carries if D == 2 else (carries,), y, lengths, batch_first)
 
         return forward
@@ -246,15 +231,11 @@ def _with(template, own, dtype):
     return out
 
 
-def _linen_params(own, D):
-    """linen's nested params from the mapping's dotted names."""
+def _nested(own):
+    """linen's nested params from the mapping's dotted names (``forward_rnn.cell.ir.kernel``)."""
     out = {}
-    rename = {"forward_rnn": "forward_rnn", "backward_rnn": "backward_rnn"}
     for dotted, value in own.items():
         parts = dotted.split(".")
-        if parts[0] == "cell":
-            parts = ["cell"] + parts[1:]
-        parts = [rename.get(p, p) for p in parts]
         node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})

@@ -36,8 +36,6 @@ two directions, ``kernel`` for one. Needs keras 3 and its backend (jax, or torch
 
 from __future__ import annotations
 
-import numpy as np
-
 from ...descriptors import GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
 from ..layer_problems import Capabilities
 from . import _jax
