@@ -45,12 +45,28 @@ import dataclasses
 import numpy as np
 
 
-__all__ = ["is_array_layer", "rnngrad_layer", "run_layer", "locator", "GATES"]
+__all__ = ["cell_descriptor", "TORCH_GRU", "is_array_layer", "rnngrad_layer", "run_layer", "locator", "GATES"]
 
 #: rnngrad's gate letters, in the packed order, by (cell, layout option)
 GATES = {("rnn", False): ("",), ("gru", False): ("z", "r", "o"), ("gru", True): ("r", "z", "o"),
          ("lstm", False): ("i", "f", "z", "o"), ("lstm", True): ("i", "z", "f", "o")}
 _MODES = {"gru": "GRU", "lstm": "LSTM"}
+
+
+#: the GRU of PyTorch, cuDNN, Flax, Equinox and MLX: gates r, z, n and b_hn inside the reset product
+TORCH_GRU = {"reset_gate_first": True, "reset_after": True}
+
+
+def cell_descriptor(cell, nonlinearity="tanh", **gru_options):
+    """The rnngrad descriptor of an ``"rnn"`` (tanh or relu), ``"gru"`` (with ``gru_options``,
+    e.g. :data:`TORCH_GRU`) or ``"lstm"`` layer's cell, for an adapter's ``descriptor``."""
+    from ..descriptors import GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
+
+    if cell == "rnn":
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"nonlinearity: expected 'tanh' or 'relu', got {nonlinearity!r}")
+        return SingleGateRNNDescriptor(activation=nonlinearity)
+    return GRUDescriptor(**gru_options) if cell == "gru" else LSTMDescriptor()
 
 
 def is_array_layer(layer) -> bool:

@@ -24,6 +24,7 @@ Needs equinox (and jax with float64 enabled, which importing this module does).
 
 from __future__ import annotations
 
+from ..arrays import TORCH_GRU, cell_descriptor
 from ..layer_problems import Capabilities
 from . import _jax
 
@@ -63,12 +64,9 @@ class EquinoxAdapter(_jax.JaxAdapter):
 
     def __call__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, nonlinearity="tanh"):
-        import rnngrad as rg
-
         if num_layers != 1 or bidirectional or batch_first:
             raise NotImplementedError("Equinox's cells: one layer, one direction, time-major")
-        descriptor = (rg.GRUDescriptor(reset_gate_first=True, reset_after=True)
-                      if self.cell == "gru" else rg.LSTMDescriptor())
+        descriptor = cell_descriptor(self.cell, **TORCH_GRU)
         names = ["input_weight_l0", "recurrent_weight_l0"]
         names += (["bias_l0"] + (["secondary_bias_l0"] if self.cell == "gru" else [])) if bias else []
         key = (self.framework, input_size, hidden_size, bias)

@@ -40,6 +40,7 @@ with float64 enabled, which importing this module does).
 
 from __future__ import annotations
 
+from ..arrays import TORCH_GRU, cell_descriptor
 from ..layer_problems import Capabilities
 from . import _jax
 
@@ -100,20 +101,11 @@ class FlaxAdapter(_jax.JaxAdapter):
 
     def __call__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=False,
                  dropout=0.0, bidirectional=False, nonlinearity="tanh"):
-        import rnngrad as rg
-
         if num_layers != 1:
             raise NotImplementedError("num_layers: Flax's RNN is one layer")
         if not bias:
             raise NotImplementedError("bias=False: Flax's cells always have biases")
-        if self.cell == "rnn":
-            if nonlinearity not in ("tanh", "relu"):
-                raise ValueError(f"nonlinearity: expected 'tanh' or 'relu', got {nonlinearity!r}")
-            descriptor = rg.SingleGateRNNDescriptor(activation=nonlinearity)
-        elif self.cell == "gru":
-            descriptor = rg.GRUDescriptor(reset_gate_first=True, reset_after=True)
-        else:
-            descriptor = rg.LSTMDescriptor()
+        descriptor = cell_descriptor(self.cell, nonlinearity, **TORCH_GRU)
         D, H, I = 2 if bidirectional else 1, hidden_size, input_size
         suffixes = ("_l0", "_l0_reverse")[:D]
         stems = ["input_weight", "recurrent_weight", "bias"]

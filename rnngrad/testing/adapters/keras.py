@@ -36,7 +36,7 @@ two directions, ``kernel`` for one. Needs keras 3 and its backend (jax, or torch
 
 from __future__ import annotations
 
-from ...descriptors import GRUDescriptor, LSTMDescriptor, SingleGateRNNDescriptor
+from ..arrays import cell_descriptor
 from ..layer_problems import Capabilities
 from . import _jax
 from ._torch import TorchAutogradLayer
@@ -108,14 +108,7 @@ class KerasAdapter:
                  dropout=0.0, bidirectional=False, nonlinearity="tanh"):
         if num_layers != 1 or not batch_first:
             raise NotImplementedError("Keras's layers: one layer, batch-first")
-        if self.cell == "rnn":
-            if nonlinearity not in ("tanh", "relu"):
-                raise ValueError(f"nonlinearity: expected 'tanh' or 'relu', got {nonlinearity!r}")
-            descriptor = SingleGateRNNDescriptor(activation=nonlinearity)
-        elif self.cell == "gru":
-            descriptor = GRUDescriptor(reset_after=self.reset_after)
-        else:
-            descriptor = LSTMDescriptor()
+        descriptor = cell_descriptor(self.cell, nonlinearity, reset_after=self.reset_after)
         D, H = 2 if bidirectional else 1, hidden_size
         suffixes = ("_l0", "_l0_reverse")[:D]
         stems = ["input_weight", "recurrent_weight"] + (["bias"] if bias else [])

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import TORCH_GRU, cell_descriptor
 from ..layer_problems import Capabilities
 
 __all__ = ["mlx_adapter", "to_framework"]
@@ -66,18 +67,9 @@ class MLXAdapter:
 
     def __call__(self, input_size, hidden_size, num_layers=1, bias=True, batch_first=True,
                  dropout=0.0, bidirectional=False, nonlinearity="tanh"):
-        import rnngrad as rg
-
         if num_layers != 1 or bidirectional or not batch_first:
             raise NotImplementedError("mlx.nn's recurrent layers: one layer, one direction, batch-first")
-        if self.cell == "rnn":
-            if nonlinearity not in ("tanh", "relu"):
-                raise ValueError(f"nonlinearity: expected 'tanh' or 'relu', got {nonlinearity!r}")
-            descriptor = rg.SingleGateRNNDescriptor(activation=nonlinearity)
-        elif self.cell == "gru":
-            descriptor = rg.GRUDescriptor(reset_gate_first=True, reset_after=True)
-        else:
-            descriptor = rg.LSTMDescriptor()
+        descriptor = cell_descriptor(self.cell, nonlinearity, **TORCH_GRU)
         return MLXLayer(self.cell, input_size, hidden_size, bias, nonlinearity, descriptor)
 
 
