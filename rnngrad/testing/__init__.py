@@ -18,6 +18,11 @@ of an rnngrad function) against the float64 reference:
 - :mod:`rnngrad.testing.module`: :func:`check_module` fuzzes a whole framework layer
   (``torch.nn.RNN`` / ``GRU`` / ``LSTM`` or a look-alike) against the reference composed layer by
   layer (torch imported only when it runs);
+- :mod:`rnngrad.testing.layer_problems`: what :func:`check_module` checks a layer on
+  (:class:`Capabilities`, problems, scenarios); :mod:`rnngrad.testing.arrays`: the protocol of
+  layers that take and return arrays (any framework, its own VJP);
+  :mod:`rnngrad.testing.adapters`: Flax, Equinox, Keras 3 and MLX layers behind that protocol;
+  :mod:`rnngrad.testing.layer_ops`: such a layer as :func:`check_backend`'s ops;
 - :mod:`rnngrad.testing.mlx_adapter`: ``mlx.nn.RNN`` / ``GRU`` / ``LSTM`` behind torch.nn's
   conventions, for :func:`check_module`;
 - :mod:`rnngrad.testing.mutants`: copies of the reference with one planted fault each, and a
@@ -28,10 +33,11 @@ Dependencies run one way: compare ← cases ← check ← vectors; strategies �
 """
 
 from .cases import Case, random_case, random_descriptor
-from .check import (ReferenceMismatch, assert_matches_reference, case_source, check_backend,
+from .check import (ILL_CONDITIONED, ReferenceMismatch, Unsupported, assert_matches_reference, case_source, check_backend,
                     check_case, input_sensitivity, reference_result, reproduction,
                     run_candidate)
 from .compare import KINDS, TOLERANCES, Mismatch, compare_array, compare_results, tolerance
+from .layer_problems import Capabilities
 from .module import ModuleMismatch, ModuleReport, check_module
 from .vectors import check_vectors, load_vectors
 
@@ -40,4 +46,5 @@ __all__ = ["TOLERANCES", "KINDS", "tolerance", "Mismatch", "compare_array", "com
            "check_case", "input_sensitivity", "run_candidate", "reference_result", "reproduction",
            "case_source",
            "ReferenceMismatch", "assert_matches_reference", "check_backend", "load_vectors",
-           "check_vectors", "check_module", "ModuleMismatch", "ModuleReport"]
+           "check_vectors", "check_module", "ModuleMismatch", "ModuleReport", "Unsupported",
+           "ILL_CONDITIONED", "Capabilities"]

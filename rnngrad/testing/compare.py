@@ -60,11 +60,14 @@ class Mismatch:
     #: set for a mismatch that has no worst element (a shape, a dtype, the list of entries):
     #: what was expected and what was got, said in words
     message: str = None
+    #: where the worst element is in the implementation's own terms (a framework's parameter)
+    where: str = None
 
     def __str__(self):
         if self.message is not None:
             return f"{self.quantity}: {self.message}"
-        return (f"{self.quantity}{list(self.index)}: got {self.got!r}, reference {self.want!r}, "
+        where = f" (= {self.where})" if self.where else ""
+        return (f"{self.quantity}{list(self.index)}{where}: got {self.got!r}, reference {self.want!r}, "
                 f"|difference| {abs(self.got - self.want):.3g} > allowed {self.allowed:.3g} "
                 f"({self.kind} tolerance: atol={self.atol:g}, rtol={self.rtol:g})")
 

@@ -38,6 +38,8 @@ import math
 
 import numpy as np
 
+from .layer_problems import Capabilities
+
 __all__ = ["mlx_factory", "MLX_LAYOUTS"]
 
 #: cell -> (MLX class, {MLX parameter: how it is made from torch.nn's})
@@ -62,6 +64,9 @@ def mlx_factory(cell):
 
     factory.__name__ = factory.__qualname__ = f"mlx_{cell}"
     factory.__module__ = __name__
+    factory.source = (f"from {__name__} import mlx_factory", f"mlx_factory({cell!r})")
+    # what mlx.nn's layers lack is not drawn (the adapter would decline it)
+    factory.capabilities = Capabilities(bidirectional=False, dropout=False, lengths=False)
     return factory
 
 

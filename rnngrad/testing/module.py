@@ -26,29 +26,28 @@ random), the loss, the mode, the dtype and a seed for the values. A fixed set
 (:data:`SCENARIOS`: one per fault class framework layers have shipped, and one problem whose
 input holds more than 2¹⁶ elements) runs first, then hypothesis draws, shrinking a failure to
 the smallest problem that still fails. Values are contractive (weights of norm about 0.5), so
-every gradient is informative in float32.
+every gradient is informative in float32, unless ``values=`` asks for saturating or non-finite
+ones. The problems and scenarios are :mod:`rnngrad.testing.layer_problems`'s, the composed
+reference :mod:`rnngrad.testing.layer_reference`'s; a layer of another framework comes in
+through :mod:`rnngrad.testing.arrays`.
 
-torch is imported only when a check runs, so ``rnngrad.testing`` imports without it.
+torch is imported only when a torch layer is checked, so ``rnngrad.testing`` imports without
+it, and array layers are checked without it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Optional
 
 import numpy as np
 
-from .check import fuzz_draws
-from .compare import TOLERANCES, compare_array
-
-CELLS = ("rnn", "gru", "lstm")
-FORMS = ("batched", "unbatched", "noncontiguous", "packed")
-STATES = ("random", "none", "zero")
-LOSSES = ("both", "output", "final")
-MODES = ("eval", "train", "sequence")
-_MODES = {"gru": "GRU", "lstm": "LSTM"}
-_GATES = {"rnn": 1, "gru": 3, "lstm": 4}
+from .check import Unsupported, fuzz_draws
+from .compare import compare_array
+from .arrays import is_array_layer, locator, rnngrad_layer, run_layer
+from .layer_problems import (CELLS, FORMS, LOSSES, MODES, STATES, VALUES, Capabilities,  # noqa: F401
+                             Problem, problem_values, problems, scenarios)
+from .layer_reference import reference, torch_layer  # noqa: F401
 # a quantity's tolerance kind (rnngrad.testing.compare) by a stand-in name compare_array knows
 _PROXY = {"output": "state", "state": "source", "parameter": "recurrent_weight"}
 
@@ -63,194 +62,23 @@ class ModuleMismatch(AssertionError):
         self.problem, self.mismatches, self.examples = problem, list(mismatches), None
 
 
-class Unsupported(Exception):
-    """The factory (or the layer, with NotImplementedError) declined a configuration."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One layer configuration, its inputs and how it is checked. ``repr`` is Python that
-    rebuilds it; the values come from ``seed`` (:func:`problem_values`)."""
-
-    cell: str
-    num_layers: int = 1
-    bidirectional: bool = False
-    batch_first: bool = False
-    bias: bool = True
-    nonlinearity: str = "tanh"
-    dropout: float = 0.0
-    T: int = 2
-    N: int = 1
-    I: int = 1
-    H: int = 1
-    form: str = "batched"
-    lengths: Optional[tuple] = None
-    states: str = "random"
-    loss: str = "both"
-    mode: str = "eval"
-    dtype: str = "float32"
-    seed: int = 0
-
-    @property
-    def D(self) -> int:
-        return 2 if self.bidirectional else 1
-
-    def config(self) -> dict:
-        """The factory's keywords (``torch.nn.RNN`` / ``GRU`` / ``LSTM``'s constructor)."""
-        out = dict(input_size=self.I, hidden_size=self.H, num_layers=self.num_layers,
-                   bias=self.bias, batch_first=self.batch_first, dropout=self.dropout,
-                   bidirectional=self.bidirectional)
-        if self.cell == "rnn":
-            out["nonlinearity"] = self.nonlinearity
-        return out
-
-    def parameter_names(self) -> list:
-        """``torch.nn``'s parameter names, in its order."""
-        names = []
-        for k in range(self.num_layers):
-            for sfx in (f"_l{k}", f"_l{k}_reverse")[:self.D]:
-                names += [f"weight_ih{sfx}", f"weight_hh{sfx}"]
-                if self.bias:
-                    names += [f"bias_ih{sfx}", f"bias_hh{sfx}"]
-        return names
-
-    def summary(self) -> str:
-        c = self.config()
-        keys = ", ".join(f"{k}={v!r}" for k, v in c.items())
-        extra = f", lengths={list(self.lengths)}" if self.lengths else ""
-        return (f"{self.cell} ({keys}); T={self.T} N={self.N}, {self.form} input{extra}, "
-                f"initial states {self.states}, loss on {_LOSS_WORDS[self.loss]}, "
-                f"{self.mode} mode, {self.dtype}")
-
-
-_LOSS_WORDS = {"both": "output and final states", "output": "output only",
-               "final": "final states only"}
-
-
-def problem_values(problem: Problem) -> dict:
-    """The problem's arrays in float64, rounded to its dtype: ``params`` by name, ``x``
-    [T,N,I] time-major, ``h0`` / ``c0`` [L·D,N,H] or None, ``gy`` [T,N,D·H] or None,
-    ``ghn`` / ``gcn`` [L·D,N,H] or None (None: not in the loss)."""
-    rng = np.random.default_rng(problem.seed)
-    D, G, H, L, N, T = problem.D, _GATES[problem.cell], problem.H, problem.num_layers, problem.N, problem.T
-    round_ = lambda a: np.asarray(np.asarray(a, problem.dtype), np.float64)  # noqa: E731
-    params = {}
-    for name in problem.parameter_names():
-        k = int(name.split("_l")[1].split("_")[0])
-        fan = problem.I if k == 0 else D * H
-        if name.startswith("weight_ih"):
-            value = rng.standard_normal((G * H, fan)) * (0.5 / np.sqrt(fan))
-        elif name.startswith("weight_hh"):
-            value = rng.standard_normal((G * H, H)) * (0.5 / np.sqrt(H))
-        else:
-            value = rng.standard_normal(G * H) * 0.3
-        params[name] = round_(value)
-    out = {"params": params, "x": round_(rng.standard_normal((T, N, problem.I)))}
-    for name in ("h0", "c0"):
-        if problem.states == "none" or (name == "c0" and problem.cell != "lstm"):
-            out[name] = None
-        else:
-            out[name] = round_(rng.standard_normal((L * D, N, H)) * 0.5 if problem.states == "random"
-                               else np.zeros((L * D, N, H)))
-    out["gy"] = round_(rng.standard_normal((T, N, D * H))) if problem.loss != "final" else None
-    for name in ("ghn", "gcn"):
-        wanted = problem.loss != "output" and (name == "ghn" or problem.cell == "lstm")
-        out[name] = round_(rng.standard_normal((L * D, N, H))) if wanted else None
-    if problem.lengths:
-        mask = np.arange(T)[:, None] < np.asarray(problem.lengths)[None, :]  # [T,N]
-        out["x"] = out["x"] * mask[..., None]
-        if out["gy"] is not None:
-            out["gy"] = out["gy"] * mask[..., None]
-    return out
-
-
-# -- the reference, composed layer by layer -----------------------------------------------------
-
-def _mode(problem):
-    if problem.cell == "rnn":
-        return "RNN_RELU" if problem.nonlinearity == "relu" else "RNN_TANH"
-    return _MODES[problem.cell]
-
-
-def _reference_batch(problem, params, x, h0, c0, gy, ghn, gcn):
-    """Outputs and gradients of the stacked layers on one time-major batch, in float64."""
-    from ..convert.torch import from_state_dict
-
-    L, D = problem.num_layers, problem.D
-    lstm = problem.cell == "lstm"
-    sl = lambda a, k: None if a is None else a[k * D:(k + 1) * D]  # noqa: E731
-    layers, inputs, hs, cs = [], [], [], []
-    layer_in = x
-    for k in range(L):
-        own = {n.replace(f"_l{k}", "_l0"): v for n, v in params.items()
-               if n.split("_l")[1].split("_")[0] == str(k)}
-        layer = from_state_dict(_mode(problem), own)
-        hx = None if h0 is None else ((sl(h0, k), sl(c0, k)) if lstm else sl(h0, k))
-        out, hn = layer.forward(layer_in, hx, backend="reference")
-        if lstm:
-            hn, cn = hn
-            cs.append(cn)
-        layers.append((layer, hx))
-        inputs.append(layer_in)
-        hs.append(hn)
-        layer_in = out
-    result = {"output": layer_in, "h_n": np.concatenate(hs), "c_n": np.concatenate(cs) if lstm else None}
-    grads, dh0, dc0 = {}, [], []
-    upstream = gy
-    for k in range(L - 1, -1, -1):
-        layer, hx = layers[k]
-        g = layer.gradients(inputs[k], hx, grad_output=upstream, grad_h_n=sl(ghn, k),
-                            grad_c_n=sl(gcn, k) if lstm else None, backend="reference")
-        for name, value in g.parameters.items():
-            grads[name.replace("_l0", f"_l{k}")] = value
-        dh0.insert(0, g.h_0)
-        dc0.insert(0, g.c_0)
-        upstream = g.input
-    result["input"] = upstream
-    result["h_0"] = None if h0 is None else np.concatenate(dh0)
-    result["c_0"] = None if c0 is None else np.concatenate(dc0)
-    result["params"] = grads
-    return result
-
-
-def reference(problem: Problem, values: dict) -> dict:
-    """The float64 reference: ``output`` [T,N,D·H] (zero past each packed sequence's length),
-    ``h_n``, ``c_n`` [L·D,N,H], gradients ``input`` [T,N,I], ``h_0``, ``c_0`` and ``params``."""
-    v = values
-    if not problem.lengths:
-        return _reference_batch(problem, v["params"], v["x"], v["h0"], v["c0"], v["gy"], v["ghn"],
-                                v["gcn"])
-    T, N = problem.T, problem.N
-    parts = []
-    for n, length in enumerate(problem.lengths):
-        pick = lambda a, t=None: None if a is None else (a[:t, n:n + 1] if t else a[:, n:n + 1])  # noqa: E731
-        parts.append(_reference_batch(problem, v["params"], pick(v["x"], length), pick(v["h0"]),
-                                      pick(v["c0"]), pick(v["gy"], length), pick(v["ghn"]),
-                                      pick(v["gcn"])))
-    def padded(key, width):
-        out = np.zeros((T, N, width))
-        for n, (length, part) in enumerate(zip(problem.lengths, parts)):
-            out[:length, n] = part[key][:, 0]
-        return out
-
-    def joined(key):
-        return None if parts[0][key] is None else np.concatenate([p[key] for p in parts], axis=1)
-
-    return {"output": padded("output", problem.D * problem.H), "input": padded("input", problem.I),
-            "h_n": joined("h_n"), "c_n": joined("c_n"), "h_0": joined("h_0"), "c_0": joined("c_0"),
-            "params": {name: sum(p["params"][name] for p in parts) for name in parts[0]["params"]}}
 
 
 # -- the layer under test ---------------------------------------------------------------------
 
-def _build(factory, problem, device, values):
+def _make(factory, problem):
+    """The factory's layer for the problem's configuration (Unsupported when it declines)."""
+    try:
+        return factory(**problem.config())
+    except (ValueError, NotImplementedError) as exc:
+        raise Unsupported(f"factory raised {type(exc).__name__}: {exc}") from exc
+
+
+def _build(factory, problem, device, values, module=None):
     """The factory's layer on ``device`` in the problem's dtype, its parameters set."""
     import torch
 
-    try:
-        module = factory(**problem.config())
-    except (ValueError, NotImplementedError) as exc:
-        raise Unsupported(f"factory raised {type(exc).__name__}: {exc}") from exc
+    module = _make(factory, problem) if module is None else module
     module = module.to(device=device, dtype=getattr(torch, problem.dtype))
     names = [n for n, _ in module.named_parameters()]
     if sorted(names) != sorted(values["params"]):
@@ -393,9 +221,32 @@ def _kind(name):
     return "state" if name in ("input", "h_0", "c_0") else "parameter"
 
 
-def compare_runs(got, want, dtype, *, against="reference") -> list:
+def _user_layout(name, a, problem):
+    """A time-major quantity in the layer's own layout (batch-first, unbatched), so that a
+    mismatch's index addresses the user's tensor."""
+    if a is None or problem is None:
+        return a
+    if name in ("output", "input"):
+        return _in_layout(a, problem)
+    return _states_layout(a, problem) if name in ("h_n", "c_n", "h_0", "c_0") else a
+
+
+def _layout_words(name, problem):
+    if problem is None or name not in ("output", "input", "h_n", "c_n", "h_0", "c_0"):
+        return ""
+    width = "I" if name == "input" else "D·H"
+    if name in ("output", "input"):
+        if problem.form == "unbatched":
+            return f" [T,{width}]"
+        return f" [N,T,{width}]" if problem.batch_first else f" [T,N,{width}]"
+    return " [L·D,H]" if problem.form == "unbatched" else " [L·D,N,H]"
+
+
+def compare_runs(got, want, dtype, *, against="reference", problem=None, locate=None) -> list:
     """[Mismatch] between a layer's run and the reference (or another run), each quantity under
-    rnngrad's tolerance for its kind; a missing gradient is a mismatch."""
+    rnngrad's tolerance for its kind; a missing gradient is a mismatch. With ``problem``, the
+    indices are in the layer's own layout; ``locate(name, index)`` adds where a parameter's
+    element is in the framework's own parameters."""
     from .compare import Mismatch
 
     mismatches = []
@@ -409,11 +260,14 @@ def compare_runs(got, want, dtype, *, against="reference") -> list:
             mismatches.append(Mismatch(label, (), np.nan, np.nan, 0.0, 0.0, 0.0, "missing",
                                        f"none computed, {against} has one of shape {w.shape}"))
             continue
+        g, w = _user_layout(name, g, problem), _user_layout(name, w, problem)
         _, m = compare_array(_PROXY[_kind(name)], g, w, dtype)
         if m is not None:
             if m.message is not None and m.kind == "shape":
                 m.message = f"got shape {np.shape(g)}, {against} shape {np.shape(w)}"
-            m.quantity = label
+            m.quantity = label + _layout_words(name, problem)
+            if locate is not None and name in want["params"] and m.message is None:
+                m.where = locate(name, m.index)
             mismatches.append(m)
     return mismatches
 
@@ -465,15 +319,20 @@ def _difference_check(module, problem, values, device, got):
 
 def check_problem(factory, problem: Problem, *, device="cpu"):
     """Check one problem; raise :class:`ModuleMismatch` on a difference, :class:`Unsupported`
-    when the factory or layer declines it."""
+    when the factory or layer declines it. The factory's layer is a ``torch.nn.Module`` or an
+    array layer (:mod:`rnngrad.testing.arrays`)."""
+    layer = _make(factory, problem)
+    if is_array_layer(layer):
+        return _check_array_layer(factory, layer, problem)
     values = problem_values(problem)
-    module = _build(factory, problem, device, values)
+    module = _build(factory, problem, device, values, module=layer)
     dtype = np.dtype(problem.dtype)
     seed = problem.seed % (2**31)
     failures = []
     if problem.mode == "eval":
         module.eval()
-        failures = compare_runs(_run(module, problem, values, device), reference(problem, values), dtype)
+        failures = compare_runs(_run(module, problem, values, device), reference(problem, values), dtype,
+                                problem=problem)
     elif problem.mode == "train":
         if problem.dropout and problem.num_layers > 1:
             # central differences of float32 losses are too coarse for relu's kinks and steep
@@ -487,7 +346,7 @@ def check_problem(factory, problem: Problem, *, device="cpu"):
         else:
             module.train()
             got = _run(module, problem, values, device, seed=seed)
-            failures = compare_runs(got, reference(problem, values), dtype)
+            failures = compare_runs(got, reference(problem, values), dtype, problem=problem)
     else:  # train → eval → train on the same shapes
         module.train()
         first = _run(module, problem, values, device, seed=seed)
@@ -504,6 +363,36 @@ def check_problem(factory, problem: Problem, *, device="cpu"):
         again = _run(module, problem, values, device, seed=seed)
         failures += [_tag(m, "train after eval vs the first train run (same seed)")
                      for m in compare_runs(again, first, dtype, against="the first run")]
+    if failures:
+        raise ModuleMismatch(_message(problem, failures), problem=problem, mismatches=failures)
+
+
+def _check_array_layer(factory, layer, problem):
+    """check_problem for a layer of the array protocol (eval mode only)."""
+    from .compare import Mismatch
+
+    if problem.mode != "eval":
+        raise Unsupported("train mode: array layers are checked in eval mode")
+    names = list(getattr(layer, "parameter_names", ()))
+    required = problem.parameter_names("rnngrad")
+    allowed = problem.parameter_names("rnngrad", secondary_bias=problem.cell == "gru")
+    if not set(required) <= set(names) <= set(allowed):
+        raise AssertionError(f"parameter_names: expected {required}"
+                             f"{' (and secondary_bias_l·)' if problem.cell == 'gru' else ''}, "
+                             f"got {names}")
+    values = problem_values(problem, [n for n in allowed if n in names])
+    try:
+        got = run_layer(layer, problem, values, (_in_layout, _from_layout, _states_layout))
+    except NotImplementedError as exc:
+        raise Unsupported(f"the layer raised NotImplementedError: {exc}") from exc
+    want = reference(problem, values, build=rnngrad_layer(layer.descriptor))
+    dtype = np.dtype(problem.dtype)
+    framework = getattr(factory, "framework", None) or type(layer).__module__.split(".")[0]
+    failures = [Mismatch(n, (), np.nan, np.nan, 0.0, 0.0, 0.0, "dtype",
+                         f"got dtype {d}, expected {dtype}")
+                for n, d in got.pop("dtypes").items() if d != dtype]
+    failures += compare_runs(got, want, dtype, problem=problem,
+                             locate=locator(layer, problem, values, framework))
     if failures:
         raise ModuleMismatch(_message(problem, failures), problem=problem, mismatches=failures)
 
@@ -532,67 +421,6 @@ def module_reproduction(factory, problem, device="cpu") -> str:
             f"check_problem(factory, problem, device={device!r})\n")
 
 
-# -- the fixed scenarios ----------------------------------------------------------------------
-
-def scenarios(cell, dtype="float32") -> list:
-    """[(name, Problem)]: one problem per fault class framework layers have shipped, and one
-    whose input holds more than 2¹⁶ elements (33·16·128), bidirectional, two layers."""
-    P = lambda **kw: Problem(cell=cell, dtype=dtype, **kw)  # noqa: E731
-    return [
-        ("batch_first_backward", P(batch_first=True, num_layers=2, T=3, N=2, I=3, H=3, seed=2)),
-        ("initial_states_per_layer", P(num_layers=3, T=3, N=2, I=2, H=3, seed=3)),
-        ("no_bias_given", P(bias=False, num_layers=2, T=3, N=2, I=2, H=2, seed=4)),
-        ("bidirectional", P(bidirectional=True, num_layers=2, T=4, N=2, I=3, H=2, seed=5)),
-        ("final_states_only", P(num_layers=2, bidirectional=True, loss="final", T=3, N=2, I=2, H=2, seed=6)),
-        ("packed_unsorted", P(form="packed", lengths=(2, 4, 1), bidirectional=True, num_layers=2,
-                              batch_first=True, T=4, N=3, I=2, H=2, seed=7)),
-        ("unbatched", P(form="unbatched", num_layers=2, T=3, N=1, I=2, H=3, seed=8)),
-        ("noncontiguous", P(form="noncontiguous", num_layers=2, T=3, N=2, I=3, H=2, seed=9)),
-        ("train_eval_train", P(num_layers=2, dropout=0.5, mode="sequence", T=3, N=4, I=3, H=4, seed=10)),
-        ("dropout_gradients", P(num_layers=3, dropout=0.5, mode="train", T=3, N=4, I=3, H=4, seed=11)),
-        ("over_2_16_elements", P(num_layers=2, bidirectional=True, T=16, N=33, I=128, H=8, seed=1)),
-    ] + ([("relu", P(nonlinearity="relu", num_layers=2, T=3, N=2, I=2, H=3, seed=12))]
-         if cell == "rnn" else [])
-
-
-def problems(cell, *, dtype="float32", max_layers=3, max_size=4, boundary=True):
-    """A hypothesis strategy of :class:`Problem`\\ s of ``cell`` (shrinking to one layer, the
-    default options, batched input, random states, both losses, eval mode, small sizes)."""
-    from hypothesis import strategies as st
-
-    @st.composite
-    def draw(draw):
-        def size(lo, special):
-            pick = draw(st.integers(0, 11))
-            if boundary and special and pick == 11:
-                return draw(st.sampled_from(special))
-            return draw(st.integers(lo, max_size))
-
-        L = draw(st.integers(1, max_layers))
-        form = draw(st.sampled_from(FORMS))
-        T = size(1, ())
-        N = 1 if form == "unbatched" else size(1, (31, 32, 33))
-        lengths = None
-        if form == "packed":
-            lengths = tuple(draw(st.lists(st.integers(1, T), min_size=N, max_size=N)))
-        mode = draw(st.sampled_from(MODES))
-        nonlinearity = draw(st.sampled_from(("tanh", "relu"))) if cell == "rnn" else "tanh"
-        dropout = draw(st.sampled_from((0.0, 0.5))) if L > 1 else 0.0
-        bias = draw(st.sampled_from((True, False)))
-        if nonlinearity == "relu" and mode == "train" and dropout:
-            # without a bias, a dropped input row and zero states put a relu exactly on its kink,
-            # where central differences do not give the derivative
-            bias = True
-        return Problem(
-            cell=cell, num_layers=L, bidirectional=draw(st.booleans()),
-            batch_first=draw(st.booleans()), bias=bias, nonlinearity=nonlinearity, dropout=dropout,
-            T=T, N=N, I=size(1, (31, 32, 33)), H=size(1, (31, 32, 33)), form=form,
-            lengths=lengths, states=draw(st.sampled_from(STATES)), loss=draw(st.sampled_from(LOSSES)),
-            mode=mode, dtype=dtype, seed=draw(st.integers(0, 2**32 - 1)))
-
-    return draw()
-
-
 @dataclasses.dataclass
 class ModuleReport:
     """What :func:`check_module` did: ``checked`` problems compared, ``unsupported``
@@ -616,18 +444,23 @@ class ModuleReport:
 
 def check_module(factory, cell, *, device="cpu", max_examples=150, seed=None, dtype="float32",
                  scenarios_first=True, max_layers=3, max_size=4, boundary=True, threads=1,
-                 progress=None) -> ModuleReport:
+                 progress=None, values="contractive", capabilities=None,
+                 after_problem=None) -> ModuleReport:
     """Fuzz a framework RNN layer against rnngrad's float64 reference, composed layer by layer.
 
     factory: ``factory(**config)`` builds a layer from ``torch.nn.RNN`` / ``GRU`` / ``LSTM``'s
         constructor keywords (input_size, hidden_size, num_layers, bias, batch_first, dropout,
-        bidirectional, and nonlinearity for ``"rnn"``; no device or dtype: the checker moves the
-        layer with ``.to(device, dtype)``), with ``torch.nn``'s call convention and parameter
-        names (``torch.nn.LSTM`` itself is one). It may raise ValueError or NotImplementedError
-        for a configuration it does not support, and the layer NotImplementedError for an
-        input form: counted in the report, not failed.
+        bidirectional, and nonlinearity for ``"rnn"``). Either a ``torch.nn.Module`` with
+        ``torch.nn``'s call convention and parameter names (``torch.nn.LSTM`` itself is one; no
+        device or dtype: the checker moves it with ``.to(device, dtype)``), or an array layer
+        of any framework (:mod:`rnngrad.testing.arrays`: arrays in and out, its own VJP,
+        rnngrad's parameter names; no PyTorch needed). It may raise ValueError or
+        NotImplementedError for a configuration it does not support, and the layer
+        NotImplementedError (or :class:`Unsupported`) for an input form: counted in the
+        report, not failed. Its attributes ``capabilities``, ``after_problem`` and ``source``
+        stand in for the knobs of those names and for the reproduction's import line.
     cell: ``"rnn"``, ``"gru"`` or ``"lstm"``.
-    device: where the layer runs (``"cpu"``, ``"mps"``, ``"cuda"``).
+    device: where a torch layer runs (``"cpu"``, ``"mps"``, ``"cuda"``).
     max_examples: problems drawn by hypothesis after the fixed scenarios (:func:`scenarios`).
     seed: makes the draws reproducible (None: a fresh random seed).
     dtype: ``"float32"`` or ``"float64"`` (the reference is float64 on the rounded values).
@@ -638,32 +471,45 @@ def check_module(factory, cell, *, device="cpu", max_examples=150, seed=None, dt
     threads: torch's intra-op threads while the check runs (restored afterwards); None leaves
         torch's setting. The problems are small, where more threads only add synchronisation.
     progress: called with the number of problems checked so far.
+    values: ``"contractive"``, ``"saturating"`` (gates at 0 or 1) or ``"nonfinite"`` (one NaN
+        or infinity in one batch row's input).
+    capabilities: a :class:`Capabilities`: what the layer family can do; nothing else is
+        drawn, and the scenarios that need something else are left out.
+    after_problem: called after every problem (passed or not): where a JIT framework clears
+        its compilation caches.
 
     Returns a :class:`ModuleReport`; raises :class:`ModuleMismatch` (an AssertionError) naming
-    the configuration, the quantity, the index, both values and the tolerance, with a
+    the configuration, the quantity, the index (in the layer's own layout, and for an array
+    layer in the framework's own parameters and gate), both values and the tolerance, with a
     runnable reproduction, for the first failing problem, shrunk.
     """
     if cell not in CELLS:
         raise ValueError(f"cell: expected one of {CELLS}, got {cell!r}")
     if np.dtype(dtype).name not in ("float16", "float32", "float64"):
         raise ValueError(f"dtype: expected float16, float32 or float64, got {dtype!r}")
-    dtype = np.dtype(dtype).name
-    if threads is None:
-        return _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first,
-                             max_layers, max_size, boundary, progress)
-    import torch
-
+    if values not in VALUES:
+        raise ValueError(f"values: expected one of {VALUES}, got {values!r}")
+    knobs = dict(device=device, max_examples=max_examples, seed=seed, dtype=np.dtype(dtype).name,
+                 scenarios_first=scenarios_first, max_layers=max_layers, max_size=max_size,
+                 boundary=boundary, progress=progress, values=values,
+                 capabilities=capabilities or getattr(factory, "capabilities", None),
+                 after_problem=after_problem or getattr(factory, "after_problem", None))
+    try:
+        import torch
+    except ImportError:  # an array layer needs no torch
+        torch = None
+    if threads is None or torch is None:
+        return _check_module(factory, cell, **knobs)
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first,
-                             max_layers, max_size, boundary, progress)
+        return _check_module(factory, cell, **knobs)
     finally:
         torch.set_num_threads(saved)
 
 
-def _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_first, max_layers,
-                  max_size, boundary, progress):
+def _check_module(factory, cell, *, device, max_examples, seed, dtype, scenarios_first,
+                  max_layers, max_size, boundary, progress, values, capabilities, after_problem):
     start = time.perf_counter()
     checked, unsupported = 0, {}
 
@@ -685,16 +531,19 @@ def _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_fi
                                  f"  on {problem.summary()}\nReproduce with:\n"
                                  f"{module_reproduction(factory, problem, device)}",
                                  problem=problem) from exc
+        finally:
+            if after_problem is not None:
+                after_problem()
         checked += 1
         if progress is not None:
             progress(checked)
 
     count = 0
     if scenarios_first:
-        for label, problem in scenarios(cell, dtype):
+        for label, problem in scenarios(cell, dtype, capabilities):
             count += 1
             try:
-                one(problem, label)
+                one(dataclasses.replace(problem, values=values), label)
             except ModuleMismatch as exc:
                 exc.examples = count
                 raise
@@ -704,12 +553,12 @@ def _check_module(factory, cell, device, max_examples, seed, dtype, scenarios_fi
             count += 1
             return count
         fuzz_draws(problems(cell, dtype=dtype, max_layers=max_layers, max_size=max_size,
-                            boundary=boundary),
+                            boundary=boundary, values=values, capabilities=capabilities),
                    one, ModuleMismatch, max_examples=max_examples, seed=seed, tick=tick)
     return ModuleReport(cell, dtype, str(device), checked, unsupported, time.perf_counter() - start)
 
 
 __all__ = ["check_module", "check_problem", "Problem", "ModuleMismatch", "ModuleReport",
-           "Unsupported", "problem_values", "reference", "scenarios", "problems",
+           "Unsupported", "Capabilities", "torch_layer", "VALUES", "problem_values", "reference", "scenarios", "problems",
            "module_reproduction", "compare_runs", "CELLS", "FORMS", "STATES", "LOSSES", "MODES",
            "DIFFERENCE_TOLERANCES"]

@@ -125,7 +125,8 @@ def _elements(T, N, I, H, D, G, Z):
 
 def cases(op=None, *, cells=None, T=None, N=None, I=None, H=None, max_size=4,
           boundary=True, max_elements=6000, dtypes=("float32",), values="contractive",
-          descriptor=None, optional=None, cell_gradient_form=None, zero_source_gradient=None):
+          descriptor=None, optional=None, cell_gradient_form=None, zero_source_gradient=None,
+          empty=True):
     """A strategy of complete problems (:class:`rnngrad.testing.cases.Case`).
 
     op: an op name (``"gru_gradients"``) fixes the cell; or ``cells``, a tuple of cells to draw
@@ -140,6 +141,7 @@ def cases(op=None, *, cells=None, T=None, N=None, I=None, H=None, max_size=4,
     cell_gradient_form: "per_step" or "final" (LSTM); None draws it.
     zero_source_gradient: True makes source_gradient zero (only the final state and cell carry
         upstream gradients); None draws it (one problem in eight).
+    empty: False never draws T = 0 or N = 0.
     """
     _require_hypothesis()
     if op is not None:
@@ -189,7 +191,7 @@ def cases(op=None, *, cells=None, T=None, N=None, I=None, H=None, max_size=4,
             # Most draws are small; about one in eight is empty (T, N) and one in six takes a
             # size around the SIMD width (N, H, I). Shrinks to 1.
             pick = draw(st.integers(0, 23))
-            if boundary and lo == 0 and pick in (21, 22, 23):
+            if boundary and empty and lo == 0 and pick in (21, 22, 23):
                 chosen[dim] = 0
             elif special and pick in (17, 18, 19, 20):
                 chosen[dim] = draw(st.sampled_from(special))
@@ -360,12 +362,22 @@ def regression_case(regression, cell, *, dtype=np.float32, seed=0) -> Case:
 
 def regression_cases(op=None, *, cell=None, dtype=np.float32, seed=0) -> list:
     """[(regression name, Case)] for every regression that applies to the op's (or cell's)
-    cell; all cells when neither is given."""
+    cell; all cells when neither is given. For a forward op, the regressions that differ only
+    in their upstream gradients are left out and the others named for what a forward shows
+    (``batch_first`` for ``batch_first_backward``)."""
+    forward = False
     if op is not None:
-        cell = op_info(op)[0]
+        cell, forward = op_info(op)[0], not op_info(op)[1]
     chosen = (cell,) if cell is not None else CELLS
-    return [(r.name if cell is not None else f"{r.name}[{c}]", regression_case(r, c, dtype=dtype, seed=seed))
-            for c in chosen for r in REGRESSIONS if c in r.cells]
+    out = []
+    for c in chosen:
+        for r in REGRESSIONS:
+            if c not in r.cells or (forward and r.zero_source_gradient):
+                continue
+            name = r.name.replace("_backward", "") if forward else r.name
+            out.append((name if cell is not None else f"{name}[{c}]",
+                        regression_case(r, c, dtype=dtype, seed=seed)))
+    return out
 
 
 def regressions(op=None, *, cell=None, dtype=np.float32):
