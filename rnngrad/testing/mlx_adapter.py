@@ -38,6 +38,7 @@ import math
 
 import numpy as np
 
+from ..convert import parameters
 from .layer_problems import Capabilities
 
 __all__ = ["mlx_factory", "MLX_LAYOUTS"]
@@ -173,16 +174,16 @@ def _adapter_class():
                 self.specs.append(Spec(cell, I, H, bias, nonlinearity))
 
         def _mlx_params(self, k):
-            """The MLX parameters of layer k, made from torch.nn's by differentiable ops."""
-            p = lambda name: getattr(self, f"{name}_l{k}")  # noqa: E731
-            out = [p("weight_ih"), p("weight_hh")]
-            if self.bias:
-                b_ih, b_hh, H = p("bias_ih"), p("bias_hh"), self.hidden_size
-                if self.cell == "gru":
-                    out += [torch.cat([b_ih[:2 * H] + b_hh[:2 * H], b_ih[2 * H:]]), b_hh[2 * H:]]
-                else:
-                    out.append(b_ih + b_hh)
-            return out
+            """The MLX parameters of layer k, made from torch.nn's by differentiable ops: the
+            op's arguments by rnngrad.convert.parameters (mlx.nn's GRU keeps PyTorch's b_hn
+            inside the reset product, the op's secondary bias)."""
+            names = parameters.names(k, 1, bias=self.bias)
+            args = parameters.op_arguments(
+                parameters.sides([getattr(self, n) for n in names],
+                                 map(parameters.direction_kinds, names), 1),
+                H=self.hidden_size, secondary=self.cell == "gru" and self.bias, xp=torch)
+            return [args[name] for name in ("input_weight", "recurrent_weight", "bias",
+                                             "secondary_bias") if name in args]
 
         def forward(self, input, hx=None):
             if isinstance(input, nn.utils.rnn.PackedSequence):
