@@ -116,7 +116,7 @@ def in_one_call(P, parts: int, flops: float) -> bool:
     are the small problems, where the Python between the kernels and the products is a
     visible share of the op (verification/PERFORMANCE.md, "numba: warm-up, one-call ops,
     splits")."""
-    return parts == 1 and not blas.packs(P.H, P.G * P.H, P.N, P.T) \
+    return parts == 1 and not blas.packs(P.H, P.G * P.H, P.N, P.T, P.dtype) \
         and overlap.bounds(P.T, P.N, 1, flops) is None
 
 
@@ -130,10 +130,10 @@ def _weight_gradient_flops(P) -> float:
 
 
 def _single_threaded_blas():
-    """Around a whole op, without MKL: the kernels and ``gemm.py`` call SciPy's BLAS (numba's
-    np.dot) from each of numba's threads, one BLAS thread each, so that its thread pool never
-    competes with numba's. (MKL runs sequential: nothing to limit.)"""
-    return contextlib.nullcontext() if blas.MKL is not None else machine.blas_threads("scipy", 1)
+    """Around a whole op where SciPy's OpenBLAS runs products: the kernels and ``gemm.py``
+    call it from each of numba's threads, one BLAS thread each, so that its thread pool never
+    competes with numba's. (MKL runs sequential, oneDNN one thread a call: nothing to limit.)"""
+    return machine.blas_threads("scipy", 1) if blas.uses_openblas() else contextlib.nullcontext()
 
 
 def _writable(a):
