@@ -98,9 +98,11 @@ def remeasure() -> rule.Choice:
     return rule.choose(LIBRARIES, _kernel_folder(), remeasure=True)
 
 
-def uses_openblas() -> bool:
-    """Whether SciPy's OpenBLAS runs any product (the driver limits it to one thread then)."""
-    return any(CHOICE.library(kind, p) == "openblas" for kind in ("step", "large") for p in "sd")
+def uses_openblas(dtype) -> bool:
+    """Whether SciPy's OpenBLAS runs any product of ``dtype`` (the driver limits it to one
+    thread around such ops; asking costs a few µs, which a small op notices)."""
+    p = "s" if np.dtype(dtype) == np.float32 else "d"
+    return any(CHOICE.library(kind, p) == "openblas" for kind in ("step", "large"))
 
 
 def library(choice=None) -> str:

@@ -129,11 +129,13 @@ def _weight_gradient_flops(P) -> float:
     return 2.0 * P.T * P.N * P.G * P.H * (P.H + (P.I or 0))  # P.I is None without W
 
 
-def _single_threaded_blas():
-    """Around a whole op where SciPy's OpenBLAS runs products: the kernels and ``gemm.py``
-    call it from each of numba's threads, one BLAS thread each, so that its thread pool never
-    competes with numba's. (MKL runs sequential, oneDNN one thread a call: nothing to limit.)"""
-    return machine.blas_threads("scipy", 1) if blas.uses_openblas() else contextlib.nullcontext()
+def _single_threaded_blas(dtype):
+    """Around a whole op where SciPy's OpenBLAS runs products of its ``dtype``: the kernels and
+    ``gemm.py`` call it from each of numba's threads, one BLAS thread each, so that its thread
+    pool never competes with numba's. (MKL runs sequential, oneDNN one thread a call: nothing
+    to limit.)"""
+    return machine.blas_threads("scipy", 1) if blas.uses_openblas(dtype) \
+        else contextlib.nullcontext()
 
 
 def _writable(a):
@@ -308,7 +310,7 @@ def forward(problem) -> ForwardArrays:
     c = np.empty((T, N, D * H), dt) if P.cell == "lstm" else None  # [T,N,DH]
     zs = np.empty((T, N, D * Z * H), dt)  # [T,N,DZH]
     if T > 0 and N > 0:
-        with _single_threaded_blas():
+        with _single_threaded_blas(dt):
             _FORWARD[P.cell](P, h, c, zs)
     keep_c = P.cell == "lstm" and (desc.training or desc.produce_cell)
     return ForwardArrays(h=h, c=c if keep_c else None, z_state=zs if desc.training else None)
@@ -414,7 +416,7 @@ _FORWARD = {"single_gate": _forward_single_gate, "lstm": _forward_lstm, "gru": _
 # -- gradients --------------------------------------------------------------------------------
 
 def gradients(problem) -> GradientArrays:
-    with _single_threaded_blas():
+    with _single_threaded_blas(problem.dtype):
         return _gradients(problem)
 
 
