@@ -64,14 +64,9 @@ MKL = LIBRARIES["mkl"].mkl if "mkl" in LIBRARIES else None
 
 def _kernel_folder():
     """The kernel cache folder, where the rule keeps its rates (None: not kept)."""
-    from . import kernel_cache_dir
+    from . import kernel_folder
 
-    if numba.config.CACHE_DIR:
-        return None
-    try:
-        return kernel_cache_dir()
-    except OSError:
-        return None
+    return kernel_folder()
 
 
 CHOICE = rule.choose(LIBRARIES, _kernel_folder())

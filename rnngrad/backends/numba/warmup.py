@@ -24,7 +24,6 @@ import os
 import sys
 import time
 
-import numba
 import numpy as np
 
 #: the cells, the longest to compile first, and the dtypes
@@ -39,16 +38,10 @@ SHAPES = ((3, 2, 3, 4), (4, 8, 16, 512), (8, 16, 16, 128), (1000, 8, 512, 128))
 
 
 def folder() -> str | None:
-    """rnngrad's kernel folder, where the warm-up applies; None where the kernels are in numba's
-    own cache files, without the lock (``NUMBA_CACHE_DIR`` set, or no usable folder)."""
-    from . import kernel_cache_dir
+    """rnngrad's kernel folder, where the warm-up applies (``kernel_folder``)."""
+    from . import kernel_folder
 
-    if numba.config.CACHE_DIR:
-        return None
-    try:
-        return kernel_cache_dir()
-    except OSError:
-        return None
+    return kernel_folder()
 
 
 def _marker(cell, dtype) -> str:
