@@ -164,6 +164,7 @@ def fakes(monkeypatch):
                 for kind, rates in _RATES[p].items()}
     monkeypatch.setattr(rule, "measure", measure)
     monkeypatch.delenv("RNNGRAD_BLAS", raising=False)
+    monkeypatch.setattr(numba.config, "CACHE_DIR", "")  # nothing kept unless a folder is given
     return {"mkl": _Fake("mkl"), "openblas": _Fake("openblas"), "onednn": _Fake("onednn", "s")}, calls
 
 
@@ -191,6 +192,14 @@ def test_the_rates_are_kept_per_cpu_and_candidates(fakes, tmp_path, monkeypatch)
     assert len(calls) == 6  # so does a newly found library
     rule.choose(libs, str(tmp_path), remeasure=True)
     assert len(calls) == 8
+
+
+def test_with_numba_cache_dir_the_rates_are_kept_there(fakes, tmp_path, monkeypatch):
+    libs, calls = fakes
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    rule.choose(libs)
+    rule.choose(libs)
+    assert len(calls) == 2 and list(tmp_path.glob("gemm-rule-*.json"))
 
 
 def test_rnngrad_blas_names_the_library_of_every_product_it_has(fakes, monkeypatch):

@@ -184,8 +184,11 @@ def _pick(rates):
 def choose(libraries, folder=None, remeasure=False) -> Choice:
     """The :class:`Choice` for the ``libraries`` found (at least one): ``RNNGRAD_BLAS``'s
     library where it names one found, else the measured fastest, the rates read from
-    ``folder`` (the kernel cache) when kept there for this :func:`key`, else measured (and
-    kept there)."""
+    ``folder`` (the kernel cache; by default numba's ``NUMBA_CACHE_DIR`` where it is set) when
+    kept there for this :func:`key`, else measured (and kept there)."""
+    import numba
+
+    folder = folder or numba.config.CACHE_DIR or None
     forced = os.environ.get("RNNGRAD_BLAS", "").strip().lower()
     if forced and forced not in libraries:
         warnings.warn(f"RNNGRAD_BLAS: expected one of the GEMM libraries found here "
