@@ -201,7 +201,9 @@ def _prefer_openmp():
 _prefer_openmp()
 
 from ...registry import Backend  # noqa: E402
-from . import driver  # noqa: E402
+from . import blas, driver  # noqa: E402
+
+blas.bind(kernel_folder())  # before any kernel is compiled or loaded
 
 _lock_kernel_caches()  # every kernel module is imported by now (driver imports them all)
 

@@ -62,17 +62,16 @@ LIBRARIES, WHY_NOT = libraries.load_all()
 MKL = LIBRARIES["mkl"].mkl if "mkl" in LIBRARIES else None
 
 
-def _kernel_folder():
-    """The kernel cache folder, where the rule keeps its rates (None: not kept)."""
-    from . import kernel_folder
-
-    return kernel_folder()
+CHOICE = None  # the rule's rnngrad.backends.numba.rule.Choice, made by bind()
+_FOLDER = None  # where it keeps its rates
 
 
-CHOICE = rule.choose(LIBRARIES, _kernel_folder())
-
-
-def _bind():
+def bind(folder):
+    """Choose the libraries (``rule.choose``, the rates kept in ``folder``, the kernel cache)
+    and bind the names the compiled code calls to them. The package calls it once at import,
+    before any kernel is compiled or loaded (that is when the names are resolved)."""
+    global CHOICE, _FOLDER
+    CHOICE, _FOLDER = rule.choose(LIBRARIES, folder), folder
     for p in "sd":
         llvm.add_symbol(f"rnngrad_{p}gemm", LIBRARIES[CHOICE.library("large", p)].gemm[p])
         llvm.add_symbol(f"rnngrad_{p}gemm_step", LIBRARIES[CHOICE.library("step", p)].gemm[p])
@@ -84,13 +83,10 @@ def _bind():
         llvm.add_symbol(f"rnngrad_{p}gemm_compute", compute)
 
 
-_bind()
-
-
 def remeasure() -> rule.Choice:
     """The candidates measured again, the new choice kept (``rnngrad info --measure-gemm``):
     it takes effect in the processes started after this one, which has bound its symbols."""
-    return rule.choose(LIBRARIES, _kernel_folder(), remeasure=True)
+    return rule.choose(LIBRARIES, _FOLDER, remeasure=True)
 
 
 def uses_openblas(dtype) -> bool:
