@@ -165,7 +165,8 @@ def fakes(monkeypatch):
     monkeypatch.setattr(rule, "measure", measure)
     monkeypatch.delenv("RNNGRAD_BLAS", raising=False)
     monkeypatch.setattr(numba.config, "CACHE_DIR", "")  # nothing kept unless a folder is given
-    return {"mkl": _Fake("mkl"), "openblas": _Fake("openblas"), "onednn": _Fake("onednn", "s")}, calls
+    libs = {"mkl": _Fake("mkl"), "openblas": _Fake("openblas"), "onednn": _Fake("onednn", "s")}
+    return libs, calls
 
 
 def test_the_rule_takes_the_fastest_of_each_kind_and_dtype(fakes):
