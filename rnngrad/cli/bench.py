@@ -181,6 +181,16 @@ def _gpu_name() -> str:
     return cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
 
 
+def _numba_gemms() -> list:
+    """The numba backend's GEMM choice (each kind of product and dtype, and how it was made),
+    as ``rnngrad info`` prints it; none without numba."""
+    try:
+        from ..backends.numba import blas
+    except ImportError:
+        return []
+    return blas.CHOICE.describe()
+
+
 def run(args) -> int:
     from .. import machine
 
@@ -197,6 +207,9 @@ def run(args) -> int:
     env = _env(args.threads)
     print("\n".join(machine.blas_report()) if device == "cpu" else
           f"device: {_gpu_name()} (CUDA); PyTorch runs cuDNN there, TF32 off")
+    gemm_lines = _numba_gemms() if "numba" in args.backends else []
+    if gemm_lines:
+        print("numba backend GEMMs:\n" + "\n".join(f"  {line}" for line in gemm_lines))
     if env.get("OPENBLAS_CORETYPE"):
         print(f"workers run with OPENBLAS_CORETYPE={env['OPENBLAS_CORETYPE']}")
     points = [(cell, shape) for shape in shapes for cell in args.cells]
@@ -282,8 +295,8 @@ def run(args) -> int:
             row["versions"] = chosen.get((row["cell"], tuple(row["shape"]), row["impl"]), [])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(blas=machine.blas_report(), gemm_gflops=gemm, dtype=args.dtype,
-                           threads=args.threads, rows=rows), f, indent=1)
+            json.dump(dict(blas=machine.blas_report(), numba_gemms=gemm_lines, gemm_gflops=gemm,
+                           dtype=args.dtype, threads=args.threads, rows=rows), f, indent=1)
     if args.plot and have_torch:
         plot(rows, args.plot)
     return 0

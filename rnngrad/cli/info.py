@@ -7,7 +7,9 @@ HELP = "show the version, the backends available on this machine and why others 
 
 
 def add_arguments(parser):
-    pass
+    parser.add_argument("--measure-gemm", action="store_true",
+                        help="measure the GEMM libraries' rates again (one thread, the "
+                             "recurrences' shapes) and keep the new choice for the numba backend")
 
 
 def run(args) -> int:
@@ -44,7 +46,10 @@ def run(args) -> int:
         if numba_blas is not None:
             from ..backends import numba as numba_backend
 
-            print(f"  numba backend GEMMs: {numba_blas.library()}")
+            choice = numba_blas.remeasure() if args.measure_gemm else None
+            print("  numba backend GEMMs" + (" (measured again: new processes use this)"
+                                             if choice else "") + ":")
+            print("\n".join(f"    {line}" for line in numba_blas.library(choice).splitlines()))
             from ..backends.numba import warmup
 
             print(f"  numba kernel cache: {numba_backend.cache_location()}")

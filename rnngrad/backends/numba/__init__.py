@@ -20,6 +20,8 @@ In rnngrad's folder, each kernel's cache file is read and written under a file l
 entries.
 """
 
+from __future__ import annotations
+
 import contextlib
 import functools
 import hashlib
@@ -78,6 +80,18 @@ def kernel_cache_dir() -> str:
                 shutil.rmtree(older, ignore_errors=True)
         current.mkdir(mode=0o700, parents=True, exist_ok=True)
     return str(current)
+
+
+def kernel_folder() -> str | None:
+    """rnngrad's kernel folder (:func:`kernel_cache_dir`), where the warm-up's markers and the
+    GEMM rule's rates are kept; None where the kernels are in numba's own cache files, without
+    the lock (``NUMBA_CACHE_DIR`` set, or no usable folder)."""
+    if numba.config.CACHE_DIR:
+        return None
+    try:
+        return kernel_cache_dir()
+    except OSError:
+        return None
 
 
 def cache_location() -> str:
@@ -187,7 +201,9 @@ def _prefer_openmp():
 _prefer_openmp()
 
 from ...registry import Backend  # noqa: E402
-from . import driver  # noqa: E402
+from . import blas, driver  # noqa: E402
+
+blas.bind(kernel_folder())  # before any kernel is compiled or loaded
 
 _lock_kernel_caches()  # every kernel module is imported by now (driver imports them all)
 

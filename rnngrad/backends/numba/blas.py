@@ -1,25 +1,23 @@
-"""The GEMMs the compiled kernels call: Intel MKL where it is installed, else OpenBLAS.
+"""The GEMMs the compiled kernels call, on the library measured fastest on this CPU.
 
-Why MKL: a recurrence multiplies by the same recurrent weight at every step, and MKL can pack
-a matrix into its GEMM kernel's panel layout once (``cblas_?gemm_pack``) and multiply by the
-packed matrix at every step (``cblas_?gemm_compute``). OpenBLAS re-packs both operands on every
-call; for a step's product of a [N,H] state by a [H,G·H] weight that re-packing is a third of
-the call, so the packed product is the fastest of the three at the recurrences' shapes
-(verification/PERFORMANCE.md, the numba BLAS entry, has the rates measured).
+The libraries (``libraries.py``: Intel MKL, SciPy's OpenBLAS, oneDNN) and the rule that picks one
+for each kind of product (``rule.py``: the per-step recurrent products and the large ones, per
+dtype, by their rates at the recurrences' shapes, kept in the kernel cache per CPU) are apart;
+this module binds the choice to the names the compiled code calls, packs recurrent weights for
+MKL, and gives the compiled code its entry points.
 
-MKL is loaded through its single dynamic library (``libmkl_rt``) with the sequential threading
-layer: every call runs on the calling thread (one of numba's), so no MKL thread pool competes
-for the cores. When MKL is absent (its wheels exist for x86-64 only), when ``RNNGRAD_BLAS=openblas``
-is set, or when something else in the process already started MKL with a threaded layer, the
-same entry points run NumPy-compatible OpenBLAS products through numba's ``np.dot`` instead,
-with "packing" a plain copy.
+Why packing: a recurrence multiplies by the same recurrent weight at every step, and MKL can
+pack a matrix into its GEMM kernel's panel layout once (``cblas_?gemm_pack``) and multiply by
+the packed matrix at every step (``cblas_?gemm_compute``); the other libraries re-pack both
+operands on every call. The rule weighs MKL's packed product as a candidate of its own
+("mkl-packed").
 
-How the kernels reach them: the compiled code calls the C symbols ``rnngrad_sgemm``,
-``rnngrad_dgemm`` (the CBLAS ``?gemm`` signature) and ``rnngrad_sgemm_compute``,
-``rnngrad_dgemm_compute`` (the CBLAS ``?gemm_compute`` signature) by name, and this module binds
-those names at import, to MKL's functions or to numba ``cfunc`` fallbacks. Binding by name keeps
-the kernels cacheable (numba's cache stores no function addresses) and lets one compiled kernel
-serve both libraries.
+How the kernels reach them: the compiled code calls the C symbols ``rnngrad_?gemm`` (the large
+products), ``rnngrad_?gemm_step`` (a step's product), ``rnngrad_?gemm_small`` (a step's product
+of at most ``SMALL_PRODUCT`` multiply-adds) — all with the CBLAS ``?gemm`` signature — and
+``rnngrad_?gemm_compute`` (the CBLAS ``?gemm_compute`` signature) by name, and this module binds
+those names at import. Binding by name keeps the kernels cacheable (numba's cache stores no
+function addresses) and lets one compiled kernel serve every library.
 
 All operands are row-major (CBLAS ``CblasRowMajor``). Integers are 32-bit (MKL's LP64
 interface).
@@ -27,22 +25,16 @@ interface).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import glob
-import os
-import sys
-
 import llvmlite.binding as llvm
 import numba
 import numpy as np
 from numba.core import types
 from numba.extending import overload
 
+from . import libraries, rule
 from .activations import JIT
 
 ROW_MAJOR, NO_TRANS, TRANS, PACKED, B_MATRIX = 101, 111, 112, 151, 162
-_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
 
 _i, _p = types.intc, types.intp  # pointers cross as integers (the same registers in every ABI)
 _GEMM = {t: types.void(_i, _i, _i, _i, _i, _i, t, _p, _i, _p, _i, t, _p, _i)
@@ -52,171 +44,66 @@ _COMPUTE = {t: types.void(_i, _i, _i, _i, _i, _i, _p, _i, _p, _i, t, _p, _i)
 _PREFIX = {types.float32: "s", types.float64: "d"}
 
 _gemm_fn = {t: types.ExternalFunction(f"rnngrad_{_PREFIX[t]}gemm", _GEMM[t]) for t in _GEMM}
+_step_fn = {t: types.ExternalFunction(f"rnngrad_{_PREFIX[t]}gemm_step", _GEMM[t]) for t in _GEMM}
+_small_fn = {t: types.ExternalFunction(f"rnngrad_{_PREFIX[t]}gemm_small", _GEMM[t]) for t in _GEMM}
 _compute_fn = {t: types.ExternalFunction(f"rnngrad_{_PREFIX[t]}gemm_compute", _COMPUTE[t])
                for t in _COMPUTE}
 
-
-# -- MKL ----------------------------------------------------------------------------------------
-
-def _mkl_candidates():
-    names = ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so", "libmkl_rt.dylib",
-             "libmkl_rt.2.dylib", "mkl_rt.3.dll", "mkl_rt.2.dll", "mkl_rt.dll")
-    folders = [os.path.join(sys.prefix, "lib"), os.path.join(sys.prefix, "Library", "bin")]
-    if sys.base_prefix != sys.prefix:
-        folders.append(os.path.join(sys.base_prefix, "lib"))
-    for folder in folders:
-        for name in names:
-            yield os.path.join(folder, name)
-    found = ctypes.util.find_library("mkl_rt")
-    if found:
-        yield found
-    yield from glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "*",
-                                      "libmkl_rt.so*"))
-
-
-class _Mkl:
-    """libmkl_rt through ctypes, started with the sequential threading layer."""
-
-    def __init__(self, path):
-        self.path = path
-        self.lib = lib = ctypes.CDLL(path)
-        lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
-        lib.MKL_Set_Threading_Layer.restype = ctypes.c_int
-        # returns the layer in effect: another one if MKL was already started by someone else
-        self.layer = lib.MKL_Set_Threading_Layer(_SEQUENTIAL)
-        self.version = self._version()
-        for p, c in (("s", ctypes.c_float), ("d", ctypes.c_double)):
-            size = getattr(lib, f"cblas_{p}gemm_pack_get_size")
-            size.argtypes, size.restype = [ctypes.c_int] * 4, ctypes.c_size_t
-            pack = getattr(lib, f"cblas_{p}gemm_pack")
-            pack.argtypes = [ctypes.c_int] * 6 + [c, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
-            pack.restype = None
-
-    def _version(self):
-        buf = ctypes.create_string_buffer(256)
-        try:
-            self.lib.mkl_get_version_string(buf, 256)
-        except AttributeError:
-            return "MKL"
-        return buf.value.decode(errors="replace").strip()
-
-    def address(self, name):
-        return ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
-
-
-def _load_mkl():
-    """(_Mkl or None, why not)."""
-    if os.environ.get("RNNGRAD_BLAS", "").lower() == "openblas":
-        return None, "RNNGRAD_BLAS=openblas"
-    tried = []
-    for path in _mkl_candidates():
-        if not os.path.exists(path) and os.sep in path:
-            continue
-        try:
-            mkl = _Mkl(path)
-        except (OSError, AttributeError) as exc:
-            tried.append(f"{path}: {exc}")
-            continue
-        if mkl.layer != _SEQUENTIAL:
-            return None, (f"MKL was already started in this process with threading layer "
-                          f"{mkl.layer}, not the sequential one rnngrad runs it with")
-        return mkl, ""
-    return None, "MKL is not installed (pip install mkl)" + (f"; tried {'; '.join(tried)}" if tried else "")
-
-
-# -- the OpenBLAS fallbacks, with the same C signatures -------------------------------------------
-
-#: without MKL, a step's product of at most this many multiply-adds (M·K·N) is a compiled loop
-#: rather than an OpenBLAS call, whose checks, set-up and operand copies cost more than a
-#: [1,64]·[64,256] product takes (MKL's GEMM is faster than the loop at every size, so this
-#: applies without MKL only; verification/PERFORMANCE.md, "numba's thresholds")
+#: a step's product of at most this many multiply-adds (M·K·N) runs on MKL's plain GEMM where
+#: MKL is installed (and ``RNNGRAD_BLAS`` names no other library), else on a compiled loop: at
+#: that size a call's fixed costs decide, which the rule's shapes do not measure
+#: (verification/PERFORMANCE.md, "numba's thresholds")
 SMALL_PRODUCT = 1 << 16
-
-
-def _fallbacks(T):
-    """cfuncs with the CBLAS ``gemm`` and ``gemm_compute`` signatures for float type T, computing
-    with numba's ``np.dot`` (SciPy's OpenBLAS); a plain product of at most ``SMALL_PRODUCT``
-    multiply-adds is a compiled loop (a BLAS call and its operand copies cost more than that).
-    (``compute`` is never reached without MKL, as nothing is packed then; it multiplies by B
-    itself, row-major [K,N] with ``ldb = N``.)"""
-    ptr = types.CPointer(T)
-    gemm_sig = types.void(_i, _i, _i, _i, _i, _i, T, ptr, _i, ptr, _i, T, ptr, _i)
-    compute_sig = types.void(_i, _i, _i, _i, _i, _i, ptr, _i, ptr, _i, T, ptr, _i)
-
-    @numba.njit(cache=True, error_model="numpy")
-    def operand(p, trans, rows, cols, ld):
-        if trans == NO_TRANS:
-            full = numba.carray(p, (rows, ld))
-            return np.ascontiguousarray(full[:, :cols])
-        full = numba.carray(p, (cols, ld))
-        return np.ascontiguousarray(full[:, :rows].T)
-
-    @numba.njit(cache=True, error_model="numpy")
-    def product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
-        a = operand(A, ta, M, K, lda)
-        b = operand(B, tb, K, N, ldb)
-        c = numba.carray(C, (M, ldc))[:, :N]
-        r = np.dot(a, b)
-        if beta == 0:
-            c[:] = alpha * r
-        else:
-            c[:] = alpha * r + beta * c
-
-    @numba.njit(cache=True, error_model="numpy")
-    def small_product(M, N, K, A, lda, B, ldb, C, ldc):
-        a, b = numba.carray(A, (M, lda)), numba.carray(B, (K, ldb))
-        c = numba.carray(C, (M, ldc))
-        for i in range(M):
-            o, ai = c[i, :N], a[i]
-            for j in range(N):
-                o[j] = 0
-            for k in range(K):
-                v, bk = ai[k], b[k]
-                for j in range(N):
-                    o[j] += v * bk[j]
-
-    @numba.cfunc(gemm_sig, cache=True, error_model="numpy")
-    def gemm(layout, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
-        if M > 0 and N > 0:
-            if ta == NO_TRANS and tb == NO_TRANS and alpha == 1 and beta == 0 and \
-                    M * K * N <= SMALL_PRODUCT:
-                small_product(M, N, K, A, lda, B, ldb, C, ldc)
-            else:
-                product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)
-
-    @numba.cfunc(compute_sig, cache=True, error_model="numpy")
-    def compute(layout, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc):
-        if M > 0 and N > 0:
-            product(ta, NO_TRANS, M, N, K, T(1), A, lda, B, N, beta, C, ldc)
-
-    return gemm, compute
 
 
 # -- binding ------------------------------------------------------------------------------------
 
-MKL, WHY_NOT_MKL = _load_mkl()
+LIBRARIES, WHY_NOT = libraries.load_all()
+MKL = LIBRARIES["mkl"].mkl if "mkl" in LIBRARIES else None
 
 
-def _bind():
-    if MKL is not None:
-        for p in "sd":
-            llvm.add_symbol(f"rnngrad_{p}gemm", MKL.address(f"cblas_{p}gemm"))
-            llvm.add_symbol(f"rnngrad_{p}gemm_compute", MKL.address(f"cblas_{p}gemm_compute"))
-        return
-    for T, p in ((types.float32, "s"), (types.float64, "d")):
-        gemm, compute = _fallbacks(T)
-        llvm.add_symbol(f"rnngrad_{p}gemm", gemm.address)
-        llvm.add_symbol(f"rnngrad_{p}gemm_compute", compute.address)
+CHOICE = None  # the rule's rnngrad.backends.numba.rule.Choice, made by bind()
+_FOLDER = None  # where it keeps its rates
 
 
-_bind()
+def bind(folder):
+    """Choose the libraries (``rule.choose``, the rates kept in ``folder``, the kernel cache)
+    and bind the names the compiled code calls to them. The package calls it once at import,
+    before any kernel is compiled or loaded (that is when the names are resolved)."""
+    global CHOICE, _FOLDER
+    CHOICE, _FOLDER = rule.choose(LIBRARIES, folder), folder
+    for p in "sd":
+        llvm.add_symbol(f"rnngrad_{p}gemm", LIBRARIES[CHOICE.library("large", p)].gemm[p])
+        llvm.add_symbol(f"rnngrad_{p}gemm_step", LIBRARIES[CHOICE.library("step", p)].gemm[p])
+        small = MKL.address(f"cblas_{p}gemm") if MKL is not None \
+            and CHOICE.forced in ("", "mkl") else libraries.small_loop(p)
+        llvm.add_symbol(f"rnngrad_{p}gemm_small", small)
+        # without MKL nothing is packed, and the packed product is never called
+        compute = MKL.address(f"cblas_{p}gemm_compute") if MKL is not None else small
+        llvm.add_symbol(f"rnngrad_{p}gemm_compute", compute)
 
 
-def library() -> str:
-    """What the kernels' GEMMs run on, for ``rnngrad info``."""
-    if MKL is not None:
-        return f"{MKL.version} ({MKL.path}), sequential, packed recurrent weights"
-    return f"SciPy's OpenBLAS through numba's np.dot (MKL not used: {WHY_NOT_MKL})"
+def remeasure() -> rule.Choice:
+    """The candidates measured again, the new choice kept (``rnngrad info --measure-gemm``):
+    it takes effect in the processes started after this one, which has bound its symbols."""
+    return rule.choose(LIBRARIES, _FOLDER, remeasure=True)
+
+
+def uses_openblas(dtype) -> bool:
+    """Whether SciPy's OpenBLAS runs any product of ``dtype`` (the driver limits it to one
+    thread around such ops; asking costs a few µs, which a small op notices)."""
+    p = "s" if np.dtype(dtype) == np.float32 else "d"
+    return any(CHOICE.library(kind, p) == "openblas" for kind in ("step", "large"))
+
+
+def library(choice=None) -> str:
+    """What the kernels' GEMMs run on (``choice``, by default this process's), for ``rnngrad
+    info``: one line per kind and dtype, then how the choice was made, then the libraries found
+    and not found."""
+    lines = (choice or CHOICE).describe()
+    lines += [f"{name}: {lib.detail}" for name, lib in LIBRARIES.items()]
+    lines += [f"{name}: {why}" for name, why in WHY_NOT.items()]
+    return "\n".join(lines)
 
 
 # -- Python side: packing -------------------------------------------------------------------------
@@ -263,10 +150,11 @@ def worth_packing(K, N, rows, steps):
     return steps * rows * K * N > 5_000_000 + 250 * K * N
 
 
-def packs(K, N, rows, steps) -> bool:
-    """Whether :func:`pack_parts` packs a [K,N] operand for ``steps`` products with ``rows``
-    rows (MKL in use and :func:`worth_packing`)."""
-    return MKL is not None and worth_packing(K, N, rows, steps)
+def packs(K, N, rows, steps, dtype=np.float32) -> bool:
+    """Whether :func:`pack_parts` packs a [K,N] operand of ``dtype`` for ``steps`` products
+    with ``rows`` rows (MKL's packed product chosen for the steps, and :func:`worth_packing`)."""
+    p = "s" if np.dtype(dtype) == np.float32 else "d"
+    return CHOICE.step[p] == rule.PACKED and worth_packing(K, N, rows, steps)
 
 
 def pack_parts(b: np.ndarray, rows, steps: int) -> np.ndarray:
@@ -274,14 +162,14 @@ def pack_parts(b: np.ndarray, rows, steps: int) -> np.ndarray:
     per-step product (``common.dot``) multiplies by, for ``steps`` products with ``rows`` rows
     (one count for every part, or a sequence of one per part).
 
-    - MKL's packed panels when MKL is in use and :func:`worth_packing`: each part starts on a
+    - MKL's packed panels when :func:`packs`: each part starts on a
       64-byte boundary and S ≠ K·N. MKL packs straight into place: a packed buffer must not be
       moved.
     - Otherwise B itself, row-major, S = K·N (which tells ``common.dot`` to run a plain GEMM).
     """
     P, K, N = b.shape
     counts = [int(rows)] * P if isinstance(rows, (int, np.integer)) else [int(r) for r in rows]
-    if not packs(K, N, min(counts), steps):
+    if not packs(K, N, min(counts), steps, b.dtype):
         return _row_major(b).reshape(P, K * N)  # [P,S]
     size = max(_packed_size(K, N, r, b.dtype) for r in counts)
     per = _ALIGN // b.dtype.itemsize
@@ -341,6 +229,13 @@ def gemm_add(a, b, out):
     raise NotImplementedError("gemm_add is only callable from numba-compiled code")
 
 
+def step_product(a, b, out):
+    """out = a @ b inside compiled code, for a step's product (operands as for :func:`gemm`):
+    on the library chosen for the steps, or for at most ``SMALL_PRODUCT`` multiply-adds of
+    operands with unit stride along their rows, on the one for tiny products."""
+    raise NotImplementedError("step_product is only callable from numba-compiled code")
+
+
 def packed_product(a, packed, out):
     """out = a @ B inside compiled code, for C-contiguous a [M,K], out [M,N] and B packed by
     MKL (:func:`pack_parts`) for M rows."""
@@ -355,13 +250,13 @@ def _layout(x, item):
     return TRANS, max(x.strides[1] // item, x.shape[0], 1)
 
 
-def _gemm_overload(beta):
-    """The overload of out = a @ b + beta · out (beta 0 or 1)."""
+def _gemm_overload(beta, table=_gemm_fn):
+    """The overload of out = a @ b + beta · out (beta 0 or 1) on the functions of ``table``."""
     def typer(a, b, out):
         T = out.dtype
-        if T not in _gemm_fn:
+        if T not in table:
             return None
-        fn, one, b_ = _gemm_fn[T], T.cast_python_value(1.0), T.cast_python_value(beta)
+        fn, one, b_ = table[T], T.cast_python_value(1.0), T.cast_python_value(beta)
         clear = beta == 0
 
         def impl(a, b, out):
@@ -384,6 +279,37 @@ def _gemm_overload(beta):
 
 overload(gemm, inline="always")(_gemm_overload(0.0))
 overload(gemm_add, inline="always")(_gemm_overload(1.0))
+
+
+def _step_any(a, b, out):
+    """out = a @ b on the library chosen for the steps."""
+    raise NotImplementedError("only callable from numba-compiled code")
+
+
+overload(_step_any, inline="always")(_gemm_overload(0.0, _step_fn))
+
+
+def _small_gemm(a, b, out):
+    """out = a @ b on the functions for tiny products."""
+    raise NotImplementedError("only callable from numba-compiled code")
+
+
+overload(_small_gemm, inline="always")(_gemm_overload(0.0, _small_fn))
+
+
+@overload(step_product, inline="always")
+def _step_impl(a, b, out):
+    if out.dtype not in _step_fn:
+        return None
+
+    def impl(a, b, out):
+        item = out.itemsize
+        if a.shape[0] * a.shape[1] * b.shape[1] <= SMALL_PRODUCT and a.strides[1] == item \
+                and b.strides[1] == item:
+            _small_gemm(a, b, out)
+        else:
+            _step_any(a, b, out)
+    return impl
 
 
 @overload(packed_product, inline="always")

@@ -42,7 +42,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from .activations import JIT
-from .blas import gemm, gemm_add, packed_product, transpose
+from .blas import gemm, gemm_add, packed_product, step_product, transpose
 
 MASK_NONE, MASK_SHARED, MASK_PER_STEP = 0, 1, 2
 
@@ -119,10 +119,10 @@ def copy(src, dst):
 def dot(a, packed, out):
     """out = a @ B for C-contiguous a [M,K] and out [M,N], with B prepared by
     :func:`blas.pack_parts` for M rows: B itself, row-major, when its length is K·N (a plain
-    GEMM), else MKL's packed panels."""
+    GEMM on the library chosen for the steps), else MKL's packed panels."""
     K, N = a.shape[1], out.shape[1]
     if packed.shape[0] == K * N:
-        gemm(a, packed.reshape((K, N)), out)
+        step_product(a, packed.reshape((K, N)), out)
     else:
         packed_product(a, packed, out)
 

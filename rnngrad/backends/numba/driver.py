@@ -116,7 +116,7 @@ def in_one_call(P, parts: int, flops: float) -> bool:
     are the small problems, where the Python between the kernels and the products is a
     visible share of the op (verification/PERFORMANCE.md, "numba: warm-up, one-call ops,
     splits")."""
-    return parts == 1 and not blas.packs(P.H, P.G * P.H, P.N, P.T) \
+    return parts == 1 and not blas.packs(P.H, P.G * P.H, P.N, P.T, P.dtype) \
         and overlap.bounds(P.T, P.N, 1, flops) is None
 
 
@@ -129,11 +129,13 @@ def _weight_gradient_flops(P) -> float:
     return 2.0 * P.T * P.N * P.G * P.H * (P.H + (P.I or 0))  # P.I is None without W
 
 
-def _single_threaded_blas():
-    """Around a whole op, without MKL: the kernels and ``gemm.py`` call SciPy's BLAS (numba's
-    np.dot) from each of numba's threads, one BLAS thread each, so that its thread pool never
-    competes with numba's. (MKL runs sequential: nothing to limit.)"""
-    return contextlib.nullcontext() if blas.MKL is not None else machine.blas_threads("scipy", 1)
+def _single_threaded_blas(dtype):
+    """Around a whole op where SciPy's OpenBLAS runs products of its ``dtype``: the kernels and
+    ``gemm.py`` call it from each of numba's threads, one BLAS thread each, so that its thread
+    pool never competes with numba's. (MKL runs sequential, oneDNN one thread a call: nothing
+    to limit.)"""
+    return machine.blas_threads("scipy", 1) if blas.uses_openblas(dtype) \
+        else contextlib.nullcontext()
 
 
 def _writable(a):
@@ -308,7 +310,7 @@ def forward(problem) -> ForwardArrays:
     c = np.empty((T, N, D * H), dt) if P.cell == "lstm" else None  # [T,N,DH]
     zs = np.empty((T, N, D * Z * H), dt)  # [T,N,DZH]
     if T > 0 and N > 0:
-        with _single_threaded_blas():
+        with _single_threaded_blas(dt):
             _FORWARD[P.cell](P, h, c, zs)
     keep_c = P.cell == "lstm" and (desc.training or desc.produce_cell)
     return ForwardArrays(h=h, c=c if keep_c else None, z_state=zs if desc.training else None)
@@ -414,7 +416,7 @@ _FORWARD = {"single_gate": _forward_single_gate, "lstm": _forward_lstm, "gru": _
 # -- gradients --------------------------------------------------------------------------------
 
 def gradients(problem) -> GradientArrays:
-    with _single_threaded_blas():
+    with _single_threaded_blas(problem.dtype):
         return _gradients(problem)
 
 

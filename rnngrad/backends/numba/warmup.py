@@ -18,12 +18,12 @@ nothing is done here. The workers are started with ``spawn``: a script that call
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import multiprocessing
 import os
 import sys
 import time
 
-import numba
 import numpy as np
 
 #: the cells, the longest to compile first, and the dtypes
@@ -38,16 +38,10 @@ SHAPES = ((3, 2, 3, 4), (4, 8, 16, 512), (8, 16, 16, 128), (1000, 8, 512, 128))
 
 
 def folder() -> str | None:
-    """rnngrad's kernel folder, where the warm-up applies; None where the kernels are in numba's
-    own cache files, without the lock (``NUMBA_CACHE_DIR`` set, or no usable folder)."""
-    from . import kernel_cache_dir
+    """rnngrad's kernel folder, where the warm-up applies (``kernel_folder``)."""
+    from . import kernel_folder
 
-    if numba.config.CACHE_DIR:
-        return None
-    try:
-        return kernel_cache_dir()
-    except OSError:
-        return None
+    return kernel_folder()
 
 
 def _marker(cell, dtype) -> str:
@@ -66,21 +60,57 @@ def missing(dtypes=DTYPES, cells=CELLS) -> list:
 def run_task(cell: str, dtype: str) -> float:
     """Compile (or load) every kernel one cell uses in one dtype, by running its ops on
     :data:`SHAPES`. Returns the seconds taken."""
-    from ...testing.cases import random_case, random_descriptor
-    from ...testing.cases import op_name
-    from ...testing.check import run_candidate
-
     start = time.perf_counter()
     rng = np.random.default_rng(0)
-    every = {name: True for name in ("input_weight", "bias", "init_state", "init_cell", "mask",
-                                     "peephole", "secondary_bias", "state_gradient")}
     for T, N, I, H in SHAPES:
-        descriptor = random_descriptor(rng, cell, bidirectional=True, training=True)
-        case = random_case(rng, cell, T=T, N=N, I=I, H=H, descriptor=descriptor, optional=every,
-                           dtype=np.dtype(dtype))
-        for gradients in (False, True):
-            run_candidate(case, op_name(cell, gradients), "numba")
+        forward, gradients = _ops(cell, _problem(rng, cell, T, N, I, H, np.dtype(dtype)))
+        gradients(*forward())
     return time.perf_counter() - start
+
+
+def _problem(rng, cell, T, N, I, H, dtype) -> dict:
+    """{argument: array} of a bidirectional problem with every optional input: the kernels'
+    types do not depend on the descriptor's other options, which the kernels read at run
+    time."""
+    G = {"single_gate": 1, "gru": 3, "lstm": 4}[cell]
+    D = 2
+
+    def draw(*shape, scale=0.5):
+        return (scale * rng.standard_normal(shape)).astype(dtype)
+    given = dict(source=draw(T, N, I), recurrent_weight=draw(D, G * H, H),
+                 input_weight=draw(D * G * H, I), bias=draw(D * G * H), init_state=draw(N, D * H),
+                 mask=(rng.random((T, N, D * H)) < 0.9).astype(dtype))
+    if cell == "lstm":
+        given.update(init_cell=draw(N, D * H), peephole=draw(D, 4 * H))
+    if cell == "gru":
+        given.update(secondary_bias=draw(D * H))
+    return given
+
+
+def _ops(cell, given):
+    """(forward(), gradients(*forward's outputs)) of ``cell`` on ``given`` on the numba
+    backend, training, with a state gradient (and a per-step cell gradient)."""
+    from ... import api, descriptors
+
+    descriptor = {"single_gate": descriptors.SingleGateRNNDescriptor,
+                  "gru": descriptors.GRUDescriptor,
+                  "lstm": descriptors.LSTMDescriptor}[cell](bidirectional=True, training=True)
+    h_shape = (given["source"].shape[0],) + given["init_state"].shape
+    upstream = dict(source_gradient=np.ones(h_shape, given["source"].dtype),
+                    state_gradient=np.ones_like(given["init_state"]))
+    forward = functools.partial(api.run_forward, cell, descriptor, "numba", **given)
+
+    def gradients(h, *rest):
+        extra = {}
+        if cell == "lstm":
+            c, z = rest
+            extra = dict(z_state=z, cell_output_fwd=c, cell_gradient=np.ones(h_shape, h.dtype))
+        elif cell == "gru":
+            extra = dict(z_state=rest[0], output_fwd=h)
+        else:
+            extra = dict(z_state=rest[0])
+        return api.run_gradients(cell, descriptor, "numba", **given, **upstream, **extra)
+    return forward, gradients
 
 
 def _cores() -> int:
