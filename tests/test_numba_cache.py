@@ -219,6 +219,40 @@ def test_kernels_compiled_by_the_workers_load_in_a_new_process(tmp_path):
         "forward_op": (2, 0), "gradient_op": (2, 0), "forward": (2, 0), "backward": (2, 0)}
 
 
+# a parallel kernel and a serial one calling it, both cached beside this module
+PARALLEL_CALLEE = """
+import numba
+
+
+@numba.njit(parallel=True, cache=True)
+def inner(a):
+    for i in numba.prange(a.shape[0]):
+        a[i] += 1.0
+
+
+@numba.njit(cache=True)
+def outer(a):
+    inner(a)
+"""
+
+
+def test_a_cached_kernel_whose_parallel_callee_came_from_the_cache_runs(tmp_path):
+    # numba records that a cached kernel needs its thread pool only when the parallel callee
+    # was compiled in the same process: `outer`, compiled while `inner` came from the cache,
+    # then loaded in a fresh process, calls an unset scheduler, unless the pool was started
+    # (importing the numba backend starts it)
+    (tmp_path / "toy.py").write_text(PARALLEL_CALLEE)
+    call = ("import sys; sys.path.insert(0, {folder!r}); import numpy as np; "
+            "import rnngrad.backends.numba; import toy; a = np.zeros(4); toy.{fn}(a); print(a)")
+    environ = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    for fn in ("inner", "outer", "outer"):  # compile inner; compile outer on it; load outer
+        done = subprocess.run([sys.executable, "-c", call.format(folder=str(tmp_path), fn=fn)],
+                              env=environ, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, (fn, done.returncode, done.stderr[-2000:])
+        assert done.stdout.split() == ["[1.", "1.", "1.", "1.]"], done.stdout
+    assert list((tmp_path / "__pycache__").glob("toy.outer-*.nbc")), "outer was not cached"
+
+
 def test_nothing_is_compiled_ahead_with_numba_cache_dir_or_one_process(tmp_path, monkeypatch,
                                                                        numba_cache_home):
     from rnngrad.backends.numba import warmup

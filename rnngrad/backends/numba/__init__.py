@@ -198,7 +198,16 @@ def _prefer_openmp():
         numba.config.THREADING_LAYER_PRIORITY = ["omp", "tbb", "workqueue"]
 
 
+def _start_thread_pool():
+    """Start numba's thread pool now, before any kernel is loaded from the cache. A cached
+    kernel that calls a parallel one but was compiled while the callee came from the cache
+    does not record that it needs the pool (numba issues #8578 and #9938), and loaded in a fresh
+    process before anything started the pool, it calls a null scheduler and crashes."""
+    numba.get_num_threads()
+
+
 _prefer_openmp()
+_start_thread_pool()
 
 from ...registry import Backend  # noqa: E402
 from . import blas, driver  # noqa: E402
