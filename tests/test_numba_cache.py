@@ -253,6 +253,20 @@ def test_a_cached_kernel_whose_parallel_callee_came_from_the_cache_runs(tmp_path
     assert list((tmp_path / "__pycache__").glob("toy.outer-*.nbc")), "outer was not cached"
 
 
+def test_the_gemm_adapters_compile_once_not_in_every_process(tmp_path):
+    # the adapters (oneDNN's, and np.dot's and the small loop's under RNNGRAD_BLAS=openblas)
+    # are compiled at import; a second process must load them, adding no cache entry
+    def entries():
+        return sorted(p.name for p in (tmp_path / "xdg").rglob("libraries.*.nbc"))
+
+    for blas in ("", "openblas"):
+        _run_fresh(tmp_path, "import rnngrad.backends.numba", RNNGRAD_BLAS=blas)
+        first = entries()
+        _run_fresh(tmp_path, "import rnngrad.backends.numba", RNNGRAD_BLAS=blas)
+        assert entries() == first, f"RNNGRAD_BLAS={blas!r}: compiled again in a new process"
+    assert [n for n in first if "_np_dot_functions" in n], first
+
+
 def test_nothing_is_compiled_ahead_with_numba_cache_dir_or_one_process(tmp_path, monkeypatch,
                                                                        numba_cache_home):
     from rnngrad.backends.numba import warmup

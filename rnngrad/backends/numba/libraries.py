@@ -158,6 +158,20 @@ def load_openblas():
                    gemm), ""
 
 
+# The compiled functions below read only globals: numba keys a cached closure by its cells'
+# pickled contents, which differ in every process for a dispatcher or an ExternalFunction, so
+# a closure would be compiled again, and its cache entries grow, in every process.
+
+@numba.njit(cache=True, error_model="numpy")
+def _operand(p, trans, rows, cols, ld):
+    """The operand at ``p`` as a contiguous [rows, cols] array (copied, transposed if asked)."""
+    if trans == NO_TRANS:
+        full = numba.carray(p, (rows, ld))
+        return np.ascontiguousarray(full[:, :cols])
+    full = numba.carray(p, (cols, ld))
+    return np.ascontiguousarray(full[:, :rows].T)
+
+
 @functools.lru_cache(maxsize=None)
 def _np_dot_functions(T):
     """cfuncs with the CBLAS ``gemm`` signature for float type T: the product through numba's
@@ -166,19 +180,11 @@ def _np_dot_functions(T):
     ptr = types.CPointer(T)
     gemm_sig = types.void(_i, _i, _i, _i, _i, _i, T, ptr, _i, ptr, _i, T, ptr, _i)
 
-    @numba.njit(cache=True, error_model="numpy")
-    def operand(p, trans, rows, cols, ld):
-        if trans == NO_TRANS:
-            full = numba.carray(p, (rows, ld))
-            return np.ascontiguousarray(full[:, :cols])
-        full = numba.carray(p, (cols, ld))
-        return np.ascontiguousarray(full[:, :rows].T)
-
     @numba.cfunc(gemm_sig, cache=True, error_model="numpy")
     def gemm(layout, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
         if M > 0 and N > 0:
-            a = operand(A, ta, M, K, lda)
-            b = operand(B, tb, K, N, ldb)
+            a = _operand(A, ta, M, K, lda)
+            b = _operand(B, tb, K, N, ldb)
             c = numba.carray(C, (M, ldc))[:, :N]
             r = np.dot(a, b)
             if beta == 0:
@@ -226,6 +232,9 @@ def _onednn_candidates():
 
 _DNNL = types.intc(types.char, types.char, types.int64, types.int64, types.int64, types.float32,
                    _p, types.int64, _p, types.int64, types.float32, _p, types.int64)
+_dnnl_sgemm = types.ExternalFunction("rnngrad_dnnl_sgemm", _DNNL)
+_omp_get = types.ExternalFunction("rnngrad_omp_get_max_threads", types.intc())
+_omp_set = types.ExternalFunction("rnngrad_omp_set_num_threads", types.void(types.intc))
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,18 +242,14 @@ def _onednn_adapter():
     """The cfunc with the CBLAS row-major ``sgemm`` signature on ``dnnl_sgemm`` (row-major
     too, 'N' or 'T' for each operand, 64-bit sizes), on the calling thread. Made once the
     symbols it calls are bound (a cfunc is compiled, and linked, when it is made)."""
-    dnnl_sgemm = types.ExternalFunction("rnngrad_dnnl_sgemm", _DNNL)
-    omp_get = types.ExternalFunction("rnngrad_omp_get_max_threads", types.intc())
-    omp_set = types.ExternalFunction("rnngrad_omp_set_num_threads", types.void(types.intc))
-
     @numba.cfunc(types.void(_i, _i, _i, _i, _i, _i, types.float32, _p, _i, _p, _i,
                             types.float32, _p, _i), cache=True, error_model="numpy")
     def sgemm(layout, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc):
-        threads = omp_get()
-        omp_set(1)
-        dnnl_sgemm(np.int8(84 if ta == TRANS else 78), np.int8(84 if tb == TRANS else 78),
+        threads = _omp_get()
+        _omp_set(1)
+        _dnnl_sgemm(np.int8(84 if ta == TRANS else 78), np.int8(84 if tb == TRANS else 78),
                    M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)  # 84 'T', 78 'N'
-        omp_set(threads)
+        _omp_set(threads)
     return sgemm
 
 
