@@ -174,7 +174,6 @@ def _on(host: MetalHost) -> dict:
     return _implementations(host.forward, host.gradients)
 
 
-
 BACKEND = registry.Backend(
     name="metal",
     dtypes=(np.dtype(F32),),

@@ -56,6 +56,7 @@ def launch_blocking(device, problem) -> bool:
         return False
     return not getattr(device, "asynchronous", False)
 
+
 #: bytes of one status arena (see Runs); a dispatch that needs more gets an arena of its own
 ARENA_BYTES = 1 << 18
 #: alignment of each dispatch's slice of a status arena, in bytes (as cudaMalloc aligns)
@@ -390,4 +391,3 @@ class Runs:
             "written, as when a GPU fault or the system's watchdog stops a dispatch." + hint,
             kernel=kernel, op=self.op, sizes=self.sizes, dispatch=number, steps=span,
             missing=missing, reported=reported)
-

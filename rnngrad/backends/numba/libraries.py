@@ -248,7 +248,7 @@ def _onednn_adapter():
         threads = _omp_get()
         _omp_set(1)
         _dnnl_sgemm(np.int8(84 if ta == TRANS else 78), np.int8(84 if tb == TRANS else 78),
-                   M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)  # 84 'T', 78 'N'
+                    M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)  # 84 'T', 78 'N'
         _omp_set(threads)
     return sgemm
 

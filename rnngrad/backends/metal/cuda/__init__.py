@@ -218,6 +218,7 @@ class Device:
 
     #: calls run on the GPU after they return (the host then checks completion without a wait)
     asynchronous = True
+
     @property
     def results_apart(self) -> bool:
         """Each result in memory of its own, not a slice of an op's slab, while a CUDA graph is
