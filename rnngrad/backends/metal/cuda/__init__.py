@@ -24,26 +24,25 @@ most 32 KiB of threadgroup memory (an error above it, though the GPU has more), 
 Nothing may rely on threadgroups running together: a kernel that waits for another threadgroup
 may hang here as on a Mac.
 
-Calls, copies and fills are asynchronous, in order, on CuPy's current stream of the device's
-GPU (:attr:`Device.stream`): the caller's stream, so a kernel bound to a caller's GPU array in
-place (:meth:`Device.wrap`) reads it after the caller's kernels that wrote it
-(``rnngrad.torch`` makes it PyTorch's current stream around an op, and its allocations
-PyTorch's). The device never waits unless asked: :meth:`Device.check_marks` queues the check
-of an op's completion marks on the GPU, which records a failed op in pinned host memory that
-:meth:`Device.fault` reads without a wait (in CUDA graphs' replays too). A fault inside a kernel
-(an illegal address) surfaces when the device waits: :meth:`Device.finish` raises :class:`error` naming the
-kernel, and the device refuses every later call, since the CUDA context is then unusable.
-``Device(check_each_dispatch=True)`` waits after every dispatch instead, so that a fault is
-attributed to exactly one kernel. New buffers are filled with 0xFF bytes (NaN as float32), so a
-result the kernels never wrote shows; ``poison=False`` leaves them uninitialised, for
-compute-sanitizer's initcheck. Beyond metalcompute's API, ``Device.zeros(nbytes)`` and
-``Device.full(n, value)`` make zeroed or filled buffers on the GPU with no copy from the host;
-the Metal host uses them, where a device has them, for the zeros and ones it would otherwise copy.
-``Function.prepare(count, *buffers)`` binds a call's fixed buffers once and leaves the slots
-given as None open (:class:`Prepared`): each launch then writes only the open slots' pointers,
-a buffer or a ``(buffer, byte offset)`` pair each, and calls the driver. ``Device.fetch(buf,
-nbytes)`` queues a copy to pinned host memory behind the calls, there once the device is waited
-on. The Metal host prepares every dispatch of an op's plan and fetches its completion marks so.
+Calls, copies and fills are asynchronous, in order, on CuPy's current stream of the device's GPU
+(:attr:`Device.stream`): the caller's stream, so a kernel bound to a caller's GPU array in place
+(:meth:`Device.wrap`) reads it after the caller's kernels that wrote it (``rnngrad.torch`` makes it
+PyTorch's current stream around an op, and its allocations PyTorch's). The device never waits
+unless asked: :meth:`Device.check_marks` queues the check of an op's completion marks on the GPU,
+which records a failed op in pinned host memory that :meth:`Device.fault` reads without a wait (in
+CUDA graphs' replays too). A fault inside a kernel (an illegal address) surfaces when the device
+waits: :meth:`Device.finish` raises :class:`error` naming the kernel, and the device refuses every
+later call, since the CUDA context is then unusable. ``Device(check_each_dispatch=True)`` waits
+after every dispatch instead, so that a fault is attributed to exactly one kernel. New buffers are
+filled with 0xFF bytes (NaN as float32), so a result the kernels never wrote shows;
+``poison=False`` leaves them uninitialised, for compute-sanitizer's initcheck.
+``Device.zeros(nbytes)`` and ``Device.full(n, value)`` (the optional methods of
+:mod:`rnngrad.backends.metal.device`) fill buffers on the GPU. ``Function.prepare(count,
+*buffers)`` binds a call's fixed buffers once and leaves the slots given as None open
+(:class:`Prepared`): each launch then writes only the open slots' pointers, a buffer or a
+``(buffer, byte offset)`` pair each, and calls the driver. ``Device.fetch(buf, nbytes)`` queues a
+copy to pinned host memory behind the calls, there once the device is waited on. The Metal host
+prepares every dispatch of an op's plan and fetches its completion marks so.
 
 A kernel's ``constant T&`` buffer (a parameter struct) is a by-value parameter of its CUDA
 launcher, in the kernel parameter space, which the GPU reads through its constant cache, as
@@ -52,18 +51,13 @@ Metal reads the ``constant`` address space (:mod:`._build`). A call passes it ho
 with), whose bytes go with the launch; a GPU buffer there is copied back first (the stream
 waits). Every call launches through ``cuLaunchKernel``.
 
-``Device(fast_math=True)`` compiles as metalcompute does on a Mac (fast math on): metal:: math is
-fast:: (hardware approximations), denormals are flushed, division and square root approximate.
-Apple's compiler and its fast math remain the Mac's to check.
+``Device(fast_math=True)`` compiles as metalcompute does on a Mac: metal:: math is fast::, denormals
+flushed, division and square root approximate (Apple's fast math remains the Mac's to check).
 
-``Device.trace`` lists one ``Dispatch`` per call (kernel, count, threadgroup size and count,
-threadgroup memory, path ``"cuda"``, and ``seconds``, the kernel's GPU time from CUDA events,
-read when first asked for). It keeps the newest ``Device(trace_limit=...)`` dispatches (4096 by
-default; None keeps every one), so a long training loop holds bounded memory.
-``Device(timing=False)`` records one event per call (the one :meth:`Device.finish` waits on;
-none while ``Device.events`` is off) instead of two timing events, and its dispatches'
-``seconds`` are None: the Metal backend's own device ("metal-cuda") runs so;
-``rnngrad.backends.metal.harness.contexts.cuda_device()`` times by default.
+``Device.trace`` keeps the newest ``trace_limit`` (4096; None: all) ``Dispatch`` records (kernel,
+count, threadgroup size and count, threadgroup memory, path ``"cuda"``, ``seconds``: GPU time from
+CUDA events, read when asked). ``Device(timing=False)`` (the ``metal-cuda`` backend's device)
+records one event per call, none while ``Device.events`` is off, and ``seconds`` are None.
 """
 
 from __future__ import annotations
