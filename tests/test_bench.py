@@ -116,6 +116,18 @@ def test_bench_cli_writes_a_consistent_table(tmp_path):
     assert "GRU" in proc.stdout and "reference" in proc.stdout
 
 
+def test_cells_are_taken_by_the_names_the_table_prints():
+    import argparse
+
+    from rnngrad.cli import bench
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    assert parser.parse_args(["--cells", "RNN", "gru", "LSTM"]).cells == ["single_gate", "gru", "lstm"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cells", "elman"])
+
+
 def test_bench_against_torch_reports_ratios_and_the_floor(tmp_path):
     """With PyTorch: ratio = median / PyTorch's median, the floor is the ratio at the best
     GEMM rate, flops / rate / PyTorch's median, each pass has its own ratio of medians, and

@@ -42,12 +42,20 @@ GEMM_REPEATS = 5
 DRIFT = 0.8
 
 
+def _cell(name: str) -> str:
+    """A cell given as the table prints it (RNN, GRU, LSTM) or as the ops name it."""
+    lowered = name.lower()
+    return {"rnn": "single_gate"}.get(lowered, lowered)
+
+
 def add_arguments(parser):
     parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES), metavar="TxNxIxH",
                         help="problem sizes: steps × batch × input features × hidden units "
                              f"(default {' '.join(DEFAULT_SHAPES)})")
-    parser.add_argument("--cells", nargs="+", default=["single_gate", "gru", "lstm"],
-                        choices=["single_gate", "gru", "lstm"], help="cells to time (default all)")
+    parser.add_argument("--cells", nargs="+", default=["single_gate", "gru", "lstm"], type=_cell,
+                        choices=["single_gate", "gru", "lstm"],
+                        help="cells to time, by the op's or the table's name (rnn for single_gate; "
+                             "default all)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                         help="dtype of every array (default float32)")
     parser.add_argument("--threads", type=int, default=2,
