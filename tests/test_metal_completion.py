@@ -35,6 +35,7 @@ def recurrence_version(request, monkeypatch):
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", request.param)
     return request.param
 
+
 BACKEND = "metal-emulated"
 SMALL_GROUPS = dict(max_threads_per_threadgroup=32)  # the products' and v1's
 

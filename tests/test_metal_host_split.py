@@ -35,6 +35,7 @@ def recurrence_version(request, monkeypatch):
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", request.param)
     return request.param
 
+
 BACKEND = "metal-emulated"
 NO_OPTIONAL = {k: False for k in ALL_OPTIONAL}
 OPTIONAL = {"all": ALL_OPTIONAL, "none": NO_OPTIONAL,

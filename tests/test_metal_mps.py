@@ -60,8 +60,6 @@ def _cuda_reason():
     return cuda.available()
 
 
-
-
 # -- the stand-in's own semantics ----------------------------------------------------------------
 
 SOURCE = r"""

@@ -29,6 +29,7 @@ from ..results import ForwardResult, GradientResult
 from .cases import _repr_descriptor, op_info, op_name
 from .compare import Mismatch, compare_results
 
+
 class ReferenceMismatch(AssertionError):
     """A candidate's result differs from the float64 reference (or the candidate raised).
 

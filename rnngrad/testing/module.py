@@ -62,8 +62,6 @@ class ModuleMismatch(AssertionError):
         self.problem, self.mismatches, self.examples = problem, list(mismatches), None
 
 
-
-
 # -- the layer under test ---------------------------------------------------------------------
 
 def _make(factory, problem):

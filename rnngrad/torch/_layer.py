@@ -27,6 +27,7 @@ from rnngrad import states
 from rnngrad.convert import parameters
 from rnngrad.torch import _compute, _device, _internals, functions, ops
 
+
 # -- one node a layer ---------------------------------------------------------------------------
 
 def one_node(layer, k: int, x, h0, c0, mask):

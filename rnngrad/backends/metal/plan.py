@@ -39,6 +39,7 @@ class Constant(NamedTuple):
     n: int
     value: float = 0.0
 
+
 #: the problem fields an op may be given or not; a plan is made for one choice of them
 OPTIONAL = ("input_weight", "bias", "init_state", "init_cell", "mask", "peephole",
             "secondary_bias", "state_gradient", "cell_gradient")

@@ -57,16 +57,10 @@ from .plan import Constant, Plan
 F32 = np.float32
 
 #: default work budget of one recurrence dispatch, in units (see the module docstring)
-
-
 DISPATCH_BUDGET = 2 ** 34
 #: environment variable that overrides :data:`DISPATCH_BUDGET`
-
-
 BUDGET_ENV = "RNNGRAD_METAL_DISPATCH_BUDGET"
 #: where the host logs each kernel version it chooses, with the reason (DEBUG)
-
-
 _LOG = logging.getLogger(__package__)
 
 
