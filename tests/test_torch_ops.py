@@ -185,12 +185,16 @@ COMPILE = textwrap.dedent("""
 """)
 
 
-def test_a_layer_compiled_under_no_grad_equals_eager():
-    # without grad mode the call records no node: Dynamo traces the operator itself
+@pytest.mark.parametrize("case", ["no_grad", "frozen"])
+def test_a_layer_compiled_with_nothing_to_differentiate_equals_eager(case):
+    # under no_grad, or with no input needing a gradient, the call records no node: Dynamo
+    # traces the operator itself
     layer = _model(rt.GRU)
+    if case == "frozen":
+        layer.requires_grad_(False)
     x = torch.randn(4, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     compiled = torch.compile(lambda x: layer(x), fullgraph=True)
-    with torch.no_grad():
+    with torch.set_grad_enabled(case != "no_grad"):
         got, want = compiled(x), layer(x)
     assert not got[0].requires_grad
     for a, b in zip(got, want):

@@ -132,9 +132,9 @@ def run(cell: str, given: dict, code: str, backend):
     training = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in tensors)
     if not _route.plain(tensors):
-        # without grad mode no node is recorded, so the operator itself (Dynamo would also pass
-        # the autograd.Function's forward a context it does not take)
-        call = ops.APPLY[cell] if torch.is_grad_enabled() else ops.OPS[cell][0]
+        # with nothing to differentiate no node is recorded, so the operator itself (Dynamo
+        # would also pass the autograd.Function's forward a context it does not take)
+        call = ops.APPLY[cell] if training else ops.OPS[cell][0]
         out = call(*tensors, code, backend, training)
     elif training:
         out = ops.EAGER[cell](*tensors, code, backend, training)
