@@ -1,7 +1,9 @@
 """rnngrad.torch's operators (``torch.ops.rnngrad.*``) as PyTorch's machinery sees them:
 ``torch.library.opcheck`` on every forward and backward operator, ``torch.compile`` (default and
-``fullgraph=True``) in a fresh process equal to eager, ``torch.export`` of a model with a layer,
-``torch.func.grad`` equal to autograd, and a forward on the meta device with shapes only."""
+``fullgraph=True``) in a fresh process equal to eager (and in process with nothing to
+differentiate), ``torch.export`` of a model with a layer, ``torch.func.grad`` equal to autograd,
+``torch.func.vmap`` (per-sample gradients and ``jacrev`` against ``torch.nn``, an ensemble against
+each model alone), and a forward on the meta device with shapes only."""
 
 import json
 import os
@@ -113,6 +115,69 @@ def test_torch_func_grad_equals_autograd(name):
     torch.testing.assert_close(got_x, xr.grad, rtol=1e-12, atol=1e-12)
     for k, p in layer.named_parameters():
         torch.testing.assert_close(got_p[k], p.grad, rtol=1e-12, atol=1e-12)
+
+
+TORCH_NN = {"RNN": torch.nn.RNN, "GRU": torch.nn.GRU, "LSTM": torch.nn.LSTM}
+
+
+def _twin(name):
+    """(rnngrad.torch layer on the reference backend, torch.nn's layer with its parameters)."""
+    layer = _model(LAYERS[name])
+    twin = TORCH_NN[name](3, 4, num_layers=2, bidirectional=True, dtype=torch.float64)
+    twin.load_state_dict(layer.state_dict())
+    return layer, twin
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_per_sample_gradients_by_vmap_of_grad_equal_torch_nn_sample_by_sample(name):
+    layer, twin = _twin(name)
+    params = {k: v.detach() for k, v in layer.named_parameters()}
+    x = torch.randn(3, 5, 1, 3, dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(4))  # 3 samples, each [T=5,N=1,I]
+
+    def loss(p, sample):
+        out, h = torch.func.functional_call(layer, p, (sample,))
+        h = h[0] if isinstance(h, tuple) else h
+        return (out ** 2).sum() + h.sum()
+    got = torch.func.vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+    for i, sample in enumerate(x):
+        twin.zero_grad()
+        out, h = twin(sample)
+        h = h[0] if isinstance(h, tuple) else h
+        ((out ** 2).sum() + h.sum()).backward()
+        for k, p in twin.named_parameters():
+            torch.testing.assert_close(got[k][i], p.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(LAYERS))
+def test_jacrev_equals_torch_nn_jacobian(name):
+    layer, twin = _twin(name)
+    x = torch.randn(2, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    got = torch.func.jacrev(lambda a: layer(a)[0])(x)  # [T,N,2H, T,N,I]
+    want = torch.autograd.functional.jacobian(lambda a: twin(a)[0], x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_vmap_over_an_ensemble_of_weights_equals_each_model_alone():
+    # the weights mapped too (each slice its own problem), loss and gradients
+    models = [_model(rt.GRU) for _ in range(3)]
+    for i, m in enumerate(models):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.1 * i)
+    stacked = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+               for k, _ in models[0].named_parameters()}
+    x = torch.randn(5, 2, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+
+    def loss(p):
+        return (torch.func.functional_call(models[0], p, (x,))[0] ** 2).sum()
+    grads, losses = torch.func.vmap(torch.func.grad_and_value(loss))(stacked)
+    for i, m in enumerate(models):
+        want = (m(x)[0] ** 2).sum()
+        want.backward()
+        torch.testing.assert_close(losses[i], want.detach(), rtol=0, atol=0)
+        for k, p in m.named_parameters():
+            torch.testing.assert_close(grads[k][i], p.grad, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("name", list(LAYERS))

@@ -11,7 +11,8 @@ Arrays cross into rnngrad without copies (NumPy views of MLX's memory, which the
 on every MLX device); results come back as MLX arrays, which copy NumPy's memory. MLX cannot
 say which inputs need a gradient, so the vjp returns them all (the mask's is zero: it is never
 differentiated). The functions evaluate their inputs when called, so they run under
-``mx.grad`` / ``mx.value_and_grad`` / ``mx.vjp`` but not inside ``mx.compile``.
+``mx.grad`` / ``mx.value_and_grad`` / ``mx.vjp`` but not inside ``mx.compile`` or ``mx.vmap``
+(MLX refuses to evaluate an array there).
 """
 
 from __future__ import annotations

@@ -30,8 +30,10 @@ input where ``needs`` asks for it, an empty tensor otherwise.
 Both operators have fake (meta) implementations, so ``torch.compile`` (also ``fullgraph=True``),
 ``torch.export`` and meta tensors see shapes without running anything; the forward's autograd
 formula (``torch.library.register_autograd``) calls the gradient operator, and
-``torch.func``'s transforms run through the autograd.Functions of :data:`APPLY`. The gradient
-operator is not itself differentiable: a gradient of a gradient raises a ``RuntimeError``.
+``torch.func``'s transforms run through the autograd.Functions of :data:`APPLY`. Under
+``torch.func.vmap`` both operators and the Functions run the op once per slice of the mapped
+axis (:func:`_looped`). The gradient operator is not itself differentiable: a gradient of a
+gradient raises a ``RuntimeError``.
 
 Plain eager calls (:func:`rnngrad.torch._route.plain`) run the operators' kernels through
 :data:`EAGER` and :data:`KERNEL`, without the dispatcher's Python custom-op layers, which cost
@@ -204,6 +206,21 @@ def _fake_backward(cell: str, tensors, h, needs):
     return tuple(out)
 
 
+# -- torch.func.vmap ---------------------------------------------------------------------------
+
+def _looped(call):
+    """A vmap rule for ``call`` (an operator): the op on each slice of the mapped axis, the
+    results stacked on a new first axis. Batching into the op's own batch axis would serve
+    only calls whose weights are shared; a loop serves every argument mapped or not."""
+    def rule(info, in_dims, *args):
+        # an unmapped argument's dim is None (a list's: a list of them)
+        outs = [call(*(a.select(d, b) if isinstance(d, int) else a for a, d in zip(args, in_dims)))
+                for b in range(info.batch_size)]
+        stacked = tuple(torch.stack(parts) for parts in zip(*outs))
+        return stacked, (0,) * len(stacked)
+    return rule
+
+
 # -- the operators -------------------------------------------------------------------------------
 
 def _forward_schema(cell: str) -> str:
@@ -257,6 +274,8 @@ def _define(cell: str):
                             ).register_fake(backward_fake)
     forward_op = getattr(torch.ops.rnngrad, op).default  # the public OpOverloads
     backward_op = getattr(torch.ops.rnngrad, f"{op}_backward").default
+    torch.library.register_vmap(f"{NAMESPACE}::{op}", _looped(forward_op))
+    torch.library.register_vmap(f"{NAMESPACE}::{op}_backward", _looped(backward_op))
 
     def setup_context(ctx, inputs, output):
         code, backend, training = inputs[n:]
@@ -316,7 +335,8 @@ def _define(cell: str):
     def function(name, call, setup, formula, doc):
         return type(name, (torch.autograd.Function,), {
             "forward": staticmethod(below_autograd(call)), "setup_context": staticmethod(setup),
-            "backward": staticmethod(formula), "__module__": __name__, "__doc__": doc})
+            "backward": staticmethod(formula), "vmap": staticmethod(_looped(call)),
+            "__module__": __name__, "__doc__": doc})
 
     # The formulas again as autograd.Functions with setup_context, which torch.func's
     # transforms require (an operator's registered formula has none); the Python surface calls
