@@ -14,6 +14,7 @@ from rnngrad.testing import compare_array
 
 torch = pytest.importorskip("torch")
 import rnngrad.torch as rt  # noqa: E402
+import torch.nn.utils.prune  # noqa: E402
 from rnngrad.convert import torch as convert  # noqa: E402
 from rnngrad.torch import _layer as routes, _route  # noqa: E402
 
@@ -31,6 +32,7 @@ FAST = [b for b in ("numba",) if b in rnngrad.available_backends()]
 
 
 def _kind(name):
+    name = name.removeprefix("parametrizations.")  # weight_norm's weight_hh_l0.original0
     return KIND[name.split("_l")[0] if name.startswith(("weight", "bias", "peephole")) else name]
 
 
@@ -104,6 +106,23 @@ def test_float32_on_a_fast_backend_matches_pytorch(mode, backend):
                        dtype=torch.float32)
     _assert_close(_run(rt.from_torch(module, backend=backend), x, hx, ups),
                   _run(module, x, hx, ups), np.float32)
+
+
+@pytest.mark.parametrize("mode", list(TORCH))
+@pytest.mark.parametrize("backend", ["reference"] + FAST)
+def test_parametrized_and_pruned_parameters_as_pytorch(mode, backend):
+    # weight_norm and pruning put in a parameter's place what they compute from their own
+    # parameters; the gradients reach those
+    torch.manual_seed(3)
+    module = TORCH[mode](3, 4, num_layers=2, bidirectional=True, dtype=torch.float64)
+    layer = rt.from_torch(module, backend=backend)
+    for m in (module, layer):
+        torch.nn.utils.parametrizations.weight_norm(m, name="weight_hh_l0")
+        torch.nn.utils.prune.l1_unstructured(m, name="weight_ih_l1_reverse", amount=0.5)
+    x, hx, ups = _data(mode, module, T=5, N=2, batch_first=False, initial=True, seed=3)
+    want = _run(module, x, hx, ups)
+    assert "parametrizations.weight_hh_l0.original0" in want and "weight_ih_l1_reverse_orig" in want
+    _assert_close(_run(layer, x, hx, ups), want, np.float64)
 
 
 @pytest.mark.parametrize("mode", list(TORCH))

@@ -34,7 +34,7 @@ def one_node(layer, k: int, x, h0, c0, mask):
     """Layer ``k`` of ``layer`` as one autograd node (module docstring)."""
     if x.is_cpu and layer.backend == _device.CUDA_BACKEND:  # its error, as on the general route
         _device.backend_for(x.device, layer.backend)
-    params = [layer._parameters[name] for name in layer._step_names[k]]
+    params = layer.step_parameters(k)
     training = torch.is_grad_enabled() and (
         x.requires_grad or any(p.requires_grad for p in params)
         or h0 is not None and h0.requires_grad or c0 is not None and c0.requires_grad)

@@ -41,7 +41,8 @@ def plain(tensors) -> bool:
 def one_node(layer, x, states, mask, dtype) -> bool:
     """Whether ``layer``'s call on input ``x`` [T,N,I], initial ``states`` and ``mask``
     (tensors or None) in ``dtype`` runs each layer as one autograd node: a plain call, every
-    tensor and parameter of ``dtype`` (the mask of any) on ``x``'s device; on the CPU float32
+    tensor and parameter of ``dtype`` (the mask of any) on ``x``'s device, each parameter the
+    layer's own (not parametrized or pruned: those take the general route); on the CPU float32
     or float64 without autocast, on CUDA float32 through ``metal-cuda``; never for tensors
     ``metal-mps`` takes."""
     if _internals.transforming():  # first: Dynamo traces what follows
@@ -60,9 +61,12 @@ def one_node(layer, x, states, mask, dtype) -> bool:
             return False
     if mask is not None and (type(mask) not in _PLAIN or mask.device != device):
         return False
-    for p in layer._parameters.values():
-        if type(p) not in _PLAIN or p.dtype != dtype or p.device != device:
-            return False
+    own = layer._parameters
+    for names in layer._step_names:
+        for name in names:
+            p = own.get(name)  # None: parametrized or pruned, computed at each call
+            if type(p) not in _PLAIN or p.dtype != dtype or p.device != device:
+                return False
     return True
 
 

@@ -206,14 +206,22 @@ class _RNNBase(nn.Module):
         return {}
 
     # -- the op's arguments -------------------------------------------------------------------
+    def step_parameters(self, k: int) -> list:
+        """Layer ``k``'s parameters by name, in :attr:`_step_names` order: each Parameter, or
+        what a parametrization (``torch.nn.utils.parametrize``: weight_norm, spectral_norm) or
+        pruning (``torch.nn.utils.prune``) makes of it under that name, as ``torch.nn``'s
+        layers read them."""
+        own = self._parameters
+        return [own[n] if n in own else getattr(self, n) for n in self._step_names[k]]
+
     def op_parameters(self, k: int, direction=None) -> dict:
         """The op's parameter arguments of layer ``k`` (rnngrad's layouts, SEMANTICS.md §2), made
         from the module's parameters by differentiable tensor operations (autograd takes each
         gradient back to its parameter; ``rnngrad.convert.parameters``): input_weight,
         recurrent_weight, bias, secondary_bias (GRU), peephole (LSTM). With ``direction`` (0 or
         1), those of that direction alone, for a unidirectional op."""
-        sides = parameters.sides([self._parameters[n] for n in self._step_names[k]],
-                                 self._step_kinds[k], self.num_directions)
+        sides = parameters.sides(self.step_parameters(k), self._step_kinds[k],
+                                 self.num_directions)
         if direction is not None:
             sides = [sides[direction]]
         return parameters.op_arguments(sides, H=self.hidden_size, secondary=self._secondary(),
@@ -262,7 +270,7 @@ class _RNNBase(nn.Module):
         """The dtype of a call: the parameters', which the input must have; under autocast on
         the input's device, autocast's dtype when the input and the parameters are float32 or
         in it (as ``torch.nn``'s layers on CUDA; see ``rnngrad.torch.functions``)."""
-        weight = self._parameters["weight_ih_l0"]
+        weight = self.step_parameters(0)[0]
         kind = "cpu" if input.is_cpu else input.device.type
         if kind in _AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
             low = torch.get_autocast_dtype(kind)
