@@ -15,7 +15,6 @@ that two thread pools never compete for the cores).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import glob
 import os
@@ -150,21 +149,34 @@ def blas_report() -> list:
     return lines
 
 
-@contextlib.contextmanager
 def blas_threads(owner: str, n: int):
-    """Limit the named library's (``"numpy"`` or ``"scipy"``) threads to ``n`` inside the block."""
-    lib = blas_libraries().get(owner)
-    if lib is None or lib.num_threads is None:
-        yield
-        return
-    with _lock:
-        before = lib.num_threads
-        lib.set_num_threads(n)
-    try:
-        yield
-    finally:
-        with _lock:
-            lib.set_num_threads(before)
+    """Limit the named library's (``"numpy"`` or ``"scipy"``) threads to ``n`` inside the block
+    (a context manager)."""
+    return _Threads(blas_libraries().get(owner), n)
+
+
+class _Threads:
+    """:func:`blas_threads`' block: a class rather than a generator, since the numba backend
+    enters one around every op."""
+
+    __slots__ = ("lib", "n", "before")
+
+    def __init__(self, lib, n: int):
+        self.lib, self.n, self.before = lib, n, None
+
+    def __enter__(self):
+        if self.lib is not None:
+            with _lock:
+                self.before = self.lib.num_threads
+                if self.before is not None:
+                    self.lib.set_num_threads(self.n)
+        return self
+
+    def __exit__(self, *exc):
+        if self.before is not None:
+            with _lock:
+                self.lib.set_num_threads(self.before)
+        return False
 
 
 if __name__ == "__main__":

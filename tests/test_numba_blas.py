@@ -130,6 +130,24 @@ def test_every_library_found_multiplies_in_every_layout(name, p, ta, tb):
     assert np.array_equal(c[:, N:], keep)  # past N in each row: untouched
 
 
+def test_blas_threads_limits_inside_the_block_and_restores_after_it():
+    lib = machine.blas_libraries().get("scipy")
+    if lib is None or lib.num_threads is None:
+        pytest.skip("SciPy's bundled OpenBLAS not found")
+    before = lib.num_threads
+    lib.set_num_threads(2)
+    try:
+        with machine.blas_threads("scipy", 1):
+            assert lib.num_threads == 1
+        assert lib.num_threads == 2
+        with pytest.raises(KeyError):
+            with machine.blas_threads("scipy", 1):
+                raise KeyError("inside")
+        assert lib.num_threads == 2
+    finally:
+        lib.set_num_threads(before)
+
+
 def test_a_missing_library_is_skipped_with_the_reason(monkeypatch, tmp_path):
     not_dnnl = tmp_path / "libdnnl.so.3"
     not_dnnl.write_bytes(b"not a library")

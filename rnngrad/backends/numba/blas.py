@@ -63,6 +63,7 @@ MKL = LIBRARIES["mkl"].mkl if "mkl" in LIBRARIES else None
 
 
 CHOICE = None  # the rule's rnngrad.backends.numba.rule.Choice, made by bind()
+_OPENBLAS = {}  # dtype -> uses_openblas(dtype) under CHOICE
 _FOLDER = None  # where it keeps its rates
 
 
@@ -72,6 +73,7 @@ def bind(folder):
     before any kernel is compiled or loaded (that is when the names are resolved)."""
     global CHOICE, _FOLDER
     CHOICE, _FOLDER = rule.choose(LIBRARIES, folder), folder
+    _OPENBLAS.clear()
     for p in "sd":
         llvm.add_symbol(f"rnngrad_{p}gemm", LIBRARIES[CHOICE.library("large", p)].gemm[p])
         llvm.add_symbol(f"rnngrad_{p}gemm_step", LIBRARIES[CHOICE.library("step", p)].gemm[p])
@@ -91,9 +93,13 @@ def remeasure() -> rule.Choice:
 
 def uses_openblas(dtype) -> bool:
     """Whether SciPy's OpenBLAS runs any product of ``dtype`` (the driver limits it to one
-    thread around such ops; asking costs a few µs, which a small op notices)."""
-    p = "s" if np.dtype(dtype) == np.float32 else "d"
-    return any(CHOICE.library(kind, p) == "openblas" for kind in ("step", "large"))
+    thread around such ops), answered once per dtype: the choice is bound for the process."""
+    known = _OPENBLAS.get(dtype)
+    if known is None:
+        p = "s" if np.dtype(dtype) == np.float32 else "d"
+        known = _OPENBLAS[dtype] = any(CHOICE.library(kind, p) == "openblas"
+                                       for kind in ("step", "large"))
+    return known
 
 
 def library(choice=None) -> str:
