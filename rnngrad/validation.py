@@ -277,24 +277,34 @@ SIGNATURES_KEPT = 256
 
 def checked_problem(cell, descriptor, given: dict, gradients: bool):
     """:func:`_build` for callers that run one signature many times (a layer in a training loop):
-    when every array of ``given`` is a C-contiguous NumPy or CuPy array and there is no mask,
+    when every array of ``given`` is a NumPy or C-contiguous CuPy array and there is no mask,
     the checks run once per signature (cell, kind, descriptor, each array's type, name, shape
-    and dtype) and a signature seen before gives the same Problem without them (the arrays
-    reshaped as the checks reshaped them). Anything else is checked as every call is."""
+    and dtype) and a signature seen before gives the same Problem without them (NumPy arrays
+    made C-contiguous and reshaped as the checks make them). Anything else is checked as every
+    call is."""
     if descriptor is None:
         return _build(cell, descriptor, given, gradients)
     # the descriptor by its id: the cache holds it, so no other object takes that id meanwhile
     key = [cell, gradients, id(descriptor)]
     cupy = sys.modules.get("cupy")
     kinds = (np.ndarray, cupy.ndarray) if cupy is not None else (np.ndarray,)
+    arrays = {}
     for name, value in given.items():
         kind = type(value)
-        if kind not in kinds or not value.flags.c_contiguous or name == "mask":
+        if kind not in kinds or name == "mask":
             if value is None:
                 return checked_problem(cell, descriptor, {k: v for k, v in given.items()
                                                           if v is not None}, gradients)
             return _build(cell, descriptor, given, gradients)
+        if not value.flags.c_contiguous:
+            if kind is not np.ndarray:
+                return _build(cell, descriptor, given, gradients)
+            # what the checks make of it (_as_array): a gradient PyTorch expanded from a sum
+            # has stride 0 at every call
+            value = np.ascontiguousarray(value)
+        arrays[name] = value
         key += (name, kind, value.shape, value.dtype)
+    given = arrays
     key = tuple(key)
     plan = _SIGNATURES.get(key)
     if plan is None:

@@ -201,6 +201,25 @@ def test_a_signature_seen_before_gives_the_problem_the_checks_give(cell, gradien
 
 
 @pytest.mark.parametrize("cell", CELLS)
+def test_a_non_contiguous_argument_is_checked_once_per_signature_too(cell, monkeypatch):
+    # a gradient PyTorch expands from a sum has stride 0 at every call of a training loop
+    case = full_case(cell, seed=7)
+    given = _given(case, True)
+    seen = validation.checked_problem(cell, case.descriptor, given, True)[0]
+    expanded = np.broadcast_to(given["source_gradient"][:1], given["source_gradient"].shape)
+    builds = []
+    build = validation._build
+    monkeypatch.setattr(validation, "_build", lambda *a: builds.append(1) or build(*a))
+    for _ in range(3):
+        got, _ = validation.checked_problem(cell, case.descriptor,
+                                            dict(given, source_gradient=expanded), True)
+        assert got.source_gradient.flags.c_contiguous
+        assert np.array_equal(got.source_gradient, expanded)
+        assert got.T == seen.T and got.H == seen.H
+    assert len(builds) == 0
+
+
+@pytest.mark.parametrize("cell", CELLS)
 def test_a_signature_seen_before_does_not_excuse_another(cell):
     """After a good call, each argument with a wrong shape or another dtype is still refused by
     name: the shapes and dtypes are the signature."""
