@@ -149,6 +149,9 @@ def check_served(given: dict, device: torch.device):
 
 # -- the arrays of each kind of device -----------------------------------------------------------
 
+_NOTHING = contextlib.nullcontext()  # reusable: the CPU's arrays need no block
+
+
 class Arrays:
     """The arrays a backend takes for the tensors of one kind of device, and the way back:
     ``xp`` (their array module), ``view(t)`` (a tensor's memory as one, no copy), ``tensor(a)``
@@ -171,7 +174,7 @@ class Arrays:
 
     @staticmethod
     def on(device):
-        return contextlib.nullcontext()
+        return _NOTHING
 
 
 class _Cuda(Arrays):

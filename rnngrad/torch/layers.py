@@ -270,7 +270,9 @@ class _RNNBase(nn.Module):
         """The dtype of a call: the parameters', which the input must have; under autocast on
         the input's device, autocast's dtype when the input and the parameters are float32 or
         in it (as ``torch.nn``'s layers on CUDA; see ``rnngrad.torch.functions``)."""
-        weight = self.step_parameters(0)[0]
+        weight = self._parameters.get("weight_ih_l0")
+        if weight is None:  # parametrized or pruned (step_parameters)
+            weight = self.weight_ih_l0
         kind = "cpu" if input.is_cpu else input.device.type
         if kind in _AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
             low = torch.get_autocast_dtype(kind)
