@@ -277,10 +277,10 @@ SIGNATURES_KEPT = 256
 
 def checked_problem(cell, descriptor, given: dict, gradients: bool):
     """:func:`_build` for callers that run one signature many times (a layer in a training loop):
-    when every array of ``given`` is a NumPy or C-contiguous CuPy array and there is no mask,
-    the checks run once per signature (cell, kind, descriptor, each array's type, name, shape
-    and dtype) and a signature seen before gives the same Problem without them (NumPy arrays
-    made C-contiguous and reshaped as the checks make them). Anything else is checked as every
+    when every array of ``given`` is a NumPy or C-contiguous CuPy array, the checks run once
+    per signature (cell, kind, descriptor, each array's type, name, shape and dtype) and a
+    signature seen before gives the same Problem without them (NumPy arrays made C-contiguous,
+    reshaped and the mask broadcast as the checks make them). Anything else is checked as every
     call is."""
     if descriptor is None:
         return _build(cell, descriptor, given, gradients)
@@ -291,7 +291,7 @@ def checked_problem(cell, descriptor, given: dict, gradients: bool):
     arrays = {}
     for name, value in given.items():
         kind = type(value)
-        if kind not in kinds or name == "mask":
+        if kind not in kinds:
             if value is None:
                 return checked_problem(cell, descriptor, {k: v for k, v in given.items()
                                                           if v is not None}, gradients)
@@ -314,14 +314,18 @@ def checked_problem(cell, descriptor, given: dict, gradients: bool):
         fields = {k: getattr(problem, k)
                   for k in ("cell", "gradients", "descriptor", "dtype", "T", "N", "I", "H", "G",
                             "D", "Z")}
-        reshaped = {k: a.shape for k, a in problem.arrays().items() if a.shape != given[k].shape}
-        _SIGNATURES[key] = (fields, reshaped, original)
+        reshaped = {k: a.shape for k, a in problem.arrays().items()
+                    if k != "mask" and a.shape != given[k].shape}
+        mask = problem.mask.shape if problem.mask is not None else None  # broadcast to it
+        _SIGNATURES[key] = (fields, reshaped, mask, original)
         return problem, original
-    fields, reshaped, original = plan
-    if reshaped:
+    fields, reshaped, mask, original = plan
+    if reshaped or mask is not None:
         given = dict(given)
         for k, shape in reshaped.items():
             given[k] = given[k].reshape(shape)
+        if mask is not None:
+            given["mask"] = array_module(given["mask"]).broadcast_to(given["mask"], mask)
     return Problem(**fields, **given), original
 
 

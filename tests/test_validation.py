@@ -220,6 +220,30 @@ def test_a_non_contiguous_argument_is_checked_once_per_signature_too(cell, monke
 
 
 @pytest.mark.parametrize("cell", CELLS)
+def test_a_mask_is_checked_once_per_signature_and_broadcast_as_the_checks_do(cell, monkeypatch):
+    case = full_case(cell, bidirectional=True, seed=8)
+    given = _given(case, False)
+    T, N, DH = case.inputs["source"].shape[0], case.inputs["source"].shape[1], \
+        2 * case.inputs["recurrent_weight"].shape[-1]
+    rng = np.random.default_rng(8)
+    dtype = given["source"].dtype
+    builds = []
+    build = validation._build
+    monkeypatch.setattr(validation, "_build", lambda *a: builds.append(1) or build(*a))
+    for shape in [(N, DH), (1, DH), (T, N, DH), (T, 1, DH)]:
+        mask = (rng.random(shape) > 0.4).astype(dtype)
+        want, _ = build(cell, case.descriptor, dict(given, mask=mask), False)
+        for _ in range(3):
+            got, _ = validation.checked_problem(cell, case.descriptor, dict(given, mask=mask),
+                                                False)
+            assert got.mask.shape == want.mask.shape and np.array_equal(got.mask, want.mask)
+    assert len(builds) == 4  # one a signature
+    with pytest.raises(ValueError, match="^mask: expected"):
+        validation.checked_problem(cell, case.descriptor,
+                                   dict(given, mask=np.ones((N, DH + 1), dtype)), False)
+
+
+@pytest.mark.parametrize("cell", CELLS)
 def test_a_signature_seen_before_does_not_excuse_another(cell):
     """After a good call, each argument with a wrong shape or another dtype is still refused by
     name: the shapes and dtypes are the signature."""
