@@ -125,6 +125,25 @@ def test_parametrized_and_pruned_parameters_as_pytorch(mode, backend):
     _assert_close(_run(layer, x, hx, ups), want, np.float64)
 
 
+def test_a_parametrization_is_evaluated_once_a_call():
+    # torch.nn's layers evaluate it twice (spectral_norm's power iteration then advances twice)
+    calls = []
+
+    class Counted(torch.nn.Module):
+        def forward(self, w):
+            calls.append(1)
+            return w
+
+    layer = rt.LSTM(3, 4, num_layers=2, bidirectional=True, dtype=torch.float64)
+    torch.nn.utils.parametrize.register_parametrization(layer, "weight_hh_l1", Counted())
+    calls.clear()  # registering evaluates it once
+    x = torch.randn(5, 2, 3, dtype=torch.float64, requires_grad=True)
+    layer(x)[0].sum().backward()
+    with torch.no_grad():
+        layer(x)
+    assert len(calls) == 2
+
+
 @pytest.mark.parametrize("mode", list(TORCH))
 def test_same_seed_same_initial_parameters_and_state_dict(mode):
     kw = dict(num_layers=2, bidirectional=True, bias=True)
