@@ -38,6 +38,12 @@ class Backend:
     suits: Callable[[object], Optional[str]] = lambda problem: None
 
 
+def every_cell(forward, gradients) -> dict:
+    """A :attr:`Backend.implementations` table: ``forward`` and ``gradients`` for every cell."""
+    return {(cell, kind): run for cell in CELLS
+            for kind, run in (("forward", forward), ("gradients", gradients))}
+
+
 @dataclasses.dataclass(frozen=True)
 class _Spec:
     name: str

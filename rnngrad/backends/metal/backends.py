@@ -164,14 +164,8 @@ def cuda_host(problem) -> MetalHost:
     return host
 
 
-def _implementations(forward, gradients) -> dict:
-    """The registry's table: every cell's forward and gradients."""
-    return {(cell, kind): run for cell in registry.CELLS
-            for kind, run in (("forward", forward), ("gradients", gradients))}
-
-
 def _on(host: MetalHost) -> dict:
-    return _implementations(host.forward, host.gradients)
+    return registry.every_cell(host.forward, host.gradients)
 
 
 BACKEND = registry.Backend(
@@ -195,7 +189,7 @@ EMULATED_BACKEND = registry.Backend(
 CUDA_BACKEND = registry.Backend(
     name="metal-cuda",
     dtypes=(np.dtype(F32),),
-    implementations=_implementations(
+    implementations=registry.every_cell(
         lambda problem: cuda_host(problem).forward(problem),
         lambda problem: cuda_host(problem).gradients(problem)),
     probe=_probe_cuda,

@@ -209,7 +209,7 @@ def _start_thread_pool():
 _prefer_openmp()
 _start_thread_pool()
 
-from ...registry import Backend  # noqa: E402
+from ...registry import Backend, every_cell  # noqa: E402
 from . import blas, driver  # noqa: E402
 
 blas.bind(kernel_folder())  # before any kernel is compiled or loaded
@@ -219,7 +219,6 @@ _lock_kernel_caches()  # every kernel module is imported by now (driver imports 
 BACKEND = Backend(
     name="numba",
     dtypes=(np.dtype(np.float32), np.dtype(np.float64)),
-    implementations={(cell, kind): fn for cell in ("single_gate", "gru", "lstm")
-                     for kind, fn in (("forward", driver.forward), ("gradients", driver.gradients))},
+    implementations=every_cell(driver.forward, driver.gradients),
     summary="CPU, numba-compiled time loops with BLAS GEMMs, float32 and float64",
 )

@@ -11,7 +11,7 @@ The statement they implement, with every decision taken where MPSGraph is silent
 import numpy as np
 
 from ...problem import ForwardArrays, GradientArrays
-from ...registry import Backend
+from ...registry import Backend, every_cell
 from . import directions, gru, lstm, single_gate
 
 _CELLS = {"single_gate": single_gate, "gru": gru, "lstm": lstm}
@@ -49,7 +49,6 @@ def gradients(problem) -> GradientArrays:
 BACKEND = Backend(
     name="reference",
     dtypes=(np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)),
-    implementations={(cell, kind): fn for cell in _CELLS for kind, fn in
-                     (("forward", forward), ("gradients", gradients))},
+    implementations=every_cell(forward, gradients),
     summary="NumPy, float64 internally: the oracle",
 )
