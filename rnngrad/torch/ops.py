@@ -50,6 +50,7 @@ import torch
 import rnngrad
 from rnngrad.api import FORWARD_INPUTS, FORWARD_OPS
 from rnngrad.descriptors import DESCRIPTORS, Activation, z_width
+from rnngrad.problem import ForwardArrays
 from rnngrad.torch import _compute, _device, _internals
 
 __all__ = ["OPS", "APPLY", "EAGER", "KERNEL", "descriptor_code", "decode", "NAMESPACE",
@@ -146,7 +147,7 @@ def _backward_impl(cell: str, tensors, h, c, z_state, gh, gc, ghn, gcn, code: st
     to_array = functools.partial(_device.to_array, device=device)
     given = _device.to_arrays({k: t for k, t in saved.items()
                                if k not in _compute.ONLY_FOR_GRADIENT or k in wanted}, device)
-    result = _Forwarded(to_array(h), to_array(c), to_array(z_state))
+    result = ForwardArrays(to_array(h), to_array(c), to_array(z_state))  # the backend's arrays
     with arrays.on(device):
         out = _compute.backward(cell, descriptor, _device.backend_for(device, backend), given,
                                 result, tuple(map(to_array, (gh, ghn, gc, gcn))), wanted, arrays,
@@ -162,15 +163,6 @@ def _backward_impl(cell: str, tensors, h, c, z_state, gh, gc, ghn, gcn, code: st
             g = g.reshape(tuple(t.shape))  # bias [1,1,DGH] → [DGH], before wrapping
         grads.append(_device.to_tensor(g, device, t.dtype))
     return tuple(grads)
-
-
-@dataclasses.dataclass
-class _Forwarded:
-    """A forward's results as the gradient op reads them (the backend's arrays)."""
-
-    h: object
-    c: object
-    z_state: object
 
 
 # -- the fake implementations: shapes and dtypes only ------------------------------------------
