@@ -70,6 +70,11 @@ SLAB_BYTES = 1 << 18
 EXPECTED_KEPT = 256
 
 
+
+def _aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a whole number of :data:`ARENA_ALIGN` blocks: a slice's extent."""
+    return -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
+
 class Declined(Exception):
     """The threadgroups of a v2 entry point's dispatch declined to run its body (``rg_declines``
     in common.metal): the device gave the pipeline ``threads`` threads a threadgroup, not the
@@ -176,7 +181,7 @@ class Runs:
             return status, status
         last = self._arena(nbytes)
         offset = last[1]
-        last[1] = offset + -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
+        last[1] = offset + _aligned(nbytes)
         return self._slice(last[0], offset, nbytes), (len(self._arenas) - 1, offset)
 
     def _arena(self, nbytes):
@@ -201,7 +206,7 @@ class Runs:
             if own or nbytes > ARENA_BYTES // 4:
                 return self._arena_zeros(nbytes)
             last = self._arena(nbytes)
-            last[2] -= -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
+            last[2] -= _aligned(nbytes)
             return self._slice(last[0], last[2], nbytes)
         if own or nbytes > SLAB_BYTES // 4:
             return device.buffer(nbytes)
@@ -209,7 +214,7 @@ class Runs:
         if slab is None or slab[1] + nbytes > len(slab[0]):
             slab = self._slab = [device.buffer(SLAB_BYTES), 0]
         offset = slab[1]
-        slab[1] = offset + -(-nbytes // ARENA_ALIGN) * ARENA_ALIGN
+        slab[1] = offset + _aligned(nbytes)
         return self._slice(slab[0], offset, nbytes)
 
     def _slice(self, buf, offset, nbytes):
