@@ -33,8 +33,7 @@ from numba.extending import overload
 
 from . import libraries, rule
 from .activations import JIT
-
-ROW_MAJOR, NO_TRANS, TRANS, PACKED, B_MATRIX = 101, 111, 112, 151, 162
+from .libraries import B_MATRIX, NO_TRANS, PACKED_B, ROW_MAJOR, TRANS
 
 _i, _p = types.intc, types.intp  # pointers cross as integers (the same registers in every ABI)
 _GEMM = {t: types.void(_i, _i, _i, _i, _i, _i, t, _p, _i, _p, _i, t, _p, _i)
@@ -328,6 +327,6 @@ def _packed_impl(a, packed, out):
     def impl(a, packed, out):
         M, K = a.shape
         N = out.shape[1]
-        fn(ROW_MAJOR, NO_TRANS, PACKED, M, N, K, a.ctypes.data, K, packed.ctypes.data, N, zero,
+        fn(ROW_MAJOR, NO_TRANS, PACKED_B, M, N, K, a.ctypes.data, K, packed.ctypes.data, N, zero,
            out.ctypes.data, N)
     return impl

@@ -34,7 +34,9 @@ import numba
 import numpy as np
 from numba.core import types
 
-NO_TRANS, TRANS = 111, 112
+#: CBLAS's enumerators: row-major order, no transpose, transpose, a packed operand (MKL's
+#: ``?gemm_compute``), and the B matrix (MKL's ``?gemm_pack``)
+ROW_MAJOR, NO_TRANS, TRANS, PACKED_B, B_MATRIX = 101, 111, 112, 151, 162
 _SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
 #: oneDNN's CPU runtimes whose products run on the calling thread once OpenMP's count is one
 _DNNL_SEQ, _DNNL_OMP = 1, 2
@@ -98,6 +100,11 @@ class Mkl:
             pack = getattr(lib, f"cblas_{p}gemm_pack")
             pack.argtypes = [ctypes.c_int] * 6 + [c, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
             pack.restype = None
+            compute = getattr(lib, f"cblas_{p}gemm_compute")
+            compute.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p, ctypes.c_int,
+                                                     ctypes.c_void_p, ctypes.c_int, c,
+                                                     ctypes.c_void_p, ctypes.c_int]
+            compute.restype = None
 
     def _version(self):
         buf = ctypes.create_string_buffer(256)

@@ -23,7 +23,6 @@ later process reads them instead, and a new CPU or a newly installed library mea
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import hashlib
 import json
 import math
@@ -32,6 +31,8 @@ import time
 import warnings
 
 import numpy as np
+
+from .libraries import B_MATRIX, NO_TRANS, PACKED_B, ROW_MAJOR, TRANS
 
 #: (M, K, N) of the per-step products measured: forward and gradient forms at H = 128, 256, 512
 #: (4 gates) with 8, 16 and 32 rows (a batch, or a thread's part of one)
@@ -48,7 +49,6 @@ SECONDS = 0.001
 VERSION = 1
 
 PACKED = "mkl-packed"
-ROW_MAJOR, NO_TRANS, TRANS, PACKED_B, B_MATRIX = 101, 111, 112, 151, 162
 DTYPES = {"s": np.float32, "d": np.float64}
 
 
@@ -97,19 +97,11 @@ def _calls(libraries, p, shape, packed_buffers):
         packed_buffers.append((a, b, c, packed))
         getattr(mkl.lib, f"cblas_{p}gemm_pack")(ROW_MAJOR, B_MATRIX, NO_TRANS, M, N, K, 1.0,
                                                 b.ctypes.data, N, packed.ctypes.data)
-        compute = getattr(mkl.lib, f"cblas_{p}gemm_compute")
-        compute.restype = None
-        compute.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                                 ctypes.c_int, _scalar(p), ctypes.c_void_p,
-                                                 ctypes.c_int]
+        compute = getattr(mkl.lib, f"cblas_{p}gemm_compute")  # declared by libraries.Mkl
         calls[PACKED] = lambda: compute(ROW_MAJOR, ta, PACKED_B, M, N, K, a.ctypes.data, lda,
                                         packed.ctypes.data, N, 0.0, c.ctypes.data, N)
     packed_buffers.append((a, b, c))  # alive while the calls are
     return calls, 2.0 * M * K * N
-
-
-def _scalar(p):
-    return ctypes.c_float if p == "s" else ctypes.c_double
 
 
 def measure(libraries, p, rounds=ROUNDS) -> dict:
