@@ -206,13 +206,16 @@ class _RNNBase(nn.Module):
         return {}
 
     # -- the op's arguments -------------------------------------------------------------------
+    def parameter(self, name: str):
+        """The parameter ``name`` as ``torch.nn``'s layers read it: the Parameter, or what a
+        parametrization (``torch.nn.utils.parametrize``: weight_norm, spectral_norm) or pruning
+        (``torch.nn.utils.prune``) makes of it under that name."""
+        p = self._parameters.get(name)
+        return p if p is not None else getattr(self, name)
+
     def step_parameters(self, k: int) -> list:
-        """Layer ``k``'s parameters by name, in :attr:`_step_names` order: each Parameter, or
-        what a parametrization (``torch.nn.utils.parametrize``: weight_norm, spectral_norm) or
-        pruning (``torch.nn.utils.prune``) makes of it under that name, as ``torch.nn``'s
-        layers read them."""
-        own = self._parameters
-        return [own[n] if n in own else getattr(self, n) for n in self._step_names[k]]
+        """Layer ``k``'s parameters (:meth:`parameter`), in :attr:`_step_names` order."""
+        return [self.parameter(n) for n in self._step_names[k]]
 
     def op_parameters(self, k: int, direction=None) -> dict:
         """The op's parameter arguments of layer ``k`` (rnngrad's layouts, SEMANTICS.md §2), made
@@ -270,9 +273,7 @@ class _RNNBase(nn.Module):
         """The dtype of a call: the parameters', which the input must have; under autocast on
         the input's device, autocast's dtype when the input and the parameters are float32 or
         in it (as ``torch.nn``'s layers on CUDA; see ``rnngrad.torch.functions``)."""
-        weight = self._parameters.get("weight_ih_l0")
-        if weight is None:  # parametrized or pruned (step_parameters)
-            weight = self.weight_ih_l0
+        weight = self.parameter("weight_ih_l0")
         kind = "cpu" if input.is_cpu else input.device.type
         if kind in _AUTOCAST_DEVICES and torch.is_autocast_enabled(kind):
             low = torch.get_autocast_dtype(kind)
