@@ -314,8 +314,9 @@ def checked_problem(cell, descriptor, given: dict, gradients: bool):
         fields = {k: getattr(problem, k)
                   for k in ("cell", "gradients", "descriptor", "dtype", "T", "N", "I", "H", "G",
                             "D", "Z")}
-        reshaped = {k: a.shape for k, a in problem.arrays().items()
-                    if k != "mask" and a.shape != given[k].shape}
+        # by the given names: Problem.arrays() holds NumPy arrays only, not a GPU array's
+        reshaped = {k: getattr(problem, k).shape for k in given
+                    if k != "mask" and getattr(problem, k).shape != given[k].shape}
         mask = problem.mask.shape if problem.mask is not None else None  # broadcast to it
         _SIGNATURES[key] = (fields, reshaped, mask, original)
         return problem, original

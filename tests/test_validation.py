@@ -2,6 +2,8 @@
 layout gives bitwise the same results; inputs are never modified."""
 
 import dataclasses
+import sys
+import types
 
 import numpy as np
 import pytest
@@ -198,6 +200,36 @@ def test_a_signature_seen_before_gives_the_problem_the_checks_give(cell, gradien
                 assert a.shape == b.shape and np.shares_memory(a, given[field.name]), field.name
             else:
                 assert a == b, field.name
+
+
+class _CupyArray:
+    """Stands for a CuPy array over a NumPy one: what the checks read (shape, dtype, flags,
+    reshape), and not a NumPy array."""
+
+    __cuda_array_interface__ = {}
+
+    def __init__(self, a):
+        self.a = a
+        self.shape, self.dtype, self.ndim, self.flags = a.shape, a.dtype, a.ndim, a.flags
+
+    def reshape(self, *shape):
+        return _CupyArray(self.a.reshape(*shape))
+
+
+@pytest.mark.parametrize("cell", CELLS)
+@pytest.mark.parametrize("gradients", [False, True])
+def test_a_gpu_signature_seen_before_is_reshaped_as_the_checks_reshape_it(cell, gradients,
+                                                                         monkeypatch):
+    # a CuPy array is cached like a NumPy one; a later call's must come back in the checks'
+    # shapes too (recurrent_weight [G·H,H] → [1,G·H,H], which the Metal host transposes)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(ndarray=_CupyArray))
+    case = full_case(cell, seed=9)
+    given = {k: _CupyArray(v) for k, v in _given(case, gradients).items()}
+    first, _ = validation.checked_problem(cell, case.descriptor, given, gradients)
+    again, _ = validation.checked_problem(cell, case.descriptor, dict(given), gradients)
+    for name, value in given.items():
+        assert getattr(again, name).shape == getattr(first, name).shape, name
+    assert again.recurrent_weight.shape == (1,) + given["recurrent_weight"].shape
 
 
 @pytest.mark.parametrize("cell", CELLS)
