@@ -551,7 +551,7 @@ def _run(args, out: Path) -> int:
         "'cuDNN', torch.backends.cudnn.version(), 'CUDA', cupy.cuda.runtime.runtimeGetVersion())")], out)
     summary.append(("environment", "ok" if code == 0 else f"exit {code}"))
     code, text = step("compile", [py, "-c", (
-        "from rnngrad.backends.metal.host import CUDA_HOST as h; from rnngrad.backends.metal import library;"
+        "from rnngrad.backends.metal.backends import CUDA_HOST as h; from rnngrad.backends.metal import library;"
         "[print(k, 'regs', h.function(k).registers, 'tg', h.function(k).threadgroup_size(), 'smem', "
         "h.function(k).threadgroup_memory, 'local', h.function(k).local_memory) for k in library.BUFFERS]")], out)
     summary.append(("NVRTC compile of kernels/", "ok" if code == 0 else f"FAILED (exit {code})"))
