@@ -1,4 +1,4 @@
-// The CUDA target's half of the stand-in <metal_stdlib> (rnngrad.backends.metal.harness.cuda),
+// The CUDA target's half of the stand-in <metal_stdlib> (rnngrad.backends.metal.cuda),
 // compiled by NVRTC with -default-device, so every function without an annotation is a device
 // function. MSL's `device` and `constant` qualifiers cannot be macros here (CUDA's own
 // __device__ and __constant__ are macros built on those words): the translator removes them from

@@ -91,7 +91,7 @@ class StandIn:
         if kind == "cpu":
             from . import cpu as target
         elif kind == "cuda":
-            from . import cuda as target
+            from .. import cuda as target  # the CUDA target, metal-cuda's device
         else:
             raise ValueError(f"device: expected 'cpu' or 'cuda' (the harness targets), got "
                              f"{device!r}")
