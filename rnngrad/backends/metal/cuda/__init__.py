@@ -70,7 +70,8 @@ import numpy as np
 
 from ..msl import dispatch, translate
 from . import _build
-from ._kernels import _check_kernel, _swaps_last_axes, _transposed_copy
+from ._kernels import (HOST_TABLE_BYTES, _check_kernel, _HostTables, _swaps_last_axes,
+                       _transposed_copy)
 from ._launch import Constant, _launch_params, _pointer, _struct
 
 __all__ = ["Device", "Kernel", "Function", "Prepared", "RunHandle", "Dispatch", "Constant", "error",
@@ -190,6 +191,7 @@ class Device:
         self._fault_words = np.frombuffer(self._fault_memory, np.uint64, count=8)
         self._fault_words[:] = 0
         self._tables = {}  # check_marks' tables on the GPU, by their bytes
+        self._host_tables = _HostTables(cp, HOST_TABLE_BYTES)  # those first met in a capture
         self.deviceName = props["name"].decode()
         self.fast_math = bool(fast_math)
         self.check_each_dispatch = bool(check_each_dispatch)
@@ -235,12 +237,11 @@ class Device:
         """A block whose allocations come from CuPy's own pool whatever allocator is current
         (the host's kept constants outlive any op, and a caller's allocator may be a graph's
         pool); an error inside a CUDA graph's capture, which could not fill them."""
-        cp = _cupy()
         if self.capturing():
             raise error("a kept buffer (constants of a new op signature) would be made inside a "
                         "CUDA graph's capture, where its contents are never written: run the op "
                         "once before the capture (a warm-up, as torch.cuda.graph asks)")
-        with cp.cuda.using_allocator(cp.get_default_memory_pool().malloc):
+        with _cupy().cuda.using_allocator(_cupy().get_default_memory_pool().malloc):
             yield
 
     def check_marks(self, marks, table: np.ndarray, serial: int) -> None:
@@ -250,14 +251,15 @@ class Device:
         threadgroup and zeros past them. The first op whose marks differ (``serial``, the row
         and threadgroup, the word found) is recorded where :meth:`fault` reads it, without a
         wait; the check runs in CUDA graphs' replays as any call. Not in metalcompute's API."""
-        cp = _cupy()
         key = table.tobytes()
-        on_gpu = self._tables.get(key)
-        if on_gpu is None:
+        kept = self._tables.get(key)
+        if kept is None and not self.capturing():
             with self.persistent():
-                on_gpu = self._tables[key] = cp.asarray(table.reshape(-1))
+                kept = self._tables[key] = _cupy().asarray(table.reshape(-1))
+        # a capture can neither allocate nor copy: a new table there is read from host memory
+        address = kept.data.ptr if kept is not None else self._host_tables.address(key)
         with self._cuda:
-            _check_kernel()((1,), (256,), (np.uint64(_pointer(marks)), on_gpu,
+            _check_kernel()((1,), (256,), (np.uint64(_pointer(marks)), np.uint64(address),
                                            np.uint32(table.shape[0]), np.uint64(serial),
                                            np.uint64(self._fault_memory.ptr)),
                             stream=self.stream)
@@ -305,22 +307,20 @@ class Device:
         """A new GPU buffer of ``nbytes`` zero bytes, zeroed on the device's stream (no copy from
         the host). Its byte slices are buffers too: a kernel bound to ``buf[a:b]`` sees
         that range. Not in metalcompute's API: the Metal host uses it where a device has it."""
-        cp = _cupy()
         self._check_usable()
         if nbytes < 0:
             raise error(f"zeros: expected a size >= 0 bytes, got {nbytes}")
         with self._cuda, self.stream:
-            return cp.zeros(max(int(nbytes), 1), cp.uint8)[:int(nbytes)]
+            return _cupy().zeros(max(int(nbytes), 1), np.uint8)[:int(nbytes)]
 
     def full(self, n: int, value: float):
         """A new GPU buffer of ``n`` float32 elements equal to ``value``, filled on the device's
         stream (no copy from the host). Not in metalcompute's API, like :meth:`zeros`."""
-        cp = _cupy()
         self._check_usable()
         if n < 0:
             raise error(f"full: expected n >= 0 elements, got {n}")
         with self._cuda, self.stream:
-            return cp.full(max(int(n), 1), value, cp.float32).view(cp.uint8)[:4 * int(n)]
+            return _cupy().full(max(int(n), 1), value, np.float32).view(np.uint8)[:4 * int(n)]
 
     def constant(self, data) -> "Constant":
         """Read-only bytes (a parameter struct) for kernels to take as ``constant T&``: the

@@ -42,6 +42,36 @@ extern "C" __global__ void rnngrad_check_marks(const unsigned int* marks,
 
 _CHECK = []  # the compiled kernel, made on first use
 
+#: bytes of pinned host memory kept for the check tables first met inside a CUDA graph's capture
+HOST_TABLE_BYTES = 1 << 18
+
+
+class _HostTables:
+    """Check tables in pinned host memory, which the check kernel reads in place (unified
+    addressing): one is made with no CUDA call, so inside a CUDA graph's capture, where nothing
+    can be allocated or copied; each is kept for the process (a graph may replay at any time)."""
+
+    def __init__(self, cp, nbytes: int):
+        self._memory = cp.cuda.alloc_pinned_memory(nbytes)
+        self._words = np.frombuffer(self._memory, np.uint32, count=nbytes // 4)
+        self._offsets = {}  # table bytes -> word offset
+        self._used = 0
+
+    def address(self, key: bytes) -> int:
+        """The address of the table whose bytes are ``key`` (uint32 words), written once."""
+        offset = self._offsets.get(key)
+        if offset is None:
+            words = np.frombuffer(key, np.uint32)
+            if self._used + words.size > self._words.size:
+                raise RuntimeError(
+                    f"check tables made inside CUDA graph captures: expected at most "
+                    f"{self._words.size * 4} bytes in all, got {(self._used + words.size) * 4}; "
+                    f"run each captured op once before its capture")
+            offset = self._offsets[key] = self._used
+            self._words[offset:offset + words.size] = words
+            self._used += words.size
+        return self._memory.ptr + 4 * offset
+
 
 def _check_kernel():
     if not _CHECK:
