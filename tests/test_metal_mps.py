@@ -769,24 +769,30 @@ def test_metal_mps_cuda_layers_and_training_step():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cell", CELLS)
-def test_metal_mps_cuda_a_dropped_dispatch_raises_incomplete_dispatch(cell):
+def test_metal_mps_cuda_a_dropped_dispatch_raises_incomplete_dispatch(cell, monkeypatch):
     """The CUDA target cannot stop a dispatch part-way; the stand-in's ``drop=i`` leaves
-    dispatch i out (never started), on tensors in GPU memory."""
+    dispatch i out (never started), on tensors in GPU memory: raised by the op itself with
+    RNNGRAD_LAUNCH_BLOCKING=1, else found late, at rnngrad.synchronize()."""
     if _cuda_reason():
         pytest.skip(_cuda_reason())
     case = _completion_case(cell)
     inputs = _tensors(case.inputs, "cuda")
+    op = getattr(rnngrad, case.cell if cell != "single_gate" else "single_gate_rnn")
     with contexts.mps_standin("cuda") as dev:
-        getattr(rnngrad, case.cell if cell != "single_gate" else "single_gate_rnn")(
-            **inputs, descriptor=case.descriptor, backend=BACKEND)
+        op(**inputs, descriptor=case.descriptor, backend=BACKEND)
+        rnngrad.synchronize()
         kernels = [d.kernel for d in dev.trace]
     for number, kernel in enumerate(kernels):
-        with contexts.mps_standin("cuda", drop=number):
-            with pytest.raises(IncompleteDispatch) as info:
-                getattr(rnngrad, case.cell if cell != "single_gate" else "single_gate_rnn")(
-                    **inputs, descriptor=case.descriptor, backend=BACKEND)
-        assert (info.value.kernel, info.value.dispatch) == (kernel, number), str(info.value)
-        assert "no threadgroup finished" in str(info.value)
+        for blocking in ("0", "1"):
+            monkeypatch.setenv("RNNGRAD_LAUNCH_BLOCKING", blocking)
+            with contexts.mps_standin("cuda", drop=number):
+                with pytest.raises(IncompleteDispatch) as info:
+                    op(**inputs, descriptor=case.descriptor, backend=BACKEND)
+                    rnngrad.synchronize()
+            err = info.value
+            assert (err.kernel, err.dispatch) == (kernel, number), str(err)
+            assert err.late == (blocking == "0"), str(err)
+            assert err.missing[0] == 0 and ("no threadgroup finished" in str(err) or err.late)
 
 
 # -- on a Mac: PyTorch's own compile_shader and "mps" tensors ------------------------------------
