@@ -16,6 +16,13 @@ from __future__ import annotations
 import numpy as np
 
 
+def zeros(shape, like, xp=np):
+    """Zeros of ``like``'s dtype on its device: a tensor's ``new_zeros`` (``torch.zeros`` would
+    make them on the CPU); NumPy, CuPy (the current GPU) and MLX make them with ``xp.zeros``."""
+    new_zeros = getattr(like, "new_zeros", None)
+    return new_zeros(shape) if new_zeros is not None else xp.zeros(shape, dtype=like.dtype)
+
+
 def final(seq, D: int, initial=None, xp=np):
     """Each direction's state after its last processing step ``[N,D·H]`` of ``seq``
     ``[T,N,D·H]``, an array of its own (never a view of ``seq``); when T = 0, ``initial``
@@ -23,7 +30,7 @@ def final(seq, D: int, initial=None, xp=np):
     T, N, DH = seq.shape
     if T == 0:
         if initial is None:
-            return xp.zeros((N, DH), dtype=seq.dtype)
+            return zeros((N, DH), seq, xp)
         return xp.concatenate([initial.reshape(N, DH)], axis=-1)  # [N,DH], a copy
     if D == 1:
         last = seq[-1]  # [N,H]

@@ -74,7 +74,7 @@ def backward(cell: str, descriptor, backend, given: dict, result, grads: tuple, 
         if name in op and name not in wanted:
             del op[name]
     op["z_state"] = result.z_state
-    op["source_gradient"] = xp.zeros(h.shape, dtype=h.dtype) if gh is None else gh  # [T,N,DH]
+    op["source_gradient"] = states.zeros(h.shape, h, xp) if gh is None else gh  # [T,N,DH]
     if ghn is not None:
         op["state_gradient"] = ghn  # [N,DH]
     if cell == "gru":
@@ -89,7 +89,7 @@ def backward(cell: str, descriptor, backend, given: dict, result, grads: tuple, 
     if skip_source:
         # without the input weight the op does not read the source, only its shape
         del op["input_weight"]
-        op["source"] = xp.zeros((T, h.shape[1], weight.shape[0]), dtype=h.dtype)  # [T,N,DGH]
+        op["source"] = states.zeros((T, h.shape[1], weight.shape[0]), h, xp)  # [T,N,DGH]
     out = run_checked(cell, True, descriptor, backend, op)
     grads_out = {}
     for name in wanted:
