@@ -191,6 +191,7 @@ class Device:
         self._fault_words = np.frombuffer(self._fault_memory, np.uint64, count=8)
         self._fault_words[:] = 0
         self._tables = {}  # check_marks' tables on the GPU, by their bytes
+        self._own_malloc = cp.get_default_memory_pool().malloc  # CuPy's pool: persistent()
         self._host_tables = _HostTables(cp, HOST_TABLE_BYTES)  # those first met in a capture
         self.deviceName = props["name"].decode()
         self.fast_math = bool(fast_math)
@@ -217,10 +218,10 @@ class Device:
 
     @property
     def results_apart(self) -> bool:
-        """Each result in memory of its own, not a slice of an op's slab, while a CUDA graph is
-        captured: its pool (PyTorch's, under rnngrad.torch) knows a tensor by the address of
-        its allocation."""
-        return self.capturing()
+        """Each result in memory of its own (no slice of the op's slab) where a caller's allocator
+        makes the op's memory (PyTorch's, under rnngrad.torch) or a graph is captured: their
+        pools know a tensor by its allocation (torch.compile's CUDA graphs check each output)."""
+        return _cupy().cuda.get_allocator() != self._own_malloc or self.capturing()
 
     @property
     def stream(self):
@@ -228,8 +229,7 @@ class Device:
         its GPU (``rnngrad.torch`` makes it PyTorch's current stream around an op)."""
         return _cupy().cuda.get_current_stream(self._cuda.id)
 
-    def capturing(self) -> bool:
-        """Whether the current stream is being captured into a CUDA graph."""
+    def capturing(self) -> bool:  # whether the current stream is captured into a CUDA graph
         return self.stream.is_capturing()
 
     @contextlib.contextmanager
@@ -241,7 +241,7 @@ class Device:
             raise error("a kept buffer (constants of a new op signature) would be made inside a "
                         "CUDA graph's capture, where its contents are never written: run the op "
                         "once before the capture (a warm-up, as torch.cuda.graph asks)")
-        with _cupy().cuda.using_allocator(_cupy().get_default_memory_pool().malloc):
+        with _cupy().cuda.using_allocator(self._own_malloc):
             yield
 
     def check_marks(self, marks, table: np.ndarray, serial: int) -> None:
