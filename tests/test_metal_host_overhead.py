@@ -21,7 +21,7 @@ import pytest
 
 from rnngrad import api
 from rnngrad.backends.metal import IncompleteDispatch
-from rnngrad.backends.metal import completion, host as metal_host, library
+from rnngrad.backends.metal import completion, host as metal_host, layout as layout_module, library
 from rnngrad.backends.metal.harness import cpu as metalcompute
 from rnngrad.backends.metal.backends import EMULATED_BACKEND, EMULATED_HOST
 from rnngrad.backends.metal.plan import Constant
@@ -137,9 +137,9 @@ def test_from_the_second_call_only_the_callers_arrays_are_copied(cell, optional,
     words = EMULATED_HOST.words
     launch = completion.Runs.launch
 
-    def spied(runs, kernel, count, buffers, steps, span, prepared=None):
+    def spied(runs, number, buffers, prepared=None):
         pairs.append(prepared is not None and sum(type(b) is tuple for b in buffers))
-        return launch(runs, kernel, count, buffers, steps, span, prepared)
+        return launch(runs, number, buffers, prepared)
 
     with EMULATED_HOST.using(device), \
             mock.patch.object(completion.Runs, "launch", spied):
@@ -196,37 +196,46 @@ def test_status_slices_of_one_arena_give_the_same_failures_and_messages(cell):
             assert errors[0] == errors[1] == errors[2]
 
 
-def test_an_arena_grows_by_whole_arenas_and_a_large_status_gets_its_own(monkeypatch):
-    """Arenas of 64 bytes in slices of 16: the 36-thread recurrences need 16 bytes of marks
-    each, four to an arena; a strided_gemm of more than 256 threads needs more than 64 bytes,
-    an arena of its own. The results stay the same, and each arena is read once. (v1's grid:
-    v2 asks for 1024 threads, 256 bytes of marks.)"""
+def test_a_call_makes_one_zeroed_region_and_one_slab_and_reads_the_marks_once(monkeypatch):
+    """v1's recurrences one step a dispatch (LSTM T=7: 14 recurrence dispatches and the GEMMs of
+    the gradient op): one zeroed region holds every dispatch's marks, read back once; buffers
+    over OWN_BYTES (patched to 600) are allocated on their own, the rest come from the one
+    zeroed region and the one slab. The results are those of a status buffer per dispatch."""
     monkeypatch.setenv("RNNGRAD_METAL_RECURRENCE", "v1")
-    monkeypatch.setattr(completion, "ARENA_BYTES", 64)
-    monkeypatch.setattr(completion, "ARENA_ALIGN", 16)
+    monkeypatch.setattr(layout_module, "OWN_BYTES", 600)
     monkeypatch.setattr(EMULATED_HOST, "dispatch_budget", 1024 * 32)  # one step per dispatch
     case = _case("lstm", "all", T=7)
     made, reads = [], []
     device = _CudaLikeDevice(**SMALL_GROUPS)
-    zeros = device.zeros
-    device.zeros = lambda nbytes: made.append(nbytes) or zeros(nbytes)
+    zeros, buffer = device.zeros, device.buffer
+    device.zeros = lambda nbytes: made.append(("zeros", nbytes)) or zeros(nbytes)
+    device.buffer = lambda data: (isinstance(data, int) and made.append(("buffer", data))
+                                  or buffer(data))
     # on the class: monkeypatch would restore an instance attribute (the bound method), which
     # would then shadow the class's for the rest of the session
     words = metal_host.MetalHost.words
     monkeypatch.setattr(metal_host.MetalHost, "words",
                         lambda host, buf, n: reads.append(n) or words(host, buf, n))
     with EMULATED_HOST.using(device):
-        got = case.gradients(backend=BACKEND)
-    arena_reads = len(reads)
+        kwargs = case.gradient_kwargs(*case.training_forward(BACKEND))
+        api.lstm_gradients(**kwargs, backend=BACKEND)  # the plan made
+        made.clear(), reads.clear()
+        got = api.lstm_gradients(**kwargs, backend=BACKEND)
+        plan, = [p for p in EMULATED_HOST._plans.values() if p.op.endswith("_gradients")]
+        read_back = list(reads)
     with EMULATED_HOST.using(metalcompute.Device(**SMALL_GROUPS)):
-        want = case.gradients(backend=BACKEND)
+        want = api.lstm_gradients(**kwargs, backend=BACKEND)
     assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want))
-    needs = [8 * -(-d.count // 32) for d in device.trace]
-    own = [n for n in needs if n > 64]
-    assert own and all(n in made for n in own), (needs, made)
-    assert sum(d.kernel.startswith("lstm_") for d in device.trace) == 2 * 7  # forward, backward
-    assert made.count(64) >= 2 * -(-7 // 4)  # at least two arenas per op of 7 recurrences
-    assert arena_reads == made.count(64) + len(own)  # one read per arena
+    assert sum(d.kernel.startswith("lstm_") for d in device.trace) >= 2 * 7
+    marks = [8 * -(-d.count // 32) for d in device.trace[-len(plan.launches):]]
+    assert len(read_back) == 1 and 4 * read_back[0] >= sum(marks), (read_back, marks)
+    large = [(("zeros" if zeroed else "buffer"), n) for n, zeroed in plan.buffers if n > 600]
+    small = [(n, zeroed) for n, zeroed in plan.buffers if n <= 600]
+    assert large and any(zeroed for _, zeroed in small) and any(not z for _, z in small)
+    regions = [m for m in made if m not in large or made.count(m) > large.count(m)]
+    assert sorted(made) == sorted(large + regions), made
+    assert [kind for kind, _ in regions].count("zeros") == 1, made  # marks and small zeroed
+    assert [kind for kind, _ in regions].count("buffer") == 1, made  # the slab
 
 
 def test_kept_constants_are_bounded_and_dropped_with_the_device(monkeypatch):

@@ -46,6 +46,7 @@ from ...problem import ForwardArrays, GradientArrays, address, on_gpu
 from . import completion, library, schedule, versions
 from .errors import IncompleteDispatch
 from .mps.tensors import TensorArray
+from .layout import Layout
 from .plan import INPUT, KEPT, NEW, Constant, Plan, signature
 
 F32 = np.float32
@@ -78,9 +79,6 @@ class MetalHost:
         self._functions = {}
         self._constants = collections.OrderedDict()  # key -> read-only buffer (see buffer)
         self._plans = collections.OrderedDict()  # (signature, budget, settings) -> Plan
-        #: (runs' layout, threadgroup sizes, arenas' lengths) -> the marks expected when all
-        #: went well (see completion.Runs), or False
-        self.expected_marks = {}
         self._lock = threading.Lock()
         #: v2 entry point -> the threadgroup size this device gave it, where it declined that
         #: size (see versions): the rule runs v1 for it from then on
@@ -93,7 +91,6 @@ class MetalHost:
         self._serial = 0
         self._described = collections.OrderedDict()
         self._captured = {}
-        self._tables = {}  # check_marks' tables, by their rows
 
     # -- device and kernels -------------------------------------------------------------------
     @property
@@ -240,13 +237,13 @@ class MetalHost:
         return make(4 * n) if value == 0 else make(n, value)
 
     # -- completion checked after the op returned (completion.Runs._defer) -----------------------
-    def remember(self, op: str, sizes: dict, runs: list) -> int:
+    def remember(self, op: str, sizes: dict, described: list) -> int:
         """A serial number for an op whose marks the device checks after it returns, and its
         description kept under it (the newest :data:`DESCRIBED_KEPT`, and every one captured
-        into a CUDA graph, whose replays report it)."""
+        into a CUDA graph, whose replays report it): ``described``, per dispatch, its kernel,
+        count, span and number (``Layout.described``)."""
         self._serial += 1
-        entry = (op, dict(sizes), [{k: run[k] for k in ("kernel", "count", "span", "number")}
-                                   for run in runs])
+        entry = (op, sizes, described)
         capturing = getattr(self.device, "capturing", None)
         if capturing is not None and capturing():
             self._captured[self._serial] = entry
@@ -256,15 +253,6 @@ class MetalHost:
             if len(described) > DESCRIBED_KEPT:
                 described.popitem(last=False)
         return self._serial
-
-    def check_table(self, rows: tuple) -> np.ndarray:
-        """The uint32 table [n, 5] of ``rows`` for ``device.check_marks``, made once."""
-        table = self._tables.get(rows)
-        if table is None:
-            if len(self._tables) >= CONSTANTS_KEPT:
-                self._tables.clear()
-            table = self._tables[rows] = np.array(rows, np.uint32).reshape(-1, 5)
-        return table
 
     def check_late(self, wait: bool = False) -> None:
         """Raise :class:`~rnngrad.backends.metal.IncompleteDispatch` for an op that returned
@@ -313,10 +301,6 @@ class MetalHost:
         unfinished (:meth:`check_late`)."""
         if self._device is not None:
             self.check_late(wait=True)
-
-    def runs(self, op, problem) -> completion.Runs:
-        """The dispatches of one op (a context manager; see :class:`~rnngrad.backends.metal.completion.Runs`)."""
-        return completion.Runs(self, op, problem)
 
     def read(self, buf, shape):
         """The first prod(shape) floats of a buffer the op made: a NumPy copy, or on the CUDA
@@ -415,19 +399,17 @@ class MetalHost:
                                  declined)
 
     def _run(self, problem) -> dict:
-        """Run ``problem``'s op by its plan: bind the call's inputs and make its new buffers as
-        the dispatches first need them (so that the first dispatch is on the device while the
-        host readies the next), dispatch, wait and check; the outputs by field (see
+        """Run ``problem``'s op by its plan: bind the call's inputs and the new buffers of its
+        layout (:meth:`layout`), dispatch, wait and check; the outputs by field (see
         :meth:`read`). Call under the host's lock."""
         plan = self.plan(problem)
         prepared = self.prepared(plan)
-        with self.runs(plan.op, problem) as runs:
-            runs.pairs = runs.slices and prepared is not None
-            kept, inputs, made = plan.kept, [None] * len(plan.inputs), [None] * len(plan.buffers)
-            # the new buffers results are read from, where results must not share memory (a
-            # PyTorch operator's outputs alias neither each other: metal-mps's tensors)
-            own = {i for _, (kind, i), _ in plan.outputs if kind == NEW} \
-                if getattr(self.device, "results_apart", False) else ()
+        # the new buffers results are read from get allocations of their own where results must
+        # not share memory (a PyTorch operator's outputs alias neither each other: metal-mps's
+        # tensors; a caller's allocator knows each of its allocations)
+        layout = self.layout(plan, prepared, getattr(self.device, "results_apart", False))
+        with completion.Runs(self, plan.op, problem, layout, prepared is not None) as runs:
+            kept, inputs = plan.kept, [None] * len(plan.inputs)
 
             def buffer(kind, i):
                 if kind == KEPT:
@@ -440,17 +422,37 @@ class MetalHost:
                             array = array.transpose(axes)
                         inputs[i] = self.buffer(array) if written else self.read_only(array)
                     return inputs[i]
-                if made[i] is None:
-                    made[i] = runs.new(*plan.buffers[i], i in own)
-                return made[i]
+                return runs.new(i)
 
             # a prepared dispatch has its kept buffers bound already: only its open slots
             calls = prepared or [(None, launch[4]) for launch in plan.launches]
-            for (kernel, count, steps, span, _), (call, slots) in zip(plan.launches, calls):
-                runs.launch(kernel, count, [buffer(k, i) for k, i in slots], steps, span, call)
+            for number, (call, slots) in enumerate(calls):
+                runs.launch(number, [buffer(k, i) for k, i in slots], call)
             runs.wait()  # waits for the GPU and checks every dispatch's marks
             return {field: self.read(buffer(*slot), shape)
                     for field, slot, shape in plan.outputs}
+
+    def layout(self, plan, prepared, apart: bool) -> Layout:
+        """The :class:`~rnngrad.backends.metal.layout.Layout` of a call of ``plan`` on this
+        host's device, made once per plan (and per ``apart``: results in allocations of their
+        own); its marks counted in each dispatch's threadgroup size where the device says it
+        (the prepared call's, the function's ``threadgroup_size``), else in threadgroups of
+        ``library.MIN_THREADGROUP`` (metalcompute picks the size at the call)."""
+        layout = plan.layouts.get(apart)
+        if layout is None:
+            if prepared:
+                sizes = [call.tg for call, _ in prepared]
+            else:
+                sizes = []
+                for kernel, *_ in plan.launches:
+                    size = getattr(self.function(kernel), "threadgroup_size", None)
+                    sizes.append(size() if size is not None else library.MIN_THREADGROUP)
+            own = frozenset(i for _, (kind, i), _ in plan.outputs if kind == NEW) if apart \
+                else frozenset()
+            layout = plan.layouts[apart] = Layout(
+                plan, [max(size, library.MIN_THREADGROUP) for size in sizes],
+                completion.regions(self.device), own)
+        return layout
 
     def prepared(self, plan):
         """``[(prepared call, open slots)]`` per dispatch of ``plan``: each prepared once on this

@@ -69,7 +69,8 @@ class Plan:
     - ``launches``: ``(kernel, count, steps, span, slots)`` per dispatch, in order, ``slots`` in
       the kernel's buffer-table order without the status buffer (the host binds it);
     - ``outputs``: ``(field, slot, shape)`` per result the op returns;
-    - ``prepared``: the dispatches prepared on the host's device (see the attribute).
+    - ``prepared``: the dispatches prepared on the host's device (see the attribute);
+    - ``layouts``: where a call's memory lies (:mod:`~rnngrad.backends.metal.layout`).
     """
 
     def __init__(self, op: str):
@@ -82,6 +83,8 @@ class Plan:
         #: per dispatch, ``(prepared call, open slots)`` once the host has prepared them on a
         #: device whose functions prepare (MetalHost.prepared); False on one whose do not
         self.prepared = None
+        #: where a call's memory lies (MetalHost.layout), by whether results are apart
+        self.layouts = {}
 
     def keep(self, buffer) -> tuple:
         """The slot of a read-only device buffer the plan holds."""
