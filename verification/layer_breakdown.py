@@ -16,11 +16,13 @@ per-window medians of:
   already made) timed inside the layer's steps, and the same calls on the same Problems in a
   loop of their own: the same work, run with the step's other work between calls or without.
 
-With ``--device cuda`` the same on a GPU through ``metal-cuda`` (its ops wait for their own
-completion, so a backend call's time is its GPU time too; every step ends synchronised).
+With ``--device cuda`` the same on a GPU through ``metal-cuda`` (its ops return once their
+kernels are queued, so a backend call's time is host time; every step ends synchronised).
+``--profile STEPS`` also prints a cProfile of that many layer steps per cell, by own time: which
+functions the host spends a step in.
 
     python verification/layer_breakdown.py [--shape 50x1x64x64] [--cells lstm gru single_gate]
-        [--device cuda]
+        [--device cuda] [--profile STEPS]
 """
 
 from __future__ import annotations
@@ -155,6 +157,30 @@ def measure(cell, shape, rounds, calls, device="cpu"):
     return got
 
 
+def profile(cell, shape, steps, device="cpu", top=35) -> str:
+    """A cProfile of ``steps`` training steps through the layer, by own time (the top ``top``)."""
+    import cProfile
+    import io
+    import pstats
+
+    from bench_train import _step
+
+    T, N, I, H = shape
+    run = _step(dict(cell=cell, T=T, N=N, I=I, H=H, dtype="float32", threads=2,
+                     backend="metal-cuda" if device == "cuda" else "numba", input_grad=True,
+                     device=device, impl="layer"))
+    for _ in range(3):
+        run()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(steps):
+        run()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="50x1x64x64")
@@ -162,6 +188,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=150)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="also print a cProfile of STEPS layer steps per cell, by own time")
     args = parser.parse_args(argv)
     shape = tuple(int(v) for v in args.shape.lower().split("x"))
     load = os.getloadavg()[0]
@@ -176,6 +204,10 @@ def main(argv=None) -> int:
             ratio = statistics.median(a / b for a, b in zip(got[n], got["ops"]))
             cols.append(f"{statistics.median(got[n]) * 1e6:10.0f} ({ratio:5.2f}×)")
         print(f"{cell:12}" + "".join(f"{c:>22}" for c in cols))
+    for cell in args.cells if args.profile else ():
+        print(f"\ncProfile of {args.profile} layer steps of {cell} {args.shape} "
+              f"({args.device}), by own time:")
+        print(profile(cell, shape, args.profile, args.device))
     return 0
 
 
