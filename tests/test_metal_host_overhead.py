@@ -178,7 +178,7 @@ def _dispatches(case):
 
 
 @pytest.mark.parametrize("cell", CELLS)
-def test_status_slices_of_one_arena_give_the_same_failures_and_messages(cell):
+def test_status_slices_of_one_region_give_the_same_failures_and_messages(cell):
     """Every dispatch of a training forward and the gradient op, stopped part-way or reporting
     a timeout: the same IncompleteDispatch, message and fields, as with a status buffer each."""
     case = _case(cell, "all", T=3)

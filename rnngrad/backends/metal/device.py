@@ -83,7 +83,7 @@ class GPUDevice(Device, Protocol):
                                   each run before it opens the next (dropping its handle)
     ``zeros(nbytes)``             a zeroed buffer made on the device; missing: a copy of host
                                   zeros. With ``finish``, the status marks and zeroed scratch are
-                                  slices of zeroed arenas
+                                  slices of a zeroed region (:mod:`.layout`)
     ``full(n, value)``            n float32 ``value``\\ s made on the device; missing: a copy
     ``fetch(buf, nbytes)``        a host copy of a buffer's first bytes queued behind the calls,
                                   there once ``finish`` returns; missing: read after the wait

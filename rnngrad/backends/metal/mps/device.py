@@ -19,7 +19,7 @@ runs unchanged:
   check ``gid < count`` themselves;
 - calls are asynchronous, in order on PyTorch's stream. :meth:`Device.finish` does not wait:
   the host reads an op's completion marks once, after its last dispatch (one read of one
-  status arena made by :meth:`Device.zeros`), and that read waits for the stream. A
+  zeroed region made by :meth:`Device.zeros`), and that read waits for the stream. A
   dispatch that did not finish every threadgroup then raises
   :class:`~rnngrad.backends.metal.IncompleteDispatch`. ``compile_shader`` reports no command
   buffer status, so a stopped dispatch is seen by its marks alone.
