@@ -17,10 +17,12 @@ runs unchanged:
   size (metalcompute's rule: 32 x floor(min(1024, the pipeline's limit) / 32)): ``threads``
   is ``count`` rounded up to a multiple of it, as metalcompute pads its grids; the kernels
   check ``gid < count`` themselves;
-- calls are asynchronous, in order on PyTorch's stream. :meth:`Device.finish` does not wait:
-  the host reads an op's completion marks once, after its last dispatch (one read of one
-  zeroed region made by :meth:`Device.zeros`), and that read waits for the stream. A
-  dispatch that did not finish every threadgroup then raises
+- calls are asynchronous, in order on PyTorch's stream, and an op returns without a wait:
+  :meth:`Device.check_marks` queues a copy of its completion marks (one zeroed region made by
+  :meth:`Device.zeros`) to the host and an event behind it, checked once the event has passed,
+  at a later call, ``rnngrad.synchronize()`` or exit. With ``RNNGRAD_LAUNCH_BLOCKING=1`` the
+  host reads the marks before the op returns, a read that waits for the stream. A dispatch
+  that did not finish every threadgroup raises
   :class:`~rnngrad.backends.metal.IncompleteDispatch`. ``compile_shader`` reports no command
   buffer status, so a stopped dispatch is seen by its marks alone.
 
