@@ -94,6 +94,8 @@ def measure(args) -> list:
                     layer_minus_ops_s=over,
                     layer_over_torch=bench.pass_ratios(passes["layer"], passes["torch"]),
                     ops_over_torch=bench.pass_ratios(passes["ops"], passes["torch"])))
+                # each row as it is measured: what a run stopped early still shows
+                print("\r" + table(rows[-1:], args.device)[-1], file=sys.stderr, flush=True)
     print(file=sys.stderr)
     return rows
 
