@@ -3,8 +3,8 @@
 Marked ``gpu``: skipped where CuPy or a CUDA device is missing (the same checks on a CPU
 stand-in are in tests/test_metal_host_gpu_inputs.py). Inputs already in GPU memory that the
 kernels only read are bound in place and the caller's arrays are left as they were; an op asks
-for one new slab and one zeroed arena at small sizes; a device times its dispatches unless made
-with ``timing=False``, as the backend's own device is.
+for one slab and one zeroed region beside its large buffers; a device times its dispatches
+unless made with ``timing=False``, as the backend's own device is.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import rnngrad as rg
-from rnngrad.backends.metal import backends, completion
+from rnngrad.backends.metal import backends, layout
 from rnngrad.backends.metal.harness import contexts
 from rnngrad.backends.metal import cuda as metalcompute
 from rnngrad.testing.cases import random_case
@@ -66,13 +66,11 @@ def test_gpu_inputs_are_bound_in_place_and_left_unchanged():
         assert gpu_upstream[k].data.ptr not in bound, k
 
 
-def test_an_op_makes_one_slab_and_one_arena_at_small_sizes(monkeypatch):
-    """LSTM 50x1x64x64 on CuPy: with a slab large enough for every new buffer of an op (the
-    default, 256 KiB, takes about 400 KiB here in two or three), each op asks the device for one
-    slab and one zeroed arena."""
+def test_an_op_makes_one_slab_and_one_zeroed_region_beside_its_large_buffers():
+    """LSTM 50x1x64x64 on CuPy: from the second call on, each op asks the device for one zeroed
+    region (its dispatches' marks and small zeroed buffers), at most one slab (its other small
+    buffers), and an allocation for each buffer over layout.OWN_BYTES alone."""
     import cupy as cp
-
-    monkeypatch.setattr(completion, "SLAB_BYTES", 1 << 22)
 
     case = random_case(6, "lstm", T=50, N=1, I=64, H=64, dtype=np.float32,
                        optional={k: k in ("input_weight", "bias") for k in ALL_OPTIONAL})
@@ -85,7 +83,12 @@ def test_an_op_makes_one_slab_and_one_arena_at_small_sizes(monkeypatch):
         dev.buffer = lambda data: made.append(("buffer", type(data).__name__)) or buffer(data)
         dev.zeros = lambda n: made.append(("zeros", n)) or zeros(n)
         _lstm_pair(case, inputs, upstream)
-    assert sorted(made) == [("buffer", "int")] * 2 + [("zeros", completion.ARENA_BYTES)] * 2, made
+        plans = list(backends.CUDA_HOST._plans.values())
+    assert len(plans) == 2
+    large = sum(n > layout.OWN_BYTES for plan in plans for n, _ in plan.buffers)
+    assert all(kind == "zeros" or what == "int" for kind, what in made), made  # nothing copied
+    assert sum(kind == "zeros" for kind, _ in made) >= 2, made  # a zeroed region per op
+    assert len(made) <= 2 * 2 + large, (made, large)
 
 
 def test_a_device_times_its_dispatches_unless_made_without_timing():
