@@ -107,7 +107,7 @@ def test_gpu_inputs_kernels_only_read_are_bound_in_place(cell, optional):
             assert array._mc_addr in bound, name  # W too: a small projection reads it in place
 
 
-def test_an_op_asks_for_one_slab_one_arena_and_one_read_at_small_sizes():
+def test_an_op_asks_for_one_slab_one_zeroed_region_and_one_read_at_small_sizes():
     case = _case("lstm", ALL_OPTIONAL)
     device = GpuLikeDevice()
     with EMULATED_HOST.using(device):
@@ -115,7 +115,7 @@ def test_an_op_asks_for_one_slab_one_arena_and_one_read_at_small_sizes():
         device.ops.clear()
         DeviceArray.reads = 0
         _run(case, device, on_gpu=True)
-    # Per op: one slab (the CUDA target fills it with NaN: one fill), one zeroed arena (the
+    # Per op: one slab (the CUDA target fills it with NaN: one fill), one zeroed region (the
     # marks, and dhn, dcn, prow where they start at zero), one read of the marks; nothing made
     # from the host's data. The copies on the device: the two written inputs, and Rᵀ where the
     # version reads it (W is read in place at this size), at most three.
