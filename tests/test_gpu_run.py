@@ -116,3 +116,18 @@ def test_the_benchs_step_gives_the_input_gradient_torch_autograd_gives(module):
     m(xt)[0].backward(torch.tensor(gy))
     worst, mismatch = compare_array("source", got.as_dict()["source"], xt.grad.numpy(), np.float64)
     assert mismatch is None, str(mismatch)
+
+
+def test_also_layer_and_compile_bench_the_layer_eager_and_under_reduce_overhead(tmp_path, monkeypatch):
+    """``--also layer compile``: bench_layer.py twice, the second with both sides under
+    torch.compile(mode="reduce-overhead"), each with a JSON of its own."""
+    commands = []
+    monkeypatch.setattr(gpu_run, "step", lambda name, cmd, out, timeout=900, env=None, lines=12:
+                        commands.append(cmd) or (0, ""))
+    code = gpu_run.main(["--out", str(tmp_path), "--skip", "tests", "verify", "sanitizer",
+                         "fast-math", "bench", "--also", "layer", "compile"])
+    assert code == 0
+    layer = [cmd for cmd in commands if "verification/bench_layer.py" in cmd]
+    assert len(layer) == 2 and "--compile" not in layer[0], layer
+    assert layer[1][layer[1].index("--compile") + 1] == "reduce-overhead", layer
+    assert {Path(cmd[cmd.index("--json") + 1]).name for cmd in layer} == {"layer.json", "compile.json"}

@@ -1,7 +1,7 @@
 """Everything the GPU machine is needed for, in one call, with a short table last.
 
     python verification/gpu_run.py [--out DIR] [--quick] [--skip STEP ...] [--sanitize CONFIG ...]
-                                   [--no-defects] [--deadline SECONDS] [--also layer mps]
+                                   [--no-defects] [--deadline SECONDS] [--also layer compile mps]
 
 1. the environment (GPU, CUDA, CuPy, PyTorch);
 2. the GPU property tests: ``python -m pytest -m gpu``;
@@ -17,8 +17,9 @@
    without the harness's NaN fill of new buffers) against cuDNN's wall, the two taken in
    alternating windows, each the median of seven (``paired_walls``); dispatches per op; time per
    step; a profile of the host's own time where it dominates (LSTM 50×1×64×64);
-6. only when asked (``--also layer mps``): ``bench_layer.py --device cuda`` (``rnngrad.torch``'s
-   layer beside its bare ops and cuDNN's layer), and the ``metal-mps`` stand-in on CUDA
+6. only when asked (``--also layer compile mps``): ``bench_layer.py --device cuda``
+   (``rnngrad.torch``'s layer beside its bare ops and cuDNN's layer), the same with both under
+   ``torch.compile(mode="reduce-overhead")``, and the ``metal-mps`` stand-in on CUDA
    (``rnngrad verify --backend metal-mps`` and ``bench_mps.py --standin cuda``).
 
 DIR (default ``$OUT`` or ``gpu-results``) receives few files: ``run.txt`` (what was printed),
@@ -489,9 +490,10 @@ def main(argv=None) -> int:
     parser.add_argument("--skip", nargs="*", default=(),
                         choices=("tests", "verify", "sanitizer", "fast-math", "bench", "cli-bench"),
                         help="steps to leave out (cli-bench: the `rnngrad bench` run within the bench step)")
-    parser.add_argument("--also", nargs="*", default=(), choices=("layer", "mps"),
+    parser.add_argument("--also", nargs="*", default=(), choices=("layer", "compile", "mps"),
                         help="steps beyond the default ones: layer (bench_layer.py --device cuda: "
-                        "rnngrad.torch's layer beside its ops and cuDNN), mps (the metal-mps "
+                        "rnngrad.torch's layer beside its ops and cuDNN), compile (the same with "
+                        "both under torch.compile(mode='reduce-overhead')), mps (the metal-mps "
                         "stand-in on CUDA: rnngrad verify and bench_mps.py --standin cuda)")
     parser.add_argument("--tests-k", default=None, metavar="EXPR",
                         help="run only the GPU tests pytest's -k EXPR selects")
@@ -570,11 +572,13 @@ def _run(args, out: Path) -> int:
                           [py, "-m", "rnngrad", "verify", "--backend", "metal-cuda"], out)
         summary.append(("rnngrad verify --backend metal-cuda",
                         text if code is None else "passed" if code == 0 else f"FAILED (exit {code})"))
-    if "layer" in args.also:
-        code, text = step("bench_layer.py --device cuda",
+    for mode in [m for m in ("layer", "compile") if m in args.also]:
+        extra = ["--compile", "reduce-overhead"] if mode == "compile" else []
+        code, text = step(" ".join(["bench_layer.py --device cuda", *extra]),
                           [py, "verification/bench_layer.py", "--device", "cuda", "--passes", "3",
-                           "--json", str(out / "layer.json")], out, timeout=600, lines=30)
-        summary.append(("rnngrad.torch layer beside its ops and cuDNN",
+                           *extra, "--json", str(out / f"{mode}.json")], out, timeout=600, lines=30)
+        summary.append(("rnngrad.torch layer beside its ops and cuDNN"
+                        + (", both under torch.compile(mode='reduce-overhead')" if extra else ""),
                         text if code is None else "ok (table in run.txt)" if code == 0
                         else f"FAILED (exit {code})"))
     if "mps" in args.also:
