@@ -1,6 +1,7 @@
 """Training beyond one process is PyTorch's own: two ``torch.distributed`` processes (gloo, on
 the loopback address) with ``DistributedDataParallel`` around an ``rnngrad.torch.LSTM``, each
-on half of a batch, end with the parameter gradients of one process on the whole batch; the same
+on half of a batch, end with the parameter gradients of one process on the whole batch, the
+all-reduce of a layer's gradients under way while the layers below run backward; the same
 over NCCL with one process per GPU around a two-layer LSTM on CUDA tensors (``metal-cuda``),
 a ``gpu`` test that needs two GPUs."""
 
@@ -108,6 +109,86 @@ def test_two_gloo_processes_with_ddp_give_the_whole_batch_gradients(tmp_path):
     model, x, y = _setup()
     torch.nn.functional.mse_loss(model(x), y).backward()
     _assert_ranks_have(tmp_path, _gradients(model), np.float64)
+
+
+def _overlap_rank(rank, folder):
+    """DDP steps with a bucket per parameter, logging in order, in the second step, when each
+    parameter's gradient is ready, when DDP hands each bucket to its all-reduce (a comm hook)
+    and when the autograd node that gives the bottom layer's gradients starts (a prehook)."""
+    import json
+
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'rendezvous')}",
+                            rank=rank, world_size=WORLD)
+    try:
+        model, x, y = _setup()
+        names = {p: n for n, p in model.named_parameters()}
+        events = []
+        for p, n in names.items():
+            p.register_post_accumulate_grad_hook(lambda p, n=n: events.append(["ready", n]))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1e-6)
+
+        def hook(state, bucket):
+            events.append(["all-reduce", [names[p] for p in bucket.parameters()]])
+            return default_hooks.allreduce_hook(state, bucket)
+        ddp.register_comm_hook(None, hook)
+        part = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
+        # DDP's first step runs one bucket and then rebuilds them in the order the gradients
+        # came: the second step is the one a training loop repeats
+        for _ in range(2):
+            events.clear()
+            ddp.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(ddp(x[part]), y[part])
+            for node in _nodes_giving(loss, [p for p, n in names.items() if "lstm" in n and "_l0" in n]):
+                node.register_prehook(lambda grads: events.append(["bottom backward", ""]))
+            loss.backward()
+        with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
+            json.dump(events, f)
+        np.savez(os.path.join(folder, f"rank{rank}.npz"), **_gradients(ddp))
+        dist.barrier()
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    os._exit(0)  # as in _rank: gloo's destructors can abort at exit
+
+
+def _nodes_giving(loss, params):
+    """The autograd nodes of ``loss``'s graph that give a gradient of one of ``params``."""
+    wanted = {id(p) for p in params}
+    found, seen, todo = [], set(), [loss.grad_fn]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        nexts = [f for f, _ in node.next_functions if f is not None]
+        if any(id(getattr(f, "variable", None)) in wanted for f in nexts):
+            found.append(node)
+        todo.extend(nexts)
+    return found
+
+
+def test_ddp_all_reduces_the_top_layers_gradients_while_the_bottom_layer_runs_backward(tmp_path):
+    """Each layer of an rnngrad.torch stack is an autograd node of its own, so DDP hands the
+    top layer's gradients to their all-reduce before the bottom layer's backward has given its
+    own (the overlap torch.nn's one-node cuDNN stack cannot have inside the stack); the
+    gradients are still the whole batch's."""
+    import json
+
+    _run_ranks(_overlap_rank, tmp_path)
+    model, x, y = _setup()
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    _assert_ranks_have(tmp_path, _gradients(model), np.float64)
+    for rank in range(WORLD):
+        events = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        order = [(kind, what) for kind, what in events]
+        bottom = [i for i, (kind, _) in enumerate(order) if kind == "bottom backward"]
+        top = [i for i, (kind, what) in enumerate(order)
+               if kind == "all-reduce" and any("lstm" in n and "_l1" in n for n in what)]
+        assert bottom and top, order
+        assert min(top) < min(bottom), order  # under way before the bottom layer's backward
 
 
 def _assert_ranks_have(folder, want: dict, dtype):
