@@ -108,7 +108,6 @@ class Runs:
                           I=problem.I if problem.input_weight is not None else None,
                           H=problem.H, D=problem.D)
         self.layout = layout
-        self.count = 0  # dispatches opened
         self._pending = []  # [(handle, run)] not yet waited on
         device = host.device
         self._finish = getattr(device, "finish", None)
@@ -153,7 +152,6 @@ class Runs:
         handle = (prepared(*buffers, status) if prepared is not None
                   else self.host.function(run["kernel"])(run["count"], *buffers, status))
         self._pending.append((handle, run))
-        self.count += 1
 
     def new(self, i):
         """The call's new buffer ``i`` of the plan (made on first use, then the same): a slice

@@ -236,14 +236,14 @@ class MetalHost:
             return self.device.buffer(np.full(n, value, F32))
         return make(4 * n) if value == 0 else make(n, value)
 
-    # -- completion checked after the op returned (completion.Runs._defer) -----------------------
-    def remember(self, op: str, sizes: dict, described: list) -> int:
+    # -- completion checked after the op returned (completion.Runs.wait) ------------------------
+    def remember(self, op: str, sizes: dict, dispatches: list) -> int:
         """A serial number for an op whose marks the device checks after it returns, and its
         description kept under it (the newest :data:`DESCRIBED_KEPT`, and every one captured
-        into a CUDA graph, whose replays report it): ``described``, per dispatch, its kernel,
+        into a CUDA graph, whose replays report it): ``dispatches``, per dispatch, its kernel,
         count, span and number (``Layout.described``)."""
         self._serial += 1
-        entry = (op, sizes, described)
+        entry = (op, sizes, dispatches)
         capturing = getattr(self.device, "capturing", None)
         if capturing is not None and capturing():
             self._captured[self._serial] = entry

@@ -12,10 +12,11 @@ dispatches first bind them, in two regions a call allocates whole:
 - the **slab**: the small buffers that need no initial value (uninitialised, or poisoned by the
   device: the CUDA target fills new memory with NaN).
 
-A buffer over :data:`OWN_BYTES` is allocated on its own, so that a result an op returns keeps at
-most its regions (under a megabyte) alive beside itself; so is each result on a device whose
-results must not share memory (``results_apart``: tensors a PyTorch operator returns, the
-allocations of a caller's allocator). Every offset is a multiple of :data:`ALIGN` bytes.
+A buffer over :data:`OWN_BYTES` is allocated on its own, so that a result an op returns keeps
+alive beside itself at most its regions, which hold only buffers of that size or less; so is
+each result on a device whose results must not share memory (``results_apart``: tensors a
+PyTorch operator returns, the allocations of a caller's allocator). Every offset is a multiple
+of :data:`ALIGN` bytes.
 
 On any other device (metalcompute, the plain harness) every buffer is allocated on its own, a
 status buffer per dispatch copied from host zeros.
@@ -62,25 +63,31 @@ class Layout:
     def __init__(self, plan, sizes, regions: bool, own=frozenset()):
         self.new = [None] * len(plan.buffers)
         self.status, self.runs = [], []
-        self.zeroed = self.slab = 0
+        self.zeroed = self.slab = self.marks = 0
+
+        def place(slot):
+            kind, i = slot
+            if kind == NEW and self.new[i] is None:
+                self.new[i] = self._place(*plan.buffers[i], regions and i not in own)
+
         for number, ((kernel, count, steps, span, slots), size) in enumerate(
                 zip(plan.launches, sizes)):
-            for kind, i in slots:
-                if kind == NEW and self.new[i] is None:
-                    self.new[i] = self._place(*plan.buffers[i], regions and i not in own)
+            for slot in slots:
+                place(slot)
             marks = -(-count // size)
-            where = self._status(8 * marks, regions)
+            if regions:  # the marks from byte 0 up, in dispatch order
+                where, self.marks = (ZEROED, self.marks), self.marks + aligned(8 * marks)
+            else:
+                where = (OWN, 8 * marks, True)
             self.status.append(where)
             self.runs.append(dict(kernel=kernel, count=count, status=where, marks=marks,
                                   steps=steps, span=span, number=number, size=size))
-        for _, (kind, i), _ in plan.outputs:
-            if kind == NEW and self.new[i] is None:
-                self.new[i] = self._place(*plan.buffers[i], regions and i not in own)
+        for _, slot, _ in plan.outputs:
+            place(slot)
         # the zeroed buffers went after the marks: move them up by the marks' final extent
-        marks = self.marks = sum(aligned(8 * run["marks"]) for run in self.runs) if regions else 0
-        self.new = [(ZEROED, marks + where[1]) if where[0] == ZEROED else where
+        self.new = [(ZEROED, self.marks + where[1]) if where[0] == ZEROED else where
                     for where in self.new]
-        self.zeroed += marks
+        self.zeroed += self.marks
         self.table = np.array([(where[1] // 4, run["marks"], run["marks"], run["size"],
                                 run["steps"]) for where, run in zip(self.status, self.runs)],
                               np.uint32).reshape(-1, 5) if regions else None
@@ -99,9 +106,3 @@ class Layout:
         else:
             where, self.slab = (SLAB, self.slab), self.slab + aligned(nbytes)
         return where
-
-    def _status(self, nbytes, regions):
-        if not regions:
-            return OWN, nbytes, True
-        offset = sum(aligned(8 * run["marks"]) for run in self.runs)
-        return ZEROED, offset
