@@ -124,6 +124,14 @@ def _glue(cell, req):
     return glue
 
 
+def _request(cell, shape, device) -> dict:
+    """bench_train.py's step request for ``cell`` at ``shape`` on ``device`` (no impl yet)."""
+    T, N, I, H = shape
+    return dict(cell=cell, T=T, N=N, I=I, H=H, dtype="float32", threads=2,
+                backend="metal-cuda" if device == "cuda" else "numba", input_grad=True,
+                device=device)
+
+
 def measure(cell, shape, rounds, calls, device="cpu"):
     import torch
 
@@ -132,9 +140,7 @@ def measure(cell, shape, rounds, calls, device="cpu"):
     torch.set_num_threads(2)
     T, N, I, H = shape
     G = {"single_gate": 1, "gru": 3, "lstm": 4}[cell]
-    req = dict(cell=cell, T=T, N=N, I=I, H=H, dtype="float32", threads=2,
-               backend="metal-cuda" if device == "cuda" else "numba", input_grad=True,
-               device=device)
+    req = _request(cell, shape, device)
     layer, inside, bare = _spied(cell, req)
     runs = {"layer": layer, "ops": _step(dict(req, impl="ops")),
             "glue": _glue(cell, req), "floor": _floor(T, N, I, H, G, device)}
@@ -165,10 +171,7 @@ def profile(cell, shape, steps, device="cpu", top=35) -> str:
 
     from bench_train import _step
 
-    T, N, I, H = shape
-    run = _step(dict(cell=cell, T=T, N=N, I=I, H=H, dtype="float32", threads=2,
-                     backend="metal-cuda" if device == "cuda" else "numba", input_grad=True,
-                     device=device, impl="layer"))
+    run = _step(dict(_request(cell, shape, device), impl="layer"))
     for _ in range(3):
         run()
     prof = cProfile.Profile()
