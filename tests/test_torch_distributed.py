@@ -58,18 +58,15 @@ def _gradients(model) -> dict:
             for k, p in model.named_parameters()}
 
 
-def _rank(rank, folder):
+def _gloo(rank, folder, work):
+    """``work()`` in rank ``rank`` of a gloo group of WORLD processes on the loopback device,
+    then a barrier, and the process's exit."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # the loopback device only
     # rendezvous through a file: no port to pick beforehand (and none to race for)
     dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'rendezvous')}",
                             rank=rank, world_size=WORLD)
     try:
-        model, x, y = _setup()
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        part = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
-        loss = torch.nn.functional.mse_loss(ddp(x[part]), y[part])  # DDP averages the gradients
-        loss.backward()
-        np.savez(os.path.join(folder, f"rank{rank}.npz"), **_gradients(ddp))
+        work()
         dist.barrier()  # both ranks past their last collective
     except BaseException:
         dist.destroy_process_group()
@@ -79,6 +76,17 @@ def _rank(rank, folder):
     # active exception", even after a barrier (one run in three here). The results are on disk;
     # os._exit skips the destructors and exits with status 0.
     os._exit(0)
+
+
+def _rank(rank, folder):
+    def work():
+        model, x, y = _setup()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        part = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
+        loss = torch.nn.functional.mse_loss(ddp(x[part]), y[part])  # DDP averages the gradients
+        loss.backward()
+        np.savez(os.path.join(folder, f"rank{rank}.npz"), **_gradients(ddp))
+    _gloo(rank, folder, work)
 
 
 def _run_ranks(rank, tmp_path, timeout=TIMEOUT):
@@ -119,10 +127,7 @@ def _overlap_rank(rank, folder):
 
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(folder, 'rendezvous')}",
-                            rank=rank, world_size=WORLD)
-    try:
+    def work():
         model, x, y = _setup()
         names = {p: n for n, p in model.named_parameters()}
         events = []
@@ -135,23 +140,20 @@ def _overlap_rank(rank, folder):
             return default_hooks.allreduce_hook(state, bucket)
         ddp.register_comm_hook(None, hook)
         part = slice(rank * N // WORLD, (rank + 1) * N // WORLD)
+        bottom = [p for p, n in names.items() if "lstm" in n and "_l0" in n]
         # DDP's first step runs one bucket and then rebuilds them in the order the gradients
         # came: the second step is the one a training loop repeats
         for _ in range(2):
             events.clear()
             ddp.zero_grad(set_to_none=True)
             loss = torch.nn.functional.mse_loss(ddp(x[part]), y[part])
-            for node in _nodes_giving(loss, [p for p, n in names.items() if "lstm" in n and "_l0" in n]):
+            for node in _nodes_giving(loss, bottom):
                 node.register_prehook(lambda grads: events.append(["bottom backward", ""]))
             loss.backward()
         with open(os.path.join(folder, f"rank{rank}.json"), "w") as f:
             json.dump(events, f)
         np.savez(os.path.join(folder, f"rank{rank}.npz"), **_gradients(ddp))
-        dist.barrier()
-    except BaseException:
-        dist.destroy_process_group()
-        raise
-    os._exit(0)  # as in _rank: gloo's destructors can abort at exit
+    _gloo(rank, folder, work)
 
 
 def _nodes_giving(loss, params):
@@ -183,12 +185,11 @@ def test_ddp_all_reduces_the_top_layers_gradients_while_the_bottom_layer_runs_ba
     _assert_ranks_have(tmp_path, _gradients(model), np.float64)
     for rank in range(WORLD):
         events = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        order = [(kind, what) for kind, what in events]
-        bottom = [i for i, (kind, _) in enumerate(order) if kind == "bottom backward"]
-        top = [i for i, (kind, what) in enumerate(order)
+        bottom = [i for i, (kind, _) in enumerate(events) if kind == "bottom backward"]
+        top = [i for i, (kind, what) in enumerate(events)
                if kind == "all-reduce" and any("lstm" in n and "_l1" in n for n in what)]
-        assert bottom and top, order
-        assert min(top) < min(bottom), order  # under way before the bottom layer's backward
+        assert bottom and top, events
+        assert min(top) < min(bottom), events  # under way before the bottom layer's backward
 
 
 def _assert_ranks_have(folder, want: dict, dtype):
