@@ -67,7 +67,7 @@ def _fake_row(cell, shape):
 def test_the_bench_tables_print_from_the_bench_rows(tmp_path, monkeypatch, capsys):
     """The tables after the bench (run only on the GPU machine) print from rows of the fields
     bench() returns: a format error there would cost a lent machine's time."""
-    monkeypatch.setattr(gpu_run, "step", lambda name, cmd, out, timeout=900, env=None: (0, ""))
+    monkeypatch.setattr(gpu_run, "step", lambda name, cmd, out, **kw: (0, ""))
     monkeypatch.setattr(gpu_run, "ceilings", lambda: (3.0e12, 5.0e13))
     monkeypatch.setattr(gpu_run, "bench", lambda out, quick, cells, shapes: [
         _fake_row("LSTM", "50x1x64x64"), _fake_row("GRU", "100x32x256x256")])
@@ -122,8 +122,7 @@ def test_also_layer_and_compile_bench_the_layer_eager_and_under_reduce_overhead(
     """``--also layer compile``: bench_layer.py twice, the second with both sides under
     torch.compile(mode="reduce-overhead"), each with a JSON of its own."""
     commands = []
-    monkeypatch.setattr(gpu_run, "step", lambda name, cmd, out, timeout=900, env=None, lines=12:
-                        commands.append(cmd) or (0, ""))
+    monkeypatch.setattr(gpu_run, "step", lambda name, cmd, out, **kw: commands.append(cmd) or (0, ""))
     code = gpu_run.main(["--out", str(tmp_path), "--skip", "tests", "verify", "sanitizer",
                          "fast-math", "bench", "--also", "layer", "compile"])
     assert code == 0
@@ -131,3 +130,48 @@ def test_also_layer_and_compile_bench_the_layer_eager_and_under_reduce_overhead(
     assert len(layer) == 2 and "--compile" not in layer[0], layer
     assert layer[1][layer[1].index("--compile") + 1] == "reduce-overhead", layer
     assert {Path(cmd[cmd.index("--json") + 1]).name for cmd in layer} == {"layer.json", "compile.json"}
+
+
+def test_a_step_runs_in_its_copy_of_the_project_with_the_path_it_was_given(tmp_path, monkeypatch):
+    """A step of another copy (``root``) runs there with that copy first on the path, and
+    packages on the caller's PYTHONPATH (a folder of carried wheels) stay importable after it."""
+    tree, site = tmp_path / "base", tmp_path / "site"
+    (tree / "rnngrad").mkdir(parents=True)
+    (tree / "rnngrad" / "__init__.py").write_text("WHERE = 'base'\n")
+    site.mkdir()
+    (site / "carried.py").write_text("OK = True\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    code, text = gpu_run.step("probe", [sys.executable, "-c", (
+        "import os, rnngrad, carried; print(os.getcwd(), rnngrad.WHERE, carried.OK)")],
+        tmp_path, root=tree)
+    assert code == 0, text
+    assert text.split() == [str(tree), "base", "True"]
+
+
+def test_also_host_times_each_baseline_copy_first_then_this_one(tmp_path, monkeypatch):
+    """``--also host step --baseline TREE``: gpu_host.py in the baseline copy (its own script,
+    run there), then here; gpu_step_profile.py with its trace among the logs."""
+    base = tmp_path / "base"
+    (base / "verification").mkdir(parents=True)
+    (base / "verification" / "gpu_host.py").write_text("")
+    calls = []
+    monkeypatch.setattr(gpu_run, "step", lambda name, cmd, out, root=gpu_run.ROOT, **kw:
+                        calls.append((cmd, root)) or (0, "... wait for the device: none"))
+    code = gpu_run.main(["--out", str(tmp_path / "out"), "--skip", "tests", "verify", "sanitizer",
+                         "fast-math", "bench", "--also", "host", "step", "--baseline", str(base)])
+    assert code == 0
+    host = [(cmd, root) for cmd, root in calls if "verification/gpu_host.py" in cmd]
+    assert [root for _, root in host] == [base.resolve(), gpu_run.ROOT], host
+    assert all(cmd[cmd.index("--shapes") + 1] == "50x1x64x64" for cmd, _ in host)
+    profile = [cmd for cmd, _ in calls if "verification/gpu_step_profile.py" in cmd]
+    assert len(profile) == 1 and Path(profile[0][profile[0].index("--out") + 1]).name == "logs"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--also", "host", "--baseline", "no/such/copy"], "expected a copy of the project"),
+    (["--baseline", "."], "only --also host"),
+])
+def test_a_baseline_that_is_no_copy_or_has_no_host_step_is_refused(tmp_path, argv, says, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        gpu_run.main(["--out", str(tmp_path), *argv])
+    assert exit_.value.code == 2 and says in capsys.readouterr().err

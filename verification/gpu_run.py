@@ -1,7 +1,8 @@
 """Everything the GPU machine is needed for, in one call, with a short table last.
 
     python verification/gpu_run.py [--out DIR] [--quick] [--skip STEP ...] [--sanitize CONFIG ...]
-                                   [--no-defects] [--deadline SECONDS] [--also layer compile mps]
+                                   [--no-defects] [--deadline SECONDS]
+                                   [--also layer compile host step mps] [--baseline TREE ...]
 
 1. the environment (GPU, CUDA, CuPy, PyTorch);
 2. the GPU property tests: ``python -m pytest -m gpu``;
@@ -17,10 +18,13 @@
    without the harness's NaN fill of new buffers) against cuDNN's wall, the two taken in
    alternating windows, each the median of seven (``paired_walls``); dispatches per op; time per
    step; a profile of the host's own time where it dominates (LSTM 50×1×64×64);
-6. only when asked (``--also layer compile mps``): ``bench_layer.py --device cuda``
+6. only when asked (``--also layer compile host step mps``): ``bench_layer.py --device cuda``
    (``rnngrad.torch``'s layer beside its bare ops and cuDNN's layer), the same with both under
-   ``torch.compile(mode="reduce-overhead")``, and the ``metal-mps`` stand-in on CUDA
-   (``rnngrad verify --backend metal-mps`` and ``bench_mps.py --standin cuda``).
+   ``torch.compile(mode="reduce-overhead")``, ``gpu_host.py --shapes 50x1x64x64`` (an op's host
+   time by phase; first in each ``--baseline`` copy of the project, for a before and after),
+   ``gpu_step_profile.py`` (an eager training step under torch.profiler: the CUDA calls inside
+   it that wait for the device; its trace in ``logs.tar.gz``), and the ``metal-mps`` stand-in
+   on CUDA (``rnngrad verify --backend metal-mps`` and ``bench_mps.py --standin cuda``).
 
 DIR (default ``$OUT`` or ``gpu-results``) receives few files: ``run.txt`` (what was printed),
 ``logs.tar.gz`` (each step's full output), ``bench.json``, ``rnngrad-bench.json`` and
@@ -48,8 +52,11 @@ TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 TOOL_OPTIONS = {"racecheck": ("--racecheck-report", "hazard")}
 
 
-def _env(extra=None):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", **(extra or {}))
+def _env(extra=None, root=ROOT):
+    """The environment of a step: ``root``'s project first on the path, before what the path
+    held (packages installed to a folder of their own stay importable)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(extra or {}))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
     env.setdefault("NUMBA_CACHE_DIR", "/tmp/rnngrad-numba")  # no numba warm-up on this machine
     return env
 
@@ -75,7 +82,10 @@ SANITIZER_CONFIGS = {
 }
 
 
-def step(name, cmd, out: Path, timeout=900, env=None, lines=12):
+def step(name, cmd, out: Path, timeout=900, env=None, lines=12, root=ROOT):
+    """Run ``cmd`` in ``root`` (a copy of the project: this one unless given) with its output
+    kept in the logs and its last ``lines`` printed: (exit status or None if skipped past the
+    deadline, output)."""
     start = time.time()
     if DEADLINE is not None:
         timeout = min(timeout, DEADLINE - start)
@@ -84,7 +94,8 @@ def step(name, cmd, out: Path, timeout=900, env=None, lines=12):
             return None, "skipped: past --deadline"
     print(f"\n=== {name}: {' '.join(cmd)}", flush=True)
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=_env(env), cwd=ROOT)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=_env(env, root), cwd=root)
         text, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:
         text, code = f"{exc.stdout or ''}{exc.stderr or ''}\nTIMEOUT after {timeout} s", 124
@@ -490,11 +501,19 @@ def main(argv=None) -> int:
     parser.add_argument("--skip", nargs="*", default=(),
                         choices=("tests", "verify", "sanitizer", "fast-math", "bench", "cli-bench"),
                         help="steps to leave out (cli-bench: the `rnngrad bench` run within the bench step)")
-    parser.add_argument("--also", nargs="*", default=(), choices=("layer", "compile", "mps"),
+    parser.add_argument("--also", nargs="*", default=(),
+                        choices=("layer", "compile", "host", "step", "mps"),
                         help="steps beyond the default ones: layer (bench_layer.py --device cuda: "
                         "rnngrad.torch's layer beside its ops and cuDNN), compile (the same with "
-                        "both under torch.compile(mode='reduce-overhead')), mps (the metal-mps "
-                        "stand-in on CUDA: rnngrad verify and bench_mps.py --standin cuda)")
+                        "both under torch.compile(mode='reduce-overhead')), host (gpu_host.py at "
+                        "50x1x64x64: where an op's host time goes, in each --baseline copy, then "
+                        "here), step (gpu_step_profile.py: an eager training step under "
+                        "torch.profiler, the CUDA calls that wait, a trace in logs), mps (the "
+                        "metal-mps stand-in on CUDA: rnngrad verify and bench_mps.py --standin "
+                        "cuda)")
+    parser.add_argument("--baseline", nargs="*", default=(), metavar="TREE",
+                        help="copies of the project (gpu_ab.py's trees, such as ab/base) whose "
+                        "host time --also host measures before this tree's")
     parser.add_argument("--tests-k", default=None, metavar="EXPR",
                         help="run only the GPU tests pytest's -k EXPR selects")
     parser.add_argument("--cells", nargs="*", default=list(CELL_MODES), choices=list(CELL_MODES),
@@ -511,6 +530,12 @@ def main(argv=None) -> int:
                         help="end every subprocess step within this many seconds of the start; later "
                         "steps are reported as skipped")
     args = parser.parse_args(argv)
+    if args.baseline and "host" not in args.also:
+        parser.error("--baseline: only --also host measures the copies it names; add it")
+    for tree in args.baseline:
+        if not (Path(tree) / "verification" / "gpu_host.py").is_file():
+            parser.error(f"--baseline: expected a copy of the project (a folder holding "
+                         f"verification/gpu_host.py), got {tree!r}")
     if args.deadline is not None:
         global DEADLINE
         DEADLINE = time.time() + args.deadline
@@ -580,6 +605,26 @@ def _run(args, out: Path) -> int:
         summary.append(("rnngrad.torch layer beside its ops and cuDNN"
                         + (", both under torch.compile(mode='reduce-overhead')" if extra else ""),
                         text if code is None else "ok (table in run.txt)" if code == 0
+                        else f"FAILED (exit {code})"))
+    if "host" in args.also:
+        # each copy's own script, so that a copy from before a change is timed as it was
+        for tree in [*args.baseline, ROOT]:
+            tree = Path(tree).resolve()
+            label = "this tree" if tree == ROOT else os.path.relpath(tree, ROOT)
+            code, text = step(f"gpu_host.py in {label}",
+                              [py, "verification/gpu_host.py", "--shapes", "50x1x64x64"], out,
+                              lines=8, root=tree)
+            summary.append((f"host time per op at 50x1x64x64 (gpu_host.py), {label}",
+                            text if code is None else "ok (table in run.txt)" if code == 0
+                            else f"FAILED (exit {code})"))
+    if "step" in args.also:
+        trace = out / "logs"
+        trace.mkdir(exist_ok=True)
+        code, text = step("gpu_step_profile.py", [py, "verification/gpu_step_profile.py",
+                                                  "--out", str(trace)], out, lines=4)
+        waits = re.search(r"wait for the device: (.*)", text or "")
+        summary.append(("an eager training step under torch.profiler: CUDA calls that wait",
+                        text if code is None else waits.group(1) if code == 0 and waits
                         else f"FAILED (exit {code})"))
     if "mps" in args.also:
         code, text = step("rnngrad verify --backend metal-mps (stand-in on CUDA)",
