@@ -108,6 +108,12 @@ def step(name, cmd, out: Path, timeout=900, env=None, lines=12, root=ROOT):
     return code, text
 
 
+def outcome(code, text, ok="ok (table in run.txt)") -> str:
+    """A step's line in the summary: ``text`` where it was skipped (``code`` None), ``ok`` where
+    it passed, else its exit status."""
+    return text if code is None else ok if code == 0 else f"FAILED (exit {code})"
+
+
 def sanitizer_errors(text: str):
     m = re.search(r"ERROR SUMMARY: (\d+) error", text) or re.search(r"RACECHECK SUMMARY: .*\((\d+) error", text)
     return int(m.group(1)) if m else None
@@ -596,7 +602,7 @@ def _run(args, out: Path) -> int:
         code, text = step("rnngrad verify --backend metal-cuda",
                           [py, "-m", "rnngrad", "verify", "--backend", "metal-cuda"], out)
         summary.append(("rnngrad verify --backend metal-cuda",
-                        text if code is None else "passed" if code == 0 else f"FAILED (exit {code})"))
+                        outcome(code, text, "passed")))
     for mode in [m for m in ("layer", "compile") if m in args.also]:
         extra = ["--compile", "reduce-overhead"] if mode == "compile" else []
         code, text = step(" ".join(["bench_layer.py --device cuda", *extra]),
@@ -604,8 +610,7 @@ def _run(args, out: Path) -> int:
                            *extra, "--json", str(out / f"{mode}.json")], out, timeout=600, lines=30)
         summary.append(("rnngrad.torch layer beside its ops and cuDNN"
                         + (", both under torch.compile(mode='reduce-overhead')" if extra else ""),
-                        text if code is None else "ok (table in run.txt)" if code == 0
-                        else f"FAILED (exit {code})"))
+                        outcome(code, text)))
     if "host" in args.also:
         # each copy's own script, so that a copy from before a change is timed as it was
         for tree in [*args.baseline, ROOT]:
@@ -615,8 +620,7 @@ def _run(args, out: Path) -> int:
                               [py, "verification/gpu_host.py", "--shapes", "50x1x64x64"], out,
                               lines=8, root=tree)
             summary.append((f"host time per op at 50x1x64x64 (gpu_host.py), {label}",
-                            text if code is None else "ok (table in run.txt)" if code == 0
-                            else f"FAILED (exit {code})"))
+                            outcome(code, text)))
     if "step" in args.also:
         trace = out / "logs"
         trace.mkdir(exist_ok=True)
@@ -624,19 +628,17 @@ def _run(args, out: Path) -> int:
                                                   "--out", str(trace)], out, lines=4)
         waits = re.search(r"wait for the device: (.*)", text or "")
         summary.append(("an eager training step under torch.profiler: CUDA calls that wait",
-                        text if code is None else waits.group(1) if code == 0 and waits
-                        else f"FAILED (exit {code})"))
+                        outcome(code, text, waits.group(1) if waits else "FAILED (exit 0)")))
     if "mps" in args.also:
         code, text = step("rnngrad verify --backend metal-mps (stand-in on CUDA)",
                           [py, "-m", "rnngrad", "verify", "--backend", "metal-mps",
                            "--skip-reference"], out, env={"RNNGRAD_MPS_STANDIN": "cuda"})
         summary.append(("rnngrad verify --backend metal-mps (stand-in)",
-                        text if code is None else "passed" if code == 0 else f"FAILED (exit {code})"))
+                        outcome(code, text, "passed")))
         code, text = step("bench_mps.py --standin cuda",
                           [py, "verification/bench_mps.py", "--standin", "cuda"], out, timeout=600, lines=30)
         summary.append(("training step: metal-mps stand-in vs metal-cuda",
-                        text if code is None else "ok (table in run.txt)" if code == 0
-                        else f"FAILED (exit {code})"))
+                        outcome(code, text)))
     if "sanitizer" not in args.skip:
         for config in args.sanitize:
             gemm, recurrence, extra, note = SANITIZER_CONFIGS[config]
@@ -672,7 +674,7 @@ def _run(args, out: Path) -> int:
                               [py, "-m", "rnngrad", "bench", "--backends", "metal-cuda", "--passes", "3",
                                "--json", str(out / "rnngrad-bench.json")], out)
             summary.append(("rnngrad bench --backends metal-cuda",
-                            text if code is None else "ok" if code == 0 else f"FAILED (exit {code})"))
+                            outcome(code, text, "ok")))
         try:
             global CEILINGS
             CEILINGS = ceilings()
